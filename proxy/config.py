@@ -1,0 +1,223 @@
+"""The one configuration model: every capability's switch with the seeds' defaults.
+
+`config.json` in the state directory is optional; unknown keys are an error that names the key.
+Dotted keys (`web_search.backend`) address fields for `ctproxy config get/set`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+CAPABILITIES: tuple[str, ...] = (
+    "web_search",
+    "remote_compaction",
+    "context",
+    "history",
+    "notes",
+    "apply_patch",
+    "shell",
+    "code_mode",
+    "image_generation",
+    "sidecar_search",
+    "tool_discovery",
+    "computer_use",
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class WebSearchConfig(_Section):
+    enabled: bool = True
+    backend: Literal["off", "auto", "native", "sidecar"] = "auto"
+    mode: Literal["live", "cached"] = "live"
+    context_size: Literal["low", "medium", "high"] | None = None
+    max_input_tokens: int = Field(128_000, ge=1)
+
+
+class RemoteCompactionConfig(_Section):
+    enabled: bool = False
+    threshold: float = Field(0.8, gt=0, le=1)
+
+
+class ContextConfig(_Section):
+    enabled: bool = False
+    threshold: float = Field(0.8, gt=0, le=1)
+
+
+class HistoryConfig(_Section):
+    enabled: bool = True
+
+
+class NotesConfig(_Section):
+    enabled: bool = True
+
+
+class ApplyPatchConfig(_Section):
+    enabled: bool = False
+
+
+class ShellConfig(_Section):
+    enabled: bool = False
+    shell: str | None = None
+    policy: str | None = Field(None, description="dotted path to a policy/context hook object")
+
+
+class CodeModeConfig(_Section):
+    enabled: bool = False
+
+
+class ImageGenerationConfig(_Section):
+    enabled: bool = False
+
+
+class SidecarSearchConfig(_Section):
+    enabled: bool = False
+
+
+class ToolDiscoveryConfig(_Section):
+    enabled: bool = False
+
+
+class ComputerUseConfig(_Section):
+    enabled: bool = False
+
+
+class BridgeConfig(_Section):
+    """Bridged tools: the proxy adds tool specs to requests and runs the calls itself."""
+
+    enabled: bool = False
+
+
+class Config(_Section):
+    web_search: WebSearchConfig = Field(default_factory=WebSearchConfig)
+    remote_compaction: RemoteCompactionConfig = Field(default_factory=RemoteCompactionConfig)
+    context: ContextConfig = Field(default_factory=ContextConfig)
+    history: HistoryConfig = Field(default_factory=HistoryConfig)
+    notes: NotesConfig = Field(default_factory=NotesConfig)
+    apply_patch: ApplyPatchConfig = Field(default_factory=ApplyPatchConfig)
+    shell: ShellConfig = Field(default_factory=ShellConfig)
+    code_mode: CodeModeConfig = Field(default_factory=CodeModeConfig)
+    image_generation: ImageGenerationConfig = Field(default_factory=ImageGenerationConfig)
+    sidecar_search: SidecarSearchConfig = Field(default_factory=SidecarSearchConfig)
+    tool_discovery: ToolDiscoveryConfig = Field(default_factory=ToolDiscoveryConfig)
+    computer_use: ComputerUseConfig = Field(default_factory=ComputerUseConfig)
+    bridge: BridgeConfig = Field(default_factory=BridgeConfig)
+    model_windows: dict[str, int] = Field(
+        default_factory=lambda: dict(DEFAULT_MODEL_WINDOWS),
+        description="context window in tokens per model name glob; the first match wins",
+    )
+    debug: bool = False
+
+    def enabled(self, capability: str) -> bool:
+        return bool(getattr(self, capability).enabled)
+
+
+# Context windows of current OpenAI models (tokens). Globs; more specific first.
+DEFAULT_MODEL_WINDOWS: dict[str, int] = {
+    "gpt-5*-codex-mini*": 272_000,
+    "gpt-5*": 272_000,
+    "gpt-4.1*": 1_047_576,
+    "o3*": 200_000,
+    "o4-mini*": 200_000,
+    "gpt-4o*": 128_000,
+    "*": 128_000,
+}
+
+
+class ConfigError(ValueError):
+    """A configuration problem, worded for the user."""
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(root)"
+        if e["type"] == "extra_forbidden":
+            parts.append(f"unknown key '{key}'")
+        else:
+            parts.append(f"'{key}': {e['msg']}")
+    return "; ".join(parts)
+
+
+def load_config(path: Path | None) -> Config:
+    """Load the config file if it exists; defaults otherwise."""
+    if path is None or not path.exists():
+        return Config()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8") or "{}")
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a JSON object")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_describe(exc)}") from exc
+
+
+def save_config(config: Config, path: Path) -> None:
+    """Write only the values that differ from the defaults, atomically."""
+    from proxy.files import atomic_write_text
+
+    data = config.model_dump(mode="json", exclude_defaults=True)
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode=0o600)
+
+
+def get_key(config: Config, key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        if isinstance(node, BaseModel) and part in type(node).model_fields:
+            node = getattr(node, part)
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            raise ConfigError(f"unknown key '{key}' (see `ctproxy config show` for the keys)")
+    return node.model_dump(mode="json") if isinstance(node, BaseModel) else node
+
+
+def set_key(config: Config, key: str, raw: str) -> Config:
+    """Return a new config with `key` set; `raw` is parsed as JSON, else taken as a string."""
+    try:
+        value: Any = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    data = config.model_dump(mode="json")
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node, dict) or part not in node or not isinstance(node[part], dict):
+            raise ConfigError(f"unknown key '{key}' (see `ctproxy config show` for the keys)")
+        node = node[part]
+    if parts[-1] not in node and parts[0] != "model_windows":
+        raise ConfigError(f"unknown key '{key}' (see `ctproxy config show` for the keys)")
+    node[parts[-1]] = value
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from exc
+
+
+def with_overrides(config: Config, enable: list[str], disable: list[str]) -> Config:
+    for name in [*enable, *disable]:
+        if name not in CAPABILITIES:
+            raise ConfigError(f"unknown capability '{name}'; choose from: {', '.join(CAPABILITIES)}")
+    for name in enable:
+        config = set_key(config, f"{name}.enabled", "true")
+    for name in disable:
+        config = set_key(config, f"{name}.enabled", "false")
+    return config
+
+
+def config_path_from_env(state_dir: Path, explicit: Path | None = None) -> Path:
+    if explicit is not None:
+        return explicit
+    if env := os.environ.get("CTPROXY_CONFIG"):
+        return Path(env).expanduser()
+    return state_dir / "config.json"

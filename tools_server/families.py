@@ -1,0 +1,23 @@
+"""Which tool families exist. Each module named here exposes `create_family(services) -> ToolFamily`."""
+
+from __future__ import annotations
+
+import importlib
+
+from tools_server.registry import Registry, Services, ToolFamily
+
+FAMILY_MODULES: tuple[str, ...] = (
+    "tools_server.context",
+)
+
+
+def build_families(services: Services) -> list[ToolFamily]:
+    families = []
+    for module_name in FAMILY_MODULES:
+        module = importlib.import_module(module_name)
+        families.append(module.create_family(services))
+    return families
+
+
+def build_registry(services: Services) -> Registry:
+    return Registry(build_families(services), services.config)
