@@ -1,0 +1,80 @@
+"""Token usage per session, recorded from response.completed / JSON responses.
+
+Context remaining = model window - last input_tokens - output_tokens (DESIGN §3.2).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sqlite3
+import time
+from dataclasses import dataclass
+
+from proxy.db import register_schema
+
+register_schema(
+    "usage",
+    """
+    CREATE TABLE IF NOT EXISTS usage (
+        session_key TEXT PRIMARY KEY,
+        task TEXT,
+        agent TEXT,
+        model TEXT,
+        input_tokens INTEGER,
+        output_tokens INTEGER,
+        total_tokens INTEGER,
+        response_id TEXT,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS usage_by_agent ON usage(task, agent, updated_at);
+    """,
+)
+
+
+@dataclass(frozen=True)
+class Usage:
+    session_key: str
+    task: str | None
+    agent: str | None
+    model: str | None
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int | None
+    response_id: str | None
+    updated_at: float
+
+
+def model_window(model: str | None, windows: dict[str, int]) -> int | None:
+    if not model:
+        return None
+    for pattern, size in windows.items():
+        if fnmatch.fnmatchcase(model, pattern):
+            return size
+    return None
+
+
+def record_usage(conn: sqlite3.Connection, session_key: str, task: str | None, agent: str | None,
+                 model: str | None, usage: dict, response_id: str | None) -> None:
+    conn.execute(
+        "INSERT INTO usage(session_key, task, agent, model, input_tokens, output_tokens, total_tokens,"
+        " response_id, updated_at) VALUES (?,?,?,?,?,?,?,?,?)"
+        " ON CONFLICT(session_key) DO UPDATE SET task=excluded.task, agent=excluded.agent,"
+        " model=excluded.model, input_tokens=excluded.input_tokens, output_tokens=excluded.output_tokens,"
+        " total_tokens=excluded.total_tokens, response_id=excluded.response_id, updated_at=excluded.updated_at",
+        (session_key, task, agent, model, int(usage.get("input_tokens") or 0),
+         int(usage.get("output_tokens") or 0), usage.get("total_tokens"), response_id, time.time()),
+    )
+
+
+def _row(row: sqlite3.Row | None) -> Usage | None:
+    return Usage(**dict(row)) if row is not None else None
+
+
+def last_usage_for_session(conn: sqlite3.Connection, session_key: str) -> Usage | None:
+    return _row(conn.execute("SELECT * FROM usage WHERE session_key=?", (session_key,)).fetchone())
+
+
+def last_usage_for_agent(conn: sqlite3.Connection, task: str, agent: str) -> Usage | None:
+    return _row(conn.execute(
+        "SELECT * FROM usage WHERE task=? AND agent=? ORDER BY updated_at DESC LIMIT 1", (task, agent)
+    ).fetchone())
