@@ -1,0 +1,81 @@
+"""The body codec: a Responses request body is parsed at most once and serialized at most once
+per flow, only when something changed. Non-JSON and unparseable bodies are left untouched."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from mitmproxy import http
+
+BODY_KEY = "ctp.body"
+_UNPARSEABLE = object()
+
+
+@dataclass
+class ResponsesBody:
+    value: dict[str, Any]
+    changed: bool = False
+    notes: list[str] = field(default_factory=list)  # which addons changed it, for replay diffs
+
+    def replace(self, new: dict[str, Any], by: str = "") -> None:
+        """Adopt a transform's result; a transform that did not apply returns the same object."""
+        if new is not self.value:
+            self.value = new
+            self.changed = True
+            if by:
+                self.notes.append(by)
+
+
+def request_path(flow: http.HTTPFlow) -> str:
+    return flow.request.path.split("?", 1)[0]
+
+
+def is_responses_create(flow: http.HTTPFlow) -> bool:
+    """POST …/v1/responses or …/backend-api/codex/responses (not /compact, /input_tokens, …)."""
+    if flow.request.method != "POST":
+        return False
+    path = request_path(flow).rstrip("/")
+    return path.endswith("/v1/responses") or path.endswith("/backend-api/codex/responses")
+
+
+def is_compact(flow: http.HTTPFlow) -> bool:
+    return flow.request.method == "POST" and request_path(flow).rstrip("/").endswith("/responses/compact")
+
+
+def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
+    """The parsed JSON object of a Responses create request, cached on the flow."""
+    cached = flow.metadata.get(BODY_KEY)
+    if cached is _UNPARSEABLE:
+        return None
+    if cached is not None:
+        return cached
+    if not is_responses_create(flow) or flow.request.raw_content is None:
+        flow.metadata[BODY_KEY] = _UNPARSEABLE
+        return None
+    ctype = flow.request.headers.get("content-type", "")
+    if ctype and "json" not in ctype.lower():
+        flow.metadata[BODY_KEY] = _UNPARSEABLE
+        return None
+    try:
+        value = orjson.loads(flow.request.get_content(strict=True) or b"")
+    except (ValueError, orjson.JSONDecodeError):
+        flow.metadata[BODY_KEY] = _UNPARSEABLE
+        return None
+    if not isinstance(value, dict):
+        flow.metadata[BODY_KEY] = _UNPARSEABLE
+        return None
+    body = ResponsesBody(value)
+    flow.metadata[BODY_KEY] = body
+    return body
+
+
+def commit_body(flow: http.HTTPFlow) -> bool:
+    """Serialize once if changed; keeps the request's Content-Encoding. Returns True if written."""
+    body = flow.metadata.get(BODY_KEY)
+    if not isinstance(body, ResponsesBody) or not body.changed:
+        return False
+    flow.request.content = orjson.dumps(body.value)
+    body.changed = False
+    return True

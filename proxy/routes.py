@@ -1,0 +1,136 @@
+"""Routes and the credential boundary (seed 004 §6).
+
+Credentials go only to `https://api.openai.com/v1/…` (API keys) or
+`https://chatgpt.com/backend-api/codex/…` (Codex OAuth), after normalisation: https only, port 443,
+no userinfo, exact ASCII host names (no look-alikes, no trailing-dot or IDN tricks), no dot segments.
+A non-official upstream gets credentials only when the user said `--trust-upstream`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import unquote, urlsplit
+
+RouteKind = Literal["api", "codex"]
+
+API_HOST = "api.openai.com"
+CODEX_HOST = "chatgpt.com"
+API_PREFIX = "/v1/"
+CODEX_PREFIX = "/backend-api/codex/"
+OFFICIAL_UPSTREAMS: dict[RouteKind, str] = {
+    "api": "https://api.openai.com",
+    "codex": "https://chatgpt.com",
+}
+
+# Lower-case names of request headers that carry credentials or account identity.
+CREDENTIAL_HEADERS: frozenset[str] = frozenset({
+    "authorization",
+    "proxy-authorization",
+    "chatgpt-account-id",
+    "openai-organization",
+    "openai-project",
+    "cookie",
+    "api-key",
+    "x-api-key",
+})
+
+
+def kind_of_path(path: str) -> RouteKind | None:
+    """Which official API a request path belongs to, by its prefix."""
+    p = path.split("?", 1)[0]
+    if p.startswith(CODEX_PREFIX) or p == CODEX_PREFIX.rstrip("/"):
+        return "codex"
+    if p.startswith(API_PREFIX) or p == API_PREFIX.rstrip("/"):
+        return "api"
+    return None
+
+
+def _clean_path(path: str) -> bool:
+    p = path.split("?", 1)[0]
+    decoded = unquote(p)
+    if "\\" in decoded or "\x00" in decoded or "//" in p:
+        return False
+    segments = decoded.split("/")
+    return not any(seg in (".", "..") for seg in segments) and "%2f" not in p.lower()
+
+
+def is_official_destination(scheme: str, host: str, port: int, path: str, userinfo: str = "") -> RouteKind | None:
+    """The route kind when (scheme, host, port, path) is exactly an official endpoint, else None."""
+    if scheme.lower() != "https" or port != 443 or userinfo:
+        return None
+    if not host.isascii() or host != host.strip() or host.endswith("."):
+        return None
+    host = host.lower()
+    kind = kind_of_path(path)
+    if kind is None or not _clean_path(path):
+        return None
+    expected = API_HOST if kind == "api" else CODEX_HOST
+    return kind if host == expected else None
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where reverse mode sends requests: `None` origin means the official split by path."""
+
+    origin: str | None = None  # scheme://host[:port]
+    prefix: str = ""  # path prefix of a custom upstream, without trailing slash
+    trusted: bool = False
+
+    @property
+    def official(self) -> bool:
+        return self.origin is None
+
+    def describe(self) -> str:
+        if self.origin is None:
+            return "official (api.openai.com/v1, chatgpt.com/backend-api/codex)"
+        trust = "trusted: credentials forwarded" if self.trusted else "untrusted: credentials stripped"
+        return f"{self.origin}{self.prefix} ({trust})"
+
+
+class UpstreamError(ValueError):
+    pass
+
+
+def parse_upstream(url: str | None, trusted: bool = False) -> Upstream:
+    """Validate `--upstream URL`. An official URL is normalised to the official split."""
+    if not url:
+        return Upstream(None, "", trusted)
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UpstreamError(f"--upstream must be an http(s) URL with a host, got {url!r}")
+    if parts.username or parts.password:
+        raise UpstreamError("--upstream must not contain credentials (user:pass@)")
+    if parts.query or parts.fragment:
+        raise UpstreamError("--upstream must not have a query or fragment")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname
+    prefix = parts.path.rstrip("/")
+    # An upstream naming an official endpoint is the official route, whatever the spelling of its path.
+    if parts.scheme == "https" and port == 443 and host in (API_HOST, CODEX_HOST) and prefix in (
+        "", "/v1", "/backend-api/codex"
+    ):
+        return Upstream(None, "", trusted)
+    default_port = 443 if parts.scheme == "https" else 80
+    netloc = host if port == default_port else f"{host}:{port}"
+    if ":" in host and not host.startswith("["):
+        netloc = f"[{host}]" if port == default_port else f"[{host}]:{port}"
+    return Upstream(f"{parts.scheme}://{netloc}", prefix, trusted)
+
+
+@dataclass(frozen=True)
+class Route:
+    """What the proxy knows about a request's destination."""
+
+    kind: RouteKind | None  # by path: /v1/… → api, /backend-api/codex/… → codex
+    official: bool  # the destination is exactly the official endpoint of `kind`
+    trusted: bool  # the user trusts this (non-official) upstream
+
+    @property
+    def credentials_allowed(self) -> bool:
+        return self.kind is not None and (self.official or self.trusted)
+
+    @property
+    def eligible(self) -> bool:
+        """Official-route features (native web search, remote compaction) may touch this request."""
+        return self.credentials_allowed

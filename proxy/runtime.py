@@ -1,0 +1,93 @@
+"""Process-wide runtime for addons: config, state directory and upstream, from mitmproxy options.
+
+Every addon declares the same `ctp_*` options (identical declarations are merged by mitmproxy), so
+each module also works alone under `mitmdump -s`. The runtime is rebuilt when an option changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from proxy.config import Config, config_path_from_env, load_config, with_overrides
+from proxy.routes import Upstream, parse_upstream
+from proxy.state import StateDir
+
+log = logging.getLogger("ctproxy")
+
+OPTION_NAMES = ("ctp_state_dir", "ctp_config", "ctp_upstream", "ctp_trust_upstream", "ctp_enable", "ctp_disable")
+
+
+def declare_options(loader: Any) -> None:
+    loader.add_option("ctp_state_dir", str, "", "ctproxy state directory (default: $CTPROXY_HOME or ~/.local/state/ctproxy)")
+    loader.add_option("ctp_config", str, "", "ctproxy config file (default: <state dir>/config.json)")
+    loader.add_option("ctp_upstream", str, "", "upstream origin for reverse mode; empty = official OpenAI endpoints")
+    loader.add_option("ctp_trust_upstream", bool, False, "forward credentials to a non-official upstream")
+    loader.add_option("ctp_enable", Sequence[str], [], "capabilities to enable for this run")
+    loader.add_option("ctp_disable", Sequence[str], [], "capabilities to disable for this run")
+
+
+@dataclass
+class Runtime:
+    config: Config
+    state: StateDir
+    upstream: Upstream
+    extras: dict[str, Any]
+
+
+_current: Runtime | None = None
+_key: tuple | None = None
+_pinned = False
+
+
+def _options_key(opts: Any) -> tuple:
+    return tuple(
+        tuple(v) if isinstance(v := getattr(opts, n, None), list | tuple) else v for n in OPTION_NAMES
+    )
+
+
+def current() -> Runtime:
+    """The runtime for the current mitmproxy options (built on first use, rebuilt on change)."""
+    global _current, _key
+    if _pinned and _current is not None:
+        return _current
+    from mitmproxy import ctx
+
+    opts = ctx.options
+    key = _options_key(opts)
+    if _current is None or key != _key:
+        _current = build(
+            state_dir=getattr(opts, "ctp_state_dir", "") or None,
+            config_file=getattr(opts, "ctp_config", "") or None,
+            upstream=getattr(opts, "ctp_upstream", "") or None,
+            trust_upstream=bool(getattr(opts, "ctp_trust_upstream", False)),
+            enable=list(getattr(opts, "ctp_enable", []) or []),
+            disable=list(getattr(opts, "ctp_disable", []) or []),
+            previous=_current,
+        )
+        _key = key
+    return _current
+
+
+def build(state_dir: str | None = None, config_file: str | None = None, upstream: str | None = None,
+          trust_upstream: bool = False, enable: list[str] | None = None, disable: list[str] | None = None,
+          previous: Runtime | None = None) -> Runtime:
+    state = StateDir.open(Path(state_dir) if state_dir else None)
+    config = load_config(config_path_from_env(state.root, Path(config_file) if config_file else None))
+    config = with_overrides(config, enable or [], disable or [])
+    extras = previous.extras if previous is not None and previous.state == state else {}
+    return Runtime(config, state, parse_upstream(upstream, trust_upstream), extras)
+
+
+def install(rt: Runtime) -> None:
+    """Used by tests and the launcher to set the runtime explicitly."""
+    global _current, _key, _pinned
+    _current, _key, _pinned = rt, None, True
+
+
+def uninstall() -> None:
+    global _current, _key, _pinned
+    _current, _key, _pinned = None, None, False
