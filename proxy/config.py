@@ -47,7 +47,9 @@ class RemoteCompactionConfig(_Section):
 
 
 class ContextConfig(_Section):
-    enabled: bool = False
+    """Context tools (get_context_remaining, new_context) and window rollover."""
+
+    enabled: bool = True
     threshold: float = Field(0.8, gt=0, le=1)
 
 

@@ -9,8 +9,7 @@ from typing import Any
 import orjson
 from mitmproxy import http
 
-BODY_KEY = "ctp.body"
-_UNPARSEABLE = object()
+from proxy.flowstate import state_of
 
 
 @dataclass
@@ -45,35 +44,29 @@ def is_compact(flow: http.HTTPFlow) -> bool:
 
 
 def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
-    """The parsed JSON object of a Responses create request, cached on the flow."""
-    cached = flow.metadata.get(BODY_KEY)
-    if cached is _UNPARSEABLE:
-        return None
-    if cached is not None:
-        return cached
+    """The parsed JSON object of a Responses create request, parsed once per flow."""
+    st = state_of(flow)
+    if st.body_checked:
+        return st.body
+    st.body_checked = True
     if not is_responses_create(flow) or flow.request.raw_content is None:
-        flow.metadata[BODY_KEY] = _UNPARSEABLE
         return None
     ctype = flow.request.headers.get("content-type", "")
     if ctype and "json" not in ctype.lower():
-        flow.metadata[BODY_KEY] = _UNPARSEABLE
         return None
     try:
         value = orjson.loads(flow.request.get_content(strict=True) or b"")
     except (ValueError, orjson.JSONDecodeError):
-        flow.metadata[BODY_KEY] = _UNPARSEABLE
         return None
     if not isinstance(value, dict):
-        flow.metadata[BODY_KEY] = _UNPARSEABLE
         return None
-    body = ResponsesBody(value)
-    flow.metadata[BODY_KEY] = body
-    return body
+    st.body = ResponsesBody(value)
+    return st.body
 
 
 def commit_body(flow: http.HTTPFlow) -> bool:
     """Serialize once if changed; keeps the request's Content-Encoding. Returns True if written."""
-    body = flow.metadata.get(BODY_KEY)
+    body = state_of(flow).body
     if not isinstance(body, ResponsesBody) or not body.changed:
         return False
     flow.request.content = orjson.dumps(body.value)

@@ -22,7 +22,7 @@ OPTION_NAMES = ("ctp_state_dir", "ctp_config", "ctp_upstream", "ctp_trust_upstre
 
 
 def declare_options(loader: Any) -> None:
-    loader.add_option("ctp_state_dir", str, "", "ctproxy state directory (default: $CTPROXY_HOME or ~/.local/state/ctproxy)")
+    loader.add_option("ctp_state_dir", str, "", "ctproxy state directory (default: $CTPROXY_HOME)")
     loader.add_option("ctp_config", str, "", "ctproxy config file (default: <state dir>/config.json)")
     loader.add_option("ctp_upstream", str, "", "upstream origin for reverse mode; empty = official OpenAI endpoints")
     loader.add_option("ctp_trust_upstream", bool, False, "forward credentials to a non-official upstream")

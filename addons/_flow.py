@@ -1,0 +1,48 @@
+"""Flow helpers shared by the addons: route, session and tap lookups that also work standalone."""
+
+from __future__ import annotations
+
+from mitmproxy import http
+from mitmproxy.proxy.mode_specs import ReverseMode
+
+from proxy import routes
+from proxy.flowbody import responses_body
+from proxy.flowstate import state_of
+from proxy.session import SessionIdentity, resolve_session
+from proxy.sse import ResponseTap
+
+
+def is_reverse(flow: http.HTTPFlow) -> bool:
+    return isinstance(flow.client_conn.proxy_mode, ReverseMode)
+
+
+def destination_route(flow: http.HTTPFlow, trusted: bool) -> routes.Route:
+    """The route of the request's current destination."""
+    req = flow.request
+    kind = routes.kind_of_path(req.path)
+    official = routes.is_official_destination(req.scheme, req.host, req.port, req.path) is not None
+    return routes.Route(kind=kind, official=official, trusted=trusted and not official)
+
+
+def route_of(flow: http.HTTPFlow) -> routes.Route:
+    route = state_of(flow).route
+    if isinstance(route, routes.Route):
+        return route
+    return destination_route(flow, trusted=False)
+
+
+def session_of(flow: http.HTTPFlow) -> SessionIdentity | None:
+    st = state_of(flow)
+    if isinstance(st.session, SessionIdentity):
+        return st.session
+    body = responses_body(flow)
+    if body is None:
+        return None
+    ident = resolve_session(dict(flow.request.headers.items()), body.value)
+    st.session = ident
+    return ident
+
+
+def tap_of(flow: http.HTTPFlow) -> ResponseTap | None:
+    tap = state_of(flow).tap
+    return tap if isinstance(tap, ResponseTap) else None

@@ -1,0 +1,62 @@
+"""The credential boundary: credentials reach only the official endpoint of their kind.
+
+Runs last before the request leaves. A request to anything but https://api.openai.com/v1/… or
+https://chatgpt.com/backend-api/codex/… loses its credential headers, unless the user trusted that
+upstream (`--trust-upstream`, reverse mode only). In regular (HTTPS proxy) mode the guard applies to
+requests that carry OpenAI credentials or OpenAI API paths; other traffic is the client's business.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from mitmproxy import http
+
+from addons._flow import is_reverse, route_of
+from proxy import routes, runtime
+
+log = logging.getLogger("ctproxy.guard")
+
+_OPENAI_ONLY_HEADERS = frozenset({"chatgpt-account-id", "openai-organization", "openai-project"})
+
+
+def _looks_openai(flow: http.HTTPFlow) -> bool:
+    names = {k.lower() for k in flow.request.headers}
+    if names & _OPENAI_ONLY_HEADERS:
+        return True
+    auth = flow.request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer sk-"):
+        return True
+    return routes.kind_of_path(flow.request.path) is not None
+
+
+def strip_credentials(flow: http.HTTPFlow) -> int:
+    names = [k for k in flow.request.headers if k.lower() in routes.CREDENTIAL_HEADERS]
+    for name in names:
+        del flow.request.headers[name]
+    return len(names)
+
+
+class Guard:
+    def load(self, loader) -> None:
+        runtime.declare_options(loader)
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None:
+            return  # answered locally; nothing leaves
+        route = route_of(flow)
+        # Re-check the destination as it is now: an addon may have changed it after routing.
+        req = flow.request
+        official_now = routes.is_official_destination(req.scheme, req.host, req.port, req.path) is not None
+        allowed = official_now or (route.trusted and is_reverse(flow) and route.kind is not None)
+        if allowed:
+            return
+        if not is_reverse(flow) and not _looks_openai(flow):
+            return
+        removed = strip_credentials(flow)
+        if removed:
+            # Host only: never headers, paths or values.
+            log.info("guard: stripped %d credential header(s) for non-official host %s", removed, req.host)
+
+
+addons = [Guard()]

@@ -1,0 +1,91 @@
+"""Streams responses through chunk by chunk and taps Responses answers without changing a byte.
+
+SSE answers of Responses requests get a `StreamTap` (decodes a copy of each chunk); other responses
+are streamed untouched; JSON Responses answers are buffered and parsed once in `response`. The tap
+(`state_of(flow).tap`, see proxy/flowstate.py) gives later addons the output items, usage and errors, and records the
+session's usage for `get_context_remaining`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from mitmproxy import http
+
+from addons._flow import session_of
+from proxy import runtime, usage
+from proxy.dbworker import DBWorker
+from proxy.flowbody import is_compact, is_responses_create
+from proxy.flowstate import state_of
+from proxy.sse import ResponseTap, StreamTap
+
+log = logging.getLogger("ctproxy.tap")
+
+
+def _worker() -> DBWorker:
+    rt = runtime.current()
+    worker = rt.extras.get("usage_worker")
+    if worker is None:
+        worker = rt.extras["usage_worker"] = DBWorker(rt.state.db_path)
+    return worker
+
+
+class Tap:
+    def load(self, loader) -> None:
+        runtime.declare_options(loader)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        resp = flow.response
+        if resp is None or resp.stream:
+            return
+        if not (is_responses_create(flow) or is_compact(flow)):
+            # Not ours to read: pass it through as it arrives, without buffering.
+            resp.stream = True
+            return
+        tap = ResponseTap()
+        state_of(flow).tap = tap
+        if resp.headers.get("content-type", "").lower().startswith("text/event-stream"):
+            resp.stream = StreamTap(tap, resp.headers.get("content-encoding", ""))
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        tap = state_of(flow).tap
+        if not isinstance(tap, ResponseTap) or flow.response is None:
+            return
+        stream = flow.response.stream
+        if isinstance(stream, StreamTap):
+            stream.finish()
+        elif flow.response.raw_content is not None and "json" in flow.response.headers.get("content-type", ""):
+            try:
+                body = orjson.loads(flow.response.get_content(strict=False) or b"")
+            except (orjson.JSONDecodeError, ValueError):
+                body = None
+            if isinstance(body, dict):
+                tap.on_json_response(body)
+        self._record_usage(flow, tap)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        tap = state_of(flow).tap
+        if isinstance(tap, ResponseTap) and not tap.completed:
+            tap.incomplete = True  # upstream broke off mid-stream; the client saw a disconnect
+
+    def _record_usage(self, flow: http.HTTPFlow, tap: ResponseTap) -> None:
+        if not tap.usage or not is_responses_create(flow):
+            return
+        ident = session_of(flow)
+        if ident is None:
+            return
+        task, agent = ident.task, ident.agent
+        rec = state_of(flow).extra.get("agent_identity")  # set by the journal when it knows (task, agent)
+        if isinstance(rec, tuple) and len(rec) == 2:
+            task, agent = rec
+        model, used, rid = tap.model or ident.model, dict(tap.usage), tap.response_id
+        _worker().submit(lambda conn: usage.record_usage(conn, ident.session_key, task, agent, model, used, rid))
+
+    def done(self) -> None:
+        worker = runtime.current().extras.pop("usage_worker", None)
+        if worker is not None:
+            worker.close()
+
+
+addons = [Tap()]

@@ -1,0 +1,89 @@
+"""The aiohttp tool server: REST (`GET /v1/tools`, `POST /v1/tools/{name}`), `/healthz`, MCP at `/mcp`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from proxy import __version__
+from tools_server.families import build_registry
+from tools_server.mcp_endpoint import mount_mcp
+from tools_server.registry import Services, ToolError
+from tools_server.security import security_middleware
+from tools_server.service import ToolService
+
+SERVICE_KEY = web.AppKey("tool_service", ToolService)
+PORT_KEY = web.AppKey("listen_port", list)
+
+
+def _json_error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    return web.json_response({"ok": True, "version": __version__,
+                              "tools": [t.name for t in service.registry.enabled_tools()]})
+
+
+async def list_tools(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    fmt = request.query.get("format", "function")
+    if fmt not in ("function", "custom"):
+        return _json_error(400, "invalid_format", "format must be 'function' or 'custom'")
+    specs: list[dict[str, Any]] = []
+    for tool in service.registry.enabled_tools():
+        spec = tool.custom_spec() if fmt == "custom" else None
+        specs.append(spec or tool.function_spec())
+    return web.json_response({"object": "list", "data": specs})
+
+
+async def call_tool(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    name = request.match_info["name"]
+    try:
+        raw = await request.read()
+        arguments = json.loads(raw) if raw.strip() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _json_error(400, "invalid_json", "the body must be a JSON object of tool arguments")
+    if not isinstance(arguments, dict):
+        return _json_error(400, "invalid_arguments", "the body must be a JSON object of tool arguments")
+    headers = request.headers
+    try:
+        result = await service.call(
+            name, arguments, transport="rest",
+            task=headers.get("x-ctp-task") or None, agent=headers.get("x-ctp-agent") or None,
+            cwd=headers.get("x-ctp-cwd") or None, call_id=headers.get("x-ctp-call-id") or None,
+        )
+    except ToolError as exc:
+        status = 404 if exc.code == "unknown_tool" else 400
+        return _json_error(status, exc.code, exc.message)
+    return web.json_response(result.to_json())
+
+
+def create_app(services: Services, *, token: str, listen_host: str = "127.0.0.1",
+               port: int | None = None) -> web.Application:
+    """With `port=None` (a test server on a random port) call `bind_port` once the port is known;
+    until then any loopback Host is accepted."""
+    port_box: list[int | None] = [port]
+    app = web.Application(middlewares=[security_middleware(token, listen_host, lambda: port_box[0])],
+                          client_max_size=64 * 1024 * 1024)
+    app[PORT_KEY] = port_box
+    service = ToolService(services, build_registry(services))
+    app[SERVICE_KEY] = service
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/v1/tools", list_tools)
+    app.router.add_post("/v1/tools/{name}", call_tool)
+    mount_mcp(app, service)
+
+    async def close_registry(_: web.Application) -> None:
+        await service.registry.close()
+
+    app.on_cleanup.append(close_registry)
+    return app
+
+
+def bind_port(app: web.Application, port: int) -> None:
+    app[PORT_KEY][0] = port

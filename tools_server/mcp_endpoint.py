@@ -1,0 +1,83 @@
+"""The MCP streamable-HTTP endpoint: the official `mcp` SDK's session manager mounted at /mcp."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import mcp_types as types
+from aiohttp import web
+from aiohttp_asgi import ASGIResource
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+
+from proxy import __version__
+from tools_server.registry import ToolError
+from tools_server.service import ToolService
+
+
+def _identity(ctx: Any) -> dict[str, str | None]:
+    request = getattr(ctx, "request", None)
+    headers = getattr(request, "headers", None) or {}
+    return {
+        "task": headers.get("x-ctp-task") or None,
+        "agent": headers.get("x-ctp-agent") or None,
+        "cwd": headers.get("x-ctp-cwd") or None,
+    }
+
+
+def build_mcp_server(service: ToolService) -> Server:
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        tools = [
+            types.Tool(name=t.name, description=t.description, input_schema=t.json_schema())
+            for t in service.registry.enabled_tools()
+        ]
+        return types.ListToolsResult(tools=tools)
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        ident = _identity(ctx)
+        try:
+            result = await service.call(params.name, dict(params.arguments or {}), transport="mcp", **ident)
+        except ToolError as exc:
+            return types.CallToolResult(content=[types.TextContent(type="text", text=exc.message)], is_error=True)
+        content: list[Any] = [types.TextContent(type="text", text=result.text)]
+        for image in result.images:
+            base64.b64decode(image.data_base64, validate=True)  # never hand a client broken image data
+            content.append(types.ImageContent(type="image", data=image.data_base64, mime_type=image.mime_type))
+        return types.CallToolResult(content=content, structured_content=result.details or None,
+                                    is_error=result.is_error)
+
+    return Server("ctproxy", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def mount_mcp(app: web.Application, service: ToolService) -> None:
+    manager = StreamableHTTPSessionManager(
+        build_mcp_server(service),
+        json_response=False,
+        # Host/Origin checks and the bearer token are enforced by our aiohttp middleware.
+        security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        await manager.handle_request(scope, receive, send)
+
+    app.router.register_resource(ASGIResource(asgi, root_path="/mcp"))
+
+    async def lifecycle(_: web.Application) -> Any:
+        started = asyncio.Event()
+        stop = asyncio.Event()
+
+        async def runner() -> None:
+            async with manager.run():
+                started.set()
+                await stop.wait()
+
+        task = asyncio.create_task(runner())
+        await started.wait()
+        yield
+        stop.set()
+        await task
+
+    app.cleanup_ctx.append(lifecycle)

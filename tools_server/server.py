@@ -1,0 +1,40 @@
+"""Run the tool server (used by `ctproxy up`, which starts it as its own process)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+
+from aiohttp import web
+
+from proxy.config import Config
+from proxy.state import StateDir
+from tools_server.app import create_app
+from tools_server.registry import Services
+
+log = logging.getLogger("ctproxy.tools")
+
+
+async def serve(config: Config, state: StateDir, workspace: Path, host: str, port: int,
+                ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
+    services = Services(config=config, state=state, workspace=workspace.resolve())
+    app = create_app(services, token=state.token(), listen_host=host, port=port)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    print(f"ctproxy tool server listening on http://{host}:{port}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()  # runs family close(): stops shell sessions, removes captures
