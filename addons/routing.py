@@ -23,6 +23,8 @@ class Routing:
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
             return
+        # The client's bytes, before any addon changes them (kept by reference; recorded with --record).
+        state_of(flow).extra["client_request"] = flow.request.raw_content
         upstream = runtime.current().upstream
         if is_reverse(flow):
             req = flow.request

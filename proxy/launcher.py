@@ -1,0 +1,238 @@
+"""`ctproxy up`: the embedded mitmproxy with the addon chain, and the tool server in its own process.
+
+The tool server runs as a child process so tool work (shell output, patches, searches) can never stall
+the proxy's event loop. Shutdown on SIGINT/SIGTERM closes the listeners first (mitmproxy keeps them
+open otherwise), flushes the flows and the journal, then stops the tool server and waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from proxy import __version__, runtime
+from proxy.routes import parse_upstream
+from proxy.state import StateDir
+
+log = logging.getLogger("ctproxy")
+
+
+@dataclass
+class UpOptions:
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8787
+    mode: str = "reverse"  # reverse | regular
+    upstream: str | None = None
+    trust_upstream: bool = False
+    tools_host: str = "127.0.0.1"
+    tools_port: int = 8788
+    with_tools: bool = True
+    state_dir: Path | None = None
+    config_file: Path | None = None
+    workspace: Path = field(default_factory=Path.cwd)
+    record: Path | None = None
+    server_replay: Path | None = None
+    enable: list[str] = field(default_factory=list)
+    disable: list[str] = field(default_factory=list)
+    debug: bool = False
+
+
+def split_hostport(value: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return (host.strip("[]") or default_host), int(port)
+
+
+def _mitm_mode(opts: UpOptions) -> str:
+    if opts.mode == "regular":
+        return "regular"
+    upstream = parse_upstream(opts.upstream, opts.trust_upstream)
+    return f"reverse:{upstream.origin or 'https://api.openai.com'}"
+
+
+class ToolServerProcess:
+    def __init__(self, opts: UpOptions, state: StateDir):
+        self.opts = opts
+        self.state = state
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.opts.tools_host}:{self.opts.tools_port}"
+
+    async def start(self) -> None:
+        cmd = [sys.executable, "-m", "tools_server", "--listen", f"{self.opts.tools_host}:{self.opts.tools_port}",
+               "--state-dir", str(self.state.root), "--workspace", str(self.opts.workspace)]
+        if self.opts.config_file:
+            cmd += ["--config", str(self.opts.config_file)]
+        for name in self.opts.enable:
+            cmd += ["--enable", name]
+        for name in self.opts.disable:
+            cmd += ["--disable", name]
+        if self.opts.debug:
+            cmd.append("--debug")
+        # Its own process group, so a Ctrl-C on the terminal reaches us first and we stop it in order.
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
+        token = self.state.token()
+        deadline = time.monotonic() + 30
+        async with aiohttp.ClientSession() as http:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the tool server exited with code {self.proc.returncode} while starting "
+                                       f"(is {self.opts.tools_host}:{self.opts.tools_port} already in use?)")
+                with contextlib.suppress(aiohttp.ClientError, OSError):
+                    async with http.get(self.url + "/healthz",
+                                        headers={"Authorization": f"Bearer {token}"}) as resp:
+                        if resp.status == 200:
+                            return
+                await asyncio.sleep(0.1)
+        raise RuntimeError("the tool server did not become ready within 30 s")
+
+    async def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        for _ in range(150):
+            if self.proc.poll() is not None:
+                return
+            await asyncio.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def _replay_file(path: Path, workdir: Path) -> Path:
+    """Recorded flows hold what went upstream; matching must use what the client sent, so restore
+    each request body from `ctp.client_request` before handing the file to mitmproxy's server replay."""
+    from mitmproxy import io
+
+    out = workdir / "server-replay.mitm"
+    with path.open("rb") as src, out.open("wb") as dst:
+        writer = io.FlowWriter(dst)
+        for flow in io.FlowReader(src).stream():
+            original = flow.metadata.get("ctp.client_request")
+            if isinstance(original, bytes) and getattr(flow, "request", None) is not None:
+                flow.request.raw_content = original
+            writer.add(flow)
+    return out
+
+
+async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> int:
+    from mitmproxy import options
+    from mitmproxy.tools.dump import DumpMaster
+
+    import addons
+    from addons.launcher_only import RecordFlows, ReplayMiss
+
+    state = StateDir.open(opts.state_dir)
+    rt = runtime.build(str(state.root), str(opts.config_file) if opts.config_file else None, opts.upstream,
+                       opts.trust_upstream, opts.enable, opts.disable)
+    rt.config.debug = rt.config.debug or opts.debug
+    token_path = state.token_path
+    state.token()
+
+    tools = ToolServerProcess(opts, state) if opts.with_tools else None
+    if tools is not None:
+        await tools.start()
+
+    mopts = options.Options(mode=[_mitm_mode(opts)], listen_host=opts.listen_host, listen_port=opts.listen_port,
+                            confdir=str(state.confdir))
+    master = DumpMaster(mopts, with_termlog=opts.debug, with_dumper=False)
+    chain = addons.chain()
+    extra: list[object] = []
+    if opts.record:
+        extra.append(RecordFlows(opts.record))
+    if opts.server_replay:
+        extra.insert(0, ReplayMiss())
+    master.addons.add(*chain, *extra)
+    updates: dict[str, object] = dict(
+        ctp_state_dir=str(state.root), ctp_config=str(opts.config_file or ""), ctp_upstream=opts.upstream or "",
+        ctp_trust_upstream=opts.trust_upstream, ctp_enable=list(opts.enable), ctp_disable=list(opts.disable),
+        store_streamed_bodies=bool(opts.record), connection_strategy="lazy",
+    )
+    tmp = tempfile.TemporaryDirectory(prefix="ctproxy-")
+    if opts.server_replay:
+        updates.update(server_replay=[str(_replay_file(opts.server_replay, Path(tmp.name)))],
+                       server_replay_ignore_host=True, server_replay_ignore_port=True,
+                       server_replay_reuse=True, server_replay_extra="forward", keepserving=True)
+    master.options.update(**updates)
+    runtime.install(rt)
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    task = asyncio.create_task(master.run())
+    proxyserver = master.addons.get("proxyserver")
+    for _ in range(300):
+        if proxyserver.servers and all(s.is_running for s in proxyserver.servers) or task.done():
+            break
+        await asyncio.sleep(0.02)
+    if task.done():
+        await task
+        if tools is not None:
+            await tools.stop()
+        print("ctproxy: the proxy could not start; see the messages above", file=sys.stderr)
+        return 1
+    upstream_desc = "(regular mode: HTTPS proxy)" if opts.mode == "regular" else rt.upstream.describe()
+    scheme_url = f"http://{opts.listen_host}:{opts.listen_port}"
+    lines = [
+        f"ctproxy {__version__} is up",
+        f"  proxy        {scheme_url}  mode={opts.mode}  upstream={upstream_desc}",
+    ]
+    if tools is not None:
+        lines.append(f"  tool server  {tools.url}  (REST /v1/tools, MCP {tools.url}/mcp)")
+    lines += [
+        f"  state dir    {state.root}",
+        f"  token file   {token_path}  (print it with `ctproxy token`)",
+    ]
+    if opts.record:
+        lines.append(f"  recording    {opts.record}")
+    if opts.server_replay:
+        lines.append(f"  replaying    {opts.server_replay} (no upstream contacted for matched requests)")
+    if opts.mode == "regular":
+        lines.append(f"  point a client: export HTTPS_PROXY={scheme_url} and trust "
+                     f"{state.confdir / 'mitmproxy-ca-cert.pem'}")
+    else:
+        lines.append(f"  point a client: export OPENAI_BASE_URL={scheme_url}/v1")
+    lines.append("ctproxy ready (Ctrl-C stops)")
+    from proxy.status import RUN_FILE, write_run_file
+
+    write_run_file(state, {"pid": os.getpid(), "proxy": scheme_url, "mode": opts.mode, "upstream": upstream_desc,
+                           "tools": tools.url if tools is not None else None})
+    print("\n".join(lines), flush=True)
+    if ready is not None:
+        ready.set()
+
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if not task.done():
+        await proxyserver.servers.update([])  # actually closes the listening sockets
+        master.shutdown()
+        await task
+    else:
+        code = 1
+    stopper.cancel()
+    if tools is not None:
+        await tools.stop()
+    runtime.uninstall()
+    tmp.cleanup()
+    with contextlib.suppress(FileNotFoundError):
+        (state.root / RUN_FILE).unlink()
+    print("ctproxy stopped", flush=True)
+    return code

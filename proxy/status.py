@@ -1,0 +1,115 @@
+"""`ctproxy status`: every capability from both seeds with active / deferred / unavailable / off and why."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from proxy.config import CAPABILITIES, Config
+from proxy.state import StateDir
+
+RUN_FILE = "run.json"
+
+
+@dataclass(frozen=True)
+class CapabilityStatus:
+    name: str
+    state: str  # active | deferred | unavailable | off
+    reason: str
+
+
+# What each capability needs to exist in this build: (module that implements it, what it does).
+IMPLEMENTATION: dict[str, tuple[str, str]] = {
+    "web_search": ("addons.web_search", "native web_search injected on official routes"),
+    "remote_compaction": ("addons.compaction", "remote compaction v2 with a readable fallback"),
+    "context": ("tools_server.context", "get_context_remaining from recorded usage"),
+    "history": ("addons.history", "journal of every exchanged item + history_* tools"),
+    "notes": ("tools_server.notes", "notes_* tools over files in the state directory"),
+    "apply_patch": ("tools_server.patch", "apply_patch tool (JSON + Lark grammar)"),
+    "shell": ("tools_server.shell", "exec_command / write_stdin shell sessions"),
+    "code_mode": ("tools_server.code_mode", "exec / wait code cells"),
+    "image_generation": ("tools_server.image", "openai_generate_image"),
+    "sidecar_search": ("tools_server.sidecar_search", "openai_web_search sidecar tool"),
+    "tool_discovery": ("tools_server.discovery", "find_tools"),
+    "computer_use": ("tools_server.computer_use", "computer_use_* desktop tools"),
+}
+
+
+def _implemented(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def capability_status(config: Config, name: str) -> CapabilityStatus:
+    module, what = IMPLEMENTATION[name]
+    section = getattr(config, name)
+    if not section.enabled:
+        return CapabilityStatus(name, "off", f"{name}.enabled is false (ctproxy config set {name}.enabled true)")
+    if not _implemented(module):
+        return CapabilityStatus(name, "unavailable", f"not built in this version yet ({what})")
+    if name == "web_search":
+        backend = config.web_search.backend
+        if backend == "off":
+            return CapabilityStatus(name, "off", "web_search.backend is 'off'")
+        if backend == "sidecar":
+            return CapabilityStatus(name, "deferred", "backend 'sidecar': searches run through the sidecar tool")
+        if backend == "auto":
+            return CapabilityStatus(name, "active", "native on official routes (api.openai.com, chatgpt.com/codex); "
+                                    "other routes need the sidecar tool")
+        return CapabilityStatus(name, "active", "native web_search on official routes only")
+    if name == "computer_use":
+        if sys.platform == "darwin":
+            return CapabilityStatus(name, "deferred", "starts the desktop client on first use")
+        if not os.environ.get("DISPLAY") or shutil.which("xdotool") is None:
+            return CapabilityStatus(name, "unavailable", "needs a desktop session (DISPLAY) and xdotool")
+    if name == "image_generation":
+        return CapabilityStatus(name, "deferred", "runs on first call with an official route's credentials")
+    return CapabilityStatus(name, "active", what)
+
+
+def all_statuses(config: Config) -> list[CapabilityStatus]:
+    return [capability_status(config, name) for name in CAPABILITIES]
+
+
+def write_run_file(state: StateDir, info: dict) -> None:
+    from proxy.files import atomic_write_text
+
+    atomic_write_text(state.root / RUN_FILE, json.dumps(info, indent=2) + "\n", mode=0o600)
+
+
+def read_run_file(state: StateDir) -> dict | None:
+    path = state.root / RUN_FILE
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    pid = info.get("pid")
+    try:
+        os.kill(int(pid), 0)
+    except (OSError, TypeError, ValueError):
+        return None  # a stale file from a proxy that is gone
+    return info
+
+
+def render(config: Config, state: StateDir, config_path: Path) -> str:
+    lines = [f"state dir: {state.root}", f"config:    {config_path}" + ("" if config_path.exists() else " (defaults)")]
+    run = read_run_file(state)
+    if run:
+        lines.append(f"proxy:     running (pid {run['pid']}) on {run['proxy']} mode={run['mode']}")
+        lines.append(f"upstream:  {run['upstream']}")
+        if run.get("tools"):
+            lines.append(f"tools:     {run['tools']}")
+    else:
+        lines.append("proxy:     not running (start it with `ctproxy up`)")
+    lines.append("")
+    width = max(len(n) for n in CAPABILITIES)
+    for st in all_statuses(config):
+        lines.append(f"  {st.name:<{width}}  {st.state:<11}  {st.reason}")
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""Helpers over Responses input items: roles and text, byte-based token estimates, the item hash chain.
+
+Pure functions; nothing here mutates an item.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+Item = dict[str, Any]
+
+# Item types that mean the client runs compaction itself (Codex v2 trigger, opaque items, legacy v2).
+CLIENT_COMPACTION_TYPES: frozenset[str] = frozenset(
+    {"compaction_trigger", "compaction", "compaction_summary", "context_compaction"}
+)
+COMPACTION_ITEM_TYPES: frozenset[str] = frozenset({"compaction", "compaction_summary"})
+BYTES_PER_TOKEN = 4
+
+
+def approx_tokens_for_bytes(n: int) -> int:
+    """Codex's estimate: ceil(bytes / 4)."""
+    return (max(0, n) + BYTES_PER_TOKEN - 1) // BYTES_PER_TOKEN
+
+
+def approx_tokens(text: str) -> int:
+    return approx_tokens_for_bytes(len(text.encode("utf-8")))
+
+
+def input_items(payload: dict[str, Any]) -> list[Item] | None:
+    """The input as a list of items; a string input is one user message. None when unknown."""
+    inp = payload.get("input")
+    if isinstance(inp, list):
+        return inp
+    if isinstance(inp, str):
+        return [{"role": "user", "content": inp}]
+    return None
+
+
+def is_message(item: Any) -> bool:
+    return isinstance(item, dict) and (item.get("type") == "message" or ("type" not in item and "role" in item))
+
+
+def role_of(item: Any) -> str | None:
+    return item.get("role") if is_message(item) and isinstance(item.get("role"), str) else None
+
+
+def text_parts(item: Item) -> list[str]:
+    """The text of a message's parts (input_text / output_text / text), in order."""
+    content = item.get("content")
+    if isinstance(content, str):
+        return [content]
+    out: list[str] = []
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                out.append(part["text"])
+            elif isinstance(part, str):
+                out.append(part)
+    return out
+
+
+def message_text(item: Item) -> str:
+    return "\n".join(text_parts(item))
+
+
+def item_bytes(item: Any) -> int:
+    return len(orjson.dumps(item))
+
+
+def items_bytes(items: Sequence[Any]) -> int:
+    return sum(item_bytes(i) for i in items)
+
+
+def item_type(item: Any) -> str:
+    if isinstance(item, dict):
+        typ = item.get("type")
+        if isinstance(typ, str):
+            return typ
+        if "role" in item:
+            return "message"
+    return "other"
+
+
+def client_compacts(payload: dict[str, Any]) -> bool:
+    """The client handles compaction itself: it sends a trigger or carries compaction items, or asks
+    for server-side compaction with `context_management`."""
+    if isinstance(payload.get("context_management"), list) and payload["context_management"]:
+        return True
+    items = input_items(payload) or []
+    return any(isinstance(i, dict) and i.get("type") in CLIENT_COMPACTION_TYPES for i in items)
+
+
+def _canonical(item: Any) -> bytes:
+    # Ids and status may be dropped or added by clients between turns; the content identifies the item.
+    if isinstance(item, dict) and ("id" in item or "status" in item):
+        item = {k: v for k, v in item.items() if k not in ("id", "status")}
+    return orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
+
+
+def chain_hashes(items: Sequence[Any], upto: int | None = None) -> list[str]:
+    """The hash chain of the items: h[i] = sha256(h[i-1] + canonical(item i)), hex."""
+    n = len(items) if upto is None else min(upto, len(items))
+    out: list[str] = []
+    prev = b""
+    for i in range(n):
+        prev = hashlib.sha256(prev + _canonical(items[i])).digest()
+        out.append(prev.hex())
+    return out
+
+
+def prefix_hash(items: Sequence[Any], n: int) -> str | None:
+    """The chain hash after the first n items, or None when there are fewer (or n == 0)."""
+    if n <= 0 or n > len(items):
+        return None
+    return chain_hashes(items, n)[-1]
