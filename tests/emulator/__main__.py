@@ -1,0 +1,49 @@
+"""Run the emulator standalone, e.g. for benchmarks in another process:
+
+    python -m tests.emulator --port 8900 --deltas 200
+
+Prints `listening on http://HOST:PORT` once ready; stops on SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from .app import Emulator
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.emulator", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--deltas", type=int, default=3, help="output_text.delta events per default answer")
+    parser.add_argument(
+        "--max-recorded", type=int, default=100, help="keep at most this many requests in memory (bodies included)"
+    )
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    emu = Emulator(default_deltas=args.deltas, max_recorded=args.max_recorded, check_previous_response_id=False)
+    await emu.start(args.host, args.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"listening on {emu.url}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await emu.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    asyncio.run(serve(parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""The emulator server: aiohttp routes, the reply queues, request recording and plan execution.
+
+Routes (each under `/v1` and the Codex prefix `/backend-api/codex`):
+  POST   …/responses               scripted or default answer (JSON or SSE); a request whose input
+                                   ends with `compaction_trigger` is answered from its own queue
+  POST   …/responses/compact       `CompactResource`
+  POST   …/responses/input_tokens  `{"object":"response.input_tokens","input_tokens":N}`
+  GET    …/responses/{id}          a stored `Response` (store != false), else 404
+  DELETE …/responses/{id}
+  *      anything else             recorded, answered with the real 404 `Invalid URL` error
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from .compaction import compact_resource
+from .recording import BodyDecodeError, ReceivedRequest, decode_body, parse_json
+from .render import Plan, RenderContext, error_plan, json_plan, render
+from .replies import Compaction, Reasoning, Reply, Responder, Response, Text
+from .wire import ends_with_compaction_trigger, estimate_input_tokens, last_user_text, request_input
+
+PREFIXES = ("/v1", "/backend-api/codex")
+BAD_JSON_MESSAGE = (
+    "We could not parse the JSON body of your request. (HINT: This likely means you aren't using your "
+    "HTTP library correctly. The OpenAI API expects a JSON payload, but what was sent was not valid JSON. "
+    "If you have trouble figuring out how to fix this, please contact us through our help center at "
+    "help.openai.com.)"
+)
+MAX_BODY = 256 * 1024 * 1024  # compaction items alone may reach 20 MiB; never refuse a test payload
+MAX_HEADER = 256 * 1024
+
+
+def echo_reply(request: ReceivedRequest, deltas: int = 3) -> Reply:
+    """The default answer: a short, deterministic echo of the newest user text."""
+    body = request.json if isinstance(request.json, dict) else {}
+    said = " ".join(last_user_text(request_input(body)).split())
+    text = f"You said: {said[:200]}" if said else "Hello from the Responses emulator."
+    if len(text) < deltas:  # enough characters for the requested number of deltas
+        text += " ." * ((deltas - len(text) + 1) // 2)
+    return Text(text, deltas=deltas)
+
+
+def compaction_reply(request: ReceivedRequest) -> Reply:
+    """The default answer to remote compaction v2: a reasoning item, then one compaction item."""
+    return Response([Reasoning(summary="Summarizing the conversation so far."), Compaction()])
+
+
+class Emulator:
+    """A faithful OpenAI Responses upstream on loopback, scripted by tests.
+
+    async with Emulator() as emu:
+        emu.script(Text("hi"), context_length_exceeded_400())
+        ... point a client at emu.url + "/v1" ...
+        assert emu.requests[0].json["model"] == "gpt-5"
+    """
+
+    def __init__(
+        self,
+        *,
+        default_deltas: int = 3,
+        validate_requests: bool = False,
+        check_previous_response_id: bool = True,
+        token_counter: Callable[[dict[str, Any]], int] | None = None,
+        max_recorded: int | None = None,
+        max_stored: int = 1000,
+    ):
+        self.default_deltas = default_deltas
+        self.validate_requests = validate_requests  # answer 400 when a body violates CreateResponse
+        self.check_previous_response_id = check_previous_response_id
+        self.token_counter: Callable[[dict[str, Any]], int] = token_counter or estimate_input_tokens
+        self.max_recorded = max_recorded
+        self.requests: list[ReceivedRequest] = []
+        self.stored: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._max_stored = max_stored
+        self._queues: dict[str, deque[Responder]] = {k: deque() for k in ("responses", "compaction", "compact")}
+        self._defaults: dict[str, Responder | None] = {k: None for k in self._queues}
+        self._arrived = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.host = ""
+        self.port = 0
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> Emulator:
+        app = web.Application(client_max_size=MAX_BODY)
+        for prefix in PREFIXES:
+            app.router.add_post(f"{prefix}/responses", self._responses)
+            app.router.add_post(f"{prefix}/responses/compact", self._compact)
+            app.router.add_post(f"{prefix}/responses/input_tokens", self._input_tokens)
+            app.router.add_get(f"{prefix}/responses/{{response_id}}", self._retrieve)
+            app.router.add_delete(f"{prefix}/responses/{{response_id}}", self._delete)
+        app.router.add_route("*", "/{tail:.*}", self._other)
+        # auto_decompress=False keeps raw request bytes; we decode a copy ourselves.
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            auto_decompress=False,
+            max_line_size=MAX_HEADER,
+            max_field_size=MAX_HEADER,
+            handle_signals=False,
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
+        self.host, self.port = sockets[0].getsockname()[:2]
+        return self
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> Emulator:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    # ---- scripting -----------------------------------------------------------------------------
+
+    def script(self, *replies: Responder) -> Emulator:
+        """Queue answers for the next `POST …/responses` turns (not compaction triggers)."""
+        self._queues["responses"].extend(replies)
+        return self
+
+    def script_compaction(self, *replies: Responder) -> Emulator:
+        """Queue answers for requests whose input ends with `{"type":"compaction_trigger"}`."""
+        self._queues["compaction"].extend(replies)
+        return self
+
+    def script_compact(self, *replies: Responder) -> Emulator:
+        """Queue answers for `POST …/responses/compact` (`Compaction`, `HttpError` or `Raw`)."""
+        self._queues["compact"].extend(replies)
+        return self
+
+    def set_default(self, reply: Responder | None, *, route: str = "responses") -> None:
+        """The answer used when the queue is empty; None restores the built-in default."""
+        self._defaults[route] = reply
+
+    def pending(self, route: str = "responses") -> int:
+        return len(self._queues[route])
+
+    def reset(self) -> None:
+        """Forget scripts, defaults, recorded requests and stored responses."""
+        for queue in self._queues.values():
+            queue.clear()
+        self._defaults = {k: None for k in self._queues}
+        self.requests.clear()
+        self.stored.clear()
+
+    def _next(self, route: str, rec: ReceivedRequest) -> Reply | None:
+        queue = self._queues[route]
+        responder = queue.popleft() if queue else self._defaults[route]
+        if responder is None:
+            return None
+        return responder(rec) if callable(responder) else responder
+
+    # ---- inspection ----------------------------------------------------------------------------
+
+    @property
+    def responses_requests(self) -> list[ReceivedRequest]:
+        """`POST …/responses` requests (turns and compaction triggers), oldest first."""
+        return [r for r in self.requests if r.route in ("responses", "compaction")]
+
+    @property
+    def last(self) -> ReceivedRequest:
+        return self.requests[-1]
+
+    async def wait_for_requests(self, count: int, timeout: float = 10.0) -> list[ReceivedRequest]:
+        """Wait until at least `count` requests were recorded."""
+        async with asyncio.timeout(timeout):
+            while len(self.requests) < count:
+                self._arrived.clear()
+                await self._arrived.wait()
+        return self.requests
+
+    # ---- recording -----------------------------------------------------------------------------
+
+    async def _record(self, request: web.Request, route: str) -> tuple[ReceivedRequest, Plan | None]:
+        raw = await request.read()
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
+        error: Plan | None = None
+        try:
+            body = decode_body(raw, request.headers.get("Content-Encoding"))
+        except BodyDecodeError as exc:
+            body, error = raw, error_plan(400, str(exc), "invalid_request_error")
+        rec = ReceivedRequest(
+            method=request.method,
+            path=request.path,
+            query=request.query_string,
+            headers=headers,
+            raw_body=raw,
+            body=body,
+            json=parse_json(body, request.headers.get("Content-Type")) if error is None else None,
+            received_at=asyncio.get_running_loop().time(),
+            route=route,
+        )
+        self.requests.append(rec)
+        if self.max_recorded is not None and len(self.requests) > 2 * self.max_recorded:
+            del self.requests[: len(self.requests) - self.max_recorded]  # amortised trimming
+        self._arrived.set()
+        return rec, error
+
+    async def _parsed(self, request: web.Request, route: str) -> tuple[ReceivedRequest, Plan | None]:
+        """Record, then check what every JSON endpoint requires: a JSON object body."""
+        rec, error = await self._record(request, route)
+        if error is None and not isinstance(rec.json, dict):
+            error = error_plan(400, BAD_JSON_MESSAGE, "invalid_request_error")
+        return rec, error
+
+    # ---- handlers ------------------------------------------------------------------------------
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        rec, error = await self._parsed(request, "responses")
+        if error is not None:
+            return await self._send(request, rec, error)
+        body: dict[str, Any] = rec.json
+        if ends_with_compaction_trigger(body):
+            rec.route = "compaction"
+        error = self._check_create(body)
+        if error is not None:
+            return await self._send(request, rec, error)
+        reply = self._next(rec.route, rec)
+        if reply is None:
+            reply = compaction_reply(rec) if rec.route == "compaction" else echo_reply(rec, self.default_deltas)
+        plan = render(reply, RenderContext.for_request(body, self.token_counter(body)))
+        return await self._send(request, rec, plan)
+
+    def _check_create(self, body: dict[str, Any]) -> Plan | None:
+        if self.validate_requests:
+            from ..openapi_schema import schema_errors
+
+            problems = schema_errors("CreateResponse", body)
+            if problems:
+                return error_plan(400, f"Invalid request body: {problems[0]}", "invalid_request_error")
+        if not body.get("model"):
+            msg = "Missing required parameter: 'model'."
+            return error_plan(400, msg, "invalid_request_error", "model", "missing_required_parameter")
+        prev = body.get("previous_response_id")
+        if self.check_previous_response_id and prev is not None and prev not in self.stored:
+            msg = f"Previous response with id '{prev}' not found."
+            return error_plan(400, msg, "invalid_request_error", "previous_response_id", "previous_response_not_found")
+        return None
+
+    async def _compact(self, request: web.Request) -> web.StreamResponse:
+        rec, error = await self._parsed(request, "compact")
+        if error is not None:
+            return await self._send(request, rec, error)
+        body: dict[str, Any] = rec.json
+        if not body.get("model"):
+            msg = "Missing required parameter: 'model'."
+            plan = error_plan(400, msg, "invalid_request_error", "model", "missing_required_parameter")
+            return await self._send(request, rec, plan)
+        reply = self._next("compact", rec)
+        if reply is None or isinstance(reply, Compaction):
+            resource = compact_resource(
+                body,
+                self.token_counter(body),
+                encrypted_content=reply.encrypted_content if reply else None,
+                usage=reply.usage if reply else None,
+            )
+            plan = json_plan(resource)
+            plan.latency = reply.latency if reply else 0.0
+            rec.response_id = resource["id"]
+        else:
+            plan = render(reply, RenderContext.for_request({**body, "stream": False}, self.token_counter(body)))
+        return await self._send(request, rec, plan)
+
+    async def _input_tokens(self, request: web.Request) -> web.StreamResponse:
+        rec, error = await self._parsed(request, "input_tokens")
+        if error is None:
+            count = self.token_counter(rec.json)
+            error = json_plan({"object": "response.input_tokens", "input_tokens": count})
+        return await self._send(request, rec, error)
+
+    async def _retrieve(self, request: web.Request) -> web.StreamResponse:
+        rec, _ = await self._record(request, "retrieve")
+        resp = self.stored.get(request.match_info["response_id"])
+        plan = json_plan(resp) if resp is not None else _not_found(request.match_info["response_id"])
+        return await self._send(request, rec, plan, store=False)
+
+    async def _delete(self, request: web.Request) -> web.StreamResponse:
+        rec, _ = await self._record(request, "delete")
+        rid = request.match_info["response_id"]
+        if self.stored.pop(rid, None) is None:
+            return await self._send(request, rec, _not_found(rid))
+        return await self._send(request, rec, json_plan({"id": rid, "object": "response", "deleted": True}))
+
+    async def _other(self, request: web.Request) -> web.StreamResponse:
+        rec, _ = await self._record(request, "other")
+        msg = f"Invalid URL ({request.method} {request.path})"
+        return await self._send(request, rec, error_plan(404, msg, "invalid_request_error"))
+
+    # ---- sending -------------------------------------------------------------------------------
+
+    def _store(self, rec: ReceivedRequest, response: dict[str, Any]) -> None:
+        body = rec.json if isinstance(rec.json, dict) else {}
+        if body.get("store") is False:
+            return  # stateless turns are not retrievable, as upstream
+        self.stored[response["id"]] = response
+        while len(self.stored) > self._max_stored:
+            self.stored.popitem(last=False)
+
+    async def _send(
+        self, request: web.Request, rec: ReceivedRequest, plan: Plan, store: bool = True
+    ) -> web.StreamResponse:
+        rec.status = plan.status
+        rec.response_id = rec.response_id or plan.response_id
+        if plan.latency:
+            await asyncio.sleep(plan.latency)
+        if plan.body is not None:
+            if store and plan.response is not None:
+                self._store(rec, plan.response)
+            resp = web.Response(status=plan.status, body=plan.body)
+            _set_headers(resp, plan.headers)
+            return resp
+        return await self._stream(request, rec, plan, store)
+
+    async def _stream(self, request: web.Request, rec: ReceivedRequest, plan: Plan, store: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(status=plan.status)
+        _set_headers(resp, plan.headers)
+        chunks = plan.chunks or []
+        limit = len(chunks) if plan.disconnect_after is None else min(plan.disconnect_after, len(chunks))
+        try:
+            await resp.prepare(request)
+            for index in range(limit):
+                await resp.write(chunks[index])
+                rec.events_sent += 1
+                if delay := plan.delays.get(index):
+                    await asyncio.sleep(delay)
+        except ConnectionError:
+            rec.client_disconnected = True
+            return resp
+        if plan.disconnect_after is not None:
+            # close() flushes what was written, then FINs: the client sees a chunked body that
+            # never ends properly, exactly like an upstream dying mid-stream.
+            if request.transport is not None:
+                request.transport.close()
+            return resp
+        if store and plan.response is not None and plan.response.get("status") == "completed":
+            self._store(rec, plan.response)
+        return resp
+
+
+def _set_headers(resp: web.StreamResponse, headers: list[tuple[str, str]]) -> None:
+    for key, value in headers:
+        if key.lower() == "content-type":
+            resp.headers[key] = value  # replace aiohttp's default instead of adding a second one
+        else:
+            resp.headers.add(key, value)
+
+
+def _not_found(response_id: str) -> Plan:
+    msg = f"Response with id '{response_id}' not found."
+    return error_plan(404, msg, "invalid_request_error", None, None)
