@@ -69,6 +69,9 @@ class ShellConfig(_Section):
     enabled: bool = False
     shell: str | None = None
     policy: str | None = Field(None, description="dotted path to a policy/context hook object")
+    max_jobs: int = Field(16, ge=1, le=256, description="unsettled commands per (task, agent)")
+    max_poll_ms: int = Field(300_000, ge=5_000, description="longest empty write_stdin poll")
+    kill_after_ms: int = Field(5_000, ge=0, description="SIGTERM to SIGKILL grace when stopping")
 
 
 class CodeModeConfig(_Section):

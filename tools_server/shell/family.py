@@ -1,0 +1,189 @@
+"""The shell family: exec_command and write_stdin, one manager, one seam (seed 004 §4.6, §5.6).
+
+Each call: dialect normaliser → admission/ownership → invocation seam (context, policy)
+→ the manager. Both tools share the `shell` capability switch, so they are on or off together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from proxy.config import ShellConfig
+from tools_server.registry import CallContext, Services, Tool, ToolResult
+from tools_server.shell import limits
+from tools_server.shell.capture import CaptureStore
+from tools_server.shell.dialect import EXEC, WRITE, normalize_exec, normalize_write
+from tools_server.shell.errors import ShellError
+from tools_server.shell.job import Delivery, Job
+from tools_server.shell.manager import Observation, Owner, ShellManager
+from tools_server.shell.render import render
+from tools_server.shell.seam import InvocationCall, InvocationSeam, load_hooks
+
+
+class RawArgs(BaseModel):
+    """Accept any object: the dialect normaliser validates (aliases need more than a schema)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+EXEC_DESCRIPTION = (
+    "Runs a shell command (`<shell> -c cmd`) with plain pipes (no PTY, so no TTY semantics; tty "
+    "is refused), returning its output or a session ID for ongoing interaction with write_stdin. "
+    "The command runs once and is never replayed. Output is previewed up to max_output_tokens; "
+    "the full stdout/stderr is kept in private files whose paths the result names."
+)
+WRITE_DESCRIPTION = (
+    "Writes characters to the stdin of a running exec_command session (exactly as given: add \\n "
+    "yourself) and returns recent output. Empty chars polls. closeStdin sends EOF after the input; "
+    "terminate stops the process group (SIGTERM, then SIGKILL after 5 s)."
+)
+
+EXEC_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "cmd": {"type": "string", "description": "Shell command to execute."},
+        "workdir": {"type": "string",
+                    "description": "Working directory; relative paths resolve against the workspace."},
+        "tty": {"type": "boolean", "description": "Must be false or omitted: sessions use pipes, not a PTY."},
+        "yield_time_ms": {"type": "number",
+                          "description": "How long to wait for output before yielding (250-30000, "
+                                         "default 10000)."},
+        "max_output_tokens": {"type": "number",
+                              "description": "Maximum output tokens to return (4 bytes each; default 10000)."},
+    },
+    "required": ["cmd"],
+    "additionalProperties": False,
+}
+WRITE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "session_id": {"type": ["string", "integer"],
+                       "description": "Session ID of a running exec_command."},
+        "chars": {"type": "string", "description": "Bytes to write to stdin (may be empty to poll)."},
+        "yield_time_ms": {"type": "number",
+                          "description": "How long to wait for output (writes 250-30000, default 250; "
+                                         "empty polls 5000 up to the configured maximum)."},
+        "max_output_tokens": {"type": "number", "description": "Maximum output tokens to return."},
+        "closeStdin": {"type": "boolean", "description": "Send EOF after the accepted bytes."},
+        "terminate": {"type": "boolean", "description": "Stop the session's process group."},
+    },
+    "required": ["session_id"],
+    "additionalProperties": False,
+}
+
+
+def owner_of(ctx: CallContext) -> Owner:
+    return (ctx.task or "", ctx.agent or "")
+
+
+def _check_dir(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.X_OK)
+
+
+class ShellFamily:
+    name = "shell"
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        cfg: ShellConfig = services.config.shell
+        self.config = cfg
+        self.store = CaptureStore(lambda: services.state.subdir("captures"))
+        self.manager = ShellManager(self.store, shell=cfg.shell, max_jobs=cfg.max_jobs,
+                                    kill_after=cfg.kill_after_ms / 1000)
+        self._hooks_path = cfg.policy
+        self._seam: InvocationSeam | None = None
+        # code mode reuses this manager and seam instead of a second process backend
+        services.extras["shell.family"] = self
+
+    def seam(self, tool: str) -> InvocationSeam:
+        if self._seam is None:
+            try:
+                self._seam = InvocationSeam(load_hooks(self._hooks_path))
+            except ValueError as exc:
+                # a broken hook config refuses every call rather than running without policy
+                raise ShellError(tool, "policy-refused",
+                                 "the configured invocation policy cannot be loaded; nothing was run") from exc
+        return self._seam
+
+    def tools(self) -> Iterable[Tool]:
+        return [
+            Tool(name=EXEC, description=EXEC_DESCRIPTION, family=self.name, capability="shell",
+                 args_model=RawArgs, execute=self.exec_command, parameters=EXEC_SCHEMA, parallel=True),
+            Tool(name=WRITE, description=WRITE_DESCRIPTION, family=self.name, capability="shell",
+                 args_model=RawArgs, execute=self.write_stdin, parameters=WRITE_SCHEMA, parallel=True),
+        ]
+
+    async def close(self) -> None:
+        await self.manager.close()
+
+    # -- executors -----------------------------------------------------------------------------------
+    def _resolve_cwd(self, workdir: str | None, ctx: CallContext) -> Path:
+        base = Path(ctx.cwd or self.services.workspace)
+        path = Path(workdir).expanduser() if workdir else base
+        return path if path.is_absolute() else base / path
+
+    async def exec_command(self, args: RawArgs, ctx: CallContext) -> ToolResult:
+        started = time.monotonic()
+        req = normalize_exec(args.model_extra or {})
+        owner = owner_of(ctx)
+        cwd = self._resolve_cwd(req.workdir, ctx)
+        with self.manager.admission(EXEC, owner):
+            call = InvocationCall(tool=EXEC, path="direct", cwd=str(cwd), task=ctx.task, agent=ctx.agent)
+            overlay = await self.seam(EXEC).admit(call)
+            if not await asyncio.to_thread(_check_dir, cwd):
+                raise ShellError(EXEC, "bad-cwd", f"workdir {cwd} is not an accessible directory")
+            if ctx.cancel.is_set():
+                raise ShellError(EXEC, "cancelled", "the call was cancelled before the command started")
+            job = await self.manager.start(EXEC, owner, req.cmd, cwd, overlay)
+        return await self._observe(EXEC, job, started, started + req.yield_ms / 1000,
+                                   req.max_output_bytes, ctx)
+
+    async def write_stdin(self, args: RawArgs, ctx: CallContext) -> ToolResult:
+        started = time.monotonic()
+        req = normalize_write(args.model_extra or {}, self.config.max_poll_ms)
+        job = self.manager.lookup(WRITE, owner_of(ctx), req.session_id)
+        call = InvocationCall(tool=WRITE, path="direct", cwd=str(job.cwd), session_id=job.id,
+                              task=ctx.task, agent=ctx.agent)
+        await self.seam(WRITE).admit(call)
+        deadline = started + req.yield_ms / 1000
+        delivery: Delivery | None = None
+        data = req.chars.encode("utf-8")
+        if data:
+            delivery = await self.manager.write(WRITE, job, data, max(0.0, deadline - time.monotonic()))
+        if req.close_stdin:
+            job.close_stdin()
+        if req.terminate:
+            await self.manager.stop(job)
+            deadline = time.monotonic()  # an unconfirmed stop does not sit out a long poll
+        return await self._observe(WRITE, job, started, deadline, req.max_output_bytes, ctx,
+                                   delivery=delivery, input_bytes=len(data))
+
+    async def _observe(self, tool: str, job: Job, started: float, deadline: float, budget: int,
+                       ctx: CallContext, delivery: Delivery | None = None,
+                       input_bytes: int = 0) -> ToolResult:
+        try:
+            cancelled = await self.manager.wait(job, deadline, ctx.cancel)
+        except asyncio.CancelledError:
+            self.manager.stop_in_background(job)  # cancelling a direct call stops its job
+            raise
+        if cancelled:
+            await self.manager.stop(job)
+        obs: Observation = await self.manager.observe(tool, job, started, budget)
+        obs.input_delivery = delivery
+        obs.input_bytes = input_bytes
+        text, details = render(obs)
+        return ToolResult(text=text, details=details)
+
+
+def create_family(services: Services) -> ShellFamily:
+    return ShellFamily(services)
+
+
+__all__ = ["ShellFamily", "create_family", "limits"]

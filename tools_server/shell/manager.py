@@ -1,0 +1,271 @@
+"""The session-owned process manager: ids, ownership, caps, stdin envelope, observation, close.
+
+It exposes narrow start / write / observe / stop / close operations so another entry point
+(code mode) can reuse the same instance instead of a second process backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tools_server.shell import limits
+from tools_server.shell.capture import CaptureStore
+from tools_server.shell.errors import ShellError
+from tools_server.shell.job import Delivery, Job
+from tools_server.shell.preview import StreamView, read_both
+
+log = logging.getLogger(__name__)
+
+Owner = tuple[str, str]
+
+
+def resolve_shell(configured: str | None, env: Mapping[str, str]) -> str:
+    return configured or env.get("SHELL") or "/bin/sh"
+
+
+@dataclass
+class Observation:
+    """What one call saw; rendering turns it into Codex's text and structured details."""
+
+    job: Job
+    wall_time: float
+    stdout: StreamView
+    stderr: StreamView
+    running: bool
+    recovery: dict[str, dict[str, Any]] = field(default_factory=dict)
+    input_delivery: Delivery | None = None
+    input_bytes: int = 0
+    stop_confirmed: bool | None = None
+
+
+class ShellManager:
+    def __init__(self, store: CaptureStore, shell: str | None = None,
+                 env: Mapping[str, str] | None = None,
+                 max_jobs: int = limits.MAX_UNSETTLED_JOBS,
+                 kill_after: float = limits.STOP_KILL_AFTER_S,
+                 confirm: float = limits.STOP_CONFIRM_S) -> None:
+        self._env = dict(os.environ if env is None else env)  # captured once; overlays never change it
+        self.shell = resolve_shell(shell, self._env)  # resolved once per manager
+        self.store = store
+        self.max_jobs = max_jobs
+        self.kill_after = kill_after
+        self.confirm = confirm
+        self._jobs: dict[str, Job] = {}
+        self._issued: set[str] = set()
+        self._pending_starts: dict[Owner, int] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self.closed = False
+
+    # -- ids and ownership -----------------------------------------------------------------------
+    def _new_id(self) -> str:
+        # digits only, so a Codex model's numeric session_id names the same handle; never reused
+        span = 99_999
+        while True:
+            if len(self._issued) > span // 2:
+                span = span * 10 + 9
+            candidate = str(random.randint(1000, span))
+            if candidate not in self._issued:
+                self._issued.add(candidate)
+                return candidate
+
+    def jobs_of(self, owner: Owner) -> list[Job]:
+        return [j for j in self._jobs.values() if j.owner == owner]
+
+    def lookup(self, tool: str, owner: Owner, session_id: str) -> Job:
+        self._prune(owner)
+        job = self._jobs.get(session_id)
+        if job is None or job.owner != owner or job.released:
+            raise ShellError(tool, "stale-session",
+                             f"no live session {session_id} (it finished and was read, or never existed); "
+                             "run exec_command again if you still need it")
+        return job
+
+    # -- admission -------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def admission(self, tool: str, owner: Owner) -> Iterator[None]:
+        """Hold a start slot from admission until the job exists (or the start failed)."""
+        self._ensure_open(tool)
+        self._prune(owner)
+        unsettled = sum(1 for j in self.jobs_of(owner) if not j.settled)
+        if unsettled + self._pending_starts.get(owner, 0) >= self.max_jobs:
+            raise ShellError(tool, "job-cap",
+                             f"{self.max_jobs} commands are still running; poll or stop one with "
+                             "write_stdin (terminate: true) first")
+        self._pending_starts[owner] = self._pending_starts.get(owner, 0) + 1
+        try:
+            yield
+        finally:
+            self._pending_starts[owner] -= 1
+
+    def _ensure_open(self, tool: str) -> None:
+        if self.closed:
+            raise ShellError(tool, "owner-closed", "shell sessions are shut down; nothing was run")
+
+    def _prune(self, owner: Owner) -> None:
+        """Terminal handles nobody read: drop after five minutes, or the oldest beyond 32."""
+        now = time.monotonic()
+        terminal = sorted((j for j in self.jobs_of(owner) if j.settled and not j.released),
+                          key=lambda j: j.finished_at or 0.0)
+        excess = len(terminal) - limits.MAX_TERMINAL_HANDLES
+        for index, job in enumerate(terminal):
+            if index < excess or now - (job.finished_at or now) > limits.TERMINAL_HANDLE_TTL_S:
+                self._release(job)
+
+    def _release(self, job: Job) -> None:
+        job.released = True
+        self._jobs.pop(job.id, None)
+
+    # -- start -----------------------------------------------------------------------------------
+    async def start(self, tool: str, owner: Owner, cmd: str, cwd: Path, overlay: Mapping[str, str]) -> Job:
+        """Spawn once (call inside `admission`). Spawn errors settle at once: no phantom slot."""
+        self._ensure_open(tool)
+        job = Job(self._new_id(), owner, cwd, self.store, kill_after=self.kill_after, confirm=self.confirm)
+        env = {**self._env, **overlay}  # per-spawn overlay; the manager's env stays as captured
+        try:
+            await job.spawn(self.shell, cmd, env)
+        except OSError as exc:
+            raise ShellError(tool, "spawn-failed",
+                             f"cannot start {self.shell}: {exc.strerror or type(exc).__name__}; "
+                             "check shell.shell in the configuration") from exc
+        if self.closed:  # closed while spawning: this job is ours to stop
+            self._jobs[job.id] = job
+            await job.stop()
+            raise ShellError(tool, "owner-closed", "shell sessions were shut down while starting")
+        self._jobs[job.id] = job
+        return job
+
+    # -- stdin -----------------------------------------------------------------------------------
+    async def write(self, tool: str, job: Job, data: bytes, timeout: float) -> Delivery:
+        if job.stdin_state != "open" or job.stop_requested:
+            raise ShellError(tool, "stdin-closed",
+                             "stdin of this session is closed (EOF sent, or the program closed it); "
+                             "nothing was sent")
+        if (job.stdin_reserved_bytes + len(data) > limits.STDIN_MAX_OUTSTANDING_BYTES
+                or job.stdin_reserved_calls + 1 > limits.STDIN_MAX_OUTSTANDING_CALLS):
+            raise ShellError(tool, "stdin-overload",
+                             f"too much input outstanding (max {limits.STDIN_MAX_OUTSTANDING_BYTES} bytes, "
+                             f"{limits.STDIN_MAX_OUTSTANDING_CALLS} calls); nothing was sent, poll first")
+        job.stdin_reserved_bytes += len(data)
+        job.stdin_reserved_calls += 1
+        delivery: Delivery = "unknown"
+        try:
+            try:
+                job.write_stdin(data)
+            except (OSError, RuntimeError) as exc:
+                raise ShellError(tool, "stdin-failed", "the pipe refused the input; delivery unknown",
+                                 {"inputDelivery": "unknown"}) from exc
+            delivery = await job.wait_stdin_flushed(timeout)
+            if delivery == "failed":
+                raise ShellError(tool, "stdin-failed",
+                                 "the program closed stdin before taking the input; delivery unknown",
+                                 {"inputDelivery": "unknown"})
+            return delivery
+        finally:
+            if delivery == "unknown" and job.stdin_state == "open":
+                # the reservation lasts until the transport settles too
+                self._spawn_bg(self._release_stdin_later(job, len(data)))
+            else:
+                job.stdin_reserved_bytes -= len(data)
+                job.stdin_reserved_calls -= 1
+
+    async def _release_stdin_later(self, job: Job, size: int) -> None:
+        try:
+            while job.stdin_state == "open" and not job.complete.is_set():
+                if await job.wait_stdin_flushed(1.0) != "unknown":
+                    break
+        finally:
+            job.stdin_reserved_bytes -= size
+            job.stdin_reserved_calls -= 1
+
+    # -- observation -----------------------------------------------------------------------------
+    async def wait(self, job: Job, deadline: float, cancel: asyncio.Event | None) -> bool:
+        """Wait for completion, the deadline or cancel; True if the call was cancelled."""
+        waiters = [asyncio.ensure_future(job.complete.wait())]
+        if cancel is not None:
+            waiters.append(asyncio.ensure_future(cancel.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=max(0.0, deadline - time.monotonic()),
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        if cancel is not None and cancel.is_set():
+            return True
+        if not job.complete.is_set() and (job.leader_exited.is_set()
+                                          or all(s.closed for s in job.streams.values())):
+            # settle: short trailing output and the exit come back in this call
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(job.complete.wait(), limits.SETTLE_S)
+        return False
+
+    async def observe(self, tool: str, job: Job, started: float, budget: int) -> Observation:
+        """The destructive read: serialized per job, re-checks the handle, one terminal winner."""
+        async with job.observe_lock:
+            if job.released or self._jobs.get(job.id) is not job:
+                raise ShellError(tool, "stale-session",
+                                 f"session {job.id} was already finished and read by another call")
+            terminal = job.complete.is_set()
+            out_view, err_view = read_both(job.streams[1].preview.drain(),
+                                           job.streams[2].preview.drain(), budget)
+            recovery: dict[str, dict[str, Any]] = {}
+            for fd, name, view in ((1, "stdout", out_view), (2, "stderr", err_view)):
+                stream = job.streams[fd]
+                stream.clipped = stream.clipped or view.clipped
+                # a running job publishes stable paths; a terminal one only where output was lost
+                if not terminal or stream.clipped or stream.published or not stream.capture.in_memory:
+                    await stream.capture.ensure_file()
+                    stream.published = True
+                if terminal:
+                    await stream.capture.settle()
+                snap = stream.capture.snapshot()
+                if snap is not None:
+                    recovery[name] = snap
+            if terminal:
+                self._release(job)  # the terminal observer wins; later calls get stale-session
+            return Observation(job=job, wall_time=time.monotonic() - started, stdout=out_view,
+                               stderr=err_view, running=not terminal, recovery=recovery)
+
+    async def stop(self, job: Job) -> bool:
+        return await job.stop()
+
+    def stop_in_background(self, job: Job) -> None:
+        """For a cancelled direct call: the job must stop even though nobody waits for it."""
+        self._spawn_bg(job.stop())
+
+    def _spawn_bg(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- close -----------------------------------------------------------------------------------
+    async def close(self) -> int:
+        """Stop every group and remove our capture files; returns how many stops are unconfirmed."""
+        self.closed = True
+        jobs = list(self._jobs.values())
+        results = await asyncio.gather(*(j.stop() for j in jobs), return_exceptions=True)
+        unconfirmed = [j for j, ok in zip(jobs, results, strict=True) if ok is not True]
+        for job in jobs:
+            if job not in unconfirmed:
+                for stream in job.streams.values():
+                    await stream.capture.settle()
+            job.force_close()
+        for task in list(self._background):
+            task.cancel()
+        # keep the files of groups we could not confirm gone: they are still someone's responsibility
+        keep = {s.capture.path for j in unconfirmed for s in j.streams.values() if s.capture.path}
+        removed = await asyncio.to_thread(self.store.cleanup, keep)
+        self._jobs.clear()
+        if unconfirmed:
+            log.warning("shell close: %d process group(s) not confirmed gone (cleanup-incomplete)",
+                        len(unconfirmed))
+        log.debug("shell close: stopped %d job(s), removed %d capture file(s)", len(jobs), removed)
+        return len(unconfirmed)
