@@ -44,6 +44,9 @@ class WebSearchConfig(_Section):
 class RemoteCompactionConfig(_Section):
     enabled: bool = False
     threshold: float = Field(0.8, gt=0, le=1)
+    recover_overflow: bool = Field(True, description="on context_length_exceeded: compact, retry once")
+    custom_instructions: str | None = Field(None, description="custom compaction instructions: readable fallback")
+    timeout_seconds: float = Field(120.0, gt=0, description="one remote compaction call")
 
 
 class ContextConfig(_Section):

@@ -1,0 +1,117 @@
+"""The remote compaction calls: Codex v2 (streamed `compaction_trigger` turn) and the API's
+`POST /v1/responses/compact`. Credentials of the request being served go only to the matching
+endpoint of the same destination, and only when that destination may receive them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from proxy.compaction.remote import BETA_HEADER, CompactionFailure, RemoteResult, V2Collector, beta_features, parse_v1
+from proxy.routes import CREDENTIAL_HEADERS
+from proxy.sse import SSEDecoder
+
+# Request headers carried over to the compaction call besides credentials: client identity and the
+# Codex session headers that route the turn to the same backend state.
+_PASS_HEADERS = frozenset({
+    "user-agent", "originator", "version", "session-id", "session_id", "thread-id", "conversation_id",
+    "x-codex-installation-id", "x-codex-window-id", "x-codex-turn-state", "x-openai-internal-codex-residency",
+    BETA_HEADER,
+})
+# Credential headers a compaction call may carry (never a proxy's own or a cookie jar).
+_CALL_CREDENTIALS = CREDENTIAL_HEADERS - {"proxy-authorization", "cookie"}
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # api | codex
+    url: str
+    headers: dict[str, str]
+
+
+def compaction_target(kind: str, scheme: str, host: str, port: int, path: str, request_headers: Mapping[str, str],
+                      credentials_allowed: bool) -> Target | None:
+    """The compaction endpoint next to the served `…/responses` request, or None if there is none."""
+    p = path.split("?", 1)[0].rstrip("/")
+    if not p.endswith("/responses"):
+        return None
+    default = 443 if scheme == "https" else 80
+    netloc = host if port == default else f"{host}:{port}"
+    if ":" in host and not host.startswith("["):
+        netloc = f"[{host}]" if port == default else f"[{host}]:{port}"
+    url = f"{scheme}://{netloc}{p}" + ("" if kind == "codex" else "/compact")
+    headers: dict[str, str] = {"content-type": "application/json", "accept-encoding": "identity"}
+    for name, value in request_headers.items():
+        low = name.lower()
+        if low in _PASS_HEADERS or (credentials_allowed and low in _CALL_CREDENTIALS):
+            headers[low] = value
+    if kind == "codex":
+        headers["accept"] = "text/event-stream"
+        headers[BETA_HEADER] = beta_features(headers.get(BETA_HEADER))
+    else:
+        headers["accept"] = "application/json"
+        headers.pop(BETA_HEADER, None)
+    return Target(kind, url, headers)
+
+
+async def run_compaction(http: aiohttp.ClientSession, target: Target, body: dict[str, Any],
+                         timeout: float) -> RemoteResult:
+    """One attempt, no retries (a failure goes to the readable fallback instead)."""
+    try:
+        async with asyncio.timeout(timeout):
+            async with http.post(target.url, data=orjson.dumps(body), headers=target.headers) as resp:
+                if target.kind == "codex":
+                    return await _read_v2(resp)
+                raw = await resp.read()
+                try:
+                    parsed = orjson.loads(raw) if raw else None
+                except orjson.JSONDecodeError:
+                    category = f"http_{resp.status}" if resp.status >= 400 else "malformed_response"
+                    raise CompactionFailure(category) from None
+                return parse_v1(resp.status, parsed)
+    except TimeoutError:
+        raise CompactionFailure("timeout") from None
+    except aiohttp.ClientError:
+        raise CompactionFailure("connection") from None
+
+
+async def _read_v2(resp: aiohttp.ClientResponse) -> RemoteResult:
+    ctype = resp.headers.get("content-type", "").lower()
+    if resp.status >= 400 or not ctype.startswith("text/event-stream"):
+        raw = await resp.read()
+        try:
+            parsed = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            parsed = None
+        err = parsed.get("error") if isinstance(parsed, dict) else None
+        code = err.get("code") if isinstance(err, dict) else None
+        if resp.status < 400:
+            raise CompactionFailure("malformed_response")
+        raise CompactionFailure(f"upstream_{code}" if isinstance(code, str) and code.isidentifier()
+                                else f"http_{resp.status}")
+    decoder = SSEDecoder()
+    collector = V2Collector()
+    async for chunk in resp.content.iter_any():
+        for ev in decoder.feed(chunk):
+            if _feed(collector, ev.data):
+                return collector.result()
+    for ev in decoder.close():
+        if _feed(collector, ev.data):
+            break
+    return collector.result()
+
+
+def _feed(collector: V2Collector, data: str) -> bool:
+    if data == "[DONE]":
+        return False
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(payload, dict) and collector.feed(payload)
