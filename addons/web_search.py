@@ -1,0 +1,83 @@
+"""Adds the hosted `web_search` tool to Responses requests on official routes (seed 004 §5.1).
+
+Native only: with backend `auto` or `native` and an official (or trusted) route, the request gets
+`{"type": "web_search"}` unless the client already has a web search tool, and
+`web_search_call.action.sources` in `include`. Skipped (and recorded why) when the session's last
+input was above the hosted tool's 128k limit. Loads alone: `mitmdump -s addons/web_search.py`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from mitmproxy import http
+
+from addons._flow import destination_route, session_of
+from proxy import debuglog, routes, runtime, usage
+from proxy.dbworker import DBWorker
+from proxy.flowbody import commit_body, responses_body
+from proxy.flowstate import state_of
+from proxy.transforms.web_search import WebSearchSettings, decide_native, inject_web_search
+
+STATE_KEY = "web_search"
+
+
+def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:
+    route = state_of(flow).route
+    if isinstance(route, routes.Route):
+        return route
+    return destination_route(flow, trusted=rt.upstream.trusted)  # standalone: no routing addon
+
+
+def _worker(rt: runtime.Runtime) -> DBWorker:
+    worker = rt.extras.get("web_search_db")
+    if worker is None:
+        worker = rt.extras["web_search_db"] = DBWorker(rt.state.db_path)
+    return worker
+
+
+class WebSearch:
+    def load(self, loader) -> None:
+        runtime.declare_options(loader)
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None:
+            return
+        body = responses_body(flow)
+        if body is None:
+            return
+        rt = runtime.current()
+        cfg = rt.config.web_search
+        debuglog.set_enabled(rt.config.debug)
+        route = _route(flow, rt)
+        last_input = None
+        if cfg.enabled and cfg.backend in ("auto", "native") and route.eligible:
+            ident = session_of(flow)
+            if ident is not None:
+                last = await _worker(rt).run(
+                    lambda conn: _last_input(conn, ident.session_key))
+                last_input = last
+        decision = decide_native(cfg, route.eligible, last_input)
+        state_of(flow).extra[STATE_KEY] = decision.reason
+        if decision.apply:
+            body.replace(inject_web_search(body.value, WebSearchSettings.from_config(cfg)), by="web_search")
+        debuglog.event("web_search", outcome="injected" if decision.apply else "skipped", reason=decision.reason,
+                       route=route.kind, host=flow.request.host, tokens=last_input)
+        commit_body(flow)  # alone it writes back itself; in the chain the body writer does it once
+
+    def done(self) -> None:
+        try:
+            rt = runtime.current()
+        except Exception:  # mitmproxy is shutting down; nothing to close
+            return
+        worker = rt.extras.pop("web_search_db", None)
+        if worker is not None:
+            worker.close()
+
+
+def _last_input(conn: sqlite3.Connection, session_key: str) -> int | None:
+    last = usage.last_usage_for_session(conn, session_key)
+    return last.input_tokens if last is not None else None
+
+
+addons = [WebSearch()]

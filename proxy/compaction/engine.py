@@ -1,0 +1,112 @@
+"""One compaction: choose what it covers, call the remote endpoint when allowed, and store the dual
+representation. A failure (or a route/auth/instructions mismatch) yields a fallback-only checkpoint,
+so the session moves on with readable context and the attempt is not repeated in a loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from proxy import debuglog
+from proxy.compaction import remote
+from proxy.compaction.client import Target, run_compaction
+from proxy.compaction.fingerprint import Fingerprint
+from proxy.compaction.store import Checkpoint, new_checkpoint_id
+from proxy.transforms.fallback import fallback_text, marker
+from proxy.transforms.items import prefix_hash
+from proxy.transforms.retained import retained_user_messages
+
+
+@dataclass(frozen=True)
+class Plan:
+    session_key: str
+    client_items: Sequence[Any]
+    previous: Checkpoint | None
+    replay_opaque: bool  # the previous checkpoint's opaque item is what the model currently sees
+    boundary: int  # client items the new checkpoint covers
+    payload: dict[str, Any]  # the request being served (model, instructions, tools, … for the call)
+    window: int | None
+    fingerprint: Fingerprint | None
+    target: Target | None
+    remote_blocked: str | None  # why the remote call is not even tried (category), else None
+    reason: str  # threshold | overflow
+
+
+def covered(plan: Plan) -> tuple[list[Any], list[Any]]:
+    """(what the model sees before the boundary, its readable form) under the previous checkpoint."""
+    start = plan.previous.boundary if plan.previous is not None else 0
+    new = list(plan.client_items[start:plan.boundary])
+    if plan.previous is None:
+        return new, new
+    rec = plan.previous.record()
+    return [*rec.bootstrap(plan.replay_opaque), *new], [*rec.bootstrap(False), *new]
+
+
+def build_request(plan: Plan, items: list[Any]) -> dict[str, Any]:
+    if plan.target is not None and plan.target.kind == "codex":
+        return remote.v2_body(plan.payload, items, plan.window)
+    return remote.v1_body(plan.payload, items, plan.window)
+
+
+Caller = Callable[[Target, dict[str, Any]], Awaitable[remote.RemoteResult]]
+
+
+async def compact(plan: Plan, call: Caller) -> Checkpoint:
+    """Run one compaction; never raises for upstream trouble (that becomes a fallback checkpoint)."""
+    cp_id = new_checkpoint_id()
+    seen, readable = covered(plan)
+    retained = tuple(retained_user_messages(seen))
+    failure = plan.remote_blocked
+    result: remote.RemoteResult | None = None
+    started = time.perf_counter()
+    if failure is None and plan.target is not None:
+        try:
+            result = await call(plan.target, build_request(plan, seen))
+        except remote.CompactionFailure as exc:
+            failure = exc.category
+    elif failure is None:
+        failure = "no_endpoint"
+    boundary_hash = prefix_hash(plan.client_items, plan.boundary) or ""
+    cp = Checkpoint(
+        id=cp_id,
+        session_key=plan.session_key,
+        created_at=time.time(),
+        strategy="remote" if result is not None else "fallback",
+        reason=plan.reason if result is not None else f"{plan.reason}:{failure}",
+        boundary=plan.boundary,
+        boundary_hash=boundary_hash,
+        marker=marker(cp_id),
+        fallback_text=fallback_text(cp_id, readable),
+        compaction_item=result.compaction_item_bytes if result is not None else None,
+        retained=retained,
+        fingerprint=plan.fingerprint,
+        usage=result.usage if result is not None else None,
+    )
+    debuglog.event(
+        "remote_compaction", outcome=cp.strategy, reason=failure or plan.reason, checkpoint=cp_id,
+        kind=plan.target.kind if plan.target else None, model=plan.fingerprint.model if plan.fingerprint else None,
+        host=_host(plan.target), input_items=len(seen), retained=len(retained),
+        output_items=result.output_items if result else None, compaction_items=1 if result else 0,
+        ms=(time.perf_counter() - started) * 1000,
+    )
+    return cp
+
+
+def http_caller(http: aiohttp.ClientSession, timeout: float) -> Caller:
+    async def call(target: Target, body: dict[str, Any]) -> remote.RemoteResult:
+        return await run_compaction(http, target, body, timeout)
+
+    return call
+
+
+def _host(target: Target | None) -> str | None:
+    if target is None:
+        return None
+    from urllib.parse import urlsplit
+
+    return urlsplit(target.url).hostname
