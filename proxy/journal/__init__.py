@@ -1,0 +1,34 @@
+"""The history journal: tasks, agents, sessions, windows and items of every Responses exchange.
+
+`Journal` (journal.py) is the facade; `journal_for(state)` gives the process-wide instance for a
+state directory. Read-side queries for the history tools are in `query.py`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from proxy.journal.journal import JoinError, Journal, RequestMark, SessionState, Window
+from proxy.state import StateDir
+
+__all__ = ["JoinError", "Journal", "RequestMark", "SessionState", "Window", "journal_for"]
+
+_instances: dict[str, Journal] = {}
+_lock = threading.Lock()
+
+
+def journal_for(state: StateDir) -> Journal:
+    """One journal (one writer thread) per state directory and process."""
+    key = str(state.root)
+    with _lock:
+        j = _instances.get(key)
+        if j is None:
+            j = _instances[key] = Journal(state)
+        return j
+
+
+def close_all() -> None:
+    with _lock:
+        for j in _instances.values():
+            j.close()
+        _instances.clear()

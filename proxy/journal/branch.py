@@ -1,0 +1,161 @@
+"""Aligning a request's input with a session's current branch (pure).
+
+Clients resend the whole conversation each turn. The aligner finds which input items are already
+on the branch (they keep their ids) and which are new, and what the branch becomes:
+
+- `continue`: the input walks the whole branch (output items a client may leave out, like
+  reasoning, are skipped), then new items follow;
+- `trimmed`: the client dropped an old prefix itself, the rest walks to the head;
+- `prefix`: the input is an earlier point of the branch (a retry); new items branch from there;
+- `compaction`: the client replaced its history with a new compaction item (its own compaction):
+  everything is appended after the head, in a new window, so nothing earlier is lost;
+- `diverged`: an edit; the branch is kept up to the last matching item, the rest is new, and the
+  old branch stays in the journal (its head is archived).
+A stateful request (`previous_response_id`) appends its input after that response's last item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.journal.canonical import COMPACTION_TYPES, SKIPPABLE_TYPES, canonical_hash, fingerprint, item_type
+
+
+@dataclass
+class Entry:
+    """One position of a branch as the aligner sees it."""
+
+    item_id: str
+    canon: str
+    type: str
+    fp: tuple[int, int] | None = None  # fingerprint of the form the client last sent
+
+    @property
+    def skippable(self) -> bool:
+        return self.type in SKIPPABLE_TYPES
+
+
+class InputView:
+    """Lazily computed serializations, fingerprints and canonical hashes of the input items."""
+
+    def __init__(self, items: Sequence[Any]):
+        self.items = items
+        self._raw: list[bytes | None] = [None] * len(items)
+        self._canon: list[str | None] = [None] * len(items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def raw(self, k: int) -> bytes:
+        v = self._raw[k]
+        if v is None:
+            v = self._raw[k] = orjson.dumps(self.items[k])
+        return v
+
+    def fp(self, k: int) -> tuple[int, int]:
+        return fingerprint(self.raw(k))
+
+    def canon(self, k: int) -> str:
+        v = self._canon[k]
+        if v is None:
+            v = self._canon[k] = canonical_hash(self.items[k])
+        return v
+
+
+@dataclass
+class Alignment:
+    kind: str  # continue | trimmed | prefix | compaction | diverged | stateful | new
+    matched: list[int | None]  # per input item: branch position it is, or None if new
+    keep: int  # the new branch keeps entries[:keep]
+    new_from: int  # input items from this index on are new
+    fp_updates: list[tuple[int, tuple[int, int]]] = field(default_factory=list)
+
+    @property
+    def changes_branch(self) -> bool:
+        return self.kind in ("prefix", "diverged")
+
+
+def _same(entry: Entry, view: InputView, k: int, fp_updates: list[tuple[int, tuple[int, int]]], j: int) -> bool:
+    fp = view.fp(k)
+    if entry.fp is not None and entry.fp == fp:
+        return True
+    if entry.canon == view.canon(k):
+        fp_updates.append((j, fp))  # remember the client's form for the fast path next turn
+        return True
+    return False
+
+
+@dataclass
+class _Walk:
+    start: int
+    matched: list[tuple[int, int]]  # (input index, branch position)
+    end_j: int
+    reached_end: bool
+    consumed_all: bool
+    fp_updates: list[tuple[int, tuple[int, int]]]
+
+
+def _walk(entries: Sequence[Entry], view: InputView, start: int) -> _Walk:
+    n, m = len(entries), len(view)
+    j, k = start, 0
+    matched: list[tuple[int, int]] = []
+    updates: list[tuple[int, tuple[int, int]]] = []
+    while k < m and j < n:
+        if _same(entries[j], view, k, updates, j):
+            matched.append((k, j))
+            j += 1
+            k += 1
+        elif entries[j].skippable:
+            j += 1
+        else:
+            break
+    rest_skippable = all(e.skippable for e in entries[j:])
+    return _Walk(start, matched, j, rest_skippable, k == m, updates)
+
+
+def _result(kind: str, walk: _Walk, m: int, keep: int) -> Alignment:
+    matched: list[int | None] = [None] * m
+    for k, j in walk.matched:
+        matched[k] = j
+    return Alignment(kind, matched, keep, len(walk.matched), walk.fp_updates)
+
+
+def align(entries: Sequence[Entry], items: Sequence[Any], view: InputView | None = None) -> Alignment:
+    view = view or InputView(items)
+    n, m = len(entries), len(view)
+    if n == 0:
+        return Alignment("new", [None] * m, 0, 0)
+    first = _walk(entries, view, 0)
+    if first.reached_end:
+        return _result("continue", first, m, n)
+    if m:
+        anchor = view.canon(0)
+        for p in range(n - 1, 0, -1):
+            if entries[p].canon != anchor:
+                continue
+            w = _walk(entries, view, p)
+            if w.reached_end:
+                return _result("trimmed", w, m, n)
+    if first.consumed_all and first.matched:
+        return _result("prefix", first, m, first.matched[-1][1] + 1)
+    tail_from = len(first.matched)
+    known = {e.canon for e in entries}
+    if any(item_type(view.items[k]) in COMPACTION_TYPES and view.canon(k) not in known for k in range(tail_from, m)):
+        return Alignment("compaction", [None] * m, n, 0, first.fp_updates)
+    keep = first.matched[-1][1] + 1 if first.matched else 0
+    return _result("diverged", first, m, keep)
+
+
+def align_stateful(entries: Sequence[Entry], items: Sequence[Any], after: int | None) -> Alignment:
+    """`previous_response_id`: every input item is new, appended after branch position `after`
+    (the previous response's last item; None = the head)."""
+    n = len(entries)
+    keep = n if after is None else after + 1
+    kind = "stateful" if keep == n or all(e.skippable for e in entries[keep:]) else "diverged"
+    if kind == "stateful":
+        keep = n
+    return Alignment(kind, [None] * len(items), keep, 0)

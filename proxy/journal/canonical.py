@@ -1,0 +1,97 @@
+"""Canonical items and the hash chain of item ids (pure).
+
+A client resends the conversation each turn, often not byte for byte what the model produced:
+upstream ids stripped, `status`/`annotations`/`logprobs` dropped, string content instead of parts.
+The canonical form removes exactly those differences, so an item keeps its id across resends,
+and any real edit (text, arguments, call ids, images) changes it.
+
+id(item) = "it_" + sha256(parent id | session root, canonical hash)[:16] — the same item under the
+same parent in the same session always gets the same id; an edit gets a new id from that point on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+# Fields a client may drop or rewrite on resend without changing what the item says.
+_VOLATILE_ITEM_KEYS = frozenset({"id", "status", "phase", "internal_chat_message_metadata_passthrough",
+                                 "caller", "created_by"})
+_VOLATILE_PART_KEYS = frozenset({"annotations", "logprobs", "prompt_cache_breakpoint"})
+# Output item types a client may legitimately leave out when it resends (stateless reasoning, hosted
+# tool traces); skipping them on the branch is not an edit.
+SKIPPABLE_TYPES = frozenset({"reasoning", "web_search_call", "file_search_call", "image_generation_call",
+                             "code_interpreter_call", "mcp_list_tools"})
+COMPACTION_TYPES = frozenset({"compaction", "compaction_summary", "context_compaction"})
+
+
+def item_type(item: Any) -> str:
+    """The item's type; an EasyInputMessage (`{role, content}`) is a message."""
+    if isinstance(item, dict):
+        typ = item.get("type")
+        if isinstance(typ, str):
+            return typ
+        if "role" in item:
+            return "message"
+    return "unknown"
+
+
+def _canon_part(part: Any, role: str | None) -> Any:
+    if isinstance(part, str):
+        return {"type": "output_text" if role == "assistant" else "input_text", "text": part}
+    if isinstance(part, dict):
+        return {k: v for k, v in part.items() if k not in _VOLATILE_PART_KEYS}
+    return part
+
+
+def _canon_content(content: Any, role: str | None) -> Any:
+    if isinstance(content, str):
+        return [_canon_part(content, role)]
+    if isinstance(content, list):
+        return [_canon_part(p, role) for p in content]
+    return content
+
+
+def canonical_item(item: Any) -> Any:
+    """The comparable form of an item (a new object; the input is not modified)."""
+    if not isinstance(item, dict):
+        return item
+    typ = item_type(item)
+    out = {k: v for k, v in item.items() if k not in _VOLATILE_ITEM_KEYS}
+    out["type"] = typ
+    if typ == "message":
+        role = item.get("role") if isinstance(item.get("role"), str) else None
+        out["content"] = _canon_content(item.get("content"), role)
+    elif typ == "reasoning":
+        # Clients drop or keep encrypted_content depending on `include`; the summary is what it says.
+        out.pop("encrypted_content", None)
+        out.setdefault("summary", [])
+        out["summary"] = _canon_content(out["summary"], "assistant")
+        if "content" in out:
+            out["content"] = _canon_content(out["content"], "assistant")
+            if not out["content"]:
+                out.pop("content")
+    elif typ in ("function_call_output", "custom_tool_call_output") and isinstance(item.get("output"), list):
+        out["output"] = _canon_content(item["output"], None)
+    return out
+
+
+def canonical_hash(item: Any) -> str:
+    data = orjson.dumps(canonical_item(item), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(data).hexdigest()
+
+
+def session_root(session_key: str) -> str:
+    return "root:" + session_key
+
+
+def chain_id(parent: str, canon: str) -> str:
+    """The id of an item with canonical hash `canon` under `parent` (an item id or a session root)."""
+    return "it_" + hashlib.sha256(f"{parent}\x00{canon}".encode()).hexdigest()[:16]
+
+
+def fingerprint(raw: bytes) -> tuple[int, int]:
+    """A cheap in-process fingerprint of an item's bytes exactly as sent (fast path for resends)."""
+    return (len(raw), hash(raw))

@@ -1,0 +1,492 @@
+"""The journal: tasks, agents, sessions, windows and items of every Responses exchange.
+
+One `Journal` per proxy process (cached in `runtime.extras["journal"]`). The request path only
+touches an in-memory cache of each session's branch and enqueues operations for the writer thread;
+a session seen for the first time in this process is loaded from the database once.
+
+Windows API for the context/compaction work (see docs/history.md):
+`current_window`, `start_window`, `windows`, `item_ids_for_session`, `chain_head`,
+`branch_position`, `alias_response`, `session_for_response`, `record_event`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.db import connect
+from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
+from proxy.journal.addresses import ROOT, AddressError, auto_address, resolve_address
+from proxy.journal.branch import Alignment, Entry, InputView, align, align_stateful
+from proxy.journal.canonical import canonical_hash, chain_id, item_type, session_root
+from proxy.journal.ops import (
+    EnsureAgent,
+    EnsureSession,
+    EnsureTask,
+    Op,
+    PutAlias,
+    PutEvent,
+    PutItem,
+    PutResponse,
+    PutWindow,
+    SetBranch,
+)
+from proxy.journal.writer import JournalWriter
+from proxy.session import SessionIdentity, resolve_session
+from proxy.state import StateDir
+
+log = logging.getLogger("ctproxy.journal")
+
+CACHED_SESSIONS = 512
+CACHED_ALIASES = 20_000
+
+
+class JoinError(Exception):
+    """A request that may not be forwarded: unknown task, invalid agent address (HTTP 400)."""
+
+    def __init__(self, code: str, message: str, status: int = 400):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": "invalid_request_error", "param": None,
+                          "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Window:
+    window_id: str  # "w<ordinal>", unique per agent
+    ordinal: int
+    session_key: str
+    task_id: str
+    address: str
+    boundary_item_id: str | None  # last item the window's bootstrap replaces (None: nothing)
+    strategy: str  # start | notes | remote | fallback | client_compaction | …
+    bootstrap: dict[str, Any]
+    created_at: float
+
+
+@dataclass
+class SessionState:
+    key: str
+    task_id: str
+    address: str
+    source: str | None
+    entries: list[Entry]
+    window: Window
+
+
+@dataclass
+class RequestMark:
+    """What the journal made of one request; kept in the flow state for the response and later addons."""
+
+    session_key: str
+    task_id: str
+    address: str
+    window_id: str
+    input_ids: list[str]  # the journal id of every input item, in input order
+    kind: str  # alignment kind: new | continue | trimmed | prefix | compaction | diverged | stateful
+    tail: str | None  # the last item of the branch after this request
+    branch: list[Entry] = field(repr=False, default_factory=list)
+    response_done: bool = False
+
+
+def _h(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()
+
+
+def auto_task_id(session_key: str) -> str:
+    """The task a session without x-ctp-task starts: stable, so every process agrees on it."""
+    return "task_" + _h("task", session_key)[:16]
+
+
+def new_task_id() -> str:
+    return "task_" + secrets.token_hex(8)
+
+
+def input_items(payload: Mapping[str, Any]) -> list[Any]:
+    """The request's input as a list of items (a string input is one user message)."""
+    inp = payload.get("input")
+    if isinstance(inp, str):
+        return [{"role": "user", "content": inp}]
+    if isinstance(inp, list):
+        return inp
+    return []
+
+
+class AliasView(Mapping[str, str]):
+    """response id → session key, for `resolve_session(..., response_aliases)`."""
+
+    def __init__(self, journal: Journal):
+        self._j = journal
+
+    def __getitem__(self, key: str) -> str:
+        found = self._j.session_for_response(key)
+        if found is None:
+            raise KeyError(key)
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._j.session_for_response(key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._j._aliases))
+
+    def __len__(self) -> int:
+        return len(self._j._aliases)
+
+
+class Journal:
+    def __init__(self, state: StateDir, writer: JournalWriter | None = None):
+        self.state = state
+        self.writer = writer or JournalWriter(state.db_path)
+        self._read = connect(state.db_path)
+        self._lock = threading.RLock()
+        self._sessions: OrderedDict[str, SessionState] = OrderedDict()
+        self._tasks: set[str] = set()
+        self._agents: set[tuple[str, str]] = set()
+        self._ordinals: dict[tuple[str, str], int] = {}
+        self._aliases: OrderedDict[str, str] = OrderedDict()
+        self._tails: OrderedDict[str, str | None] = OrderedDict()  # response id → its last item id
+        self.aliases = AliasView(self)
+
+    # ------------------------------------------------------------------ lifecycle
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        return self.writer.flush(timeout)
+
+    def close(self) -> None:
+        self.writer.close()
+        with self._lock:
+            self._read.close()
+
+    def _submit(self, ops: Sequence[Op]) -> None:
+        self.writer.submit_many(ops)
+
+    # ------------------------------------------------------------------ tasks and agents
+    def create_task(self) -> str:
+        """A fresh task id, registered synchronously (so sub-agents can join at once)."""
+        task_id = new_task_id()
+        with self._lock:
+            self._read.execute("INSERT INTO journal_tasks(task_id, origin, created_at) VALUES (?,?,?)",
+                               (task_id, "cli", time.time()))
+            self._tasks.add(task_id)
+        return task_id
+
+    def task_exists(self, task_id: str) -> bool:
+        with self._lock:
+            if task_id in self._tasks:
+                return True
+            row = self._read.execute("SELECT 1 FROM journal_tasks WHERE task_id=?", (task_id,)).fetchone()
+            if row is not None:
+                self._tasks.add(task_id)
+            return row is not None
+
+    def agent_exists(self, task_id: str, address: str) -> bool:
+        with self._lock:
+            if (task_id, address) in self._agents:
+                return True
+            row = self._read.execute("SELECT 1 FROM journal_agents WHERE task_id=? AND address=?",
+                                     (task_id, address)).fetchone()
+            return row is not None
+
+    # ------------------------------------------------------------------ sessions
+    def resolve(self, identity: SessionIdentity, headers: Mapping[str, str],
+                payload: Mapping[str, Any]) -> tuple[str, str, str]:
+        """(journal session key, task id, agent address) of a request; raises JoinError."""
+        try:
+            if identity.task:
+                if identity.agent:
+                    address = resolve_address(identity.agent)
+                else:
+                    # Agents without a name are told apart by their own conversation signals.
+                    inner = resolve_session({k: v for k, v in headers.items()
+                                             if not k.lower().startswith("x-ctp-")}, payload)
+                    address = auto_address(inner.session_key)
+                if not self.task_exists(identity.task):
+                    raise JoinError("unknown_task", f"unknown task {identity.task!r} in x-ctp-task: create one "
+                                    "with `ctproxy task new`, or omit x-ctp-task to start a new task")
+                return "a:" + _h(identity.task, address)[:24], identity.task, address
+            address = resolve_address(identity.agent) if identity.agent else ROOT
+        except AddressError as exc:
+            raise JoinError("invalid_agent", f"x-ctp-agent: {exc}") from None
+        return identity.session_key, auto_task_id(identity.session_key), address
+
+    def session(self, session_key: str, task_id: str | None = None, address: str | None = None,
+                source: str | None = None) -> SessionState:
+        """The cached state of a session; loaded from the database, or created when new
+        (creating needs `task_id` and `address`)."""
+        with self._lock:
+            st = self._sessions.get(session_key)
+            if st is not None:
+                self._sessions.move_to_end(session_key)
+                return st
+            st = self._load(session_key)
+            if st is None:
+                if task_id is None or address is None:
+                    raise KeyError(f"unknown session {session_key!r}")
+                st = self._create(session_key, task_id, address, source)
+            self._sessions[session_key] = st
+            while len(self._sessions) > CACHED_SESSIONS:
+                self._sessions.popitem(last=False)
+            return st
+
+    def _load(self, session_key: str) -> SessionState | None:
+        row = self._read.execute("SELECT task_id, address, source FROM journal_sessions WHERE session_key=?",
+                                 (session_key,)).fetchone()
+        if row is None:
+            return None
+        entries = [Entry(r[0], r[1], r[2]) for r in self._read.execute(
+            "SELECT i.item_id, i.canon_hash, i.type FROM journal_branch b JOIN journal_items i"
+            " ON i.item_id = b.item_id WHERE b.session_key=? ORDER BY b.pos", (session_key,))]
+        win = self._read.execute("SELECT * FROM journal_windows WHERE session_key=? ORDER BY ordinal DESC LIMIT 1",
+                                 (session_key,)).fetchone()
+        task_id, address = row["task_id"], row["address"]
+        self._tasks.add(task_id)
+        self._agents.add((task_id, address))
+        if win is None:
+            window = self._new_window(session_key, task_id, address, None, "start", {})
+        else:
+            window = _window_from_row(win)
+        return SessionState(session_key, task_id, address, row["source"], entries, window)
+
+    def _create(self, session_key: str, task_id: str, address: str, source: str | None) -> SessionState:
+        now = time.time()
+        ops: list[Op] = []
+        if task_id not in self._tasks:
+            ops.append(EnsureTask(task_id, "session", now))
+            self._tasks.add(task_id)
+        if (task_id, address) not in self._agents:
+            ops.append(EnsureAgent(task_id, address, now))
+            self._agents.add((task_id, address))
+        ops.append(EnsureSession(session_key, task_id, address, source, now))
+        self._submit(ops)
+        window = self._new_window(session_key, task_id, address, None, "start", {})
+        return SessionState(session_key, task_id, address, source, [], window)
+
+    def _next_ordinal(self, task_id: str, address: str) -> int:
+        key = (task_id, address)
+        if key not in self._ordinals:
+            row = self._read.execute("SELECT max(ordinal) FROM journal_windows WHERE task_id=? AND address=?",
+                                     key).fetchone()
+            self._ordinals[key] = int(row[0] or 0)
+        self._ordinals[key] += 1
+        return self._ordinals[key]
+
+    def _new_window(self, session_key: str, task_id: str, address: str, boundary: str | None,
+                    strategy: str, bootstrap: dict[str, Any]) -> Window:
+        ordinal = self._next_ordinal(task_id, address)
+        w = Window(f"w{ordinal}", ordinal, session_key, task_id, address, boundary, strategy, bootstrap,
+                   time.time())
+        self._submit([PutWindow(task_id, address, w.window_id, ordinal, session_key, boundary, strategy,
+                                bootstrap, w.created_at)])
+        return w
+
+    # ------------------------------------------------------------------ windows API
+    def current_window(self, session_key: str) -> Window:
+        return self.session(session_key).window
+
+    def start_window(self, session_key: str, boundary_item_id: str | None, strategy: str,
+                     bootstrap: dict[str, Any]) -> Window:
+        """Open the session's next window. `boundary_item_id` is the last item (on the current branch)
+        that the window's bootstrap replaces; None replaces nothing."""
+        with self._lock:
+            st = self.session(session_key)
+            if boundary_item_id is not None and self._position(st, boundary_item_id) is None:
+                raise ValueError(f"boundary {boundary_item_id!r} is not on the session's current branch")
+            st.window = self._new_window(session_key, st.task_id, st.address, boundary_item_id, strategy,
+                                         dict(bootstrap))
+            self.record_event(session_key, "window", {"window_id": st.window.window_id, "strategy": strategy,
+                                                      "boundary_item_id": boundary_item_id})
+            return st.window
+
+    def windows(self, session_key: str) -> list[Window]:
+        """Committed windows of a session, oldest first (call `flush()` first to include recent ones)."""
+        with self._lock:
+            rows = self._read.execute("SELECT * FROM journal_windows WHERE session_key=? ORDER BY ordinal",
+                                      (session_key,)).fetchall()
+        return [_window_from_row(r) for r in rows]
+
+    def item_ids_for_session(self, session_key: str) -> list[str]:
+        """The current branch, oldest first: the session's item hash chain."""
+        with self._lock:
+            return [e.item_id for e in self.session(session_key).entries]
+
+    def chain_head(self, session_key: str) -> str | None:
+        with self._lock:
+            entries = self.session(session_key).entries
+            return entries[-1].item_id if entries else None
+
+    def branch_position(self, session_key: str, item_id: str) -> int | None:
+        with self._lock:
+            return self._position(self.session(session_key), item_id)
+
+    @staticmethod
+    def _position(st: SessionState, item_id: str) -> int | None:
+        for pos in range(len(st.entries) - 1, -1, -1):
+            if st.entries[pos].item_id == item_id:
+                return pos
+        return None
+
+    def alias_response(self, response_id: str, session_key: str) -> None:
+        with self._lock:
+            self._remember(self._aliases, response_id, session_key, CACHED_ALIASES)
+        self._submit([PutAlias(response_id, session_key, time.time())])
+
+    def session_for_response(self, response_id: str) -> str | None:
+        with self._lock:
+            hit = self._aliases.get(response_id)
+            if hit is not None:
+                return hit
+            row = self._read.execute("SELECT session_key FROM journal_aliases WHERE response_id=?",
+                                     (response_id,)).fetchone()
+            if row is None:
+                return None
+            self._remember(self._aliases, response_id, row[0], CACHED_ALIASES)
+            return row[0]
+
+    def record_event(self, session_key: str, kind: str, detail: dict[str, Any] | None = None) -> None:
+        self._submit([PutEvent(session_key, kind, dict(detail or {}), time.time())])
+
+    def events(self, session_key: str) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._read.execute("SELECT kind, detail, created_at FROM journal_events WHERE session_key=?"
+                                      " ORDER BY id", (session_key,)).fetchall()
+        return [{"kind": r[0], "detail": orjson.loads(r[1]), "created_at": r[2]} for r in rows]
+
+    @staticmethod
+    def _remember(cache: OrderedDict, key: str, value: Any, cap: int) -> None:
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > cap:
+            cache.popitem(last=False)
+
+    # ------------------------------------------------------------------ ingest
+    def ingest_request(self, st: SessionState, payload: Mapping[str, Any]) -> RequestMark:
+        """Journal the input items not on the branch yet; returns every input item's id."""
+        items = input_items(payload)
+        view = InputView(items)
+        with self._lock:
+            prev = payload.get("previous_response_id")
+            if isinstance(prev, str) and prev:
+                alignment = align_stateful(st.entries, items, self._tail_position(st, prev))
+            else:
+                alignment = align(st.entries, items, view)
+            for j, fp in alignment.fp_updates:
+                if j < len(st.entries):
+                    st.entries[j].fp = fp
+            if alignment.kind == "compaction":
+                head = st.entries[-1].item_id if st.entries else None
+                st.window = self._new_window(st.key, st.task_id, st.address, head, "client_compaction",
+                                             {"reason": "the client sent a new compaction item"})
+            new_entries, ops = self._new_items(st, alignment, view, "input", None)
+            branch = st.entries[:alignment.keep] + new_entries
+            ops_branch = self._branch_ops(st, branch, alignment.keep, alignment.kind)
+            ids = [st.entries[j].item_id if j is not None else "" for j in alignment.matched]
+            for k, e in zip(range(alignment.new_from, len(items)), new_entries, strict=True):
+                ids[k] = e.item_id
+            st.entries = branch
+            self._submit(ops + ops_branch)
+            if alignment.kind in ("diverged", "prefix"):
+                self.record_event(st.key, "branch", {"kind": alignment.kind, "kept": alignment.keep})
+            return RequestMark(st.key, st.task_id, st.address, st.window.window_id, ids, alignment.kind,
+                               branch[-1].item_id if branch else None, branch)
+
+    def _new_items(self, st: SessionState, alignment: Alignment, view: InputView, origin: str,
+                   response_id: str | None) -> tuple[list[Entry], list[Op]]:
+        parent = st.entries[alignment.keep - 1].item_id if alignment.keep else session_root(st.key)
+        now = time.time()
+        entries: list[Entry] = []
+        ops: list[Op] = []
+        for k in range(alignment.new_from, len(view)):
+            canon = view.canon(k)
+            item_id = chain_id(parent, canon)
+            entries.append(Entry(item_id, canon, item_type(view.items[k]), view.fp(k)))
+            ops.append(PutItem(item_id, st.key, None if parent.startswith("root:") else parent,
+                               st.window.window_id, origin, view.raw(k), canon, response_id, now))
+            parent = item_id
+        return entries, ops
+
+    def _branch_ops(self, st: SessionState, branch: list[Entry], keep: int, reason: str) -> list[Op]:
+        old = st.entries
+        if keep >= len(old):
+            if len(branch) == len(old):
+                return []
+            return [SetBranch(st.key, len(old), tuple(e.item_id for e in branch[len(old):]))]
+        # The old branch stops being current from `keep` on: archive its head, rewrite the manifest.
+        return [SetBranch(st.key, keep, tuple(e.item_id for e in branch[keep:]), old[-1].item_id, len(old),
+                          reason)]
+
+    def _tail_position(self, st: SessionState, response_id: str) -> int | None:
+        tail = self._tails.get(response_id)
+        if tail is None:
+            row = self._read.execute("SELECT tail_item_id FROM journal_responses WHERE response_id=?",
+                                     (response_id,)).fetchone()
+            tail = row[0] if row else None
+        return self._position(st, tail) if tail else None
+
+    def ingest_response(self, mark: RequestMark, items: Sequence[dict[str, Any]], *, response_id: str | None,
+                        model: str | None, status: str | None, usage: dict[str, Any] | None,
+                        error: dict[str, Any] | None, incomplete: bool) -> list[str]:
+        """Journal a response's output items after its request's branch; once per request."""
+        if mark.response_done:
+            return []
+        mark.response_done = True
+        rid = response_id or "local_" + secrets.token_hex(8)
+        with self._lock:
+            st = self.session(mark.session_key)
+            base = mark.branch
+            parent = base[-1].item_id if base else session_root(st.key)
+            now = time.time()
+            entries: list[Entry] = []
+            ops: list[Op] = []
+            for item in items:
+                raw = orjson.dumps(item)
+                canon = canonical_hash(item)
+                item_id = chain_id(parent, canon)
+                entries.append(Entry(item_id, canon, item_type(item)))
+                ops.append(PutItem(item_id, st.key, None if parent.startswith("root:") else parent,
+                                   st.window.window_id, "output", raw, canon, rid, now))
+                parent = item_id
+            branch = base + entries
+            if entries:
+                keep = _common_prefix(st.entries, base)
+                if keep >= len(st.entries):
+                    ops.append(SetBranch(st.key, keep, tuple(e.item_id for e in branch[keep:])))
+                else:  # another request of this session moved the branch meanwhile: latest wins
+                    ops.append(SetBranch(st.key, keep, tuple(e.item_id for e in branch[keep:]),
+                                         st.entries[-1].item_id, len(st.entries), "concurrent"))
+                st.entries = branch
+            tail = branch[-1].item_id if branch else None
+            ops.append(PutResponse(rid, st.key, model, status, usage, error, tail, len(entries), incomplete, now))
+            self._remember(self._tails, rid, tail, CACHED_ALIASES)
+            if response_id:
+                self._remember(self._aliases, response_id, st.key, CACHED_ALIASES)
+                ops.append(PutAlias(response_id, st.key, now))
+            self._submit(ops)
+            return [e.item_id for e in entries]
+
+
+def _common_prefix(a: Sequence[Entry], b: Sequence[Entry]) -> int:
+    if a is b:
+        return len(a)
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i].item_id == b[i].item_id:
+        i += 1
+    return i
+
+
+def _window_from_row(row: Any) -> Window:
+    return Window(row["window_id"], row["ordinal"], row["session_key"], row["task_id"], row["address"],
+                  row["boundary_item_id"], row["strategy"], orjson.loads(row["bootstrap"]), row["created_at"])

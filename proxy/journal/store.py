@@ -1,0 +1,151 @@
+"""Applying journal operations to SQLite (runs on the writer thread, one transaction per batch).
+
+Rendering the safe text, classifying roles/tools and resolving an output's call happen here, off
+the request path. Every insert is idempotent (an item id is content-addressed), so replaying a
+batch after a crash or a second process writing the same item is harmless.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable
+
+import orjson
+
+from proxy.journal import classify
+from proxy.journal.canonical import item_type
+from proxy.journal.ops import (
+    EnsureAgent,
+    EnsureSession,
+    EnsureTask,
+    Op,
+    PutAlias,
+    PutEvent,
+    PutItem,
+    PutResponse,
+    PutWindow,
+    SetBranch,
+)
+from proxy.journal.render import render_item
+
+
+def _dumps(value: object) -> str:
+    return orjson.dumps(value).decode()
+
+
+class BatchContext:
+    """What one batch knows beyond the database: calls journaled earlier in the same batch."""
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple[str, str], tuple[str | None, str | None]] = {}
+
+
+def _call_tool(conn: sqlite3.Connection, ctx: BatchContext, session_key: str,
+               call_id: str) -> tuple[str | None, str | None] | None:
+    hit = ctx.calls.get((session_key, call_id))
+    if hit is not None:
+        return hit
+    row = conn.execute(
+        "SELECT tool_namespace, tool_name FROM journal_items WHERE session_key=? AND call_id=?"
+        " AND type IN ('function_call','custom_tool_call') ORDER BY seq LIMIT 1",
+        (session_key, call_id),
+    ).fetchone()
+    return (row[0], row[1]) if row is not None else None
+
+
+def put_item(conn: sqlite3.Connection, ctx: BatchContext, op: PutItem) -> bool:
+    item = orjson.loads(op.raw)
+    typ = item_type(item)
+    call_id = classify.call_id_of(item)
+    ns, name = classify.tool_of(item)
+    if classify.is_output(item) and call_id:
+        # An output belongs to its call: namespace and name come from the same call, never mixed.
+        found = _call_tool(conn, ctx, op.session_key, call_id)
+        if found is not None:
+            ns, name = found
+    elif typ in classify.CALL_TYPES and call_id:
+        ctx.calls[(op.session_key, call_id)] = (ns, name)
+    rendered = render_item(item)
+    upstream = item.get("id") if isinstance(item, dict) and isinstance(item.get("id"), str) else None
+    cur = conn.execute(
+        "INSERT OR IGNORE INTO journal_items(item_id, session_key, parent_id, window_id, origin, type, role,"
+        " tool_namespace, tool_name, call_id, upstream_id, response_id, control, hidden, canon_hash, raw, text,"
+        " segments, chars, images, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (op.item_id, op.session_key, op.parent_id, op.window_id, op.origin, typ, classify.role_of(item),
+         ns, name, call_id, upstream, op.response_id, int(classify.is_control(item)),
+         int(classify.is_hidden_tool(ns, name)), op.canon, op.raw, rendered.text,
+         _dumps(rendered.segments), len(rendered.text), len(rendered.images), op.created_at),
+    )
+    if cur.rowcount != 1:
+        return False
+    conn.execute("INSERT INTO journal_fts(rowid, text) VALUES (?, ?)", (cur.lastrowid, rendered.text))
+    return True
+
+
+def set_branch(conn: sqlite3.Connection, op: SetBranch) -> None:
+    if op.archived_head is not None:
+        conn.execute(
+            "INSERT OR IGNORE INTO journal_branch_heads(session_key, head_item_id, length, reason, archived_at)"
+            " VALUES (?,?,?,?,?)",
+            (op.session_key, op.archived_head, op.archived_length, op.reason, time.time()),
+        )
+    conn.execute("DELETE FROM journal_branch WHERE session_key=? AND pos>=?", (op.session_key, op.from_pos))
+    conn.executemany(
+        "INSERT OR REPLACE INTO journal_branch(session_key, item_id, pos) VALUES (?,?,?)",
+        [(op.session_key, item_id, op.from_pos + i) for i, item_id in enumerate(op.ids)],
+    )
+
+
+def apply_op(conn: sqlite3.Connection, ctx: BatchContext, op: Op) -> None:
+    match op:
+        case PutItem():
+            put_item(conn, ctx, op)
+        case SetBranch():
+            set_branch(conn, op)
+        case EnsureTask():
+            conn.execute("INSERT OR IGNORE INTO journal_tasks(task_id, origin, created_at) VALUES (?,?,?)",
+                         (op.task_id, op.origin, op.created_at))
+        case EnsureAgent():
+            conn.execute("INSERT OR IGNORE INTO journal_agents(task_id, address, created_at) VALUES (?,?,?)",
+                         (op.task_id, op.address, op.created_at))
+        case EnsureSession():
+            conn.execute(
+                "INSERT OR IGNORE INTO journal_sessions(session_key, task_id, address, source, created_at)"
+                " VALUES (?,?,?,?,?)", (op.session_key, op.task_id, op.address, op.source, op.created_at))
+        case PutWindow():
+            conn.execute(
+                "INSERT OR IGNORE INTO journal_windows(task_id, address, window_id, ordinal, session_key,"
+                " boundary_item_id, strategy, bootstrap, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                (op.task_id, op.address, op.window_id, op.ordinal, op.session_key, op.boundary_item_id,
+                 op.strategy, _dumps(op.bootstrap), op.created_at))
+        case PutResponse():
+            conn.execute(
+                "INSERT OR REPLACE INTO journal_responses(response_id, session_key, model, status, usage, error,"
+                " tail_item_id, item_count, incomplete, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (op.response_id, op.session_key, op.model, op.status,
+                 _dumps(op.usage) if op.usage is not None else None,
+                 _dumps(op.error) if op.error is not None else None,
+                 op.tail_item_id, op.item_count, int(op.incomplete), op.created_at))
+        case PutAlias():
+            conn.execute("INSERT OR REPLACE INTO journal_aliases(response_id, session_key, created_at)"
+                         " VALUES (?,?,?)", (op.response_id, op.session_key, op.created_at))
+        case PutEvent():
+            conn.execute("INSERT INTO journal_events(session_key, kind, detail, created_at) VALUES (?,?,?,?)",
+                         (op.session_key, op.kind, _dumps(op.detail), op.created_at))
+
+
+def apply_batch(conn: sqlite3.Connection, ops: Iterable[Op]) -> int:
+    """Apply ops in one transaction. Returns how many were applied."""
+    ctx = BatchContext()
+    n = 0
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for op in ops:
+            apply_op(conn, ctx, op)
+            n += 1
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return n
