@@ -236,7 +236,7 @@ class Emulator:
         if reply is None:
             reply = compaction_reply(rec) if rec.route == "compaction" else echo_reply(rec, self.default_deltas)
         plan = render(reply, RenderContext.for_request(body, self.token_counter(body)))
-        return await self._send(request, rec, plan)
+        return await self._send(request, rec, plan, store=True)
 
     def _check_create(self, body: dict[str, Any]) -> Plan | None:
         if self.validate_requests:
@@ -289,7 +289,7 @@ class Emulator:
         rec, _ = await self._record(request, "retrieve")
         resp = self.stored.get(request.match_info["response_id"])
         plan = json_plan(resp) if resp is not None else _not_found(request.match_info["response_id"])
-        return await self._send(request, rec, plan, store=False)
+        return await self._send(request, rec, plan)
 
     async def _delete(self, request: web.Request) -> web.StreamResponse:
         rec, _ = await self._record(request, "delete")
@@ -314,8 +314,9 @@ class Emulator:
             self.stored.popitem(last=False)
 
     async def _send(
-        self, request: web.Request, rec: ReceivedRequest, plan: Plan, store: bool = True
+        self, request: web.Request, rec: ReceivedRequest, plan: Plan, store: bool = False
     ) -> web.StreamResponse:
+        """Execute a plan; `store` keeps the finished Response retrievable (create only)."""
         rec.status = plan.status
         rec.response_id = rec.response_id or plan.response_id
         if plan.latency:
@@ -335,9 +336,11 @@ class Emulator:
         limit = len(chunks) if plan.disconnect_after is None else min(plan.disconnect_after, len(chunks))
         try:
             await resp.prepare(request)
+            loop = asyncio.get_running_loop()
             for index in range(limit):
                 await resp.write(chunks[index])
                 rec.events_sent += 1
+                rec.write_times.append(loop.time())
                 if delay := plan.delays.get(index):
                     await asyncio.sleep(delay)
         except ConnectionError:

@@ -79,7 +79,8 @@ class ReceivedRequest:
     response_id: str | None = None  # the id of the Response the emulator answered with
     status: int | None = None  # HTTP status the emulator answered with
     client_disconnected: bool = False  # the client went away while the answer was streaming
-    events_sent: int = 0  # SSE events written before the stream ended
+    events_sent: int = 0  # SSE events (or Raw chunks) written before the stream ended
+    write_times: list[float] = field(default_factory=list)  # loop.time() after each streamed write
     extra: dict[str, Any] = field(default_factory=dict)
 
     def header(self, name: str, default: str | None = None) -> str | None:

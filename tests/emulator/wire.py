@@ -195,9 +195,10 @@ def response_object(
         "top_p": body.get("top_p") if body.get("top_p") is not None else 1.0,
         "truncation": body.get("truncation") or "disabled",
         "usage": usage,
-        "user": body.get("user"),
         "metadata": dict(body.get("metadata") or {}),
     }
+    if isinstance(body.get("user"), str):  # deprecated; the spec types it as a string, never null
+        resp["user"] = body["user"]
     if body.get("conversation") is not None:
         conv = body["conversation"]
         resp["conversation"] = {"id": conv if isinstance(conv, str) else conv.get("id")}
