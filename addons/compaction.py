@@ -1,0 +1,418 @@
+"""Remote compaction v2 with a readable fallback, and overflow recovery (seed 004 §5.2, DESIGN §3.3).
+
+request: projects the session's latest checkpoint onto the client's items (retained user messages →
+the opaque compaction item when model, endpoint, account and auth kind match; the readable fallback
+otherwise), then estimates the request; above the threshold it compacts before forwarding. Requests
+that compact by themselves, or chain with `previous_response_id` / `conversation`, are left alone.
+
+Overflow recovery: an HTTP 400 `context_length_exceeded` is buffered by mitmproxy anyway, so the
+`response` hook can compact, retry once and swap in the retry's answer. Streams are different: once
+streaming starts the headers are gone and a stream callable cannot await, so nothing could be sent
+after a failed stream. Requests estimated above 90% of the window are therefore not streamed: in
+`responseheaders` the stream is switched to buffering (its events are held), and `response` either
+recovers a `response.failed` / `error` that came before any output, or releases the held answer
+unchanged. Every other request streams untouched. The agent never sees the overflow; if the retry
+fails too it gets the original error unchanged.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from mitmproxy import http
+
+from addons._flow import destination_route, is_reverse, session_of
+from proxy import debuglog, routes, runtime, usage
+from proxy.compaction import journal_link, store
+from proxy.compaction.client import compaction_target
+from proxy.compaction.decision import (
+    HOLD_FRACTION,
+    Estimate,
+    LastRequest,
+    UsageSnapshot,
+    choose_boundary,
+    estimate,
+    over,
+)
+from proxy.compaction.engine import Plan, compact, http_caller
+from proxy.compaction.fingerprint import Fingerprint, compatible, fingerprint_of, load_key, normalise_endpoint
+from proxy.compaction.overflow import CODE, response_error_code
+from proxy.compaction.store import Checkpoint
+from proxy.dbworker import DBWorker
+from proxy.flowbody import commit_body, responses_body
+from proxy.flowstate import state_of
+from proxy.sse import ResponseTap, StreamTap
+from proxy.transforms.compaction import ProjectionContext, apply_projection
+from proxy.transforms.items import client_compacts, input_items, item_bytes
+
+STATE_KEY = "compaction"
+_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "host"})
+
+
+@dataclass
+class FlowInfo:
+    """What the request hook decided, for the response hooks."""
+
+    session_key: str
+    payload: dict[str, Any]  # the client's payload as sent (never mutated)
+    client_items: list[Any]
+    checkpoint: Checkpoint | None  # the checkpoint in effect (None when absent or diverged)
+    replay_opaque: bool
+    window: int | None
+    estimate: Estimate
+    fingerprint: Fingerprint | None
+    route: routes.Route
+    credentials_allowed: bool
+    hold: bool
+    mark: Any = None  # the journal's RequestMark, when the history addon ran
+    held_stream: Any = None  # the stream callable displaced by holding
+    outcome: str = "none"
+    notes: list[str] = field(default_factory=list)
+
+
+def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:
+    route = state_of(flow).route
+    if isinstance(route, routes.Route):
+        return route
+    return destination_route(flow, trusted=rt.upstream.trusted)  # standalone: no routing addon
+
+
+def _credentials_allowed(flow: http.HTTPFlow, route: routes.Route) -> bool:
+    """The guard's rule, applied to the compaction call that goes to the same destination."""
+    req = flow.request
+    if routes.is_official_destination(req.scheme, req.host, req.port, req.path) is not None:
+        return True
+    return route.trusted and route.kind is not None and is_reverse(flow)
+
+
+def _stateful(payload: dict[str, Any]) -> bool:
+    return bool(payload.get("previous_response_id")) or payload.get("conversation") is not None
+
+
+def _payload_bytes(payload: dict[str, Any], items: list[Any]) -> int:
+    tools = payload.get("tools") if isinstance(payload.get("tools"), list) else []
+    extra = len(str(payload.get("instructions") or "").encode()) + sum(item_bytes(t) for t in tools)
+    return extra + sum(item_bytes(i) for i in items)
+
+
+def _commit_if_alone(flow: http.HTTPFlow) -> None:
+    """Alone the addon writes the body back itself; in the chain the body writer does it once."""
+    try:
+        from mitmproxy import ctx
+
+        chained = ctx.master.addons.get("bodywriter") is not None
+    except Exception:
+        chained = False
+    if not chained:
+        commit_body(flow)
+
+
+def _snapshot(conn: sqlite3.Connection, key: str) -> tuple[Checkpoint | None, store.SessionState | None,
+                                                           usage.Usage | None]:
+    return store.latest_checkpoint(conn, key), store.session_state(conn, key), usage.last_usage_for_session(conn, key)
+
+
+class Compaction:
+    def __init__(self) -> None:
+        self._http: aiohttp.ClientSession | None = None
+
+    def load(self, loader) -> None:
+        runtime.declare_options(loader)
+
+    async def running(self) -> None:
+        self._client()
+
+    async def done(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        try:
+            rt = runtime.current()
+        except Exception:  # shutting down without options
+            return
+        worker = rt.extras.pop("compaction_db", None)
+        if worker is not None:
+            worker.close()
+
+    # ------------------------------------------------------------------ helpers
+    def _client(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+        return self._http
+
+    @staticmethod
+    def _db(rt: runtime.Runtime) -> DBWorker:
+        worker = rt.extras.get("compaction_db")
+        if worker is None:
+            worker = rt.extras["compaction_db"] = DBWorker(rt.state.db_path)
+        return worker
+
+    @staticmethod
+    def _key(rt: runtime.Runtime) -> bytes:
+        key = rt.extras.get("compaction_key")
+        if key is None:
+            key = rt.extras["compaction_key"] = load_key(rt.state.root)
+        return key
+
+    # ------------------------------------------------------------------ request
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None:
+            return
+        body = responses_body(flow)
+        if body is None:
+            return
+        rt = runtime.current()
+        cfg = rt.config.remote_compaction
+        debuglog.set_enabled(rt.config.debug)
+        payload = body.value
+        items = input_items(payload)
+        if items is None or _stateful(payload):
+            return
+        if client_compacts(payload):
+            debuglog.event("remote_compaction", outcome="skipped", reason="client_compacts")
+            return
+        ident = session_of(flow)
+        if ident is None:
+            return
+        route = _route(flow, rt)
+        db = self._db(rt)
+        key = ident.session_key
+        checkpoint, sess, last_usage = await db.run(lambda conn: _snapshot(conn, key))
+        model = payload.get("model") if isinstance(payload.get("model"), str) else ""
+        req = flow.request
+        fp = None
+        if route.kind is not None and model:
+            endpoint = normalise_endpoint(req.scheme, req.host, req.port, req.path)
+            fp = fingerprint_of(route.kind, model, endpoint, dict(req.headers.items()), self._key(rt))
+        mark = journal_link.request_mark(state_of(flow).extra)
+        info = FlowInfo(key, payload, items, None, False, usage.model_window(model, rt.config.model_windows),
+                        Estimate(0, "bytes", 1.0), fp, route, _credentials_allowed(flow, route), False, mark)
+
+        projected = self._project(payload, checkpoint, info, cfg.enabled, rt)
+        info.estimate = self._estimate(projected, info, sess, last_usage)
+        failed_here = sess is not None and sess.failed_items == len(items)
+        want = route.eligible and info.window is not None and not failed_here and (
+            (cfg.enabled and over(info.estimate.tokens, info.window, cfg.threshold))
+            or (sess is not None and sess.force_compact and cfg.recover_overflow)
+        )
+        if want:
+            cp = await self._compact(flow, info, payload, "threshold", rt)
+            projected = self._project(payload, cp, info, cfg.enabled, rt)
+            info.estimate = self._estimate(projected, info, None, None)
+        info.hold = (cfg.recover_overflow and route.eligible
+                     and over(info.estimate.tokens, info.window, HOLD_FRACTION))
+        body.replace(projected, by="compaction")
+        cp_id = info.checkpoint.id if info.checkpoint else None
+        sent = _payload_bytes(projected, input_items(projected) or [])
+        await db.run(lambda conn: store.record_forwarded(conn, key, cp_id, len(items), sent))
+        state_of(flow).extra[STATE_KEY] = info
+        debuglog.event("remote_compaction", outcome=info.outcome, estimate=info.estimate.tokens, window=info.window,
+                       checkpoint=cp_id, items=len(items), stream=info.hold)
+        _commit_if_alone(flow)
+
+    def _project(self, payload: dict[str, Any], cp: Checkpoint | None, info: FlowInfo, enabled: bool,
+                 rt: runtime.Runtime) -> dict[str, Any]:
+        info.checkpoint, info.replay_opaque = None, False
+        if cp is None:
+            return payload
+        replay = bool(enabled and info.route.eligible and cp.compaction_item is not None
+                      and cp.fingerprint is not None and info.fingerprint is not None
+                      and compatible(cp.fingerprint, info.fingerprint))
+        projected, outcome = apply_projection(payload, ProjectionContext(cp.record(), replay))
+        info.outcome = outcome
+        if outcome == "diverged":
+            # The client's history no longer starts with the compacted items: send it as it is.
+            self._event(rt, info, "projection", "diverged", None, cp.id)
+            return payload
+        info.checkpoint, info.replay_opaque = cp, replay and outcome in ("remote", "already")
+        return projected
+
+    @staticmethod
+    def _estimate(projected: dict[str, Any], info: FlowInfo, sess: store.SessionState | None,
+                  last_usage: usage.Usage | None) -> Estimate:
+        proj_items = input_items(projected) or []
+        snap = UsageSnapshot(last_usage.input_tokens, last_usage.output_tokens) if last_usage else None
+        last: LastRequest | None = sess.last if sess is not None else None
+        cp_id = info.checkpoint.id if info.checkpoint else None
+        return estimate(_payload_bytes(projected, proj_items), info.client_items, cp_id, snap, last)
+
+    def _blocked(self, info: FlowInfo, rt: runtime.Runtime) -> str | None:
+        cfg = rt.config.remote_compaction
+        if not cfg.enabled:
+            return "off"
+        if cfg.custom_instructions:
+            return "custom_instructions"
+        if not info.route.eligible:
+            return "route"
+        if info.fingerprint is None or info.fingerprint.auth_kind == "none":
+            return "auth_unknown"  # an item we could never prove we may replay is not worth fetching
+        return None
+
+    async def _compact(self, flow: http.HTTPFlow, info: FlowInfo, request_payload: dict[str, Any], reason: str,
+                       rt: runtime.Runtime) -> Checkpoint:
+        prev = info.checkpoint
+        boundary = choose_boundary(info.client_items, prev.boundary if prev else 0, info.window or 0)
+        req = flow.request
+        target = None
+        if info.route.kind is not None:
+            target = compaction_target(info.route.kind, req.scheme, req.host, req.port, req.path,
+                                       dict(req.headers.items()), info.credentials_allowed)
+        plan = Plan(info.session_key, info.client_items, prev, info.replay_opaque, boundary, request_payload,
+                    info.window, info.fingerprint, target, self._blocked(info, rt), reason)
+        cp = await compact(plan, http_caller(self._client(), rt.config.remote_compaction.timeout_seconds))
+        n = len(info.client_items)
+        strategy = cp.strategy
+
+        def save(conn: sqlite3.Connection) -> None:
+            store.save_checkpoint(conn, cp)
+            store.record_event(conn, info.session_key, "compaction", strategy, cp.reason, cp.id)
+            if strategy == "fallback" and plan.remote_blocked is None:
+                store.mark_failed(conn, info.session_key, n)
+
+        await self._db(rt).run(save)
+        window_id = journal_link.start_window(
+            rt.state, info.mark, boundary, strategy,
+            {"checkpoint_id": cp.id, "marker": cp.marker, "retained": len(cp.retained), "reason": cp.reason})
+        journal_link.record_event(rt.state, info.mark, "compaction",
+                                  {"checkpoint_id": cp.id, "strategy": strategy, "reason": cp.reason,
+                                   "boundary": boundary, "window_id": window_id})
+        if window_id:
+            await self._db(rt).run(lambda conn: store.set_window_id(conn, cp.id, window_id))
+        return cp
+
+    def _event(self, rt: runtime.Runtime, info: FlowInfo, kind: str, outcome: str, reason: str | None,
+               cp_id: str | None) -> None:
+        key = info.session_key
+        self._db(rt).submit(lambda conn: store.record_event(conn, key, kind, outcome, reason, cp_id))
+        journal_link.record_event(rt.state, info.mark, kind, {"outcome": outcome, "reason": reason,
+                                                               "checkpoint_id": cp_id})
+        debuglog.event("remote_compaction", phase=kind, outcome=outcome, reason=reason, checkpoint=cp_id)
+
+    # ------------------------------------------------------------------ response
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        info = state_of(flow).extra.get(STATE_KEY)
+        resp = flow.response
+        if not isinstance(info, FlowInfo) or not info.hold or resp is None:
+            return
+        if resp.status_code == 200 and resp.headers.get("content-type", "").lower().startswith("text/event-stream"):
+            info.held_stream = resp.stream  # the tap's callable, fed once the answer is settled
+            resp.stream = False  # buffer: the events are held until `response`
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        info = state_of(flow).extra.get(STATE_KEY)
+        if not isinstance(info, FlowInfo) or flow.response is None:
+            return
+        rt = runtime.current()
+        resp = flow.response
+        streamed = bool(resp.stream) and info.held_stream is None
+        code = None
+        if not streamed:
+            code = response_error_code(resp.status_code, resp.headers.get("content-type", ""),
+                                       resp.get_content(strict=False) or b"")
+        recovered = False
+        if code == CODE and rt.config.remote_compaction.recover_overflow and info.route.eligible:
+            recovered = await self._recover(flow, info, rt)
+        elif code is None and streamed:
+            tap = state_of(flow).tap
+            if isinstance(tap, ResponseTap) and tap.error_code == CODE:
+                # Too late to recover (output may have reached the agent): compact on the next request.
+                key = info.session_key
+                self._db(rt).submit(lambda conn: store.mark_force_compact(conn, key))
+                self._event(rt, info, "recovery", "missed", "streamed", None)
+        if info.held_stream is not None and not recovered:
+            self._release_held(flow, info)
+        if recovered or info.held_stream is not None:
+            await self._record_usage(flow, info, rt)
+
+    def _release_held(self, flow: http.HTTPFlow, info: FlowInfo) -> None:
+        """Feed the held answer to the tap that would have seen it streamed."""
+        stream = info.held_stream
+        raw = flow.response.raw_content if flow.response is not None else None
+        if callable(stream) and raw is not None:
+            stream(raw)
+            stream(b"")
+
+    async def _recover(self, flow: http.HTTPFlow, info: FlowInfo, rt: runtime.Runtime) -> bool:
+        started = time.perf_counter()
+        try:
+            forwarded = orjson.loads(flow.request.get_content(strict=False) or b"")
+        except orjson.JSONDecodeError:
+            return False
+        if not isinstance(forwarded, dict):
+            return False
+        cp = await self._compact(flow, info, forwarded, "overflow", rt)
+        replay = cp.strategy == "remote"
+        record = cp.record()
+        retry_payload = dict(forwarded)
+        retry_payload["input"] = [*record.bootstrap(replay), *info.client_items[cp.boundary:]]
+        new = await self._send_retry(flow, retry_payload)
+        ok = new is not None and response_error_code(
+            new.status_code, new.headers.get("content-type", ""), new.get_content(strict=False) or b"") is None
+        outcome = "recovered" if ok else "retry_failed"
+        self._event(rt, info, "recovery", outcome, cp.strategy, cp.id)
+        debuglog.event("overflow_recovery", outcome=outcome, strategy=cp.strategy, host=flow.request.host,
+                       status=new.status_code if new is not None else None,
+                       ms=(time.perf_counter() - started) * 1000)
+        if not ok or new is None:
+            return False  # the agent gets the original upstream error unchanged
+        flow.response = new
+        self._retap(flow, new)
+        return True
+
+    async def _send_retry(self, flow: http.HTTPFlow, payload: dict[str, Any]) -> http.Response | None:
+        req = flow.request.copy()
+        req.content = orjson.dumps(payload)  # re-encoded with the request's own Content-Encoding
+        headers = [(k, v) for k, v in req.headers.items(multi=True) if k.lower() not in _HOP_HEADERS]
+        try:
+            async with self._client().request(req.method, req.url, headers=headers, data=req.raw_content,
+                                              auto_decompress=False, allow_redirects=False) as r:
+                raw = await r.read()
+                out_headers = [(k.encode(), v.encode()) for k, v in r.headers.items()
+                               if k.lower() not in _HOP_HEADERS]
+                status = r.status
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        resp = http.Response.make(status, b"", out_headers)
+        resp.raw_content = raw
+        resp.headers["content-length"] = str(len(raw))
+        return resp
+
+    @staticmethod
+    def _retap(flow: http.HTTPFlow, resp: http.Response) -> None:
+        """Refill the flow's tap from the retry, keeping the tap object (and its listeners)."""
+        tap = state_of(flow).tap
+        if not isinstance(tap, ResponseTap):
+            return
+        fresh = ResponseTap(listeners=tap.listeners)
+        for name in ("response_id", "model", "status", "items", "usage", "error", "completed", "incomplete",
+                     "events", "last_sequence", "first_output_seen"):
+            setattr(tap, name, getattr(fresh, name))
+        if resp.headers.get("content-type", "").lower().startswith("text/event-stream"):
+            feeder = StreamTap(tap, resp.headers.get("content-encoding", ""))
+            feeder(resp.raw_content or b"")
+            feeder(b"")
+        else:
+            try:
+                parsed = orjson.loads(resp.get_content(strict=False) or b"")
+            except orjson.JSONDecodeError:
+                return
+            if isinstance(parsed, dict):
+                tap.on_json_response(parsed)
+
+    async def _record_usage(self, flow: http.HTTPFlow, info: FlowInfo, rt: runtime.Runtime) -> None:
+        """The tap records usage in its own `response` hook, which ran before the answer was settled here."""
+        tap = state_of(flow).tap
+        ident = session_of(flow)
+        if not isinstance(tap, ResponseTap) or not tap.usage or ident is None:
+            return
+        model, used, rid = tap.model or ident.model, dict(tap.usage), tap.response_id
+        await self._db(rt).run(lambda conn: usage.record_usage(conn, ident.session_key, ident.task, ident.agent,
+                                                               model, used, rid))
+
+
+addons = [Compaction()]

@@ -1,0 +1,179 @@
+"""Native web search: the pure transform and the decision (seed 004 §5.1)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.config import WebSearchConfig
+from proxy.transforms.web_search import (
+    SOURCES_INCLUDE,
+    WebSearchSettings,
+    decide_native,
+    inject_web_search,
+    is_web_search_tool,
+    native_status,
+)
+from tests.openapi_schema import validate
+
+LIVE = WebSearchSettings()
+
+FUNCTION_TOOL = {"type": "function", "name": "get_weather", "description": "w", "strict": True,
+                 "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": False}}
+
+
+def base(**extra):
+    return {"model": "gpt-5", "input": [{"role": "user", "content": "hi"}], **extra}
+
+
+def test_injects_tool_and_include_when_absent():
+    payload = base()
+    out = inject_web_search(payload, LIVE)
+    assert out is not payload
+    assert out["tools"] == [{"type": "web_search"}]
+    assert out["include"] == [SOURCES_INCLUDE]
+    assert payload == base()  # input untouched
+
+
+def test_appends_after_client_tools_and_keeps_their_order():
+    payload = base(tools=[FUNCTION_TOOL], include=["reasoning.encrypted_content"])
+    out = inject_web_search(payload, LIVE)
+    assert out["tools"] == [FUNCTION_TOOL, {"type": "web_search"}]
+    assert out["include"] == ["reasoning.encrypted_content", SOURCES_INCLUDE]
+
+
+@pytest.mark.parametrize("spelling", [
+    {"type": "web_search"},
+    {"type": "web_search", "external_web_access": False},
+    {"type": "web_search_preview"},
+    {"type": "web_search_2025_08_26", "search_context_size": "low"},
+    {"type": "web_search_preview_2025_03_11"},
+])
+def test_client_web_search_tool_wins_and_is_never_rewritten(spelling):
+    client_tool = copy.deepcopy(spelling)
+    payload = base(tools=[FUNCTION_TOOL, client_tool])
+    out = inject_web_search(payload, WebSearchSettings("cached", "high"))
+    assert out["tools"] == [FUNCTION_TOOL, spelling]  # no second search tool, the client's as it was
+    assert out["tools"][1] is client_tool
+    assert out["include"] == [SOURCES_INCLUDE]
+
+
+def test_not_web_search_lookalikes():
+    assert not is_web_search_tool({"type": "web_search_call"})
+    assert not is_web_search_tool({"type": "function", "name": "web_search"})
+    assert not is_web_search_tool({"type": "web_searcher"})
+    assert is_web_search_tool({"type": "web_search_preview_2025_03_11"})
+
+
+def test_function_named_web_search_does_not_block_injection():
+    fn = {**FUNCTION_TOOL, "name": "web_search"}
+    out = inject_web_search(base(tools=[fn]), LIVE)
+    assert out["tools"] == [fn, {"type": "web_search"}]
+
+
+def test_include_merge_has_no_duplicates():
+    payload = base(tools=[{"type": "web_search"}], include=[SOURCES_INCLUDE, "reasoning.encrypted_content"])
+    assert inject_web_search(payload, LIVE) is payload
+
+
+def test_returns_same_object_when_nothing_to_do():
+    payload = base(tools=[{"type": "web_search_preview"}], include=[SOURCES_INCLUDE])
+    assert inject_web_search(payload, LIVE) is payload
+
+
+def test_idempotent():
+    once = inject_web_search(base(tools=[FUNCTION_TOOL]), LIVE)
+    twice = inject_web_search(once, LIVE)
+    assert twice is once
+
+
+def test_keeps_tool_choice_and_unknown_fields():
+    payload = base(tool_choice={"type": "function", "name": "get_weather"}, tools=[FUNCTION_TOOL],
+                   x_future_field={"nested": [1, 2]}, store=False, stream=True)
+    out = inject_web_search(payload, LIVE)
+    for key in ("tool_choice", "x_future_field", "store", "stream", "model", "input"):
+        assert out[key] == payload[key]
+        assert out[key] is payload[key]
+
+
+def test_mode_and_context_size_map_to_tool_fields():
+    assert WebSearchSettings("cached", "low").tool_spec() == {
+        "type": "web_search", "external_web_access": False, "search_context_size": "low"}
+    assert WebSearchSettings("live", "high").tool_spec() == {"type": "web_search", "search_context_size": "high"}
+    assert WebSearchSettings("live", None).tool_spec() == {"type": "web_search"}
+
+
+def test_shapes_it_does_not_understand_are_left_alone():
+    weird_tools = base(tools={"type": "web_search"})
+    assert inject_web_search(weird_tools, LIVE) is weird_tools
+    weird_include = base(include="web_search_call.action.sources")
+    assert inject_web_search(weird_include, LIVE) is weird_include
+
+
+# ---- decision -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("cfg", "eligible", "last", "apply", "reason"), [
+    (WebSearchConfig(), True, None, True, "native"),
+    (WebSearchConfig(), False, None, False, "route"),
+    (WebSearchConfig(backend="native"), True, 10, True, "native"),
+    (WebSearchConfig(backend="native"), False, None, False, "route"),
+    (WebSearchConfig(backend="off"), True, None, False, "off"),
+    (WebSearchConfig(enabled=False), True, None, False, "off"),
+    (WebSearchConfig(backend="sidecar"), True, None, False, "sidecar"),
+    (WebSearchConfig(), True, 128_000, True, "native"),
+    (WebSearchConfig(), True, 128_001, False, "input_tokens"),
+    (WebSearchConfig(max_input_tokens=1000), True, 1001, False, "input_tokens"),
+])
+def test_decision(cfg, eligible, last, apply, reason):
+    d = decide_native(cfg, eligible, last)
+    assert (d.apply, d.reason) == (apply, reason)
+
+
+def test_status_wording():
+    assert native_status(WebSearchConfig(), True, False)[0] == "active"
+    state, why = native_status(WebSearchConfig(), False, False)
+    assert state == "deferred" and "sidecar" in why
+    assert native_status(WebSearchConfig(backend="native"), False, False)[0] == "unavailable"
+    assert native_status(WebSearchConfig(backend="native"), False, True)[0] == "active"
+    assert native_status(WebSearchConfig(backend="off"), True, False)[0] == "off"
+
+
+# ---- the forwarded payload stays a valid CreateResponse -----------------------------------------
+
+_messages = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "developer"]),
+                           "content": st.text(max_size=30)}),
+    min_size=1, max_size=4,
+)
+_tools = st.lists(st.sampled_from([
+    FUNCTION_TOOL,
+    {"type": "web_search"},
+    {"type": "web_search_preview"},
+    {"type": "web_search_2025_08_26"},
+    {"type": "web_search", "search_context_size": "high", "external_web_access": False},
+]), max_size=3, unique_by=lambda t: repr(t))
+_include = st.lists(st.sampled_from([SOURCES_INCLUDE, "reasoning.encrypted_content", "web_search_call.results"]),
+                    max_size=3, unique=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_messages, _tools, _include, st.sampled_from(["live", "cached"]), st.sampled_from([None, "low", "high"]),
+       st.sampled_from(["auto", "none", "required"]))
+def test_forwarded_payload_validates_and_transform_is_idempotent(messages, tools, include, mode, size, choice):
+    payload = {"model": "gpt-5", "input": messages, "tool_choice": choice}
+    if tools:
+        payload["tools"] = tools
+    if include:
+        payload["include"] = include
+    before = copy.deepcopy(payload)
+    out = inject_web_search(payload, WebSearchSettings(mode, size))
+    assert payload == before
+    validate("CreateResponse", out)
+    assert inject_web_search(out, WebSearchSettings(mode, size)) is out
+    assert sum(1 for t in out["tools"] if is_web_search_tool(t)) == max(1, sum(is_web_search_tool(t) for t in tools))
+    assert out["include"].count(SOURCES_INCLUDE) == 1
+    assert out["tool_choice"] == choice
