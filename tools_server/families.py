@@ -9,6 +9,7 @@ from tools_server.registry import Registry, Services, ToolFamily
 FAMILY_MODULES: tuple[str, ...] = (
     "tools_server.context",
     "tools_server.patch",
+    "tools_server.shell",
 )
 
 

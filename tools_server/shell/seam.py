@@ -1,7 +1,7 @@
 """The invocation seam (seed 004 §5.10): trusted per-call context, then policy, then execution.
 
 Configured by `config.shell.policy`, a dotted path (`package.module:attr` or `package.module.attr`)
-to a hooks object or to a zero-argument callable returning one. The object may define
+to a hooks object, a class, or a zero-argument callable returning one (called once). The object may define
 
     context(call) -> {"env": {NAME: value}} | None      # a per-call env overlay for the spawn
     policy(call)  -> None | True | False | "reason"     # anything but None/True refuses
@@ -56,8 +56,8 @@ def load_hooks(dotted: str | None) -> Any | None:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise SeamConfigError(f"shell.policy {dotted!r} cannot be loaded: {exc}") from exc
-    if not (hasattr(obj, "policy") or hasattr(obj, "context")) and callable(obj):
-        obj = obj()
+    if isinstance(obj, type) or (not (hasattr(obj, "policy") or hasattr(obj, "context")) and callable(obj)):
+        obj = obj()  # a class or a factory: build the hooks object once
     if not (hasattr(obj, "policy") or hasattr(obj, "context")):
         raise SeamConfigError(f"shell.policy {dotted!r} has neither policy() nor context()")
     return obj
