@@ -1,0 +1,233 @@
+"""The web search addon on flows: per route kind and config, the 128k skip, standalone use."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from mitmproxy.test import taddons, tflow, tutils
+
+from addons.web_search import WebSearch
+from proxy import runtime, usage
+from proxy.db import connect
+from proxy.flowstate import state_of
+from proxy.routes import Route
+from proxy.session import resolve_session
+from proxy.transforms.web_search import SOURCES_INCLUDE
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def rt(tmp_path):
+    def make(**overrides):
+        built = runtime.build(state_dir=str(tmp_path / "state"))
+        for key, value in overrides.items():
+            section, _, name = key.partition(".")
+            setattr(getattr(built.config, section), name, value)
+        runtime.install(built)
+        return built
+
+    yield make
+    runtime.uninstall()
+
+
+def make_flow(host="api.openai.com", path="/v1/responses", scheme="https", port=443, body=None, headers=()):
+    payload = body if body is not None else {"model": "gpt-5", "input": "hello"}
+    req = tutils.treq(method=b"POST", scheme=scheme.encode(), host=host, port=port, path=path.encode(),
+                      content=orjson.dumps(payload),
+                      headers=((b"content-type", b"application/json"), *headers))
+    return tflow.tflow(req=req)
+
+
+def sent(flow):
+    return orjson.loads(flow.request.content)
+
+
+async def run(addon, flow):
+    with taddons.context(addon):
+        await addon.request(flow)
+
+
+@pytest.mark.parametrize(("host", "path"), [("api.openai.com", "/v1/responses"),
+                                            ("chatgpt.com", "/backend-api/codex/responses")])
+async def test_injects_on_official_routes(rt, host, path):
+    rt()
+    flow = make_flow(host, path)
+    await run(WebSearch(), flow)
+    body = sent(flow)
+    assert body["tools"] == [{"type": "web_search"}]
+    assert body["include"] == [SOURCES_INCLUDE]
+    assert state_of(flow).extra["web_search"] == "native"
+
+
+@pytest.mark.parametrize(("host", "path", "scheme", "port"), [
+    ("example.com", "/v1/responses", "https", 443),  # a gateway
+    ("api.openai.com.evil.test", "/v1/responses", "https", 443),  # look-alike
+    ("api.openai.com", "/v1/responses", "http", 80),  # not https
+    ("api.openai.com", "/v2/responses", "https", 443),  # not an API path
+])
+async def test_never_touches_other_routes(rt, host, path, scheme, port):
+    rt()
+    flow = make_flow(host, path, scheme, port)
+    before = flow.request.raw_content
+    await run(WebSearch(), flow)
+    assert flow.request.raw_content == before
+
+
+async def test_trusted_route_from_routing_is_eligible(rt):
+    rt()
+    flow = make_flow("127.0.0.1", "/v1/responses", "http", 8080)
+    state_of(flow).route = Route(kind="api", official=False, trusted=True)
+    await run(WebSearch(), flow)
+    assert sent(flow)["tools"] == [{"type": "web_search"}]
+
+
+@pytest.mark.parametrize(("key", "value"), [("web_search.backend", "off"), ("web_search.backend", "sidecar"),
+                                            ("web_search.enabled", False)])
+async def test_config_turns_it_off(rt, key, value):
+    rt(**{key: value})
+    flow = make_flow()
+    before = flow.request.raw_content
+    await run(WebSearch(), flow)
+    assert flow.request.raw_content == before
+
+
+async def test_cached_mode_and_context_size(rt):
+    rt(**{"web_search.mode": "cached", "web_search.context_size": "high"})
+    flow = make_flow()
+    await run(WebSearch(), flow)
+    assert sent(flow)["tools"] == [{"type": "web_search", "external_web_access": False,
+                                    "search_context_size": "high"}]
+
+
+async def test_skips_above_128k_and_records_why(rt):
+    built = rt()
+    payload = {"model": "gpt-5", "input": [{"role": "user", "content": "long session"}]}
+    ident = resolve_session({}, payload)
+    conn = connect(built.state.db_path)
+    usage.record_usage(conn, ident.session_key, None, None, "gpt-5", {"input_tokens": 130_000, "output_tokens": 5},
+                       "resp_1")
+    conn.close()
+    flow = make_flow(body=payload)
+    before = flow.request.raw_content
+    await run(WebSearch(), flow)
+    assert flow.request.raw_content == before
+    assert state_of(flow).extra["web_search"] == "input_tokens"
+    # another session is unaffected
+    other = make_flow(body={"model": "gpt-5", "input": "fresh"})
+    await run(WebSearch(), other)
+    assert sent(other)["tools"] == [{"type": "web_search"}]
+
+
+async def test_non_json_and_other_endpoints_untouched(rt):
+    rt()
+    flow = make_flow(path="/v1/responses/compact")
+    before = flow.request.raw_content
+    await run(WebSearch(), flow)
+    assert flow.request.raw_content == before
+    req = tutils.treq(method=b"POST", scheme=b"https", host="api.openai.com", port=443, path=b"/v1/responses",
+                      content=b"not json", headers=((b"content-type", b"application/json"),))
+    bad = tflow.tflow(req=req)
+    await run(WebSearch(), bad)
+    assert bad.request.raw_content == b"not json"
+
+
+async def test_keeps_content_encoding(rt):
+    rt()
+    flow = make_flow(headers=((b"content-encoding", b"gzip"),))
+    flow.request.content = orjson.dumps({"model": "gpt-5", "input": "zipped"})  # encodes as gzip
+    assert flow.request.raw_content[:2] == b"\x1f\x8b"
+    await run(WebSearch(), flow)
+    assert flow.request.raw_content[:2] == b"\x1f\x8b"
+    assert sent(flow)["tools"] == [{"type": "web_search"}]
+
+
+# ---- `mitmdump -s addons/web_search.py` against a recording upstream ---------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"mitmdump exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.1)
+    raise AssertionError("mitmdump did not start listening")
+
+
+@pytest.mark.timeout(120)
+async def test_mitmdump_loads_it_alone(tmp_path):
+    from openai import AsyncOpenAI
+
+    from tests.emulator import Emulator
+
+    mitmdump = shutil.which("mitmdump", path=str(Path(sys.executable).parent))
+    assert mitmdump, "mitmdump is installed with mitmproxy"
+    async with Emulator() as emu:
+        port = _free_port()
+        env = {**os.environ, "CTPROXY_HOME": str(tmp_path / "state"), "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen(
+            [mitmdump, "-q", "--mode", f"reverse:{emu.url}", "--listen-host", "127.0.0.1", "--listen-port",
+             str(port), "-s", str(REPO / "addons" / "web_search.py"), "--set", "ctp_trust_upstream=true",
+             "--set", f"confdir={tmp_path / 'mitm'}"],
+            cwd=str(REPO), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        try:
+            await _wait_port(port, proc)
+            client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test-standalone", max_retries=0)
+            answer = await client.responses.create(model="gpt-5", input="search please")
+            assert answer.output_text.startswith("You said")
+            await client.close()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+        body = emu.responses_requests[-1].json
+        assert body["tools"] == [{"type": "web_search"}]
+        assert SOURCES_INCLUDE in body["include"]
+
+
+# ---- `ctproxy replay` of a recorded flow shows the injection ------------------------------------
+
+
+def test_replay_of_recorded_flow_shows_injection(monkeypatch, capsys, tmp_path):
+    import addons
+    from proxy import cli
+
+    original = addons.chain
+
+    def chain_with_web_search():
+        from addons.guard import Guard
+
+        chain = original()
+        at = next(i for i, a in enumerate(chain) if isinstance(a, Guard))
+        return [*chain[:at], WebSearch(), *chain[at:]]
+
+    monkeypatch.setattr(addons, "chain", chain_with_web_search)
+    flows = REPO / "tests" / "flows" / "web_search_sdk.mitm"
+    code = cli.main(["replay", str(flows), "--state-dir", str(tmp_path / "state")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "--- WebSearch: body" in out
+    assert '+      "type": "web_search"' in out
+    assert f'+    "{SOURCES_INCLUDE}"' in out
+    assert "sk-recorded" not in out  # credentials are never printed
