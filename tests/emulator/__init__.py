@@ -1,8 +1,28 @@
 """A faithful OpenAI Responses upstream for tests and benchmarks (aiohttp, loopback).
 
-    from tests.emulator import Emulator, Text, FunctionCall, context_length_exceeded_400
+    from tests.emulator import Emulator, Text, FunctionCall, Response, context_length_exceeded_400
 
-See `app.py` for routes, `replies.py` for the scripting API, `recording.py` for what is recorded.
+    async with Emulator() as emu:                      # emu.url == "http://127.0.0.1:PORT"
+        emu.script(                                    # consumed in order by the next /responses turns
+            Response([Reasoning(summary="plan"), FunctionCall("get_weather", {"city": "Paris"})]),
+            context_length_exceeded_400(),
+            Text("done", deltas=5, usage={"input_tokens": 250_000}),
+        )
+        ...                                            # an empty queue falls back to an echo answer
+        req = emu.responses_requests[0]                # ReceivedRequest: headers, raw_body, json, …
+
+Replies (`replies.py`): Text, FunctionCall, CustomToolCall, WebSearch, Reasoning, Compaction, Item,
+Response(items=[…]), FailedInStream, ErrorEvent(nested=…), HttpError (+ context_length_exceeded_400,
+rate_limited_429, insufficient_quota_429, server_error_500), Raw; or a callable
+`(ReceivedRequest) -> reply`. Options on any reply: usage=, delays={i: s}, pause_after_first=,
+disconnect_after=N, latency=, headers=.
+
+Queues: `script` (turns), `script_compaction` (input ends with `compaction_trigger`; default:
+reasoning + one compaction item, deterministic per input), `script_compact` (`/responses/compact`).
+`set_default(reply, route=…)` replaces the fallback; `reset()` forgets everything.
+Knobs: `token_counter` (usage.input_tokens; default bytes of input+instructions+tools / 4),
+`validate_requests` (400 on bodies that violate CreateResponse), `check_previous_response_id`.
+Standalone: `python -m tests.emulator --port N [--deltas 200]` from the repository root.
 """
 
 from .app import Emulator, compaction_reply, echo_reply

@@ -1,6 +1,6 @@
 """Run the emulator standalone, e.g. for benchmarks in another process:
 
-    python -m tests.emulator --port 8900 --deltas 200
+    python -m tests.emulator --port 8900 --deltas 200      (from the repository root)
 
 Prints `listening on http://HOST:PORT` once ready; stops on SIGINT/SIGTERM.
 """
@@ -21,13 +21,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--deltas", type=int, default=3, help="output_text.delta events per default answer")
     parser.add_argument(
+        "--validate-requests", action="store_true", help="answer 400 when a body violates CreateResponse"
+    )
+    parser.add_argument(
         "--max-recorded", type=int, default=100, help="keep at most this many requests in memory (bodies included)"
     )
     return parser.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace) -> None:
-    emu = Emulator(default_deltas=args.deltas, max_recorded=args.max_recorded, check_previous_response_id=False)
+    emu = Emulator(
+        default_deltas=args.deltas,
+        validate_requests=args.validate_requests,
+        max_recorded=args.max_recorded,
+        check_previous_response_id=False,  # bench clients may chain ids the trimmed store forgot
+    )
     await emu.start(args.host, args.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

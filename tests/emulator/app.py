@@ -34,6 +34,7 @@ BAD_JSON_MESSAGE = (
 )
 MAX_BODY = 256 * 1024 * 1024  # compaction items alone may reach 20 MiB; never refuse a test payload
 MAX_HEADER = 256 * 1024
+SHUTDOWN_GRACE = 0.25  # close() cancels streams still paused after this, instead of aiohttp's 60 s
 
 
 def echo_reply(request: ReceivedRequest, deltas: int = 3) -> Reply:
@@ -104,6 +105,7 @@ class Emulator:
             max_line_size=MAX_HEADER,
             max_field_size=MAX_HEADER,
             handle_signals=False,
+            shutdown_timeout=SHUTDOWN_GRACE,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -272,7 +274,9 @@ class Emulator:
                 usage=reply.usage if reply else None,
             )
             plan = json_plan(resource)
-            plan.latency = reply.latency if reply else 0.0
+            if reply is not None:
+                plan.latency = reply.latency
+                plan.headers += list((reply.headers or {}).items())
             rec.response_id = resource["id"]
         else:
             plan = render(reply, RenderContext.for_request({**body, "stream": False}, self.token_counter(body)))

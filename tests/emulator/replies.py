@@ -219,7 +219,11 @@ class HttpError(ReplyOptions):
 
 @dataclass
 class Raw:
-    """Exact bytes. `body` as a list of chunks streams them one write each (delays apply per chunk)."""
+    """Exact body bytes and headers (aiohttp still adds Date, Server and the framing header).
+
+    `body` as a list of chunks streams them one write each; `delays` and `disconnect_after`
+    count chunks.
+    """
 
     status: int = 200
     headers: Sequence[tuple[str, str]] | Mapping[str, str] = ()
