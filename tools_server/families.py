@@ -10,6 +10,7 @@ FAMILY_MODULES: tuple[str, ...] = (
     "tools_server.context",
     "tools_server.patch",
     "tools_server.shell",
+    "tools_server.history", "tools_server.notes",
 )
 
 

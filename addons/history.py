@@ -1,0 +1,172 @@
+"""Journals every Responses exchange: the client's new input items and the model's output items.
+
+`request`: resolves the task/agent/session (joining a task named by `x-ctp-task`; an unknown task
+is answered here with a 400 and never forwarded), aligns the input with the session's branch and
+enqueues the new items; the ids of all input items go to `state_of(flow).extra["history"]`.
+Output items are enqueued when the stream's terminal event passes through the tap (before its
+bytes reach the client), or in `response` / `error` otherwise. Nothing here waits for the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from mitmproxy import http
+
+from proxy import runtime
+from proxy.flowbody import responses_body
+from proxy.flowstate import state_of
+from proxy.journal import JoinError, Journal, RequestMark, journal_for
+from proxy.session import SessionIdentity, resolve_session
+from proxy.sse import ResponseTap, SSEDecoder
+
+log = logging.getLogger("ctproxy.history")
+
+MARK_KEY = "history"
+_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
+
+
+def journal() -> Journal | None:
+    """The process's journal when history is enabled; also publishes the response aliases."""
+    rt = runtime.current()
+    if not rt.config.enabled("history"):
+        return None
+    j = rt.extras.get("journal")
+    if j is None:
+        j = rt.extras["journal"] = journal_for(rt.state)
+    rt.extras.setdefault("response_aliases", j.aliases)
+    return j
+
+
+def mark_of(flow: http.HTTPFlow) -> RequestMark | None:
+    mark = state_of(flow).extra.get(MARK_KEY)
+    return mark if isinstance(mark, RequestMark) else None
+
+
+def _identity(flow: http.HTTPFlow, payload: dict[str, Any], j: Journal) -> SessionIdentity:
+    st = state_of(flow)
+    if isinstance(st.session, SessionIdentity):
+        return st.session
+    # Loaded alone: resolve here, and keep the identity headers from going upstream.
+    ident = resolve_session(dict(flow.request.headers.items()), payload, j.aliases)
+    st.session = ident
+    for name in [k for k in flow.request.headers if k.lower().startswith("x-ctp-")]:
+        del flow.request.headers[name]
+    return ident
+
+
+def _refuse(flow: http.HTTPFlow, err: JoinError) -> None:
+    flow.response = http.Response.make(err.status, orjson.dumps(err.body()),
+                                       {"content-type": "application/json"})
+
+
+def _tap_from_body(flow: http.HTTPFlow) -> ResponseTap | None:
+    """Without the tap addon: read the buffered body (JSON or SSE) once."""
+    resp = flow.response
+    if resp is None or resp.raw_content is None:
+        return None
+    tap = ResponseTap()
+    ctype = resp.headers.get("content-type", "").lower()
+    try:
+        content = resp.get_content(strict=False) or b""
+        if ctype.startswith("text/event-stream"):
+            dec = SSEDecoder()
+            for ev in dec.feed(content) + dec.close():
+                if ev.data and ev.data != "[DONE]":
+                    payload = orjson.loads(ev.data)
+                    if isinstance(payload, dict):
+                        tap.on_event(payload)
+            if not tap.completed:
+                tap.incomplete = True
+        elif "json" in ctype:
+            body = orjson.loads(content)
+            if isinstance(body, dict):
+                tap.on_json_response(body)
+    except (ValueError, orjson.JSONDecodeError):
+        return None
+    return tap
+
+
+class History:
+    def load(self, loader: Any) -> None:
+        runtime.declare_options(loader)
+
+    def running(self) -> None:
+        try:
+            journal()  # publish the aliases before the first request is resolved
+        except Exception:
+            log.warning("history: the journal could not be opened")
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None:
+            return
+        body = responses_body(flow)
+        if body is None:
+            return
+        j = journal()
+        if j is None:
+            return
+        ident = _identity(flow, body.value, j)
+        try:
+            key, task_id, address = j.resolve(ident, flow.request.headers, body.value)
+        except JoinError as err:
+            _refuse(flow, err)
+            return
+        try:
+            session = j.session(key, task_id, address, ident.source)
+            mark = j.ingest_request(session, body.value)
+        except Exception as exc:  # the journal is a record: it never fails a request
+            log.error("history: request not journaled (%s)", type(exc).__name__)
+            return
+        st = state_of(flow)
+        st.extra[MARK_KEY] = mark
+        st.extra["agent_identity"] = (task_id, address)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        mark = mark_of(flow)
+        tap = state_of(flow).tap
+        if mark is None or not isinstance(tap, ResponseTap):
+            return
+
+        def on_event(typ: str, _payload: dict[str, Any]) -> None:
+            if typ in _TERMINAL:
+                self._finish(flow, tap)
+
+        tap.listeners.append(on_event)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        if mark_of(flow) is not None:
+            tap = state_of(flow).tap
+            self._finish(flow, tap if isinstance(tap, ResponseTap) else _tap_from_body(flow))
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        if mark_of(flow) is not None:
+            tap = state_of(flow).tap
+            self._finish(flow, tap if isinstance(tap, ResponseTap) else None, broken=True)
+
+    def _finish(self, flow: http.HTTPFlow, tap: ResponseTap | None, broken: bool = False) -> None:
+        mark = mark_of(flow)
+        j = journal()
+        if mark is None or mark.response_done or j is None:
+            return
+        try:
+            if tap is None:
+                j.ingest_response(mark, [], response_id=None, model=None, status="failed", usage=None,
+                                  error={"code": "no_response"} if broken else None, incomplete=True)
+                return
+            j.ingest_response(mark, tap.items, response_id=tap.response_id, model=tap.model, status=tap.status,
+                              usage=tap.usage, error=tap.error, incomplete=broken or tap.incomplete
+                              or not tap.completed)
+        except Exception as exc:
+            log.error("history: response not journaled (%s)", type(exc).__name__)
+
+    def done(self) -> None:
+        rt = runtime.current()
+        j = rt.extras.get("journal")
+        if isinstance(j, Journal) and not j.flush(timeout=30):
+            log.error("history: the journal did not flush within 30 s")
+
+
+addons = [History()]

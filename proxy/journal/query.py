@@ -1,0 +1,231 @@
+"""Read side of the journal for the history tools: windows, items, one item, search.
+
+Everything reads the current branch of the agent's sessions, in journal order (`seq`). Default
+listings hide control messages and records of the recovery tools themselves; a tool filter brings
+those tool records back. Search uses the FTS5 trigram index for queries of three or more code points
+and verifies every candidate against the text (segments: no match spans two parts); shorter
+queries scan the agent's items with `instr`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
+from proxy.journal.classify import normalize_tool
+from proxy.journal.excerpt import find_matches
+
+_ITEM_COLS = ("i.seq, i.item_id, i.window_id, i.role, i.type, i.tool_namespace, i.tool_name, i.call_id,"
+              " i.upstream_id, i.control, i.hidden, i.chars, i.images, i.created_at")
+
+
+@dataclass(frozen=True)
+class ItemFilter:
+    window_id: str | None = None
+    role: str | None = None
+    tool_namespace: str | None = None
+    tool_name: str | None = None
+    exclude_call_id: str | None = None  # the call being executed never finds itself
+
+    def normalized(self) -> ItemFilter:
+        if self.tool_name is None:
+            return self
+        ns, name = self.tool_namespace, self.tool_name
+        if self.tool_name.startswith(("history_", "notes_")):
+            ns2, name2 = normalize_tool(ns, name)
+            if ns in (None, ns2, "functions"):
+                ns, name = ns2, name2
+        return ItemFilter(self.window_id, self.role, ns, name, self.exclude_call_id)
+
+    def sql(self) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        if self.window_id is not None:
+            clauses.append("i.window_id = ?")
+            params.append(self.window_id)
+        if self.role is not None:
+            clauses.append("i.role = ?")
+            params.append(self.role)
+        if self.tool_namespace is None and self.tool_name is None:
+            clauses.append("i.hidden = 0 AND i.control = 0")
+        else:
+            clauses.append("i.tool_name IS NOT NULL")
+            if self.tool_namespace is not None:
+                clauses.append("i.tool_namespace = ?")
+                params.append(self.tool_namespace)
+            if self.tool_name is not None:
+                clauses.append("i.tool_name = ?")
+                params.append(self.tool_name)
+        if self.exclude_call_id is not None:
+            clauses.append("(i.call_id IS NULL OR i.call_id != ?)")
+            params.append(self.exclude_call_id)
+        return " AND ".join(clauses), params
+
+
+@dataclass(frozen=True)
+class ItemRow:
+    seq: int
+    item_id: str
+    window_id: str
+    role: str | None
+    type: str
+    tool_namespace: str | None
+    tool_name: str | None
+    call_id: str | None
+    upstream_id: str | None
+    control: bool
+    hidden: bool
+    chars: int
+    images: int
+    created_at: float
+    text: str = ""  # a preview or the full text, depending on the query
+    segments: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def tool(self) -> str | None:
+        if self.tool_name is None:
+            return None
+        return f"{self.tool_namespace}.{self.tool_name}" if self.tool_namespace else self.tool_name
+
+
+def _row(r: sqlite3.Row, text: str = "", segments: Any = None) -> ItemRow:
+    segs = tuple(tuple(s) for s in orjson.loads(segments)) if segments else ()
+    return ItemRow(r["seq"], r["item_id"], r["window_id"], r["role"], r["type"], r["tool_namespace"],
+                   r["tool_name"], r["call_id"], r["upstream_id"], bool(r["control"]), bool(r["hidden"]),
+                   r["chars"], r["images"], r["created_at"], text, segs)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class WindowInfo:
+    window_id: str
+    ordinal: int
+    strategy: str
+    items: int  # visible by default
+    hidden_items: int  # control messages and recovery-tool records
+    current: bool
+    created_at: float
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    row: ItemRow
+    matches: list[tuple[int, int]]
+
+
+class HistoryReader:
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def agents(self, task_id: str) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT address FROM journal_agents WHERE task_id=? ORDER BY address", (task_id,))]
+
+    def agent_exists(self, task_id: str, address: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM journal_agents WHERE task_id=? AND address=?",
+                                 (task_id, address)).fetchone() is not None
+
+    def task_exists(self, task_id: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM journal_tasks WHERE task_id=?", (task_id,)).fetchone() is not None
+
+    def sessions(self, task_id: str, address: str) -> list[str]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT session_key FROM journal_sessions WHERE task_id=? AND address=? ORDER BY created_at",
+            (task_id, address))]
+
+    @staticmethod
+    def _in(keys: list[str]) -> str:
+        return ",".join("?" * len(keys))
+
+    def list_windows(self, task_id: str, address: str, limit: int, recent_first: bool) -> tuple[list[WindowInfo], int]:
+        keys = self.sessions(task_id, address)
+        if not keys:
+            return [], 0
+        counts: dict[str, tuple[int, int]] = {}
+        for r in self.conn.execute(
+            "SELECT i.window_id, sum(i.hidden = 0 AND i.control = 0), sum(i.hidden != 0 OR i.control != 0)"
+            " FROM journal_branch b JOIN journal_items i ON i.item_id = b.item_id"
+            f" WHERE b.session_key IN ({self._in(keys)}) GROUP BY i.window_id", keys):
+            counts[r[0]] = (int(r[1] or 0), int(r[2] or 0))
+        rows = self.conn.execute(
+            "SELECT w.*, (SELECT max(ordinal) FROM journal_windows x WHERE x.session_key = w.session_key) AS latest"
+            f" FROM journal_windows w WHERE w.task_id=? AND w.address=? ORDER BY w.ordinal"
+            f" {'DESC' if recent_first else 'ASC'}", (task_id, address)).fetchall()
+        out = [WindowInfo(r["window_id"], r["ordinal"], r["strategy"], *counts.get(r["window_id"], (0, 0)),
+                          r["ordinal"] == r["latest"], r["created_at"]) for r in rows]
+        return out[:limit], len(out)
+
+    def window_exists(self, task_id: str, address: str, window_id: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM journal_windows WHERE task_id=? AND address=? AND window_id=?",
+                                 (task_id, address, window_id)).fetchone() is not None
+
+    def list_items(self, task_id: str, address: str, flt: ItemFilter, limit: int, recent_first: bool,
+                   preview_chars: int) -> tuple[list[ItemRow], bool]:
+        """Up to `limit` items with a text preview of `preview_chars`; and whether more matched."""
+        keys = self.sessions(task_id, address)
+        if not keys:
+            return [], False
+        where, params = flt.normalized().sql()
+        rows = self.conn.execute(
+            f"SELECT {_ITEM_COLS}, substr(i.text, 1, ?) AS preview FROM journal_branch b"
+            " JOIN journal_items i ON i.item_id = b.item_id"
+            f" WHERE b.session_key IN ({self._in(keys)}) AND {where}"
+            f" ORDER BY i.seq {'DESC' if recent_first else 'ASC'} LIMIT ?",
+            [preview_chars + 1, *keys, *params, limit + 1]).fetchall()
+        return [_row(r, r["preview"]) for r in rows[:limit]], len(rows) > limit
+
+    def get_item(self, task_id: str, address: str, item_id: str) -> tuple[ItemRow, bytes, bool] | None:
+        """The item (full text), its raw JSON, and whether it is on the current branch; only items of
+        the agent's own sessions."""
+        keys = self.sessions(task_id, address)
+        if not keys:
+            return None
+        r = self.conn.execute(
+            f"SELECT {_ITEM_COLS}, i.text, i.segments, i.raw,"
+            " EXISTS(SELECT 1 FROM journal_branch b WHERE b.session_key = i.session_key AND b.item_id = i.item_id)"
+            f" AS on_branch FROM journal_items i WHERE i.item_id = ? AND i.session_key IN ({self._in(keys)})",
+            [item_id, *keys]).fetchone()
+        if r is None:
+            return None
+        return _row(r, r["text"], r["segments"]), bytes(r["raw"]), bool(r["on_branch"])
+
+    def _candidates(self, keys: list[str], query: str, where: str, params: list[Any],
+                    recent_first: bool) -> Iterator[sqlite3.Row]:
+        order = "DESC" if recent_first else "ASC"
+        if len(query) >= 3:
+            phrase = '"' + query.replace('"', '""') + '"'
+            sql = (f"SELECT {_ITEM_COLS}, i.text, i.segments FROM journal_fts f"
+                   " JOIN journal_items i ON i.seq = f.rowid"
+                   " JOIN journal_branch b ON b.session_key = i.session_key AND b.item_id = i.item_id"
+                   f" WHERE journal_fts MATCH ? AND i.session_key IN ({self._in(keys)}) AND {where}"
+                   f" ORDER BY f.rowid {order}")
+            yield from self.conn.execute(sql, [phrase, *keys, *params])
+        else:
+            sql = (f"SELECT {_ITEM_COLS}, i.text, i.segments FROM journal_branch b"
+                   " JOIN journal_items i ON i.item_id = b.item_id"
+                   f" WHERE b.session_key IN ({self._in(keys)}) AND instr(i.text, ?) > 0 AND {where}"
+                   f" ORDER BY i.seq {order}")
+            yield from self.conn.execute(sql, [*keys, query, *params])
+
+    def search(self, task_id: str, address: str, query: str, flt: ItemFilter, limit: int,
+               recent_first: bool) -> tuple[list[SearchHit], bool]:
+        """Items whose text contains `query` (literal, case-sensitive) inside one part; and whether
+        more matched than `limit`."""
+        keys = self.sessions(task_id, address)
+        if not keys or not query:
+            return [], False
+        where, params = flt.normalized().sql()
+        hits: list[SearchHit] = []
+        for r in self._candidates(keys, query, where, params, recent_first):
+            row = _row(r, r["text"], r["segments"])
+            matches = find_matches(row.text, row.segments, query)
+            if not matches:
+                continue
+            if len(hits) == limit:
+                return hits, True
+            hits.append(SearchHit(row, matches))
+        return hits, False

@@ -1,0 +1,84 @@
+"""Virtual note paths (seed 000; pure).
+
+Relative paths belong to the calling agent; another agent's notes are `/root/…/notes/<path>`.
+Components are never empty, `.` or `..`; no backslashes or NUL; no shell expansion happens.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from proxy.journal.addresses import AddressError, validate_address
+
+_TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
+MAX_COMPONENT_BYTES = 255
+
+
+class NotePathError(ValueError):
+    """A path the model got wrong; the message says what a valid one looks like."""
+
+
+@dataclass(frozen=True)
+class NoteRef:
+    address: str  # the owning agent
+    rel: str  # path inside the agent's notes ("" = the root, for prefixes)
+    absolute: bool  # given as /root/…/notes/…: show paths back the same way
+
+    def shown(self, rel: str | None = None) -> str:
+        r = self.rel if rel is None else rel
+        return f"{self.address}/notes/{r}" if self.absolute else r
+
+
+def check_task_id(task_id: str) -> str:
+    if not isinstance(task_id, str) or not _TASK_ID.fullmatch(task_id):
+        raise NotePathError(f"invalid task id {task_id!r}")
+    return task_id
+
+
+def _check_components(parts: list[str], shown: str, allow_trailing_empty: bool) -> None:
+    for i, part in enumerate(parts):
+        if part == "" and allow_trailing_empty and i == len(parts) - 1:
+            continue
+        if part in ("", ".", ".."):
+            raise NotePathError(f"invalid note path {shown!r}: empty, '.' and '..' components are not allowed")
+        if "\\" in part or "\x00" in part:
+            raise NotePathError(f"invalid note path {shown!r}: backslashes and NUL are not allowed")
+        if len(part.encode("utf-8")) > MAX_COMPONENT_BYTES:
+            raise NotePathError(f"invalid note path {shown!r}: a component is longer than 255 bytes")
+
+
+def parse(path: str, caller: str, is_agent: Callable[[str], bool], *, prefix: bool = False) -> NoteRef:
+    """Resolve a note path (or, with `prefix`, a path prefix) to its agent and relative path."""
+    if not isinstance(path, str):
+        raise NotePathError("the path must be a string")
+    if not path.startswith("/"):
+        if not prefix and not path:
+            raise NotePathError("empty note path: give a relative path like 'checkpoint.md'")
+        if path:
+            _check_components(path.split("/"), path, allow_trailing_empty=prefix)
+        return NoteRef(caller, path, False)
+    segments = path.split("/")[1:]
+    candidates = [i for i, seg in enumerate(segments) if seg == "notes" and i >= 1]
+    if not candidates:
+        raise NotePathError(f"invalid note path {path!r}: another agent's notes are addressed as "
+                            "/root/<agent>/notes/<path>; relative paths are your own notes")
+    first_error: str | None = None
+    for i in candidates:
+        address = "/" + "/".join(segments[:i])
+        try:
+            validate_address(address)
+        except AddressError as exc:
+            first_error = first_error or str(exc)
+            continue
+        if address == caller or is_agent(address):
+            rel = "/".join(segments[i + 1:])
+            if rel:
+                _check_components(rel.split("/"), path, allow_trailing_empty=prefix)
+            elif not prefix:
+                raise NotePathError(f"invalid note path {path!r}: name a file after /notes/")
+            return NoteRef(address, rel, True)
+        first_error = first_error or (f"unknown agent {address!r} in this task: only agents registered in the "
+                                      "same task can be addressed")
+    raise NotePathError(first_error or f"invalid note path {path!r}")

@@ -1,0 +1,190 @@
+"""The four history tools over the journal (seed 000): list windows, list items, read, search.
+
+Output: a header line, then one JSON object per line (ids, window, role, tool, sizes, previews),
+stopped at whole lines within min(max tool output, 6000) characters with a note saying how to
+narrow. history_read_item reserves its address and paging header first, then returns the actual
+page; images of the page come back as real image content only there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from proxy.journal.excerpt import page, preview, regions
+from proxy.journal.query import HistoryReader, ItemFilter, ItemRow
+from proxy.journal.render import render_item
+from tools_server.history import schemas
+from tools_server.history.args import ListItemsArgs, ListWindowsArgs, ReadItemArgs, SearchContentsArgs
+from tools_server.history.shared import (
+    PREVIEW_CHARS,
+    Readers,
+    caller_of,
+    capped_lines,
+    clamp,
+    index_cap,
+    max_output,
+    target_agent,
+)
+from tools_server.registry import CallContext, ImageContent, Services, Tool, ToolError, ToolResult
+
+LIST_DEFAULT = 50
+SEARCH_DEFAULT = 20
+LIMIT_MAX = 200
+_NARROW_ITEMS = "narrow with window_id, role, tool_namespace/tool_name or a smaller limit; recent_first reverses"
+
+
+def _line(obj: dict[str, Any]) -> str:
+    return orjson.dumps({k: v for k, v in obj.items() if v is not None}).decode()
+
+
+def _item_meta(row: ItemRow) -> dict[str, Any]:
+    return {"item_id": row.item_id, "window_id": row.window_id, "role": row.role, "type": row.type,
+            "tool": row.tool, "chars": row.chars, "images": row.images or None}
+
+
+def _filter(args: ListItemsArgs | SearchContentsArgs, ctx: CallContext) -> ItemFilter:
+    return ItemFilter(args.window_id, args.role, args.tool_namespace, args.tool_name, ctx.call_id)
+
+
+def _order(recent_first: bool | None) -> str:
+    return "newest first" if recent_first else "oldest first"
+
+
+def _clamp_note(clamped: bool, name: str, maximum: int) -> str:
+    return f"; {name} clamped to {maximum}" if clamped else ""
+
+
+class HistoryFamily:
+    name = "history"
+
+    def __init__(self, services: Services):
+        self.services = services
+        self.readers = Readers(services)
+
+    # ---------------------------------------------------------------- list_windows
+    async def list_windows(self, args: ListWindowsArgs, ctx: CallContext) -> ToolResult:
+        limit, clamped = clamp(args.limit, LIST_DEFAULT, LIMIT_MAX)
+
+        def run(r: HistoryReader) -> ToolResult:
+            task, caller = caller_of(ctx, r)
+            agent = target_agent(r, task, caller, args.agent_name)
+            wins, total = r.list_windows(task, agent, limit, bool(args.recent_first))
+            header = (f"history windows of {agent}: {len(wins)} of {total} ({_order(args.recent_first)})"
+                      f"{_clamp_note(clamped, 'limit', LIMIT_MAX)}")
+            lines = [_line({"window_id": w.window_id, "items": w.items, "hidden_items": w.hidden_items or None,
+                            "strategy": w.strategy, "current": w.current or None}) for w in wins]
+            text, shown = capped_lines(header, lines, index_cap(self.services), total > len(wins),
+                                       "use a smaller limit or recent_first")
+            return ToolResult(text, {"agent": agent, "windows": shown, "total": total})
+
+        return await self.readers.run(run)
+
+    # ---------------------------------------------------------------- list_items
+    async def list_items(self, args: ListItemsArgs, ctx: CallContext) -> ToolResult:
+        limit, clamped = clamp(args.limit, LIST_DEFAULT, LIMIT_MAX)
+        cap = index_cap(self.services)
+        per_item_max = max(cap - 400, 1)  # one item's line always fits the output cap
+        chars, chars_clamped = clamp(args.max_chars_per_item, PREVIEW_CHARS, per_item_max)
+        flt = _filter(args, ctx)
+
+        def run(r: HistoryReader) -> ToolResult:
+            task, caller = caller_of(ctx, r)
+            agent = target_agent(r, task, caller, args.agent_name)
+            rows, more = r.list_items(task, agent, flt, limit, bool(args.recent_first), chars)
+            header = (f"history items of {agent}: {len(rows)}{'+' if more else ''} ({_order(args.recent_first)})"
+                      f"{_clamp_note(clamped, 'limit', LIMIT_MAX)}"
+                      f"{_clamp_note(chars_clamped, 'max_chars_per_item', per_item_max)}")
+            lines = [_line({**_item_meta(row), "preview": preview(row.text, chars)}) for row in rows]
+            text, shown = capped_lines(header, lines, cap, more, _NARROW_ITEMS)
+            return ToolResult(text, {"agent": agent, "items": shown, "more": more or shown < len(rows)})
+
+        return await self.readers.run(run)
+
+    # ---------------------------------------------------------------- read_item
+    async def read_item(self, args: ReadItemArgs, ctx: CallContext) -> ToolResult:
+        budget = max_output(self.services)
+
+        def run(r: HistoryReader) -> ToolResult:
+            task, caller = caller_of(ctx, r)
+            agent = target_agent(r, task, caller, args.agent_name)
+            found = r.get_item(task, agent, args.item_id)
+            if found is None:
+                raise ToolError(f"no item {args.item_id!r} in the history of {agent}; find ids with "
+                                "history_list_items or history_search_contents", code="unknown_item")
+            row, raw, on_branch = found
+            if row.window_id != args.window_id:
+                raise ToolError(f"item {args.item_id!r} is in window {row.window_id!r}, not {args.window_id!r}; "
+                                "pass the window_id returned with the item", code="window_mismatch")
+            return self._read(row, raw, on_branch, agent, args.offset_chars or 0, args.limit_chars, budget)
+
+        return await self.readers.run(run)
+
+    @staticmethod
+    def _read_header(row: ItemRow, agent: str, start: int, end: int, on_branch: bool, images: int) -> str:
+        tool = f" | tool {row.tool}" if row.tool else ""
+        branch = "" if on_branch else " | not on the current branch"
+        img = f" | {images} image(s) attached" if images else ""
+        nxt = f" | next offset_chars={end}" if end < row.chars else ""
+        return (f"[item {row.item_id} | window {row.window_id} | agent {agent} | role {row.role} | {row.type}"
+                f"{tool}{branch}]\n[chars {start}-{end} of {row.chars}{nxt}{img}]\n")
+
+    def _read(self, row: ItemRow, raw: bytes, on_branch: bool, agent: str, offset: int, limit: int | None,
+              budget: int) -> ToolResult:
+        total = row.chars
+        wide = max(total, 1)
+        # Reserve the header first, sized for the widest numbers it can hold.
+        reserve = len(self._read_header(row, agent, wide, wide, on_branch, 99))
+        room = max(budget - reserve, 1)
+        pg = page(row.text, offset, min(limit or room, room))
+        item = orjson.loads(raw)
+        images = [img for n, img in enumerate(render_item(item).images, 1)
+                  if img.kind == "data" and f"[image #{n}:" in pg.text]
+        header = self._read_header(row, agent, pg.offset, pg.end, on_branch, len(images))
+        details: dict[str, Any] = {"item_id": row.item_id, "window_id": row.window_id, "offset_chars": pg.offset,
+                                   "end_chars": pg.end, "total_chars": total, "next_offset_chars": pg.next_offset,
+                                   "images": len(images)}
+        return ToolResult(header + pg.text, details,
+                          images=[ImageContent(i.data_base64 or "", i.mime or "image/png") for i in images])
+
+    # ---------------------------------------------------------------- search_contents
+    async def search_contents(self, args: SearchContentsArgs, ctx: CallContext) -> ToolResult:
+        if not args.query:
+            raise ToolError("query must not be empty: give a literal, case-sensitive substring")
+        limit, clamped = clamp(args.limit, SEARCH_DEFAULT, LIMIT_MAX)
+        flt = _filter(args, ctx)
+
+        def run(r: HistoryReader) -> ToolResult:
+            task, caller = caller_of(ctx, r)
+            agent = target_agent(r, task, caller, args.agent_name)
+            hits, more = r.search(task, agent, args.query, flt, limit, bool(args.recent_first))
+            header = (f"history search in {agent}: {len(hits)}{'+' if more else ''} item(s) "
+                      f"({_order(args.recent_first)}){_clamp_note(clamped, 'limit', LIMIT_MAX)}")
+            lines = []
+            for hit in hits:
+                regs = regions(hit.row.text, hit.matches, PREVIEW_CHARS)
+                lines.append(_line({**_item_meta(hit.row), "matches": len(hit.matches), "regions": [
+                    {"offset_chars": g.offset_chars, "limit_chars": g.limit_chars,
+                     "matches": [list(m) for m in g.matches], "text": g.text} for g in regs]}))
+            text, shown = capped_lines(header, lines, index_cap(self.services), more, _NARROW_ITEMS)
+            return ToolResult(text, {"agent": agent, "items": shown, "more": more or shown < len(hits)})
+
+        return await self.readers.run(run)
+
+    # ---------------------------------------------------------------- registry
+    def tools(self) -> Iterable[Tool]:
+        table = (
+            ("history_list_windows", ListWindowsArgs, self.list_windows),
+            ("history_list_items", ListItemsArgs, self.list_items),
+            ("history_read_item", ReadItemArgs, self.read_item),
+            ("history_search_contents", SearchContentsArgs, self.search_contents),
+        )
+        return [Tool(name=name, description=schemas.description(name), family=self.name, capability="history",
+                     args_model=model, execute=fn, parameters=schemas.runtime_parameters(name), strict=False,
+                     parallel=True)
+                for name, model, fn in table]
+
+    async def close(self) -> None:
+        self.readers.close()

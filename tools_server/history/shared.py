@@ -1,0 +1,124 @@
+"""What the history and notes families share: limits, caller identity, DB access, capped output."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from proxy.db import connect
+from proxy.journal.addresses import ROOT, AddressError, resolve_address
+from proxy.journal.query import HistoryReader
+from tools_server.registry import CallContext, Services, ToolError
+
+T = TypeVar("T")
+
+MAX_TOOL_OUTPUT_CHARS = 12_000  # seed 000 maxToolOutputChars
+INDEX_OUTPUT_CAP = 6_000  # list/search: min(max tool output, 6000)
+PREVIEW_CHARS = 400  # historyItemPreviewChars
+
+
+def max_output(services: Services) -> int:
+    """The configured max tool output (a `max_tool_output_chars` config field when it exists)."""
+    for section in ("history", "notes"):
+        value = getattr(getattr(services.config, section, None), "max_tool_output_chars", None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return MAX_TOOL_OUTPUT_CHARS
+
+
+def index_cap(services: Services) -> int:
+    return min(max_output(services), INDEX_OUTPUT_CAP)
+
+
+def clamp(value: int | None, default: int, maximum: int) -> tuple[int, bool]:
+    """(effective value, whether it was clamped)."""
+    if value is None:
+        return default, False
+    return (maximum, True) if value > maximum else (value, False)
+
+
+class Readers:
+    """One read connection per worker thread; queries run off the event loop."""
+
+    def __init__(self, services: Services):
+        self.db_path = services.state.db_path
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def _reader(self) -> HistoryReader:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = connect(self.db_path)
+            with self._lock:
+                self._all.append(conn)
+        return HistoryReader(conn)
+
+    async def run(self, fn: Callable[[HistoryReader], T]) -> T:
+        return await asyncio.to_thread(lambda: fn(self._reader()))
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._all:
+                try:
+                    conn.close()
+                except sqlite3.ProgrammingError:
+                    pass  # created in another thread that is gone; the process exit closes it
+            self._all.clear()
+
+
+def caller_of(ctx: CallContext, reader: HistoryReader) -> tuple[str, str]:
+    """(task id, agent address) of the calling agent; the task must exist."""
+    if not ctx.task:
+        raise ToolError("this call names no task: send the x-ctp-task header (and x-ctp-agent) of the "
+                        "calling agent", code="no_task")
+    try:
+        address = resolve_address(ctx.agent) if ctx.agent else ROOT
+    except AddressError as exc:
+        raise ToolError(f"x-ctp-agent: {exc}", code="invalid_agent") from None
+    if not reader.task_exists(ctx.task):
+        raise ToolError(f"unknown task {ctx.task!r}: use the task id the proxy assigned (or `ctproxy task new`)",
+                        code="unknown_task")
+    return ctx.task, address
+
+
+def target_agent(reader: HistoryReader, task_id: str, caller: str, agent_name: str | None) -> str:
+    """`agent_name` omitted/null = the caller; absolute as given; relative under the caller.
+    Only agents registered in the caller's task."""
+    try:
+        address = resolve_address(agent_name, base=caller) if agent_name is not None else caller
+    except AddressError as exc:
+        raise ToolError(str(exc), code="invalid_agent") from None
+    if address != caller and not reader.agent_exists(task_id, address):
+        known = ", ".join(reader.agents(task_id)) or "none"
+        raise ToolError(f"unknown agent {address!r} in this task; registered agents: {known}",
+                        code="unknown_agent")
+    return address
+
+
+def capped_lines(header: str, lines: list[str], cap: int, more: bool, narrow: str) -> tuple[str, int]:
+    """The header and as many whole lines as fit in `cap` characters, then a note saying how many
+    were left out and how to narrow. Returns (text, lines shown)."""
+    out = [header]
+    used = len(header)
+    shown = 0
+    for i, line in enumerate(lines):
+        left_after = len(lines) - i - 1
+        note_room = len(_note(len(lines), True, narrow)) + 1 if (left_after or more) else 0
+        if used + 1 + len(line) + note_room > cap:
+            break
+        out.append(line)
+        used += 1 + len(line)
+        shown += 1
+    omitted = len(lines) - shown
+    if omitted or more:
+        out.append(_note(omitted, more, narrow))
+    return "\n".join(out), shown
+
+
+def _note(omitted: int, more: bool, narrow: str) -> str:
+    count = f"{omitted}{'+' if more else ''}" if omitted else "more"
+    return f"[{count} not shown (output limit); {narrow}]"
