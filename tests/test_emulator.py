@@ -617,7 +617,11 @@ async def read_events_with_times(resp: aiohttp.ClientResponse) -> list[tuple[flo
     return out
 
 
-@pytest.mark.parametrize("reply", [Text("abcdef", deltas=3, pause_after_first=0.3), Text("abcdef", delays={3: 0.3})])
+@pytest.mark.parametrize(
+    "reply",
+    [Text("abcdef", deltas=3, pause_after_first=0.3), Text("abcdef", delays={3: 0.3})],
+    ids=["pause_after_first", "delays"],
+)
 async def test_delays_hold_back_later_events(emu: Emulator, reply: Text) -> None:
     emu.script(reply)
     paused_after = 0 if reply.pause_after_first else 3
