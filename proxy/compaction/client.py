@@ -97,10 +97,13 @@ async def _read_v2(resp: aiohttp.ClientResponse) -> RemoteResult:
                                 else f"http_{resp.status}")
     decoder = SSEDecoder()
     collector = V2Collector()
-    async for chunk in resp.content.iter_any():
-        for ev in decoder.feed(chunk):
-            if _feed(collector, ev.data):
-                return collector.result()
+    try:
+        async for chunk in resp.content.iter_any():
+            for ev in decoder.feed(chunk):
+                if _feed(collector, ev.data):
+                    return collector.result()
+    except aiohttp.ClientPayloadError:  # the stream broke off: judged like a stream that ended early
+        return collector.result()
     for ev in decoder.close():
         if _feed(collector, ev.data):
             break

@@ -16,6 +16,7 @@ from proxy.transforms.items import COMPACTION_ITEM_TYPES, is_message, item_type,
 EXCERPT_LIMIT = 12_000
 HEAD_FRACTION = 0.35
 ENTRY_LIMIT = 2_000  # one huge tool output must not push every other turn out of the excerpt
+EARLIER_LIMIT = 6_000  # an earlier checkpoint's excerpt, carried into the next one
 MARKER_PREFIX = "[ctproxy-compaction:v1:"
 _MARKER = re.compile(r"\[ctproxy-compaction:v1:[A-Za-z0-9_-]{1,64}\]")
 OPEN_TAG = "<ctproxy-compaction-fallback>"
@@ -63,8 +64,9 @@ def _render_item(item: Any) -> str | None:
         return None
     typ = item_type(item)
     if is_message(item):
-        if is_fallback_text(" ".join(text_parts(item))):
-            return "[an earlier compacted excerpt]"
+        text = "\n".join(text_parts(item))
+        if is_fallback_text(text):
+            return "[earlier compacted transcript]\n" + _cut_middle(_inner_excerpt(text), EARLIER_LIMIT)
         body = _content_text(item.get("content"))
         return f"{item.get('role', 'user')}: {body}" if body else None
     name = item.get("name") if isinstance(item.get("name"), str) else "tool"
@@ -88,13 +90,22 @@ def _render_item(item: Any) -> str | None:
     return f"[{typ}]"
 
 
+def _inner_excerpt(text: str) -> str:
+    """The excerpt inside an earlier fallback, without its marker (so markers never nest)."""
+    start, end = text.find(OPEN_TAG), text.rfind(CLOSE_TAG)
+    if start != -1 and end > start:
+        text = text[start + len(OPEN_TAG):end]
+    return _MARKER.sub("", text).strip()
+
+
 def render_transcript(items: Sequence[Any]) -> str:
     """One entry per item, in order; opaque data (encrypted content, images) is never rendered."""
     lines = []
     for item in items:
         entry = _render_item(item)
         if entry:
-            lines.append(_cut_middle(entry, ENTRY_LIMIT))
+            limit = EARLIER_LIMIT + 40 if entry.startswith("[earlier compacted transcript]") else ENTRY_LIMIT
+            lines.append(_cut_middle(entry, limit))
     return "\n\n".join(lines)
 
 
