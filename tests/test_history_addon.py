@@ -1,0 +1,207 @@
+"""The history addon on flows (mitmproxy test helpers): chained with session/tap, and alone."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from mitmproxy import http
+from mitmproxy.test import taddons, tflow, tutils
+
+from addons.history import History, mark_of
+from addons.session import Session
+from addons.tap import Tap
+from proxy import runtime
+from proxy.flowstate import state_of
+from proxy.journal import close_all
+from proxy.sse import encode_event
+
+
+@pytest.fixture
+def rt(tmp_path):
+    built = runtime.build(state_dir=str(tmp_path / "state"))
+    runtime.install(built)
+    yield built
+    j = built.extras.get("journal")
+    if j is not None:
+        j.flush()
+    close_all()
+    runtime.uninstall()
+
+
+def make_flow(body: dict, headers: tuple = ()) -> http.HTTPFlow:
+    req = tutils.treq(method=b"POST", scheme=b"https", host="api.openai.com", port=443, path=b"/v1/responses",
+                      content=orjson.dumps(body), headers=((b"content-type", b"application/json"), *headers))
+    flow = tflow.tflow(req=req)
+    flow.response = None
+    return flow
+
+
+def output_msg(text: str, n: int) -> dict:
+    return {"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def json_response(items: list[dict], rid: str) -> http.Response:
+    body = {"id": rid, "object": "response", "model": "gpt-5", "status": "completed", "output": items,
+            "usage": {"input_tokens": 5, "output_tokens": 1, "total_tokens": 6}}
+    return http.Response.make(200, orjson.dumps(body), {"content-type": "application/json"})
+
+
+def sse_events(items: list[dict], rid: str) -> list[bytes]:
+    resp = {"id": rid, "object": "response", "model": "gpt-5", "status": "in_progress", "output": []}
+    out = [encode_event({"type": "response.created", "sequence_number": 0, "response": resp})]
+    for i, item in enumerate(items):
+        out.append(encode_event({"type": "response.output_item.done", "sequence_number": i + 1,
+                                 "output_index": i, "item": item}))
+    done = {**resp, "status": "completed", "output": [], "usage": {"input_tokens": 5, "output_tokens": 1}}
+    out.append(encode_event({"type": "response.completed", "sequence_number": len(items) + 1, "response": done}))
+    return out
+
+
+async def run_request(addons: list, flow: http.HTTPFlow) -> None:
+    for a in addons:
+        if flow.response is not None:
+            break
+        if hasattr(a, "request"):
+            a.request(flow)
+
+
+def run_response(addons: list, flow: http.HTTPFlow) -> None:
+    for a in addons:
+        if hasattr(a, "responseheaders"):
+            a.responseheaders(flow)
+    for a in addons:
+        if hasattr(a, "response"):
+            a.response(flow)
+
+
+async def test_chain_journals_input_and_json_output(rt):
+    chain = [Session(), Tap(), History()]
+    with taddons.context(*chain):
+        flow = make_flow({"model": "gpt-5", "input": [{"role": "user", "content": "hi"}]})
+        await run_request(chain, flow)
+        mark = mark_of(flow)
+        assert mark is not None and mark.address == "/root" and len(mark.input_ids) == 1
+        assert state_of(flow).extra["agent_identity"] == (mark.task_id, "/root")
+        flow.response = json_response([output_msg("hello", 1)], "resp_1")
+        run_response(chain, flow)
+        assert mark.response_done
+        j = rt.extras["journal"]
+        assert j.flush()
+        assert len(j.item_ids_for_session(mark.session_key)) == 2
+        # The next turn continues the same session (resent history keeps its ids).
+        flow2 = make_flow({"model": "gpt-5", "input": [
+            {"role": "user", "content": "hi"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]},
+            {"role": "user", "content": "again"}]})
+        await run_request(chain, flow2)
+        mark2 = mark_of(flow2)
+        assert mark2.session_key == mark.session_key and mark2.kind == "continue"
+        assert mark2.input_ids[:2] == j.item_ids_for_session(mark.session_key)[:2]
+        # previous_response_id resolves through the journal's aliases.
+        flow3 = make_flow({"model": "gpt-5", "input": "x", "previous_response_id": "resp_1",
+                           "instructions": "different"})
+        await run_request(chain, flow3)
+        assert mark_of(flow3).session_key == mark.session_key and mark_of(flow3).kind == "diverged"
+
+
+async def test_unknown_task_is_refused_with_400_and_not_forwarded(rt):
+    chain = [Session(), Tap(), History()]
+    with taddons.context(*chain):
+        flow = make_flow({"model": "gpt-5", "input": "hi"}, ((b"x-ctp-task", b"task_nope"),))
+        await run_request(chain, flow)
+        assert flow.response is not None and flow.response.status_code == 400
+        err = orjson.loads(flow.response.content)["error"]
+        assert err["code"] == "unknown_task" and "ctproxy task new" in err["message"]
+        assert "x-ctp-task" not in flow.request.headers
+
+
+async def test_joining_a_task_with_an_agent_name(rt):
+    chain = [Session(), Tap(), History()]
+    with taddons.context(*chain):
+        root = make_flow({"model": "gpt-5", "input": "plan"})
+        await run_request(chain, root)
+        task = mark_of(root).task_id
+        child = make_flow({"model": "gpt-5", "input": "review"},
+                          ((b"x-ctp-task", task.encode()), (b"x-ctp-agent", b"reviewer")))
+        await run_request(chain, child)
+        assert (mark_of(child).task_id, mark_of(child).address) == (task, "/root/reviewer")
+        bad = make_flow({"model": "gpt-5", "input": "x"}, ((b"x-ctp-task", task.encode()), (b"x-ctp-agent", b"A")))
+        await run_request(chain, bad)
+        assert bad.response.status_code == 400
+        assert orjson.loads(bad.response.content)["error"]["code"] == "invalid_agent"
+
+
+async def test_streamed_output_is_enqueued_before_the_last_event_is_forwarded(rt):
+    chain = [Session(), Tap(), History()]
+    with taddons.context(*chain):
+        flow = make_flow({"model": "gpt-5", "input": "hi", "stream": True})
+        await run_request(chain, flow)
+        flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+        for a in chain:
+            if hasattr(a, "responseheaders"):
+                a.responseheaders(flow)
+        stream = flow.response.stream
+        assert callable(stream)
+        events = sse_events([{"type": "reasoning", "id": "rs_1", "summary": []}, output_msg("hey", 1)], "resp_s")
+        mark = mark_of(flow)
+        for chunk in events[:-1]:
+            assert stream(chunk) == chunk
+        assert not mark.response_done
+        last = events[-1]
+        assert stream(last[:10]) + stream(last[10:]) == last
+        assert mark.response_done  # journaled as the terminal event passed, before the client got it
+        stream(b"")
+        flow.response.content = None
+        for a in chain:
+            if hasattr(a, "response"):
+                a.response(flow)
+        j = rt.extras["journal"]
+        assert len(j.item_ids_for_session(mark.session_key)) == 3
+        assert j.session_for_response("resp_s") == mark.session_key
+
+
+async def test_broken_stream_keeps_the_items_that_completed(rt):
+    chain = [Session(), Tap(), History()]
+    with taddons.context(*chain):
+        flow = make_flow({"model": "gpt-5", "input": "hi", "stream": True})
+        await run_request(chain, flow)
+        flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+        for a in chain:
+            if hasattr(a, "responseheaders"):
+                a.responseheaders(flow)
+        for chunk in sse_events([output_msg("partial", 1)], "resp_b")[:-1]:
+            flow.response.stream(chunk)
+        for a in chain:
+            if hasattr(a, "error"):
+                a.error(flow)
+        j = rt.extras["journal"]
+        assert j.flush()
+        mark = mark_of(flow)
+        assert len(j.item_ids_for_session(mark.session_key)) == 2
+        row = j._read.execute("SELECT incomplete, item_count FROM journal_responses").fetchone()
+        assert tuple(row) == (1, 1)
+
+
+async def test_history_alone_resolves_strips_headers_and_reads_the_buffered_body(rt):
+    addon = History()
+    with taddons.context(addon):
+        flow = make_flow({"model": "gpt-5", "input": "hi"}, ((b"x-ctp-agent", b"solo"),))
+        addon.request(flow)
+        assert "x-ctp-agent" not in flow.request.headers
+        mark = mark_of(flow)
+        assert mark.address == "/root/solo"
+        flow.response = http.Response.make(200, b"".join(sse_events([output_msg("yo", 1)], "resp_a")),
+                                           {"content-type": "text/event-stream"})
+        addon.response(flow)
+        j = rt.extras["journal"]
+        assert len(j.item_ids_for_session(mark.session_key)) == 2
+
+
+async def test_disabled_history_touches_nothing(rt):
+    rt.config.history.enabled = False
+    addon = History()
+    with taddons.context(addon):
+        flow = make_flow({"model": "gpt-5", "input": "hi"}, ((b"x-ctp-task", b"task_nope"),))
+        addon.request(flow)
+        assert flow.response is None and mark_of(flow) is None
