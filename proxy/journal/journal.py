@@ -14,11 +14,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+import sqlite3
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -102,6 +104,18 @@ class RequestMark:
     response_done: bool = False
 
 
+def connect_retrying(path: Path, attempts: int = 40) -> sqlite3.Connection:
+    """`proxy.db.connect`, retried while another connection holds the lock during its WAL switch."""
+    for i in range(attempts):
+        try:
+            return connect(path)
+        except sqlite3.OperationalError:
+            if i == attempts - 1:
+                raise
+            time.sleep(min(0.05 * (i + 1), 0.5))
+    raise AssertionError("unreachable")
+
+
 def _h(*parts: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()
 
@@ -150,8 +164,8 @@ class AliasView(Mapping[str, str]):
 class Journal:
     def __init__(self, state: StateDir, writer: JournalWriter | None = None):
         self.state = state
+        self._read = connect_retrying(state.db_path)  # first: applies the schema before the writer starts
         self.writer = writer or JournalWriter(state.db_path)
-        self._read = connect(state.db_path)
         self._lock = threading.RLock()
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
         self._tasks: set[str] = set()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Iterable
@@ -97,8 +98,20 @@ class JournalWriter:
     def pending(self) -> int:
         return self._q.qsize()
 
+    def _connect(self) -> sqlite3.Connection:
+        """Open the writer's connection; another process switching the database to WAL or applying its
+        schema at the same moment can make this fail briefly, so retry rather than let the thread die."""
+        delay = 0.05
+        while True:
+            try:
+                return connect(self.db_path)
+            except sqlite3.OperationalError as exc:
+                log.warning("journal: opening the database failed (%s); retrying", type(exc).__name__)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
     def _run(self) -> None:
-        conn = connect(self.db_path)
+        conn = self._connect()
         try:
             while True:
                 first_at, first = self._q.get()
@@ -126,7 +139,7 @@ class JournalWriter:
         finally:
             conn.close()
 
-    def _commit(self, conn, batch: list[Op], first_at: float) -> None:
+    def _commit(self, conn: sqlite3.Connection, batch: list[Op], first_at: float) -> None:
         for attempt in range(3):
             try:
                 apply_batch(conn, batch)
