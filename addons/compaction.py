@@ -17,6 +17,7 @@ fails too it gets the original error unchanged.
 
 from __future__ import annotations
 
+import inspect
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from proxy.compaction.decision import (
     estimate,
     over,
 )
-from proxy.compaction.engine import Plan, compact, http_caller
+from proxy.compaction.engine import Plan, compact, http_caller, retained_budget
 from proxy.compaction.fingerprint import Fingerprint, compatible, fingerprint_of, load_key, normalise_endpoint
 from proxy.compaction.overflow import CODE, response_error_code
 from proxy.compaction.store import Checkpoint
@@ -51,6 +52,11 @@ from proxy.transforms.compaction import ProjectionContext, apply_projection
 from proxy.transforms.items import client_compacts, input_items, item_bytes
 
 STATE_KEY = "compaction"
+# Set while the answer may still change (held stream, possible overflow). The tap and the history
+# addon read answers in their `response` hooks, which run before this one; they are run again here
+# once the answer is settled (and may skip their first run while this flag is set).
+SETTLING = "settling"
+READERS = ("tap", "history")
 _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "host"})
 
 
@@ -110,6 +116,24 @@ def _commit_if_alone(flow: http.HTTPFlow) -> None:
         chained = False
     if not chained:
         commit_body(flow)
+
+
+async def _rerun_readers(flow: http.HTTPFlow) -> None:
+    """Let the addons that read answers (tap: usage; history: output items) see the settled one."""
+    try:
+        from mitmproxy import ctx
+
+        manager = ctx.master.addons
+    except Exception:  # alone, nothing else reads the answer
+        return
+    for name in READERS:
+        addon = manager.get(name)
+        hook = getattr(addon, "response", None)
+        if hook is None:
+            continue
+        result = hook(flow)
+        if inspect.isawaitable(result):
+            await result
 
 
 def _snapshot(conn: sqlite3.Connection, key: str) -> tuple[Checkpoint | None, store.SessionState | None,
@@ -263,7 +287,8 @@ class Compaction:
             target = compaction_target(info.route.kind, req.scheme, req.host, req.port, req.path,
                                        dict(req.headers.items()), info.credentials_allowed)
         plan = Plan(info.session_key, info.client_items, prev, info.replay_opaque, boundary, request_payload,
-                    info.window, info.fingerprint, target, self._blocked(info, rt), reason)
+                    info.window, info.fingerprint, target, self._blocked(info, rt), reason,
+                    retained_budget(info.window))
         cp = await compact(plan, http_caller(self._client(), rt.config.remote_compaction.timeout_seconds))
         n = len(info.client_items)
         strategy = cp.strategy
@@ -297,11 +322,16 @@ class Compaction:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         info = state_of(flow).extra.get(STATE_KEY)
         resp = flow.response
-        if not isinstance(info, FlowInfo) or not info.hold or resp is None:
+        if not isinstance(info, FlowInfo) or resp is None:
             return
-        if resp.status_code == 200 and resp.headers.get("content-type", "").lower().startswith("text/event-stream"):
+        recoverable = runtime.current().config.remote_compaction.recover_overflow and info.route.eligible
+        ctype = resp.headers.get("content-type", "").lower()
+        if info.hold and resp.status_code == 200 and ctype.startswith("text/event-stream"):
             info.held_stream = resp.stream  # the tap's callable, fed once the answer is settled
             resp.stream = False  # buffer: the events are held until `response`
+            state_of(flow).extra[SETTLING] = True
+        elif recoverable and resp.status_code == 400 and "json" in ctype:
+            state_of(flow).extra[SETTLING] = True  # maybe an overflow: the answer may still change
 
     async def response(self, flow: http.HTTPFlow) -> None:
         info = state_of(flow).extra.get(STATE_KEY)
@@ -326,8 +356,8 @@ class Compaction:
                 self._event(rt, info, "recovery", "missed", "streamed", None)
         if info.held_stream is not None and not recovered:
             self._release_held(flow, info)
-        if recovered or info.held_stream is not None:
-            await self._record_usage(flow, info, rt)
+        if state_of(flow).extra.pop(SETTLING, False):
+            await _rerun_readers(flow)
 
     def _release_held(self, flow: http.HTTPFlow, info: FlowInfo) -> None:
         """Feed the held answer to the tap that would have seen it streamed."""
@@ -403,16 +433,6 @@ class Compaction:
                 return
             if isinstance(parsed, dict):
                 tap.on_json_response(parsed)
-
-    async def _record_usage(self, flow: http.HTTPFlow, info: FlowInfo, rt: runtime.Runtime) -> None:
-        """The tap records usage in its own `response` hook, which ran before the answer was settled here."""
-        tap = state_of(flow).tap
-        ident = session_of(flow)
-        if not isinstance(tap, ResponseTap) or not tap.usage or ident is None:
-            return
-        model, used, rid = tap.model or ident.model, dict(tap.usage), tap.response_id
-        await self._db(rt).run(lambda conn: usage.record_usage(conn, ident.session_key, ident.task, ident.agent,
-                                                               model, used, rid))
 
 
 addons = [Compaction()]

@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -19,7 +20,7 @@ from proxy.compaction.fingerprint import Fingerprint
 from proxy.compaction.store import Checkpoint, new_checkpoint_id
 from proxy.transforms.fallback import fallback_text, marker
 from proxy.transforms.items import prefix_hash
-from proxy.transforms.retained import retained_user_messages
+from proxy.transforms.retained import RETAINED_MESSAGE_TOKEN_BUDGET, retained_user_messages
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Plan:
     target: Target | None
     remote_blocked: str | None  # why the remote call is not even tried (category), else None
     reason: str  # threshold | overflow
+    retained_budget: int = RETAINED_MESSAGE_TOKEN_BUDGET
 
 
 def covered(plan: Plan) -> tuple[list[Any], list[Any]]:
@@ -60,7 +62,7 @@ async def compact(plan: Plan, call: Caller) -> Checkpoint:
     """Run one compaction; never raises for upstream trouble (that becomes a fallback checkpoint)."""
     cp_id = new_checkpoint_id()
     seen, readable = covered(plan)
-    retained = tuple(retained_user_messages(seen))
+    retained = tuple(retained_user_messages(seen, plan.retained_budget))
     failure = plan.remote_blocked
     result: remote.RemoteResult | None = None
     started = time.perf_counter()
@@ -104,9 +106,13 @@ def http_caller(http: aiohttp.ClientSession, timeout: float) -> Caller:
     return call
 
 
-def _host(target: Target | None) -> str | None:
-    if target is None:
-        return None
-    from urllib.parse import urlsplit
+def retained_budget(window: int | None) -> int:
+    """Codex's 64,000 tokens, but at most a quarter of a smaller model's window, so the bootstrap itself
+    never lands the next request above the threshold again."""
+    if not window:
+        return RETAINED_MESSAGE_TOKEN_BUDGET
+    return max(1, min(RETAINED_MESSAGE_TOKEN_BUDGET, window // 4))
 
-    return urlsplit(target.url).hostname
+
+def _host(target: Target | None) -> str | None:
+    return urlsplit(target.url).hostname if target is not None else None
