@@ -111,11 +111,13 @@ def commit(plan: Plan, staged: dict[int, str], fs: LocalFs = LOCAL_FS) -> Commit
     try:
         for i, result in enumerate(report.results):
             op = result.operation
+            touched: list[str] = []
             try:
-                _commit_one(op, staged.get(i), plan.cwd.real, fs, report.created_dirs)
+                _commit_one(op, staged.get(i), plan.cwd.real, fs, report.created_dirs, touched)
                 result.status = "committed"
             except Exception as exc:  # any failure mid-commit is reported, never retried
-                result.status = _probe(op, staged.get(i))
+                # Before the first rename or unlink the file is certainly as it was.
+                result.status = _probe(op, staged.get(i)) if touched else "failed"
                 result.error = _describe(exc)
                 report.error = f"{_verb(op)} '{op.target.raw}' failed: {result.error}"
                 break
@@ -124,9 +126,13 @@ def commit(plan: Plan, staged: dict[int, str], fs: LocalFs = LOCAL_FS) -> Commit
     return report
 
 
-def _commit_one(op: Operation, tmp: str | None, root: str, fs: LocalFs, created: list[str]) -> None:
+def _commit_one(
+    op: Operation, tmp: str | None, root: str, fs: LocalFs, created: list[str], touched: list[str]
+) -> None:
+    """Carry out one operation; `touched` gets each path just before a rename or unlink on it."""
     _expect(op.target.path, op.before)
     if op.kind == "delete":
+        touched.append(op.target.path)
         fs.unlink(op.target.path)
         fs.sync_dir(os.path.dirname(op.target.path))
         return
@@ -138,9 +144,11 @@ def _commit_one(op: Operation, tmp: str | None, root: str, fs: LocalFs, created:
         assert op.dest is not None
         _expect(op.dest.path, op.dest_before)
     _make_parents(written.path, root, fs, created)
+    touched.append(written.path)
     fs.replace(tmp, written.path)
     fs.sync_dir(os.path.dirname(written.path))
     if op.kind == "move":
+        touched.append(op.target.path)
         fs.unlink(op.target.path)
         fs.sync_dir(os.path.dirname(op.target.path))
 

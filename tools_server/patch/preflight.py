@@ -135,7 +135,7 @@ def _inspect(cwd: WorkDir, hunk: Hunk, target: Target, dest: Target | None, new_
     for chunk in hunk.chunks:
         check_no_cr([line for line, ref in zip(chunk.new, chunk.new_ref, strict=True) if ref is None],
                     f"'{target.raw}'")
-    new_lines = apply_chunks(source.lines, hunk.chunks, f"'{target.raw}'")
+    new_lines = apply_chunks(source.lines, hunk.chunks, target.raw)
     data = encode_lines(new_lines, source)
     mode = stat.S_IMODE(st.st_mode) & 0o777
     if dest is None:
