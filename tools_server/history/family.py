@@ -123,26 +123,27 @@ class HistoryFamily:
         return await self.readers.run(run)
 
     @staticmethod
-    def _read_header(row: ItemRow, agent: str, start: int, end: int, on_branch: bool, images: int) -> str:
+    def _read_header(row: ItemRow, agent: str, start: int, end: int, total: int, on_branch: bool,
+                     images: int) -> str:
         tool = f" | tool {row.tool}" if row.tool else ""
         branch = "" if on_branch else " | not on the current branch"
         img = f" | {images} image(s) attached" if images else ""
-        nxt = f" | next offset_chars={end}" if end < row.chars else ""
+        nxt = f" | next offset_chars={end}" if end < total else ""
         return (f"[item {row.item_id} | window {row.window_id} | agent {agent} | role {row.role} | {row.type}"
-                f"{tool}{branch}]\n[chars {start}-{end} of {row.chars}{nxt}{img}]\n")
+                f"{tool}{branch}]\n[chars {start}-{end} of {total}{nxt}{img}]\n")
 
     def _read(self, row: ItemRow, raw: bytes, on_branch: bool, agent: str, offset: int, limit: int | None,
               budget: int) -> ToolResult:
         total = row.chars
         wide = max(total, 1)
         # Reserve the header first, sized for the widest numbers it can hold.
-        reserve = len(self._read_header(row, agent, wide, wide, on_branch, 99))
+        reserve = len(self._read_header(row, agent, wide, wide, wide * 10 + 9, on_branch, 99))
         room = max(budget - reserve, 1)
         pg = page(row.text, offset, min(limit or room, room))
         item = orjson.loads(raw)
         images = [img for n, img in enumerate(render_item(item).images, 1)
                   if img.kind == "data" and f"[image #{n}:" in pg.text]
-        header = self._read_header(row, agent, pg.offset, pg.end, on_branch, len(images))
+        header = self._read_header(row, agent, pg.offset, pg.end, total, on_branch, len(images))
         details: dict[str, Any] = {"item_id": row.item_id, "window_id": row.window_id, "offset_chars": pg.offset,
                                    "end_chars": pg.end, "total_chars": total, "next_offset_chars": pg.next_offset,
                                    "images": len(images)}

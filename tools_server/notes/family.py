@@ -107,7 +107,8 @@ class NotesFamily:
             sel = select_lines(text, args.start_line, args.stop_line)
             total = len(sel.text)
             wide = max(total, 1)
-            reserve = len(self._header(ref, sel.first, sel.last, sel.total, wide, wide, total)) + 1
+            # Sized for the widest numbers and a "next offset" part, so the page never overflows.
+            reserve = len(self._header(ref, sel.first, sel.last, sel.total, wide, wide, wide * 10 + 9)) + 1
             room = max(budget - reserve, 1)
             pg = page(sel.text, args.offset_chars or 0, min(args.limit_chars or room, room))
             header = self._header(ref, sel.first, sel.last, sel.total, pg.offset, pg.end, total)
