@@ -57,7 +57,7 @@ def free_port() -> int:
 
 @asynccontextmanager
 async def running_proxy(tmp_path: Path, upstream: str, config: dict[str, Any] | None = None,
-                        monkeypatch: Any = None) -> AsyncIterator[str]:
+                        monkeypatch: Any = None, debug: bool = False) -> AsyncIterator[str]:
     """`http://127.0.0.1:PORT` of a proxy whose upstream is `upstream`, trusted (as tests run)."""
     if monkeypatch is not None:
         monkeypatch.setattr(addons, "chain", pipeline_chain)
@@ -67,7 +67,7 @@ async def running_proxy(tmp_path: Path, upstream: str, config: dict[str, Any] | 
     cfg_file.write_text(json.dumps(config or {}))
     port = free_port()
     opts = UpOptions(listen_port=port, upstream=upstream, trust_upstream=True, with_tools=False, state_dir=state,
-                     config_file=cfg_file)
+                     config_file=cfg_file, debug=debug)
     ready, stop = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(run_up(opts, ready, stop))
     waiter = asyncio.create_task(ready.wait())
