@@ -140,3 +140,27 @@ def test_unsupported_sources_are_refused(data: bytes, code: str, fragment: str) 
     with pytest.raises(PatchError) as info:
         decode_source(data, "f")
     assert info.value.code == code and fragment in info.value.message
+
+
+# -- many chunks: the position map instead of scanning ----------------------------------------
+
+
+def many_chunks(n: int) -> str:
+    return "\n".join(f"@@ def f{i}():\n-    x = {i}\n+    x = -{i}" for i in range(n))
+
+
+def test_many_chunks_use_the_position_map_with_the_same_results() -> None:
+    source = "".join(f"def f{i}():\n    x = {i}\n    return x\n" for i in range(8)).encode()
+    expected = "".join(f"def f{i}():\n    x = {'-' if i < 6 else ''}{i}\n    return x\n" for i in range(8))
+    assert run(source, many_chunks(6)) == expected.encode()
+    # Whitespace-tolerant tiers and the locator work there too.
+    spaced = source.replace(b"    x = 3\n", b"    x = 3   \n")
+    assert b"    x = -3\n" in run(spaced, many_chunks(6))
+
+
+def test_many_chunks_still_refuse_ambiguity() -> None:
+    source = b"".join(b"block\n    same\n" for _ in range(8))
+    body = "\n".join(["@@\n block\n-    same\n+    changed"] * 5)
+    with pytest.raises(PatchError) as info:
+        run(source, body)
+    assert info.value.code == "ambiguous_context"

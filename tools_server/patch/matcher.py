@@ -17,13 +17,17 @@ from tools_server.patch.model import Chunk, PatchError
 
 _TIERS: tuple[Callable[[str], str], ...] = (lambda s: s, str.rstrip, str.strip)
 _SHOWN_CHUNK_LINES = 30
+_SCAN_UP_TO_CHUNKS = 4
 
 
 class LineIndex:
-    """The file's lines per tier, with a map from each normalised line to its positions."""
+    """The file's lines per tier, with a map from each wanted normalised line to its positions."""
 
-    def __init__(self, lines: list[str]):
+    def __init__(self, lines: list[str], wanted: set[str] | None = None):
         self.lines = lines
+        # The first lines of the patterns that will be searched: only they need a position map.
+        # Without them (a chunk or two) scanning is cheaper than building any map.
+        self.wanted = wanted
         self._norm: dict[int, list[str]] = {0: lines}
         self._positions: dict[int, dict[str, list[int]]] = {}
 
@@ -35,9 +39,13 @@ class LineIndex:
     def positions(self, tier: int, key: str) -> list[int]:
         table = self._positions.get(tier)
         if table is None:
+            keys = None if self.wanted is None else {_TIERS[tier](k) for k in self.wanted}
             table = self._positions[tier] = {}
             for i, line in enumerate(self.norm(tier)):
-                table.setdefault(line, []).append(i)
+                if keys is None or line in keys:
+                    table.setdefault(line, []).append(i)
+        if key not in table and self.wanted is not None and key not in self.wanted:
+            return [i for i, line in enumerate(self.norm(tier)) if line == key]
         return table.get(key, [])
 
     def find(self, pattern: list[str], start: int, at_end: bool, limit: int = 3) -> list[int]:
@@ -52,6 +60,8 @@ class LineIndex:
             if at_end:
                 # `*** End of File`: only the position that ends at the last line counts.
                 found = [last] if last >= start and norm[last:count] == want else []
+            elif tier == 0 and self.wanted is None:
+                found = self._scan(want, start, last, limit)
             else:
                 found = []
                 spots = self.positions(tier, want[0])
@@ -67,9 +77,30 @@ class LineIndex:
         return []
 
 
+    def _scan(self, pattern: list[str], start: int, last: int, limit: int) -> list[int]:
+        """Exact candidates by `list.index` (a C loop: the exact tier is the common one)."""
+        lines, first, size = self.lines, pattern[0], len(pattern)
+        found: list[int] = []
+        pos = start
+        while pos <= last:
+            try:
+                pos = lines.index(first, pos, last + 1)
+            except ValueError:
+                break
+            if lines[pos:pos + size] == pattern:
+                found.append(pos)
+                if len(found) >= limit:
+                    break
+            pos += 1
+        return found
+
+
 def apply_chunks(lines: list[str], chunks: list[Chunk], label: str) -> list[str]:
     """The new lines of a file after all chunks, or a PatchError naming the chunk that fails."""
-    index = LineIndex(lines)
+    wanted = None
+    if len(chunks) > _SCAN_UP_TO_CHUNKS:
+        wanted = {c.old[0] for c in chunks if c.old} | {c.context for c in chunks if c.context is not None}
+    index = LineIndex(lines, wanted)
     cursor = 0
     edits: list[tuple[int, int, int, list[str]]] = []  # (start, old length, order, new lines)
     for order, chunk in enumerate(chunks):

@@ -93,6 +93,14 @@ class _Parser:
         self.mode = _Mode.NOT_STARTED
         self.hunks: list[Hunk] = []
         self.number = first_line_number - 1  # the number of the line being fed
+        self._handlers = {
+            _Mode.NOT_STARTED: self._not_started,
+            _Mode.STARTED: self._between_hunks,
+            _Mode.ADD: self._add,
+            _Mode.DELETE: self._between_hunks,
+            _Mode.UPDATE: self._update,
+            _Mode.ENDED: self._ended,
+        }
 
     def feed(self, line: str, last: bool) -> None:
         self.number += 1
@@ -102,15 +110,7 @@ class _Parser:
             self._check_update_not_empty(END)
             self.mode = _Mode.ENDED
             return
-        handler = {
-            _Mode.NOT_STARTED: self._not_started,
-            _Mode.STARTED: self._between_hunks,
-            _Mode.ADD: self._add,
-            _Mode.DELETE: self._between_hunks,
-            _Mode.UPDATE: self._update,
-            _Mode.ENDED: self._ended,
-        }[self.mode]
-        handler(line)
+        self._handlers[self.mode](line)
 
     def finish(self) -> list[Hunk]:
         if self.mode is not _Mode.ENDED:
@@ -151,15 +151,19 @@ class _Parser:
                                    f"line {self.number} follows it")
 
     def _update(self, line: str) -> None:
+        hunk = self.hunks[-1]
+        assert isinstance(hunk, UpdateFile)
+        chunks = hunk.chunks
+        last = chunks[-1] if chunks else None
+        # The common case first: a ' ', '+' or '-' line can be no header or marker.
+        if line[:1] in (" ", "+", "-") and line and (last is None or not last.end_of_file):
+            self._change_line(hunk, line)
+            return
         # Inside an Update hunk only the right side is trimmed when looking for headers,
         # so an indented `*** Update File:` is context text (as in Codex).
         text = line.rstrip()
         if self._header(text):
             return
-        hunk = self.hunks[-1]
-        assert isinstance(hunk, UpdateFile)
-        chunks = hunk.chunks
-        last = chunks[-1] if chunks else None
 
         if last is not None and last.end_of_file:
             if not text:
@@ -184,26 +188,30 @@ class _Parser:
             last.source.append(text)
             return
         if line == "" or line[0] in " +-":
-            if last is None:
-                last = Chunk(context=None, line=self.number)
-                chunks.append(last)
-            body = line[1:]
-            if line == "" or line[0] == " ":
-                last.new_ref.append(len(last.old))
-                last.old.append(body)
-                last.new.append(body)
-            elif line[0] == "+":
-                last.new_ref.append(None)
-                last.new.append(body)
-            else:
-                last.old.append(body)
-            last.source.append(line)
+            self._change_line(hunk, line)
             return
         if last is not None and not last.is_empty():
             raise self._error(
                 f"expected update hunk lines or a new '@@' chunk, got: '{line}'; {LINE_PREFIXES}"
             )
         raise self._error(f"unexpected line found in update hunk: '{line}'; {LINE_PREFIXES}")
+
+    def _change_line(self, hunk: UpdateFile, line: str) -> None:
+        """A context (' ' or a bare empty line), added ('+') or removed ('-') line."""
+        if not hunk.chunks:
+            hunk.chunks.append(Chunk(context=None, line=self.number))
+        last = hunk.chunks[-1]
+        body = line[1:]
+        if line == "" or line[0] == " ":
+            last.new_ref.append(len(last.old))
+            last.old.append(body)
+            last.new.append(body)
+        elif line[0] == "+":
+            last.new_ref.append(None)
+            last.new.append(body)
+        else:
+            last.old.append(body)
+        last.source.append(line)
 
     # -- helpers -----------------------------------------------------------------------------
 
