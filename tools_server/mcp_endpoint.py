@@ -55,13 +55,40 @@ def build_mcp_server(service: ToolService) -> Server:
 def mount_mcp(app: web.Application, service: ToolService) -> None:
     manager = StreamableHTTPSessionManager(
         build_mcp_server(service),
-        json_response=False,
+        json_response=True,  # one JSON answer per POST: no long-lived streams to hold per call
         # Host/Origin checks and the bearer token are enforced by our aiohttp middleware.
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
 
     async def asgi(scope: Any, receive: Any, send: Any) -> None:
-        await manager.handle_request(scope, receive, send)
+        if scope.get("type") != "http":
+            await manager.handle_request(scope, receive, send)
+            return
+        # aiohttp-asgi answers every `receive()` after the body with an empty body at once, so code that
+        # waits for `http.disconnect` (sse-starlette) spins and starves the loop. After the body, make
+        # `receive()` wait until the response has been sent, as ASGI servers do.
+        body_done = False
+        finished = asyncio.Event()
+
+        async def receive_body_then_wait() -> dict[str, Any]:
+            nonlocal body_done
+            if not body_done:
+                message = await receive()
+                if message.get("type") != "http.request" or not message.get("more_body"):
+                    body_done = True
+                return message
+            await finished.wait()
+            return {"type": "http.disconnect"}
+
+        async def send_and_track(message: dict[str, Any]) -> None:
+            await send(message)
+            if message.get("type") == "http.response.body" and not message.get("more_body"):
+                finished.set()
+
+        try:
+            await manager.handle_request(scope, receive_body_then_wait, send_and_track)
+        finally:
+            finished.set()
 
     app.router.register_resource(ASGIResource(asgi, root_path="/mcp"))
 
