@@ -42,8 +42,9 @@ def _respond(j: Journal, mark, items, rid):
                              error=None, incomplete=False)
 
 
-def build_world(tmp: Path) -> World:
-    state = StateDir.open(tmp / "state")
+def build_world(state: StateDir, services: Services | None = None) -> World:
+    """A task with /root (two windows, tools, images, a control message) and /root/reviewer, plus an
+    agent of another task; flushed, ready for the tools."""
     j = Journal(state)
     ids: dict[str, str] = {}
     key, task, addr = j.resolve(SessionIdentity("f:root", "fingerprint", None, None), {}, {})
@@ -86,12 +87,12 @@ def build_world(tmp: Path) -> World:
     j.ingest_request(other, {"input": [_msg("user", "other task needle")]})
     ids["other_task"] = otask
     assert j.flush()
-    return World(Services(Config(), state, tmp), task, ids, j)
+    return World(services or Services(Config(), state, state.root), task, ids, j)
 
 
 @pytest.fixture
 def world(tmp_path: Path):
-    w = build_world(tmp_path)
+    w = build_world(StateDir.open(tmp_path / "state"))
     yield w
     w.journal.close()
 
