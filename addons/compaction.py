@@ -49,7 +49,7 @@ from proxy.flowbody import commit_body, responses_body
 from proxy.flowstate import state_of
 from proxy.sse import ResponseTap, StreamTap
 from proxy.transforms.compaction import ProjectionContext, apply_projection
-from proxy.transforms.items import client_compacts, input_items, item_bytes
+from proxy.transforms.items import client_compacts, input_items, items_bytes
 
 STATE_KEY = "compaction"
 # Set while the answer may still change (held stream, possible overflow). The tap and the history
@@ -101,9 +101,9 @@ def _stateful(payload: dict[str, Any]) -> bool:
 
 
 def _payload_bytes(payload: dict[str, Any], items: list[Any]) -> int:
+    """What the estimate counts: input, instructions and tools, serialized."""
     tools = payload.get("tools") if isinstance(payload.get("tools"), list) else []
-    extra = len(str(payload.get("instructions") or "").encode()) + sum(item_bytes(t) for t in tools)
-    return extra + sum(item_bytes(i) for i in items)
+    return len(str(payload.get("instructions") or "").encode()) + items_bytes(tools) + items_bytes(items)
 
 
 def _commit_if_alone(flow: http.HTTPFlow) -> None:
@@ -218,7 +218,8 @@ class Compaction:
                         Estimate(0, "bytes", 1.0), fp, route, _credentials_allowed(flow, route), False, mark)
 
         projected = self._project(payload, checkpoint, info, cfg.enabled, rt)
-        info.estimate = self._estimate(projected, info, sess, last_usage)
+        sent = _payload_bytes(projected, input_items(projected) or [])
+        info.estimate = self._estimate(sent, info, sess, last_usage)
         failed_here = sess is not None and sess.failed_items == len(items)
         want = route.eligible and info.window is not None and not failed_here and (
             (cfg.enabled and over(info.estimate.tokens, info.window, cfg.threshold))
@@ -227,13 +228,13 @@ class Compaction:
         if want:
             cp = await self._compact(flow, info, payload, "threshold", rt)
             projected = self._project(payload, cp, info, cfg.enabled, rt)
-            info.estimate = self._estimate(projected, info, None, None)
+            sent = _payload_bytes(projected, input_items(projected) or [])
+            info.estimate = self._estimate(sent, info, None, None)
         info.hold = (cfg.recover_overflow and route.eligible
                      and over(info.estimate.tokens, info.window, HOLD_FRACTION))
         body.replace(projected, by="compaction")
         cp_id = info.checkpoint.id if info.checkpoint else None
-        sent = _payload_bytes(projected, input_items(projected) or [])
-        await db.run(lambda conn: store.record_forwarded(conn, key, cp_id, len(items), sent))
+        db.submit(lambda conn: store.record_forwarded(conn, key, cp_id, len(items), sent))
         state_of(flow).extra[STATE_KEY] = info
         debuglog.event("remote_compaction", outcome=info.outcome, estimate=info.estimate.tokens, window=info.window,
                        checkpoint=cp_id, items=len(items), stream=info.hold)
@@ -257,13 +258,12 @@ class Compaction:
         return projected
 
     @staticmethod
-    def _estimate(projected: dict[str, Any], info: FlowInfo, sess: store.SessionState | None,
+    def _estimate(sent_bytes: int, info: FlowInfo, sess: store.SessionState | None,
                   last_usage: usage.Usage | None) -> Estimate:
-        proj_items = input_items(projected) or []
         snap = UsageSnapshot(last_usage.input_tokens, last_usage.output_tokens) if last_usage else None
         last: LastRequest | None = sess.last if sess is not None else None
         cp_id = info.checkpoint.id if info.checkpoint else None
-        return estimate(_payload_bytes(projected, proj_items), info.client_items, cp_id, snap, last)
+        return estimate(sent_bytes, info.client_items, cp_id, snap, last)
 
     def _blocked(self, info: FlowInfo, rt: runtime.Runtime) -> str | None:
         cfg = rt.config.remote_compaction

@@ -110,3 +110,22 @@ def user(text: str) -> dict[str, Any]:
 
 def assistant(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "assistant", "content": text}
+
+
+async def wait_for_events(db_path: Path, predicate: Any, timeout: float = 10.0) -> list[tuple[str, str]]:
+    """The (kind, outcome) compaction events once `predicate(events)` holds: the proxy writes them
+    in a background thread, after the answer may already have reached the client."""
+    from proxy.compaction import store
+    from proxy.db import connect
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        conn = connect(db_path)
+        try:
+            events = [(e.kind, e.outcome) for e in store.events(conn)]
+        finally:
+            conn.close()
+        if predicate(events) or loop.time() > deadline:
+            return events
+        await asyncio.sleep(0.05)

@@ -67,7 +67,7 @@ def test_estimate_uses_last_usage_plus_new_items_calibrated():
     last = LastRequest(None, 2, 4000)  # 1000 byte-tokens were sent last time
     usage = UsageSnapshot(2000, 100)  # … and upstream counted 2000: this session has 2 tokens per byte-token
     est = estimate(99_999, items, None, usage, last)
-    new_tokens = (len(orjson.dumps(items[2])) + 3) // 4
+    new_tokens = (len(orjson.dumps(items[2:])) + 3) // 4
     assert est.method == "usage"
     assert est.ratio == 2.0
     assert est.tokens == 2000 + 100 + 2 * new_tokens

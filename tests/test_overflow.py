@@ -9,13 +9,18 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from proxy.compaction import store
 from proxy.compaction.overflow import CODE, is_overflow, response_error_code, sse_failure_before_output
-from proxy.db import connect
 from proxy.sse import encode_event
 from proxy.transforms.fallback import is_fallback_message
 from tests.emulator import Emulator, ErrorEvent, FailedInStream, Text, context_length_exceeded_400
-from tests.test_compaction_harness import API_KEY, codex_turn, completed_output_text, running_proxy, user
+from tests.test_compaction_harness import (
+    API_KEY,
+    codex_turn,
+    completed_output_text,
+    running_proxy,
+    user,
+    wait_for_events,
+)
 
 WINDOW = 20_000
 BIG = [user(f"part {i}: " + "y" * 8_000) for i in range(9)]  # ≈ 18,300 tokens: above 90% of the window
@@ -102,10 +107,9 @@ async def test_http_400_is_recovered_invisibly_for_the_sdk(tmp_path, monkeypatch
         assert [r.route for r in emu.requests].count("compact") == 1
         assert retry.json["input"][-1] == user("the question")
         assert any(i.get("type") == "compaction" for i in retry.json["input"])
-        conn = connect(tmp_path / "state" / "ctproxy.db")
-        assert [(e.kind, e.outcome) for e in store.events(conn)][-2:] == [("compaction", "remote"),
-                                                                         ("recovery", "recovered")]
-        conn.close()
+        want = [("compaction", "remote"), ("recovery", "recovered")]
+        events = await wait_for_events(tmp_path / "state" / "ctproxy.db", lambda ev: ev[-2:] == want)
+        assert events[-2:] == want
 
 
 @pytestmark_e2e
@@ -193,9 +197,8 @@ async def test_small_streams_are_not_held_and_the_next_request_compacts(tmp_path
         status, events = await codex_turn(http, base, {"model": "gpt-test-1", "input": [*small, user("again")]})
         assert status == 200 and completed_output_text(events) == "You said: again"
         assert [r.route for r in emu.requests] == ["responses", "compaction", "responses"]
-        conn = connect(tmp_path / "state" / "ctproxy.db")
-        assert ("recovery", "missed") in [(e.kind, e.outcome) for e in store.events(conn)]
-        conn.close()
+        events = await wait_for_events(tmp_path / "state" / "ctproxy.db", lambda ev: ("recovery", "missed") in ev)
+        assert ("recovery", "missed") in events
 
 
 @pytestmark_e2e
