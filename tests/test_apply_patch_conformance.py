@@ -17,6 +17,8 @@ from tests.patch_conformance.harness import (
 )
 from tests.support.toolserver import make_services
 
+pytestmark = pytest.mark.timeout(90)  # a hung transport fails fast instead of after the suite default
+
 # Scenarios whose patch must be refused (Codex exits non-zero on them).
 FAILING = {
     "005_rejects_empty_patch",

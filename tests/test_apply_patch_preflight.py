@@ -10,6 +10,8 @@ import pytest
 from tests.patch_conformance.harness import snapshot
 from tests.support.toolserver import make_services
 from tools_server.patch import PatchFamily
+from tools_server.patch.model import PatchError
+from tools_server.patch.paths import lexical_target, working_dir
 from tools_server.registry import CallContext, ToolError, ToolResult
 
 
@@ -162,3 +164,17 @@ async def test_garbage_arguments(tmp_path: Path) -> None:
         await tool.call({"patch": "x", "path": "y"}, CallContext(services=services))
     result = await tool.call({"patch": "*** Begin Patch\n\ud800\n*** End Patch"}, CallContext(services=services))
     assert result.is_error and "lone surrogate" in result.text
+
+
+def test_absolute_paths_may_use_the_workspaces_symlinked_spelling(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    (real / "sub").mkdir(parents=True)
+    alias = tmp_path / "alias"
+    alias.symlink_to(real, target_is_directory=True)
+    cwd = working_dir(alias, "sub")
+    assert cwd.real == str(real / "sub")
+    target = lexical_target(cwd, str(alias / "sub" / "f.txt"))
+    assert target.path == str(real / "sub" / "f.txt")
+    with pytest.raises(PatchError) as info:
+        lexical_target(cwd, str(alias / "f.txt"))
+    assert info.value.code == "outside_workspace"
