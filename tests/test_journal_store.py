@@ -246,3 +246,32 @@ def test_writer_flush_and_stats(journal: Journal):
     assert journal.writer.stats.ops >= 600 and journal.writer.stats.failed_batches == 0
     assert journal.writer.stats.max_batch <= journal.writer.batch_size
     assert _db(journal).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_cli_views(tmp_path: Path, capsys):
+    from proxy.cli import main
+    from proxy.journal.cli_views import new_task, tasks_report
+
+    state = StateDir.open(tmp_path / "state")
+    assert tasks_report(state).startswith("no tasks yet")
+    task = new_task(state)
+    j = Journal(state)
+    try:
+        s = _open(j, _ident("t:x", task=task, agent="/root"))
+        m = j.ingest_request(s, {"input": "a"})
+        _respond(j, m, [_out("A", 1)], "r1")
+        j.start_window(s.key, j.chain_head(s.key), "notes", {})
+        j.record_event(s.key, "compaction", {"strategy": "notes"})
+        j.ingest_request(s, {"input": [_msg("user", "a"), _resent("A"), _msg("user", "b")]})
+        assert j.flush()
+    finally:
+        j.close()
+    report = tasks_report(state)
+    assert f"task {task}" in report and "  /root  (1 session)" in report
+    assert "w1 start 2 items, w2 notes 1 items" in report
+    assert "3 on the current branch, 3 journaled" in report and "compactions 1" in report
+    assert main(["task", "--state-dir", str(state.root), "new"]) == 0
+    fresh = capsys.readouterr().out.strip()
+    assert fresh.startswith("task_") and fresh != task
+    assert main(["tasks", "--state-dir", str(state.root)]) == 0
+    assert fresh in capsys.readouterr().out
