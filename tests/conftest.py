@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from tests.emulator import Emulator
+from tests.support.proxyproc import ProxyProcess
 from tests.support.toolserver import ToolServerHandle, make_services
 
 
@@ -27,3 +29,33 @@ async def tool_server(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     yield start
     for h in handles:
         await h.close()
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[Emulator]:
+    """A Responses upstream emulator on loopback (see tests/emulator)."""
+    async with Emulator() as emu:
+        yield emu
+
+
+@pytest.fixture
+async def proxy_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    """Factory: `proxy = await proxy_factory(upstream=emu.url, extra_args=[...])` runs `ctproxy up` as a
+    real process on free ports (trusting the upstream by default) and stops it after the test."""
+    procs: list[ProxyProcess] = []
+
+    async def start(**kwargs: Any) -> ProxyProcess:
+        state_dir = kwargs.pop("state_dir", None) or tmp_path / f"state{len(procs)}"
+        proc = ProxyProcess(state_dir, **kwargs)
+        procs.append(proc)
+        return await proc.astart()
+
+    yield start
+    for p in procs:
+        await p.astop()
+
+
+@pytest.fixture
+async def proxy(emulator: Emulator, proxy_factory: Callable[..., Any]) -> ProxyProcess:
+    """`ctproxy up --upstream <emulator> --trust-upstream` with default features."""
+    return await proxy_factory(upstream=emulator.url)
