@@ -2,11 +2,12 @@
 
     .venv/bin/python bench/bench_pipeline.py [--requests 30] [--size-mb 1.5]
 
-Three processes are started: the emulator (the upstream), a bare `mitmdump` in reverse mode, and the
-ctproxy launcher with the full chain (routing, session, tap, history, compaction, web_search, guard,
-body writer) trusting the emulator, so the web search injection applies. One client sends the same
-streamed 1.5 MB request round-robin to the emulator directly, to bare mitmdump and to ctproxy, and
-reads each answer to its end. Printed: median and p90 per path and the ratios measured in this run.
+Four processes are started: the emulator (the upstream), a bare `mitmdump` in reverse mode, and the
+ctproxy launcher twice, trusting the emulator so the web search injection applies: with the full chain
+(routing, session, tap, history, compaction, web_search, guard, body writer) and without this issue's
+two addons (`chain w/o 6`), to attribute the cost. One client sends the same streamed 1.5 MB request
+round-robin to each path and reads each answer to its end. Printed: median and p90 per path and the
+ratios measured in this run.
 A second section times the pure transforms on the same body in-process, against one orjson parse.
 """
 
@@ -52,13 +53,15 @@ def make_payload(size_mb: float) -> dict:
                                       "required": ["city"], "additionalProperties": False}}]}
 
 
-async def serve_chain(port: int, upstream: str, state: str) -> None:
-    """Child mode: the launcher with the pipeline chain."""
+async def serve_chain(port: int, upstream: str, state: str, which: str) -> None:
+    """Child mode: the launcher with the full chain, or without this issue's addons (`base`)."""
     import addons
     from proxy.launcher import UpOptions, run_up
     from tests.test_compaction_harness import pipeline_chain
 
-    addons.chain = pipeline_chain
+    full = pipeline_chain
+    addons.chain = full if which == "full" else (
+        lambda: [a for a in full() if type(a).__name__ not in ("Compaction", "WebSearch")])
     await run_up(UpOptions(listen_port=port, upstream=upstream, trust_upstream=True, with_tools=False,
                            state_dir=Path(state)))
 
@@ -127,7 +130,7 @@ async def main(args: argparse.Namespace) -> None:
     tmp = tempfile.mkdtemp(prefix="ctproxy-bench-")
     procs: list[subprocess.Popen] = []
     try:
-        emu_port, bare_port, chain_port = free_port(), free_port(), free_port()
+        emu_port, bare_port, base_port, chain_port = free_port(), free_port(), free_port(), free_port()
         procs.append(subprocess.Popen([sys.executable, "-m", "tests.emulator", "--port", str(emu_port),
                                        "--max-recorded", "4"], cwd=REPO, env=env, stdout=subprocess.DEVNULL))
         emu = f"http://127.0.0.1:{emu_port}"
@@ -135,11 +138,14 @@ async def main(args: argparse.Namespace) -> None:
         procs.append(subprocess.Popen([mitmdump, "-q", "--mode", f"reverse:{emu}", "--listen-host", "127.0.0.1",
                                        "--listen-port", str(bare_port), "--set", f"confdir={tmp}/bare"],
                                       cwd=REPO, env=env, stdout=subprocess.DEVNULL))
-        procs.append(subprocess.Popen([sys.executable, __file__, "--serve-chain", str(chain_port), emu, f"{tmp}/state"],
-                                      cwd=REPO, env=env, stdout=subprocess.DEVNULL))
-        for port, proc in zip((emu_port, bare_port, chain_port), procs, strict=True):
+        for port, which in ((base_port, "base"), (chain_port, "full")):
+            procs.append(subprocess.Popen([sys.executable, __file__, "--serve-chain", str(port), emu,
+                                           f"{tmp}/state-{which}", which],
+                                          cwd=REPO, env=env, stdout=subprocess.DEVNULL))
+        for port, proc in zip((emu_port, bare_port, base_port, chain_port), procs, strict=True):
             await wait_port(port, proc)
         paths = {"direct": f"{emu}/v1/responses", "bare mitmdump": f"http://127.0.0.1:{bare_port}/v1/responses",
+                 "chain w/o 6": f"http://127.0.0.1:{base_port}/v1/responses",
                  "ctproxy chain": f"http://127.0.0.1:{chain_port}/v1/responses"}
         times: dict[str, list[float]] = {k: [] for k in paths}
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
@@ -168,6 +174,8 @@ async def main(args: argparse.Namespace) -> None:
     print(f"  ratio ctproxy chain / bare mitmdump: {med['ctproxy chain'] / med['bare mitmdump']:.2f}")
     print(f"  ratio bare mitmdump / direct:        {med['bare mitmdump'] / med['direct']:.2f}")
     print(f"  ratio ctproxy chain / direct:        {med['ctproxy chain'] / med['direct']:.2f}")
+    print(f"  ratio ctproxy chain / chain without compaction+web_search: "
+          f"{med['ctproxy chain'] / med['chain w/o 6']:.2f}")
     print("in-process, same body (median of 20):")
     rows = micro(payload)
     base = rows[0][1]
@@ -177,7 +185,7 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-chain":
-        asyncio.run(serve_chain(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
+        asyncio.run(serve_chain(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]))
     else:
         parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
         parser.add_argument("--requests", type=int, default=30)
