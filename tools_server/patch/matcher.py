@@ -30,6 +30,7 @@ class LineIndex:
         self.wanted = wanted
         self._norm: dict[int, list[str]] = {0: lines}
         self._positions: dict[int, dict[str, list[int]]] = {}
+        self._keys: dict[int, set[str]] = {}
 
     def norm(self, tier: int) -> list[str]:
         if tier not in self._norm:
@@ -37,15 +38,20 @@ class LineIndex:
         return self._norm[tier]
 
     def positions(self, tier: int, key: str) -> list[int]:
+        """Where the (normalised) line `key` occurs, ascending."""
+        keys = None
+        if self.wanted is not None:
+            keys = self._keys.get(tier)
+            if keys is None:
+                keys = self._keys[tier] = {_TIERS[tier](k) for k in self.wanted}
+        if keys is not None and key not in keys:  # not prepared for: look it up directly
+            return [i for i, line in enumerate(self.norm(tier)) if line == key]
         table = self._positions.get(tier)
         if table is None:
-            keys = None if self.wanted is None else {_TIERS[tier](k) for k in self.wanted}
             table = self._positions[tier] = {}
             for i, line in enumerate(self.norm(tier)):
                 if keys is None or line in keys:
                     table.setdefault(line, []).append(i)
-        if key not in table and self.wanted is not None and key not in self.wanted:
-            return [i for i, line in enumerate(self.norm(tier)) if line == key]
         return table.get(key, [])
 
     def find(self, pattern: list[str], start: int, at_end: bool, limit: int = 3) -> list[int]:
