@@ -68,6 +68,7 @@ async def test_codex_session_compacts_once_then_replays_then_falls_back_on_model
         conn = connect(tmp_path / "state" / "ctproxy.db")
         (cp,) = store.checkpoints(conn, _session_key(conn))
         assert cp.strategy == "remote" and cp.reason == "threshold"
+        assert cp.window_id and cp.window_id.startswith("w")  # the journal opened the window at the boundary
         item = orjson.loads(cp.compaction_item)
         assert item["type"] == "compaction" and item["encrypted_content"]
 
