@@ -1,0 +1,112 @@
+"""The incremental SSE decoder and the Responses tap."""
+
+from __future__ import annotations
+
+import gzip
+import random
+import zlib
+
+import orjson
+import zstandard
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.sse import ResponseTap, SSEDecoder, StreamTap, encode_event
+
+STREAM = (
+    b"event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,"
+    b"\"response\":{\"id\":\"resp_1\",\"model\":\"gpt-5\",\"status\":\"in_progress\"}}\n\n"
+    b": a comment line\n\n"
+    b"event: response.output_item.done\r\ndata: {\"type\":\"response.output_item.done\",\r\n"
+    b"data: \"sequence_number\":1,\"item\":{\"type\":\"message\",\"id\":\"msg_1\"}}\r\n\r\n"
+    b"event: response.completed\rdata: {\"type\":\"response.completed\",\"sequence_number\":2,"
+    b"\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"output\":[],"
+    b"\"usage\":{\"input_tokens\":7,\"output_tokens\":3,\"total_tokens\":10}}}\r\r"
+    b"data: [DONE]\n\n"
+)
+
+
+def _decode_all(chunks: list[bytes]) -> list:
+    dec = SSEDecoder()
+    events = []
+    for c in chunks:
+        events.extend(dec.feed(c))
+    events.extend(dec.close())
+    return events
+
+
+def test_whole_stream_decodes():
+    events = _decode_all([STREAM])
+    assert [e.event for e in events] == ["response.created", "response.output_item.done", "response.completed", None]
+    assert orjson.loads(events[1].data)["item"]["id"] == "msg_1"  # multi-line data joined with \n
+    assert events[-1].data == "[DONE]"
+
+
+@given(st.lists(st.integers(min_value=1, max_value=len(STREAM) - 1), max_size=30))
+def test_any_split_gives_the_same_events(cuts):
+    points = sorted(set(cuts))
+    chunks = [STREAM[a:b] for a, b in zip([0, *points], [*points, len(STREAM)], strict=True)]
+    assert _decode_all(chunks) == _decode_all([STREAM])
+
+
+def test_byte_by_byte_crlf_split():
+    assert _decode_all([bytes([b]) for b in STREAM]) == _decode_all([STREAM])
+
+
+def test_trailing_event_without_blank_line_is_dispatched_on_close():
+    events = _decode_all([b"event: x\ndata: 1"])
+    assert len(events) == 1 and events[0].data == "1"
+
+
+def test_tap_collects_items_usage_and_completion():
+    tap = ResponseTap()
+    st_ = StreamTap(tap)
+    for i in range(0, len(STREAM), 7):
+        assert st_(STREAM[i : i + 7]) == STREAM[i : i + 7]  # never changes bytes
+    st_(b"")
+    assert tap.completed and not tap.incomplete
+    assert tap.response_id == "resp_1" and tap.model == "gpt-5"
+    assert tap.usage == {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10}
+    assert [i["id"] for i in tap.items] == ["msg_1"]
+
+
+def test_tap_marks_incomplete_stream():
+    tap = ResponseTap()
+    st_ = StreamTap(tap)
+    st_(STREAM[:150])
+    st_(b"")
+    assert tap.incomplete and not tap.completed
+
+
+def test_tap_reads_compressed_streams():
+    for enc, data in (("gzip", gzip.compress(STREAM)), ("deflate", zlib.compress(STREAM)),
+                      ("zstd", zstandard.ZstdCompressor().compress(STREAM))):
+        tap = ResponseTap()
+        st_ = StreamTap(tap, enc)
+        rnd = random.Random(1)
+        i = 0
+        while i < len(data):
+            n = rnd.randint(1, 20)
+            assert st_(data[i : i + n]) == data[i : i + n]
+            i += n
+        st_(b"")
+        assert tap.usage and tap.usage["total_tokens"] == 10, enc
+
+
+def test_error_event_forms():
+    tap = ResponseTap()
+    tap.on_event({"type": "error", "sequence_number": 2, "error": {"code": "context_length_exceeded", "message": "m"}})
+    assert tap.error_code == "context_length_exceeded" and tap.completed
+    tap = ResponseTap()
+    tap.on_event({"type": "error", "code": "server_error", "message": "m", "param": None})
+    assert tap.error_code == "server_error"
+    tap = ResponseTap()
+    tap.on_event({"type": "response.failed", "response": {"id": "r", "status": "failed",
+                                                          "error": {"code": "context_length_exceeded"}}})
+    assert tap.error_code == "context_length_exceeded"
+
+
+def test_encode_event_round_trip():
+    frame = encode_event({"type": "response.created", "sequence_number": 0})
+    [ev] = _decode_all([frame])
+    assert ev.event == "response.created" and orjson.loads(ev.data)["sequence_number"] == 0
