@@ -93,3 +93,23 @@ async def test_rest_reports_refusals_as_tool_errors(tool_server, tmp_path: Path)
     assert res.details["error"] == "outside_workspace"
     res = await srv.rest("apply_patch", {"patch": "x", "bogus": 1})
     assert res.status == 400 and "bogus" in res.body["error"]["message"]
+
+
+async def test_mcp_lists_and_applies_with_structured_details(tool_server, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "m.txt").write_text("keep\nold\n")
+    srv = await tool_server({"apply_patch.enabled": True}, workspace=ws)
+    listed = {t.name: t for t in await srv.mcp_list()}
+    assert listed["apply_patch"].input_schema["required"] == ["patch"]
+    patch = "*** Begin Patch\n*** Update File: m.txt\n*** Move to: n.txt\n@@\n keep\n-old\n+new\n*** End Patch"
+    res = await srv.mcp("apply_patch", {"patch": patch}, cwd="pkg")
+    assert not res.is_error, res.text
+    assert res.text == "Success. Updated the following files:\nM n.txt (moved from m.txt)"
+    assert res.structured is not None
+    assert res.structured["moved"] == [{"from": "m.txt", "to": "n.txt"}]
+    assert res.structured["operations"] == [{"op": "move", "path": "m.txt", "to": "n.txt", "status": "committed"}]
+    assert (ws / "pkg" / "n.txt").read_text() == "keep\nnew\n" and not (ws / "pkg" / "m.txt").exists()
+    refused = await srv.mcp("apply_patch", {"patch": patch}, cwd="pkg")
+    assert refused.is_error and "does not exist" in refused.text
+    assert refused.structured is not None and refused.structured["error"] == "not_found"
