@@ -10,7 +10,9 @@ import pytest
 from openai import AsyncOpenAI
 
 from proxy.compaction.overflow import CODE, is_overflow, response_error_code, sse_failure_before_output
+from proxy.journal.cli_views import tasks_report
 from proxy.sse import encode_event
+from proxy.state import StateDir
 from proxy.transforms.fallback import is_fallback_message
 from tests.emulator import Emulator, ErrorEvent, FailedInStream, Text, context_length_exceeded_400
 from tests.test_compaction_harness import (
@@ -110,6 +112,10 @@ async def test_http_400_is_recovered_invisibly_for_the_sdk(tmp_path, monkeypatch
         want = [("compaction", "remote"), ("recovery", "recovered")]
         events = await wait_for_events(tmp_path / "state" / "ctproxy.db", lambda ev: ev[-2:] == want)
         assert events[-2:] == want
+    # `ctproxy tasks` shows them per session (the journal is flushed when the proxy stops)
+    report = tasks_report(StateDir.open(tmp_path / "state"))
+    assert "compactions 1, recoveries 1" in report
+    assert " remote " in report  # the window the compaction opened
 
 
 @pytestmark_e2e
