@@ -217,7 +217,9 @@ class Compaction:
         info = FlowInfo(key, payload, items, None, False, usage.model_window(model, rt.config.model_windows),
                         Estimate(0, "bytes", 1.0), fp, route, _credentials_allowed(flow, route), False, mark)
 
-        projected = self._project(payload, checkpoint, info, cfg.enabled, rt)
+        # A divergence is reported once: when the previous request still used the checkpoint.
+        report = sess is None or checkpoint is None or sess.last.checkpoint_id == checkpoint.id
+        projected = self._project(payload, checkpoint, info, cfg.enabled, rt, report)
         sent = _payload_bytes(projected, input_items(projected) or [])
         info.estimate = self._estimate(sent, info, sess, last_usage)
         failed_here = sess is not None and sess.failed_items == len(items)
@@ -241,7 +243,7 @@ class Compaction:
         _commit_if_alone(flow)
 
     def _project(self, payload: dict[str, Any], cp: Checkpoint | None, info: FlowInfo, enabled: bool,
-                 rt: runtime.Runtime) -> dict[str, Any]:
+                 rt: runtime.Runtime, report_divergence: bool = True) -> dict[str, Any]:
         info.checkpoint, info.replay_opaque = None, False
         if cp is None:
             return payload
@@ -252,7 +254,8 @@ class Compaction:
         info.outcome = outcome
         if outcome == "diverged":
             # The client's history no longer starts with the compacted items: send it as it is.
-            self._event(rt, info, "projection", "diverged", None, cp.id)
+            if report_divergence:
+                self._event(rt, info, "projection", "diverged", None, cp.id)
             return payload
         info.checkpoint, info.replay_opaque = cp, replay and outcome in ("remote", "already")
         return projected

@@ -14,7 +14,15 @@ from proxy.db import connect
 from proxy.transforms.fallback import is_fallback_message
 from tests.emulator import Emulator, HttpError
 from tests.openapi_schema import validate
-from tests.test_compaction_harness import API_KEY, assistant, codex_turn, completed_output_text, running_proxy, user
+from tests.test_compaction_harness import (
+    API_KEY,
+    assistant,
+    codex_turn,
+    completed_output_text,
+    running_proxy,
+    user,
+    wait_for_events,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -170,3 +178,18 @@ async def test_client_that_compacts_itself_is_left_alone(tmp_path, monkeypatch):
         assert status == 200
         assert compaction_requests(emu) == []
         assert turn_requests(emu)[-1].json["input"] == [*big, own, user("go")]
+
+
+async def test_diverged_history_is_sent_as_is_and_journaled_once(tmp_path, monkeypatch):
+    async with Emulator() as emu, running_proxy(tmp_path, emu.url, CONFIG, monkeypatch) as base, \
+            aiohttp.ClientSession() as http:
+        history = await drive_codex_session(http, base, emu, range(1, 12))
+        assert len(compaction_requests(emu)) == 1
+        edited = [user("turn 1: edited by the agent"), *history[1:4], user("short follow-up")]
+        for _ in range(2):
+            status, _ = await codex_turn(http, base, {"model": "gpt-test-1", "input": edited})
+            assert status == 200
+            assert turn_requests(emu)[-1].json["input"] == edited  # nothing replaced
+        events = await wait_for_events(tmp_path / "state" / "ctproxy.db",
+                                       lambda ev: ("projection", "diverged") in ev)
+        assert events.count(("projection", "diverged")) == 1
