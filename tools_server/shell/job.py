@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import signal
 import subprocess
 import time
@@ -19,8 +20,18 @@ from tools_server.shell.capture import CaptureStore, StreamCapture
 from tools_server.shell.preview import RollingPreview, StreamDecoder
 from tools_server.shell.procgroup import group_alive, signal_group
 
+_PIPE_BYTES = 1024 * 1024
 StdinState = Literal["open", "closed", "broken"]
 Delivery = Literal["written", "unknown", "failed"]
+
+
+def _widen_pipe(pipe: Any) -> None:
+    """Fewer, larger reads for chatty commands (Linux F_SETPIPE_SZ; best effort)."""
+    setsz = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if pipe is None or setsz is None:
+        return
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        fcntl.fcntl(pipe.get_extra_info("pipe").fileno(), setsz, _PIPE_BYTES)
 
 
 class _Stream:
@@ -98,6 +109,8 @@ class Job:
         )
         self._transport = transport
         self.pid = transport.get_pid()
+        for fd in (1, 2):
+            _widen_pipe(transport.get_pipe_transport(fd))
         stdin = transport.get_pipe_transport(0)
         if stdin is not None:
             # buffer nothing before telling us: "written" means the pipe took every byte

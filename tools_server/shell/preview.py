@@ -36,17 +36,35 @@ def end_at_code_point(data: bytes | bytearray, index: int) -> int:
 
 
 class StreamDecoder:
-    """Incremental UTF-8 decoding: a code point split across chunks is held until complete."""
+    """Incremental UTF-8 decoding: a code point split across chunks is held until complete.
+
+    Returns valid UTF-8 bytes. Valid input passes through without a decode/encode round trip;
+    only invalid bytes go through the replacing decoder (U+FFFD).
+    """
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._held = b""  # the start of a code point split across chunks
 
     def feed(self, data: bytes) -> bytes:
-        text = self._decoder.decode(data)
-        return text.encode("utf-8") if text else b""
+        if self._held:
+            data = self._held + data
+            self._held = b""
+        if data.isascii():
+            return data
+        try:
+            _, consumed = codecs.utf_8_decode(data, "strict", False)
+        except UnicodeDecodeError:
+            text = self._decoder.decode(data)
+            return text.encode("utf-8") if text else b""
+        if consumed < len(data):
+            self._held = data[consumed:]
+            return data[:consumed]
+        return data
 
     def finish(self) -> bytes:
-        text = self._decoder.decode(b"", final=True)
+        held, self._held = self._held, b""
+        text = self._decoder.decode(held, final=True)
         return text.encode("utf-8") if text else b""
 
 
@@ -75,11 +93,14 @@ class RollingPreview:
         self._total += len(data)
         self._lines += data.count(b"\n")
         if len(data) >= self.limit:
-            cut = start_at_code_point(data, len(data) - self.limit)
-            self._dropped += len(self._buf) + cut
-            self._buf = bytearray(data[cut:])
-            return
-        self._buf += data
+            self._dropped += len(self._buf)
+            self._buf = bytearray(data)
+        else:
+            self._buf += data
+        if len(self._buf) > 2 * self.limit:  # trim in batches: one memmove per `limit` bytes
+            self._trim()
+
+    def _trim(self) -> None:
         excess = len(self._buf) - self.limit
         if excess > 0:
             cut = start_at_code_point(self._buf, excess)
@@ -91,6 +112,7 @@ class RollingPreview:
         return self._total
 
     def drain(self) -> Drained:
+        self._trim()
         out = Drained(bytes(self._buf), self._total, self._dropped, self._lines)
         self._buf = bytearray()
         self._total = self._dropped = self._lines = 0
