@@ -3,6 +3,8 @@ through unchanged when recovery is impossible or fails."""
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import openai
 import orjson
@@ -10,6 +12,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from proxy.compaction.overflow import CODE, is_overflow, response_error_code, sse_failure_before_output
+from proxy.db import connect
 from proxy.journal.cli_views import tasks_report
 from proxy.sse import encode_event
 from proxy.state import StateDir
@@ -178,6 +181,15 @@ async def test_held_stream_without_failure_is_released_unchanged(tmp_path, monke
         assert completed_output_text(events) == "a normal long-context answer"
         assert [e["type"] for e in events].count("response.output_text.delta") == 4
         assert len(emu.requests) == 1
+        # the tap saw the released answer: its usage is recorded like a streamed one's
+        for _ in range(100):
+            conn = connect(tmp_path / "state" / "ctproxy.db")
+            row = conn.execute("SELECT input_tokens FROM usage").fetchone()
+            conn.close()
+            if row is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert row is not None and row[0] > 18_000
 
 
 @pytestmark_e2e
