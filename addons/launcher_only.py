@@ -9,6 +9,7 @@ import orjson
 from mitmproxy import http, io
 
 from proxy.flowstate import state_of
+from proxy.routes import CREDENTIAL_HEADERS
 
 
 class RecordFlows:
@@ -29,9 +30,16 @@ class RecordFlows:
         if self._writer is None or self._fh is None:
             return
         original = state_of(flow).extra.get("client_request")
+        saved = flow.copy()
         if isinstance(original, bytes):
-            flow.metadata["ctp.client_request"] = original
-        self._writer.add(flow)
+            saved.metadata["ctp.client_request"] = original
+        # A recording is a file people share: credentials never go into it.
+        for name in [k for k in saved.request.headers if k.lower() in CREDENTIAL_HEADERS]:
+            saved.request.headers[name] = "<redacted>"
+        if saved.response is not None:
+            for name in [k for k in saved.response.headers if k.lower() == "set-cookie"]:
+                saved.response.headers[name] = "<redacted>"
+        self._writer.add(saved)
         self._fh.flush()
 
     def response(self, flow: http.HTTPFlow) -> None:

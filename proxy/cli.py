@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Start the embedded mitmproxy with the addon chain and the tool server. "
                         "Stops cleanly on Ctrl-C / SIGTERM.")
     _common(up)
-    up.add_argument("--listen", default="127.0.0.1:8787", metavar="HOST:PORT", help="proxy address (default %(default)s)")
+    up.add_argument("--listen", default="127.0.0.1:8787", metavar="HOST:PORT",
+                    help="proxy address (default %(default)s)")
     up.add_argument("--mode", choices=["reverse", "regular"], default="reverse",
                     help="reverse: clients use the proxy as their base URL (default); "
                     "regular: an HTTPS proxy (HTTPS_PROXY) with ctproxy's CA")

@@ -54,10 +54,10 @@ def test_config_defaults_and_unknown_keys(tmp_path):
     assert not cfg.remote_compaction.enabled and cfg.remote_compaction.threshold == 0.8
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"web_search": {"backend": "native", "nope": 1}}))
-    with pytest.raises(ConfigError, match="unknown key 'web_search.nope'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'web_search\.nope'"):
         load_config(path)
     path.write_text(json.dumps({"shell": {"enabled": "maybe"}}))
-    with pytest.raises(ConfigError, match="shell.enabled"):
+    with pytest.raises(ConfigError, match=r"shell\.enabled"):
         load_config(path)
     assert load_config(tmp_path / "missing.json") == Config()
 
