@@ -179,7 +179,7 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     task = asyncio.create_task(master.run())
     proxyserver = master.addons.get("proxyserver")
     for _ in range(300):
-        if proxyserver.servers and all(s.is_running for s in proxyserver.servers) or task.done():
+        if (proxyserver.servers and all(s.is_running for s in proxyserver.servers)) or task.done():
             break
         await asyncio.sleep(0.02)
     if task.done():
