@@ -1,0 +1,298 @@
+"""Proxy overhead: direct to the emulator vs bare mitmdump vs `ctproxy up`, measured in one run.
+
+    .venv/bin/python bench/bench_proxy.py [--quick] [--only a,b,c,d] [--profile DIR]
+
+Three targets, each in its own process next to the emulator (tests/emulator, 200-event SSE answers):
+  direct   the emulator itself
+  bare     `mitmdump -q --mode reverse:http://127.0.0.1:EMU@PORT` (no addons)
+  ctproxy  `ctproxy up --upstream http://127.0.0.1:EMU --trust-upstream` (default features, tool server on)
+Scenarios (targets interleaved round-robin, rotating who goes first, after warm-up rounds):
+  a  10 KB non-streaming Responses request: latency
+  b  1.5 MB input (~2,000 items) non-streaming: latency
+  c  SSE with a ~200-event stream: time to first body byte and to the last byte
+  d  50 concurrent streams: wall time per batch, errors, streams/s and events/s
+Printed: median and p99 per target, the ratios ctproxy/bare and ctproxy/direct, and the acceptance
+targets (median ctproxy/bare ≤ 1.10 for a and b; added SSE TTFB over direct ≤ 5 ms median).
+Written: bench/results/proxy.json. `--profile DIR` runs ctproxy under cProfile (DIR/ctproxy-<port>.prof).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import PROFILE_ENV, Processes, Stats, print_table, ratio, round_robin, summarize, write_result
+
+HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench-not-a-real-key"}
+TARGETS = ("direct", "bare", "ctproxy")
+CONCURRENCY = 50
+EVENTS = 200
+STREAM_DELTAS = EVENTS - 8  # + created, in_progress, item/part added, text/part/item done, completed
+TTFB_BUDGET_MS = 5.0
+RATIO_BUDGET = 1.10
+
+
+@dataclass(frozen=True)
+class Plan:
+    rounds_a: int
+    rounds_b: int
+    rounds_c: int
+    rounds_d: int
+    warmup: int
+
+
+FULL = Plan(rounds_a=300, rounds_b=40, rounds_c=150, rounds_d=6, warmup=5)
+QUICK = Plan(rounds_a=60, rounds_b=8, rounds_c=30, rounds_d=2, warmup=2)
+
+
+# ---- payloads (pure) ----------------------------------------------------------------------------
+
+
+def _history_item(i: int, filler: str) -> dict[str, Any]:
+    """One of the item kinds an agent's history holds, in rotation."""
+    kind = i % 4
+    if kind == 0:
+        return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"[{i}] {filler}"}]}
+    if kind == 1:
+        return {"type": "function_call", "call_id": f"call_{i}", "name": "exec_command",
+                "arguments": orjson.dumps({"cmd": f"grep -n item{i} src/*.py", "workdir": "/w"}).decode()}
+    if kind == 2:
+        return {"type": "function_call_output", "call_id": f"call_{i - 1}", "output": f"src/a.py:{i}: {filler}"}
+    return {"type": "message", "role": "assistant",
+            "content": [{"type": "output_text", "text": f"[{i}] {filler}", "annotations": []}]}
+
+
+def make_payload(target_bytes: int, *, stream: bool, item_bytes: int = 700) -> dict[str, Any]:
+    """A Responses request of about `target_bytes` serialized, made of ~`item_bytes` history items."""
+    filler = ("The quick brown fox jumps over the lazy dog. " * (item_bytes // 45 + 1))[: max(1, item_bytes - 120)]
+    payload: dict[str, Any] = {
+        "model": "gpt-5", "stream": stream, "store": False, "instructions": "You are a benchmark.",
+        "tools": [{"type": "function", "name": "exec_command", "description": "Run a command.", "strict": True,
+                   "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
+                                  "required": ["cmd"], "additionalProperties": False}}],
+        "input": [],
+    }
+    size = len(orjson.dumps(payload))
+    i = 0
+    while size < target_bytes:
+        item = _history_item(i, filler)
+        payload["input"].append(item)
+        size += len(orjson.dumps(item)) + 1
+        i += 1
+    payload["input"].append({"type": "message", "role": "user", "content": "And now the question?"})
+    return payload
+
+
+# ---- one request --------------------------------------------------------------------------------
+
+
+class RequestFailed(Exception):
+    pass
+
+
+async def post_json(http: aiohttp.ClientSession, url: str, body: bytes) -> float:
+    start = time.perf_counter()
+    async with http.post(url, data=body, headers=HEADERS) as resp:
+        data = await resp.read()
+    elapsed = time.perf_counter() - start
+    if resp.status != 200 or not data.startswith(b"{"):
+        raise RequestFailed(f"HTTP {resp.status}")
+    return elapsed
+
+
+async def post_stream(http: aiohttp.ClientSession, url: str, body: bytes) -> tuple[float, float, int]:
+    """(time to the first body byte, time to the last byte, SSE events received)."""
+    start = time.perf_counter()
+    first = None
+    chunks: list[bytes] = []
+    async with http.post(url, data=body, headers=HEADERS) as resp:
+        async for chunk in resp.content.iter_any():
+            if first is None:
+                first = time.perf_counter() - start
+            chunks.append(chunk)
+    last = time.perf_counter() - start
+    data = b"".join(chunks)
+    if resp.status != 200 or first is None or b"response.completed" not in data:
+        raise RequestFailed(f"HTTP {resp.status}, {len(data)} bytes")
+    return first, last, data.count(b"\n\n")
+
+
+# ---- scenarios ----------------------------------------------------------------------------------
+
+
+async def scenario_latency(http: aiohttp.ClientSession, urls: dict[str, str], body: bytes, rounds: int,
+                           warmup: int) -> dict[str, Stats]:
+    await round_robin(urls, warmup, lambda _k, u: post_json(http, u, body))
+    times = await round_robin(urls, rounds, lambda _k, u: post_json(http, u, body))
+    return {k: summarize(v) for k, v in times.items()}
+
+
+async def scenario_sse(http: aiohttp.ClientSession, urls: dict[str, str], body: bytes, rounds: int,
+                       warmup: int) -> tuple[dict[str, Stats], dict[str, Stats], int]:
+    await round_robin(urls, warmup, lambda _k, u: post_stream(http, u, body))
+    got = await round_robin(urls, rounds, lambda _k, u: post_stream(http, u, body))
+    ttfb = {k: summarize([s[0] for s in v]) for k, v in got.items()}
+    ttlb = {k: summarize([s[1] for s in v]) for k, v in got.items()}
+    events = min(s[2] for v in got.values() for s in v)
+    return ttfb, ttlb, events
+
+
+async def _batch(http: aiohttp.ClientSession, url: str, body: bytes) -> tuple[float, int, int]:
+    """50 streams at once: (wall seconds, errors, events received)."""
+    start = time.perf_counter()
+    results = await asyncio.gather(*(post_stream(http, url, body) for _ in range(CONCURRENCY)),
+                                   return_exceptions=True)
+    wall = time.perf_counter() - start
+    errors = sum(1 for r in results if isinstance(r, BaseException))
+    events = sum(r[2] for r in results if not isinstance(r, BaseException))
+    return wall, errors, events
+
+
+async def scenario_concurrent(http: aiohttp.ClientSession, urls: dict[str, str], body: bytes, rounds: int,
+                              warmup: int) -> dict[str, dict[str, Any]]:
+    await round_robin(urls, max(1, warmup // 2), lambda _k, u: _batch(http, u, body))
+    got = await round_robin(urls, rounds, lambda _k, u: _batch(http, u, body))
+    out: dict[str, dict[str, Any]] = {}
+    for key, batches in got.items():
+        walls = [b[0] for b in batches]
+        total_wall = sum(walls)
+        out[key] = {
+            "batches": len(batches), "streams": CONCURRENCY * len(batches),
+            "errors": sum(b[1] for b in batches),
+            "wall": summarize(walls),
+            "streams_per_s": round((CONCURRENCY * len(batches) - sum(b[1] for b in batches)) / total_wall, 1),
+            "events_per_s": round(sum(b[2] for b in batches) / total_wall, 1),
+        }
+    return out
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+
+def _ms(value: float) -> str:
+    return f"{value * 1000:.2f}"
+
+
+def latency_rows(label: str, stats: dict[str, Stats]) -> list[list[str]]:
+    d, b, c = stats["direct"], stats["bare"], stats["ctproxy"]
+    return [[label, _ms(d.median), _ms(b.median), _ms(c.median), f"{ratio(c.median, b.median):.3f}",
+             f"{ratio(c.median, d.median):.3f}"],
+            ["  p99", _ms(d.p99), _ms(b.p99), _ms(c.p99), f"{ratio(c.p99, b.p99):.3f}", f"{ratio(c.p99, d.p99):.3f}"]]
+
+
+def ratios(stats: dict[str, Stats]) -> dict[str, float]:
+    return {
+        "ctproxy/bare median": round(ratio(stats["ctproxy"].median, stats["bare"].median), 4),
+        "ctproxy/direct median": round(ratio(stats["ctproxy"].median, stats["direct"].median), 4),
+        "ctproxy/bare p99": round(ratio(stats["ctproxy"].p99, stats["bare"].p99), 4),
+        "ctproxy/direct p99": round(ratio(stats["ctproxy"].p99, stats["direct"].p99), 4),
+    }
+
+
+async def run(plan: Plan, only: set[str]) -> dict[str, Any]:
+    small = orjson.dumps(make_payload(10_000, stream=False))
+    big_payload = make_payload(1_500_000, stream=False, item_bytes=1000)  # ≈2,000 items
+    big = orjson.dumps(big_payload)
+    sse = orjson.dumps({"model": "gpt-5", "input": "stream two hundred events", "stream": True, "store": False})
+    result: dict[str, Any] = {
+        "meta": {"python": platform.python_version(), "cpus": os.cpu_count(), "plan": plan.__dict__,
+                 "payload_bytes": {"a": len(small), "b": len(big), "c": len(sse)},
+                 "items_b": len(big_payload["input"]), "profile": os.environ.get(PROFILE_ENV) or None},
+        "scenarios": {}, "ratios": {}, "acceptance": {},
+    }
+    rows: list[list[str]] = []
+    with Processes() as procs:
+        started = time.perf_counter()
+        emu = procs.emulator(stream_deltas=STREAM_DELTAS)
+        bare = procs.mitmdump(emu.url)
+        ct = procs.ctproxy(emu.url)
+        result["meta"]["startup_s"] = round(time.perf_counter() - started, 2)
+        urls = {"direct": f"{emu.url}/v1/responses", "bare": f"{bare.url}/v1/responses",
+                "ctproxy": f"{ct.url}/v1/responses"}
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as http:
+            if "a" in only:
+                stats = await scenario_latency(http, urls, small, plan.rounds_a, plan.warmup)
+                result["scenarios"]["a_10kb"] = {k: s.ms() for k, s in stats.items()}
+                result["ratios"]["a_10kb"] = ratios(stats)
+                result["acceptance"]["a: median ctproxy/bare <= 1.10"] = ratio(
+                    stats["ctproxy"].median, stats["bare"].median) <= RATIO_BUDGET
+                rows += latency_rows(f"a 10 KB ({len(small) / 1e3:.1f} KB)", stats)
+            if "b" in only:
+                stats = await scenario_latency(http, urls, big, plan.rounds_b, plan.warmup)
+                result["scenarios"]["b_1_5mb"] = {k: s.ms() for k, s in stats.items()}
+                result["ratios"]["b_1_5mb"] = ratios(stats)
+                result["acceptance"]["b: median ctproxy/bare <= 1.10"] = ratio(
+                    stats["ctproxy"].median, stats["bare"].median) <= RATIO_BUDGET
+                rows += latency_rows(f"b {len(big) / 1e6:.2f} MB, {len(big_payload['input'])} items", stats)
+            if "c" in only:
+                ttfb, ttlb, events = await scenario_sse(http, urls, sse, plan.rounds_c, plan.warmup)
+                added = (ttfb["ctproxy"].median - ttfb["direct"].median) * 1000
+                result["scenarios"]["c_sse_ttfb"] = {k: s.ms() for k, s in ttfb.items()}
+                result["scenarios"]["c_sse_ttlb"] = {k: s.ms() for k, s in ttlb.items()}
+                result["scenarios"]["c_sse_events"] = events
+                result["ratios"]["c_sse_ttfb"] = ratios(ttfb)
+                result["ratios"]["c_sse_ttlb"] = ratios(ttlb)
+                result["ratios"]["c_sse_added_ttfb_over_direct_ms"] = round(added, 3)
+                result["acceptance"]["c: added SSE TTFB over direct <= 5 ms (median)"] = added <= TTFB_BUDGET_MS
+                rows += latency_rows(f"c SSE TTFB ({events} events)", ttfb)
+                rows += latency_rows("c SSE last byte", ttlb)
+            if "d" in only:
+                conc = await scenario_concurrent(http, urls, sse, plan.rounds_d, plan.warmup)
+                result["scenarios"]["d_concurrent"] = {
+                    k: {**v, "wall": v["wall"].ms()} for k, v in conc.items()}
+                walls = {k: v["wall"] for k, v in conc.items()}
+                result["ratios"]["d_concurrent_wall"] = ratios(walls)
+                rows += latency_rows(f"d {CONCURRENCY} streams, batch wall", walls)
+                rows.append(["  errors", *(str(conc[k]["errors"]) for k in TARGETS), "", ""])
+                rows.append(["  streams/s", *(str(conc[k]["streams_per_s"]) for k in TARGETS),
+                             f"{ratio(conc['ctproxy']['streams_per_s'], conc['bare']['streams_per_s']):.3f}",
+                             f"{ratio(conc['ctproxy']['streams_per_s'], conc['direct']['streams_per_s']):.3f}"])
+                rows.append(["  events/s", *(str(conc[k]["events_per_s"]) for k in TARGETS), "", ""])
+    result["meta"]["total_s"] = round(time.perf_counter() - started, 1)
+    print(f"bench_proxy: {plan.__dict__}; times in ms; targets interleaved round-robin after warm-up; "
+          f"ratios are medians (p99 rows: p99s)")
+    print_table(["scenario", "direct", "bare mitmdump", "ctproxy", "ctproxy/bare", "ctproxy/direct"], rows)
+    if "c" in only:
+        added = result["ratios"]["c_sse_added_ttfb_over_direct_ms"]
+        print(f"added SSE TTFB of ctproxy over direct (median): {added:.2f} ms")
+    for name, ok in result["acceptance"].items():
+        print(f"acceptance  {'met   ' if ok else 'MISSED'}  {name}")
+    return result
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench_proxy", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short run (fewer rounds)")
+    parser.add_argument("--only", default="a,b,c,d", help="comma-separated scenarios to run (default: all)")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help=f"run ctproxy under cProfile, writing DIR/ctproxy-<port>.prof (same as {PROFILE_ENV})")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.profile:
+        os.environ[PROFILE_ENV] = str(args.profile.resolve())
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    result = asyncio.run(run(QUICK if args.quick else FULL, only))
+    path = write_result("proxy", result)
+    print(f"written: {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
