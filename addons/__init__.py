@@ -7,16 +7,21 @@ from typing import Any
 
 def chain() -> list[Any]:
     from addons.body import BodyWriter
+    from addons.compaction import Compaction
     from addons.guard import Guard
     from addons.routing import Routing
     from addons.session import Session
     from addons.tap import Tap
+    from addons.web_search import WebSearch
 
     return [
         Routing(),  # where the request goes, and its route
         Session(),  # 1 task / agent / session
         Tap(),  # streams answers through; decodes a copy for the later addons
-        # 2 history, 3 context, 4 tools, 5 web_search join here as they land
+        # 2 history joins here
+        Compaction(),  # remote compaction v2 / readable fallback projection, overflow recovery
+        # 3 context, 4 tools join here
+        WebSearch(),  # 5 native web_search on official routes
         Guard(),  # 6 credentials only to official endpoints
         BodyWriter(),  # the body is serialized once, at the end
     ]

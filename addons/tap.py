@@ -49,12 +49,22 @@ class Tap:
             resp.stream = StreamTap(tap, resp.headers.get("content-encoding", ""))
 
     def response(self, flow: http.HTTPFlow) -> None:
-        tap = state_of(flow).tap
+        st = state_of(flow)
+        tap = st.tap
         if not isinstance(tap, ResponseTap) or flow.response is None:
             return
+        if st.extra.get("settling"):
+            return  # the compaction addon may still replace this answer; it runs us again when settled
         stream = flow.response.stream
+        ctype = flow.response.headers.get("content-type", "").lower()
         if isinstance(stream, StreamTap):
             stream.finish()
+        elif ctype.startswith("text/event-stream") and flow.response.raw_content is not None:
+            # A buffered stream (held by the compaction addon, or replayed): decode it whole.
+            replay = StreamTap(tap := ResponseTap())
+            st.tap = tap
+            replay(flow.response.get_content(strict=False) or b"")
+            replay(b"")
         elif flow.response.raw_content is not None and "json" in flow.response.headers.get("content-type", ""):
             try:
                 body = orjson.loads(flow.response.get_content(strict=False) or b"")

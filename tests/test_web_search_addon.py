@@ -209,20 +209,9 @@ async def test_mitmdump_loads_it_alone(tmp_path):
 # ---- `ctproxy replay` of a recorded flow shows the injection ------------------------------------
 
 
-def test_replay_of_recorded_flow_shows_injection(monkeypatch, capsys, tmp_path):
-    import addons
+def test_replay_of_recorded_flow_shows_injection(capsys, tmp_path):
     from proxy import cli
 
-    original = addons.chain
-
-    def chain_with_web_search():
-        from addons.guard import Guard
-
-        chain = original()
-        at = next(i for i, a in enumerate(chain) if isinstance(a, Guard))
-        return [*chain[:at], WebSearch(), *chain[at:]]
-
-    monkeypatch.setattr(addons, "chain", chain_with_web_search)
     flows = REPO / "tests" / "flows" / "web_search_sdk.mitm"
     code = cli.main(["replay", str(flows), "--state-dir", str(tmp_path / "state")])
     out = capsys.readouterr().out
