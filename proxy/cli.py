@@ -140,7 +140,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     config = load_config(path)
     if args.json:
         print(json.dumps({"state_dir": str(state.root), "config": str(path), "proxy": read_run_file(state),
-                          "capabilities": [s.__dict__ for s in all_statuses(config)]}, indent=2))
+                          "capabilities": [s.__dict__ for s in all_statuses(config, read_run_file(state))]}, indent=2))
     else:
         print(render(config, state, path))
     return 0

@@ -47,23 +47,26 @@ def _implemented(module: str) -> bool:
         return False
 
 
-def capability_status(config: Config, name: str) -> CapabilityStatus:
+def capability_status(config: Config, name: str, upstream_official: bool = True,
+                      upstream_trusted: bool = False) -> CapabilityStatus:
     module, what = IMPLEMENTATION[name]
     section = getattr(config, name)
-    if not section.enabled:
-        return CapabilityStatus(name, "off", f"{name}.enabled is false (ctproxy config set {name}.enabled true)")
-    if not _implemented(module):
+    built = _implemented(module)
+    if not section.enabled and name not in ("web_search", "remote_compaction"):
+        hint = "" if built else "; not built in this version yet"
+        return CapabilityStatus(name, "off", f"{name}.enabled is false (ctproxy config set {name}.enabled true){hint}")
+    if not built:
         return CapabilityStatus(name, "unavailable", f"not built in this version yet ({what})")
     if name == "web_search":
-        backend = config.web_search.backend
-        if backend == "off":
-            return CapabilityStatus(name, "off", "web_search.backend is 'off'")
-        if backend == "sidecar":
-            return CapabilityStatus(name, "deferred", "backend 'sidecar': searches run through the sidecar tool")
-        if backend == "auto":
-            return CapabilityStatus(name, "active", "native on official routes (api.openai.com, chatgpt.com/codex); "
-                                    "other routes need the sidecar tool")
-        return CapabilityStatus(name, "active", "native web_search on official routes only")
+        from proxy.transforms.web_search import native_status
+
+        return CapabilityStatus(name, *native_status(config.web_search, upstream_official, upstream_trusted))
+    if name == "remote_compaction":
+        from proxy.compaction.decision import status
+
+        rc = config.remote_compaction
+        return CapabilityStatus(name, *status(rc.enabled, rc.threshold, rc.recover_overflow, upstream_official,
+                                              upstream_trusted))
     if name == "computer_use":
         if sys.platform == "darwin":
             return CapabilityStatus(name, "deferred", "starts the desktop client on first use")
@@ -74,8 +77,12 @@ def capability_status(config: Config, name: str) -> CapabilityStatus:
     return CapabilityStatus(name, "active", what)
 
 
-def all_statuses(config: Config) -> list[CapabilityStatus]:
-    return [capability_status(config, name) for name in CAPABILITIES]
+def all_statuses(config: Config, run: dict | None = None) -> list[CapabilityStatus]:
+    """With a running proxy, route-bound capabilities are judged by its upstream; else by the default
+    (official) upstream that `ctproxy up` would use."""
+    official = bool(run.get("upstream_official", True)) if run else True
+    trusted = bool(run.get("upstream_trusted", False)) if run else False
+    return [capability_status(config, name, official, trusted) for name in CAPABILITIES]
 
 
 def write_run_file(state: StateDir, info: dict) -> None:
@@ -110,6 +117,6 @@ def render(config: Config, state: StateDir, config_path: Path) -> str:
         lines.append("proxy:     not running (start it with `ctproxy up`)")
     lines.append("")
     width = max(len(n) for n in CAPABILITIES)
-    for st in all_statuses(config):
+    for st in all_statuses(config, run):
         lines.append(f"  {st.name:<{width}}  {st.state:<11}  {st.reason}")
     return "\n".join(lines)

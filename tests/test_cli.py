@@ -1,0 +1,64 @@
+"""The command line: help, config show/get/set, token, status."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_help_lists_every_command():
+    out = run("--help")
+    assert out.returncode == 0
+    for cmd in ("up", "status", "replay", "token", "config", "tasks", "task"):
+        assert cmd in out.stdout
+    up = run("up", "--help").stdout
+    for flag in ("--listen", "--upstream", "--trust-upstream", "--tools-listen", "--state-dir", "--config",
+                 "--record", "--mode", "--enable", "--disable", "--server-replay"):
+        assert flag in up
+
+
+def test_config_and_token_and_status(tmp_path):
+    env = {"CTPROXY_HOME": str(tmp_path / "home")}
+    assert run("config", "set", "shell.enabled", "true", env=env).returncode == 0
+    assert json.loads(run("config", "get", "shell.enabled", env=env).stdout) is True
+    bad = run("config", "set", "shell.nope", "1", env=env)
+    assert bad.returncode == 2 and "unknown key 'shell.nope'" in bad.stderr
+    saved = json.loads((tmp_path / "home" / "config.json").read_text())
+    assert saved == {"shell": {"enabled": True}}  # only what differs from the defaults
+    token = run("token", env=env).stdout.strip()
+    assert token and token == run("token", env=env).stdout.strip()
+    assert stat.S_IMODE((tmp_path / "home" / "token").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "home").stat().st_mode) == 0o700
+    status = json.loads(run("status", "--json", env=env).stdout)
+    states = {c["name"]: c["state"] for c in status["capabilities"]}
+    assert set(states) == {"web_search", "remote_compaction", "context", "history", "notes", "apply_patch",
+                           "shell", "code_mode", "image_generation", "sidecar_search", "tool_discovery",
+                           "computer_use"}
+    assert states["shell"] == "active" and states["remote_compaction"] == "off"
+    assert all(s in ("active", "deferred", "unavailable", "off") for s in states.values())
+    text = run("status", env=env).stdout
+    assert "not running" in text
+
+
+def test_unknown_config_key_fails_up_with_a_clear_error(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.json").write_text('{"web_search": {"backnd": "native"}}')
+    out = run("up", "--state-dir", str(home))
+    assert out.returncode == 2 and "unknown key 'web_search.backnd'" in out.stderr
+
+
+def test_trust_upstream_needs_upstream(tmp_path):
+    out = run("up", "--trust-upstream", "--state-dir", str(tmp_path))
+    assert out.returncode == 2 and "--upstream" in out.stderr
