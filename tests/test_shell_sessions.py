@@ -439,3 +439,65 @@ async def test_invalid_overlay_refused_before_spawn(tmp_path: Path) -> None:
         assert not (h.services.workspace / "x").exists()
     finally:
         await h.family.close()
+
+
+# -- ordering, pruning, early cancel ------------------------------------------------------------------------
+async def test_input_is_not_queued_behind_a_quiet_poll(sh: Harness) -> None:
+    sid = ok(await sh.exec({"cmd": "cat", "yield_time_ms": 250}))["session_id"]
+    poll = asyncio.ensure_future(sh.write({"session_id": sid, "yield_time_ms": 20_000}))
+    await asyncio.sleep(0.2)
+    d = ok(await sh.write({"session_id": sid, "chars": "now\n"}))
+    assert not poll.done()  # the long poll is still waiting, the input went through
+    assert d["stdout"]["text"] == "now\n" and d["inputDelivery"] == "written"
+    stop = await sh.write({"session_id": sid, "terminate": True})
+    polled = await asyncio.wait_for(poll, 10)
+    # exactly one terminal observer wins; the other is told the handle is stale
+    winners = [r for r in (stop, polled) if not r.is_error]
+    assert len(winners) == 1 and winners[0].details["exit_code"] == 143
+    assert [r.details["error"] for r in (stop, polled) if r.is_error] == ["stale-session"]
+
+
+async def test_terminal_handles_beyond_32_are_pruned_oldest_first(sh: Harness) -> None:
+    manager = sh.family.manager
+    jobs = []
+    for _ in range(3):
+        for _ in range(12):
+            sid = ok(await sh.exec({"cmd": "sleep 0.3", "yield_time_ms": 250}))["session_id"]
+            jobs.append(manager._jobs[sid])
+        await asyncio.sleep(1.0)  # let the batch finish unread
+    assert all(j.settled for j in jobs)
+    sh.family.manager.lookup("write_stdin", ("t1", "/root"), jobs[-1].id)  # any call prunes lazily
+    pruned = [j for j in jobs if j.released]
+    kept = [j for j in jobs if not j.released]
+    assert len(kept) == 32 and len(pruned) == 4
+    assert max(j.finished_at or 0 for j in pruned) <= min(j.finished_at or 0 for j in kept)
+    stale = await sh.write({"session_id": pruned[0].id})
+    assert stale.is_error and stale.details["error"] == "stale-session"
+    assert ok(await sh.write({"session_id": kept[0].id}))["exit_code"] == 0
+
+
+async def test_terminal_handles_expire(sh: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tools_server.shell import manager as manager_module
+
+    sid = ok(await sh.exec({"cmd": "sleep 0.3", "yield_time_ms": 250}))["session_id"]
+    await asyncio.sleep(0.8)
+    monkeypatch.setattr(manager_module.limits, "TERMINAL_HANDLE_TTL_S", 0.1)
+    res = await sh.write({"session_id": sid})
+    assert res.is_error and res.details["error"] == "stale-session"
+
+
+async def test_a_call_cancelled_before_start_runs_nothing(sh: Harness) -> None:
+    ctx = sh.ctx()
+    ctx.cancel.set()
+    res = await sh.exec_tool.call({"cmd": "touch ran"}, ctx)
+    assert res.is_error and res.details["error"] == "cancelled"
+    assert not (sh.services.workspace / "ran").exists()
+
+
+async def test_cancelling_write_stdin_stops_the_job_without_writing(sh: Harness) -> None:
+    sid = ok(await sh.exec({"cmd": "cat > got.txt", "yield_time_ms": 250}))["session_id"]
+    ctx = sh.ctx()
+    ctx.cancel.set()
+    res = await sh.write_tool.call({"session_id": sid, "chars": "never\n"}, ctx)
+    assert ok(res)["exit_code"] == 143 and "inputDelivery" not in res.details
+    assert (sh.services.workspace / "got.txt").read_text() == ""

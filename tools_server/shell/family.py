@@ -7,9 +7,10 @@ Each call: dialect normaliser → admission/ownership → invocation seam (conte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +143,9 @@ class ShellFamily:
             if ctx.cancel.is_set():
                 raise ShellError(EXEC, "cancelled", "the call was cancelled before the command started")
             job = await self.manager.start(EXEC, owner, req.cmd, cwd, overlay)
-        return await self._observe(EXEC, job, started, started + req.yield_ms / 1000,
-                                   req.max_output_bytes, ctx)
+        with self._stop_on_cancel(job):
+            return await self._observe(EXEC, job, started, started + req.yield_ms / 1000,
+                                       req.max_output_bytes, ctx)
 
     async def write_stdin(self, args: RawArgs, ctx: CallContext) -> ToolResult:
         started = time.monotonic()
@@ -155,25 +157,32 @@ class ShellFamily:
         deadline = started + req.yield_ms / 1000
         delivery: Delivery | None = None
         data = req.chars.encode("utf-8")
-        if data:
-            delivery = await self.manager.write(WRITE, job, data, max(0.0, deadline - time.monotonic()))
-        if req.close_stdin:
-            job.close_stdin()
-        if req.terminate:
-            await self.manager.stop(job)
-            deadline = time.monotonic()  # an unconfirmed stop does not sit out a long poll
-        return await self._observe(WRITE, job, started, deadline, req.max_output_bytes, ctx,
-                                   delivery=delivery, input_bytes=len(data))
+        with self._stop_on_cancel(job):
+            if ctx.cancel.is_set():
+                data = b""  # cancelled before sending: nothing is written, the job stops below
+            if data:
+                delivery = await self.manager.write(WRITE, job, data, max(0.0, deadline - time.monotonic()))
+            if req.close_stdin:
+                job.close_stdin()
+            if req.terminate:
+                await self.manager.stop(job)
+                deadline = time.monotonic()  # an unconfirmed stop does not sit out a long poll
+            return await self._observe(WRITE, job, started, deadline, req.max_output_bytes, ctx,
+                                       delivery=delivery, input_bytes=len(data))
+
+    @contextlib.contextmanager
+    def _stop_on_cancel(self, job: Job) -> Iterator[None]:
+        """Cancelling a direct call stops its job (in the background: nobody awaits it any more)."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            self.manager.stop_in_background(job)
+            raise
 
     async def _observe(self, tool: str, job: Job, started: float, deadline: float, budget: int,
                        ctx: CallContext, delivery: Delivery | None = None,
                        input_bytes: int = 0) -> ToolResult:
-        try:
-            cancelled = await self.manager.wait(job, deadline, ctx.cancel)
-        except asyncio.CancelledError:
-            self.manager.stop_in_background(job)  # cancelling a direct call stops its job
-            raise
-        if cancelled:
+        if await self.manager.wait(job, deadline, ctx.cancel):
             await self.manager.stop(job)
         obs: Observation = await self.manager.observe(tool, job, started, budget)
         obs.input_delivery = delivery
