@@ -1,0 +1,104 @@
+"""The body codec: parsed at most once, serialized at most once and only when changed, any encoding."""
+
+from __future__ import annotations
+
+import types
+
+import orjson
+import pytest
+import zstandard
+from mitmproxy.test import taddons, tflow, tutils
+
+import addons
+from proxy import flowbody
+
+
+class Counting:
+    def __init__(self):
+        self.loads = 0
+        self.dumps = 0
+
+    def install(self, monkeypatch):
+        real_loads, real_dumps = orjson.loads, orjson.dumps
+
+        def loads(data):
+            self.loads += 1
+            return real_loads(data)
+
+        def dumps(obj, *a, **k):
+            self.dumps += 1
+            return real_dumps(obj, *a, **k)
+
+        # Only the codec's own module sees the counting functions (other code hashes items with orjson).
+        fake = types.SimpleNamespace(loads=loads, dumps=dumps, JSONDecodeError=orjson.JSONDecodeError)
+        monkeypatch.setattr(flowbody, "orjson", fake)
+
+
+def _flow(content: bytes, headers: tuple = ((b"content-type", b"application/json"),), path: bytes = b"/v1/responses"):
+    req = tutils.treq(method=b"POST", path=path, content=content, headers=list(headers), host="api.openai.com",
+                      port=443, scheme=b"https")
+    return tflow.tflow(req=req)
+
+
+async def _run_chain(flow, tmp_path, **opts):
+    chain = addons.chain()
+    with taddons.context(*chain, loadcore=False) as tctx:
+        tctx.options.update(ctp_state_dir=str(tmp_path), **opts)
+        for addon in chain:
+            fn = getattr(addon, "request", None)
+            if fn is not None:
+                res = fn(flow)
+                if hasattr(res, "__await__"):
+                    await res
+        for addon in chain:
+            done = getattr(addon, "done", None)
+            if done:
+                res = done()
+                if hasattr(res, "__await__"):
+                    await res
+    from proxy import runtime
+
+    runtime.uninstall()
+
+
+@pytest.mark.parametrize("web_search", [True, False])
+async def test_parsed_once_serialized_once_only_if_changed(monkeypatch, tmp_path, web_search):
+    counter = Counting()
+    counter.install(monkeypatch)
+    raw = b'{"model":"gpt-5",   "input":"hi", "x_unknown": {"k": [1, 2.50]}}'
+    flow = _flow(raw)
+    await _run_chain(flow, tmp_path, ctp_disable=[] if web_search else ["web_search"])
+    assert counter.loads == 1
+    if web_search:
+        assert counter.dumps == 1
+        body = orjson.loads(flow.request.content)
+        assert {"type": "web_search"} in [{"type": t["type"]} for t in body["tools"]]
+        assert body["x_unknown"] == {"k": [1, 2.5]}
+    else:
+        assert counter.dumps == 0
+        assert flow.request.raw_content == raw  # byte-identical
+
+
+async def test_zstd_body_is_rewritten_and_stays_zstd(tmp_path):
+    raw = orjson.dumps({"model": "gpt-5", "input": "hi"})
+    flow = _flow(zstandard.ZstdCompressor().compress(raw),
+                 ((b"content-type", b"application/json"), (b"content-encoding", b"zstd")))
+    await _run_chain(flow, tmp_path)
+    assert flow.request.headers["content-encoding"] == "zstd"
+    body = orjson.loads(zstandard.ZstdDecompressor().decompressobj().decompress(flow.request.raw_content))
+    assert any(t.get("type") == "web_search" for t in body["tools"])
+
+
+@pytest.mark.parametrize("content", [b"not json", b"[1,2,3]", b'{"unterminated": ', b""])
+async def test_non_object_or_broken_bodies_pass_untouched(tmp_path, content):
+    flow = _flow(content)
+    await _run_chain(flow, tmp_path)
+    assert flow.request.raw_content == content
+
+
+async def test_other_endpoints_are_not_parsed(monkeypatch, tmp_path):
+    counter = Counting()
+    counter.install(monkeypatch)
+    flow = _flow(b'{"model":"x","input":"y"}', path=b"/v1/embeddings")
+    await _run_chain(flow, tmp_path)
+    assert counter.loads == 0 and flow.request.raw_content == b'{"model":"x","input":"y"}'
