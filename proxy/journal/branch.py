@@ -9,9 +9,12 @@ on the branch (they keep their ids) and which are new, and what the branch becom
 - `prefix`: the input is an earlier point of the branch (a retry); new items branch from there;
 - `compaction`: the client replaced its history with a new compaction item (its own compaction):
   everything is appended after the head, in a new window, so nothing earlier is lost;
-- `diverged`: an edit; the branch is kept up to the last matching item, the rest is new, and the
-  old branch stays in the journal (its head is archived).
+- `diverged`: an edit; the branch is kept up to the last matching item of the longest matching run
+  (from the start, or from where a trimmed input begins), the rest is new, and the old branch stays
+  in the journal (its head is archived).
 A stateful request (`previous_response_id`) appends its input after that response's last item.
+`align_resend` is the fast path of the common case: the input begins, byte for byte, with the
+previous request's input, so only the rest is compared item by item (same result, tested).
 """
 
 from __future__ import annotations
@@ -132,6 +135,7 @@ def align(entries: Sequence[Entry], items: Sequence[Any], view: InputView | None
     first = _walk(entries, view, 0)
     if first.reached_end:
         return _result("continue", first, m, n)
+    best = first
     if m:
         anchor = view.canon(0)
         for p in range(n - 1, 0, -1):
@@ -140,14 +144,15 @@ def align(entries: Sequence[Entry], items: Sequence[Any], view: InputView | None
             w = _walk(entries, view, p)
             if w.reached_end:
                 return _result("trimmed", w, m, n)
-    if first.consumed_all and first.matched:
-        return _result("prefix", first, m, first.matched[-1][1] + 1)
+            if len(w.matched) > len(best.matched):
+                best = w  # the longest run wins (ties: the start at 0, then the latest anchor)
     tail_from = len(first.matched)
     known = {e.canon for e in entries}
-    if any(item_type(view.items[k]) in COMPACTION_TYPES and view.canon(k) not in known for k in range(tail_from, m)):
+    if any(item_type(view.items[k]) in COMPACTION_TYPES and view.canon(k) not in known
+           for k in range(tail_from, m)):
         return Alignment("compaction", [None] * m, n, 0, first.fp_updates)
-    keep = first.matched[-1][1] + 1 if first.matched else 0
-    return _result("diverged", first, m, keep)
+    keep = best.matched[-1][1] + 1 if best.matched else 0
+    return _result("prefix" if best.consumed_all and best.matched else "diverged", best, m, keep)
 
 
 def align_stateful(entries: Sequence[Entry], items: Sequence[Any], after: int | None) -> Alignment:
@@ -159,3 +164,36 @@ def align_stateful(entries: Sequence[Entry], items: Sequence[Any], after: int | 
     if kind == "stateful":
         keep = n
     return Alignment(kind, [None] * len(items), keep, 0)
+
+
+@dataclass(frozen=True)
+class Resend:
+    """A session's previous request, for the common case where the next input starts with it byte for
+    byte (clients append to the conversation they resend): those items need no per-item comparison."""
+
+    prefix: bytes  # the previous input serialized (orjson), without its closing ']'
+    positions: tuple[int, ...]  # branch position of each of its items
+    branch_len: int  # the branch's length right after that request
+
+
+def align_resend(entries: Sequence[Entry], items: Sequence[Any], whole: bytes, prev: Resend) -> Alignment | None:
+    """Align by the byte prefix of the previous input, then the rest against the branch after it.
+    None when the fast path does not apply (the caller aligns item by item)."""
+    n_prev, cut = len(prev.positions), len(prev.prefix)
+    if len(items) < n_prev or not whole.startswith(prev.prefix) or prev.branch_len > len(entries):
+        return None
+    if n_prev and whole[cut:cut + 1] not in (b",", b"]"):
+        return None  # the previous last item is only a prefix of a longer one here
+    rest_entries, rest_items = entries[prev.branch_len:], items[n_prev:]
+    if not rest_items:
+        kind = "continue" if all(e.skippable for e in rest_entries) else "prefix"
+        keep = len(entries) if kind == "continue" else prev.branch_len
+        return Alignment(kind, list(prev.positions), keep, n_prev)
+    sub = align(rest_entries, rest_items)
+    if sub.kind not in ("continue", "new", "prefix", "diverged"):
+        return None
+    base = prev.branch_len
+    matched = list(prev.positions) + [None if j is None else base + j for j in sub.matched]
+    kind = "continue" if sub.kind == "new" else sub.kind
+    return Alignment(kind, matched, base + sub.keep, n_prev + sub.new_from,
+                     [(base + j, fp) for j, fp in sub.fp_updates])

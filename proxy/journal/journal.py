@@ -28,7 +28,7 @@ import orjson
 from proxy.db import connect
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
 from proxy.journal.addresses import ROOT, AddressError, auto_address, resolve_address
-from proxy.journal.branch import Alignment, Entry, InputView, align, align_stateful
+from proxy.journal.branch import Alignment, Entry, InputView, Resend, align, align_resend, align_stateful
 from proxy.journal.canonical import canonical_hash, chain_id, item_type, session_root
 from proxy.journal.ops import (
     EnsureAgent,
@@ -50,6 +50,8 @@ log = logging.getLogger("ctproxy.journal")
 
 CACHED_SESSIONS = 512
 CACHED_ALIASES = 20_000
+CACHED_RESENDS = 64  # sessions whose last input is kept for the byte-prefix fast path
+RESEND_MAX_BYTES = 32 << 20
 
 
 class JoinError(Exception):
@@ -87,6 +89,7 @@ class SessionState:
     source: str | None
     entries: list[Entry]
     window: Window
+    generation: int = 0  # bumped whenever the branch is rewritten (not merely appended to)
 
 
 @dataclass
@@ -173,6 +176,7 @@ class Journal:
         self._ordinals: dict[tuple[str, str], int] = {}
         self._aliases: OrderedDict[str, str] = OrderedDict()
         self._tails: OrderedDict[str, str | None] = OrderedDict()  # response id → its last item id
+        self._resends: OrderedDict[str, tuple[int, Resend]] = OrderedDict()  # session → (generation, last input)
         self.aliases = AliasView(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -390,12 +394,19 @@ class Journal:
         """Journal the input items not on the branch yet; returns every input item's id."""
         items = input_items(payload)
         view = InputView(items)
+        prev = payload.get("previous_response_id")
+        stateful = isinstance(prev, str) and bool(prev)
+        whole = None if stateful else orjson.dumps(items)  # one C call; most of it was sent last turn too
         with self._lock:
-            prev = payload.get("previous_response_id")
-            if isinstance(prev, str) and prev:
+            alignment = None
+            if stateful:
                 alignment = align_stateful(st.entries, items, self._tail_position(st, prev))
             else:
-                alignment = align(st.entries, items, view)
+                resend = self._resends.get(st.key)
+                if resend is not None and resend[0] == st.generation:
+                    alignment = align_resend(st.entries, items, whole, resend[1])
+                if alignment is None:
+                    alignment = align(st.entries, items, view)
             for j, fp in alignment.fp_updates:
                 if j < len(st.entries):
                     st.entries[j].fp = fp
@@ -407,9 +418,18 @@ class Journal:
             branch = st.entries[:alignment.keep] + new_entries
             ops_branch = self._branch_ops(st, branch, alignment.keep, alignment.kind)
             ids = [st.entries[j].item_id if j is not None else "" for j in alignment.matched]
+            positions = [j if j is not None else -1 for j in alignment.matched]
             for k, e in zip(range(alignment.new_from, len(items)), new_entries, strict=True):
                 ids[k] = e.item_id
+                positions[k] = alignment.keep + k - alignment.new_from
+            if alignment.keep < len(st.entries):
+                st.generation += 1
             st.entries = branch
+            if whole is not None and len(whole) <= RESEND_MAX_BYTES:
+                self._remember(self._resends, st.key,
+                               (st.generation, Resend(whole[:-1], tuple(positions), len(branch))), CACHED_RESENDS)
+            else:
+                self._resends.pop(st.key, None)
             self._submit(ops + ops_branch)
             if alignment.kind in ("diverged", "prefix"):
                 self.record_event(st.key, "branch", {"kind": alignment.kind, "kept": alignment.keep})
@@ -480,6 +500,7 @@ class Journal:
                 else:  # another request of this session moved the branch meanwhile: latest wins
                     ops.append(SetBranch(st.key, keep, tuple(e.item_id for e in branch[keep:]),
                                          st.entries[-1].item_id, len(st.entries), "concurrent"))
+                    st.generation += 1
                 st.entries = branch
             tail = branch[-1].item_id if branch else None
             ops.append(PutResponse(rid, st.key, model, status, usage, error, tail, len(entries), incomplete, now))

@@ -20,6 +20,9 @@ from proxy.journal import schema as _schema  # noqa: F401  (registers the tables
 from proxy.journal.classify import normalize_tool
 from proxy.journal.excerpt import find_matches
 
+# Items walk in journal order over the (session_key, seq) index; the branch check is a key lookup.
+_ON_BRANCH = ("EXISTS (SELECT 1 FROM journal_branch b WHERE b.session_key = i.session_key"
+              " AND b.item_id = i.item_id)")
 _ITEM_COLS = ("i.seq, i.item_id, i.window_id, i.role, i.type, i.tool_namespace, i.tool_name, i.call_id,"
               " i.upstream_id, i.control, i.hidden, i.chars, i.images, i.created_at")
 
@@ -171,9 +174,8 @@ class HistoryReader:
             return [], False
         where, params = flt.normalized().sql()
         rows = self.conn.execute(
-            f"SELECT {_ITEM_COLS}, substr(i.text, 1, ?) AS preview FROM journal_branch b"
-            " JOIN journal_items i ON i.item_id = b.item_id"
-            f" WHERE b.session_key IN ({self._in(keys)}) AND {where}"
+            f"SELECT {_ITEM_COLS}, substr(i.text, 1, ?) AS preview FROM journal_items i"
+            f" WHERE i.session_key IN ({self._in(keys)}) AND {_ON_BRANCH} AND {where}"
             f" ORDER BY i.seq {'DESC' if recent_first else 'ASC'} LIMIT ?",
             [preview_chars + 1, *keys, *params, limit + 1]).fetchall()
         return [_row(r, r["preview"]) for r in rows[:limit]], len(rows) > limit
@@ -185,9 +187,9 @@ class HistoryReader:
         if not keys:
             return None
         r = self.conn.execute(
-            f"SELECT {_ITEM_COLS}, i.text, i.segments, i.raw,"
-            " EXISTS(SELECT 1 FROM journal_branch b WHERE b.session_key = i.session_key AND b.item_id = i.item_id)"
-            f" AS on_branch FROM journal_items i WHERE i.item_id = ? AND i.session_key IN ({self._in(keys)})",
+            f"SELECT {_ITEM_COLS}, i.text, i.segments, (SELECT raw FROM journal_raw x WHERE x.seq = i.seq) AS raw,"
+            f" {_ON_BRANCH} AS on_branch FROM journal_items i"
+            f" WHERE i.item_id = ? AND i.session_key IN ({self._in(keys)})",
             [item_id, *keys]).fetchone()
         if r is None:
             return None
@@ -205,10 +207,9 @@ class HistoryReader:
                    f" ORDER BY f.rowid {order}")
             yield from self.conn.execute(sql, [phrase, *keys, *params])
         else:
-            sql = (f"SELECT {_ITEM_COLS}, i.text, i.segments FROM journal_branch b"
-                   " JOIN journal_items i ON i.item_id = b.item_id"
-                   f" WHERE b.session_key IN ({self._in(keys)}) AND instr(i.text, ?) > 0 AND {where}"
-                   f" ORDER BY i.seq {order}")
+            sql = (f"SELECT {_ITEM_COLS}, i.text, i.segments FROM journal_items i"
+                   f" WHERE i.session_key IN ({self._in(keys)}) AND instr(i.text, ?) > 0 AND {_ON_BRANCH}"
+                   f" AND {where} ORDER BY i.seq {order}")
             yield from self.conn.execute(sql, [*keys, query, *params])
 
     def search(self, task_id: str, address: str, query: str, flt: ItemFilter, limit: int,

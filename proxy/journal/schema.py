@@ -61,7 +61,6 @@ CREATE TABLE IF NOT EXISTS journal_items (
     control INTEGER NOT NULL DEFAULT 0,
     hidden INTEGER NOT NULL DEFAULT 0,
     canon_hash TEXT NOT NULL,
-    raw BLOB NOT NULL,               -- the item's JSON as first seen, images intact
     text TEXT NOT NULL,              -- canonical safe text
     segments TEXT NOT NULL,          -- JSON [[start, end], ...]: searchable code-point ranges
     chars INTEGER NOT NULL,
@@ -69,6 +68,11 @@ CREATE TABLE IF NOT EXISTS journal_items (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS journal_items_by_session ON journal_items(session_key, seq);
+-- The item's JSON as first seen (images intact), apart so that scans of the text stay small.
+CREATE TABLE IF NOT EXISTS journal_raw (
+    seq INTEGER PRIMARY KEY,
+    raw BLOB NOT NULL
+);
 CREATE INDEX IF NOT EXISTS journal_items_by_call ON journal_items(session_key, call_id) WHERE call_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS journal_branch (
     session_key TEXT NOT NULL,

@@ -70,15 +70,16 @@ def put_item(conn: sqlite3.Connection, ctx: BatchContext, op: PutItem) -> bool:
     upstream = item.get("id") if isinstance(item, dict) and isinstance(item.get("id"), str) else None
     cur = conn.execute(
         "INSERT OR IGNORE INTO journal_items(item_id, session_key, parent_id, window_id, origin, type, role,"
-        " tool_namespace, tool_name, call_id, upstream_id, response_id, control, hidden, canon_hash, raw, text,"
-        " segments, chars, images, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        " tool_namespace, tool_name, call_id, upstream_id, response_id, control, hidden, canon_hash, text,"
+        " segments, chars, images, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (op.item_id, op.session_key, op.parent_id, op.window_id, op.origin, typ, classify.role_of(item),
          ns, name, call_id, upstream, op.response_id, int(classify.is_control(item)),
-         int(classify.is_hidden_tool(ns, name)), op.canon, op.raw, rendered.text,
+         int(classify.is_hidden_tool(ns, name)), op.canon, rendered.text,
          _dumps(rendered.segments), len(rendered.text), len(rendered.images), op.created_at),
     )
     if cur.rowcount != 1:
         return False
+    conn.execute("INSERT INTO journal_raw(seq, raw) VALUES (?, ?)", (cur.lastrowid, op.raw))
     conn.execute("INSERT INTO journal_fts(rowid, text) VALUES (?, ?)", (cur.lastrowid, rendered.text))
     return True
 
