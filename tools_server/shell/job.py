@@ -171,12 +171,16 @@ class Job:
 
     async def _probe_group(self) -> None:
         # after the leader: ordinary same-group children are still part of the job
+        exited = time.monotonic()
         while True:
             if not await asyncio.to_thread(group_alive, self.pgid):
                 self.group_gone = True
                 self._check_complete()
                 return
-            await asyncio.sleep(limits.GROUP_PROBE_S)
+            # a long-lived background child is probed less often (each probe scans /proc),
+            # except while a stop waits for confirmation
+            slow = not self.stop_requested and time.monotonic() - exited > 1.0
+            await asyncio.sleep(limits.GROUP_PROBE_SLOW_S if slow else limits.GROUP_PROBE_S)
 
     def _check_complete(self) -> None:
         if self.complete.is_set():

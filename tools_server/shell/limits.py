@@ -16,6 +16,7 @@ POLL_YIELD_MAX_MS_DEFAULT = 300_000
 
 SETTLE_S = 0.05  # short output and exit come back in one call
 GROUP_PROBE_S = 0.05
+GROUP_PROBE_SLOW_S = 0.5  # after the first second of a leaderless group
 
 DEFAULT_MAX_OUTPUT_TOKENS = 10_000
 MAX_OUTPUT_BYTES_CAP = 2 * 256 * 1024  # both previews at most
