@@ -13,7 +13,8 @@ Scenarios (targets interleaved round-robin, rotating who goes first, after warm-
   d  50 concurrent streams: wall time per batch, errors, streams/s and events/s
 Printed: median and p99 per target, the ratios ctproxy/bare and ctproxy/direct, and the acceptance
 targets (median ctproxy/bare ≤ 1.10 for a and b; added SSE TTFB over direct ≤ 5 ms median).
-Written: bench/results/proxy.json. `--profile DIR` runs ctproxy under cProfile (DIR/ctproxy-<port>.prof).
+Written: bench/results/proxy.json. `--profile DIR` runs ctproxy under cProfile (DIR/ctproxy-<port>.prof);
+`--variant LABEL='--disable web_search'` adds more ctproxy columns, to attribute cost to features.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import asyncio
 import os
 import platform
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -36,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import PROFILE_ENV, Processes, Stats, print_table, ratio, round_robin, summarize, write_result
 
 HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench-not-a-real-key"}
-TARGETS = ("direct", "bare", "ctproxy")
 CONCURRENCY = 50
 EVENTS = 200
 STREAM_DELTAS = EVENTS - 8  # + created, in_progress, item/part added, text/part/item done, completed
@@ -186,22 +187,25 @@ def _ms(value: float) -> str:
 
 
 def latency_rows(label: str, stats: dict[str, Stats]) -> list[list[str]]:
-    d, b, c = stats["direct"], stats["bare"], stats["ctproxy"]
-    return [[label, _ms(d.median), _ms(b.median), _ms(c.median), f"{ratio(c.median, b.median):.3f}",
-             f"{ratio(c.median, d.median):.3f}"],
-            ["  p99", _ms(d.p99), _ms(b.p99), _ms(c.p99), f"{ratio(c.p99, b.p99):.3f}", f"{ratio(c.p99, d.p99):.3f}"]]
+    """Median row and p99 row: one column per target, then ctproxy/bare and ctproxy/direct."""
+    c, b, d = stats["ctproxy"], stats["bare"], stats["direct"]
+    med = [label, *(_ms(s.median) for s in stats.values()),
+           f"{ratio(c.median, b.median):.3f}", f"{ratio(c.median, d.median):.3f}"]
+    p99 = ["  p99", *(_ms(s.p99) for s in stats.values()), f"{ratio(c.p99, b.p99):.3f}", f"{ratio(c.p99, d.p99):.3f}"]
+    return [med, p99]
 
 
 def ratios(stats: dict[str, Stats]) -> dict[str, float]:
-    return {
-        "ctproxy/bare median": round(ratio(stats["ctproxy"].median, stats["bare"].median), 4),
-        "ctproxy/direct median": round(ratio(stats["ctproxy"].median, stats["direct"].median), 4),
-        "ctproxy/bare p99": round(ratio(stats["ctproxy"].p99, stats["bare"].p99), 4),
-        "ctproxy/direct p99": round(ratio(stats["ctproxy"].p99, stats["direct"].p99), 4),
-    }
+    """ctproxy (and every variant) against bare mitmdump and direct, medians and p99s."""
+    out: dict[str, float] = {}
+    for name in [k for k in stats if k not in ("direct", "bare")]:
+        for base in ("bare", "direct"):
+            out[f"{name}/{base} median"] = round(ratio(stats[name].median, stats[base].median), 4)
+            out[f"{name}/{base} p99"] = round(ratio(stats[name].p99, stats[base].p99), 4)
+    return out
 
 
-async def run(plan: Plan, only: set[str]) -> dict[str, Any]:
+async def run(plan: Plan, only: set[str], variants: dict[str, list[str]]) -> dict[str, Any]:
     small = orjson.dumps(make_payload(10_000, stream=False))
     big_payload = make_payload(1_500_000, stream=False, item_bytes=1000)  # ≈2,000 items
     big = orjson.dumps(big_payload)
@@ -209,7 +213,8 @@ async def run(plan: Plan, only: set[str]) -> dict[str, Any]:
     result: dict[str, Any] = {
         "meta": {"python": platform.python_version(), "cpus": os.cpu_count(), "plan": plan.__dict__,
                  "payload_bytes": {"a": len(small), "b": len(big), "c": len(sse)},
-                 "items_b": len(big_payload["input"]), "profile": os.environ.get(PROFILE_ENV) or None},
+                 "items_b": len(big_payload["input"]), "profile": os.environ.get(PROFILE_ENV) or None,
+                 "variants": variants},
         "scenarios": {}, "ratios": {}, "acceptance": {},
     }
     rows: list[list[str]] = []
@@ -218,9 +223,12 @@ async def run(plan: Plan, only: set[str]) -> dict[str, Any]:
         emu = procs.emulator(stream_deltas=STREAM_DELTAS)
         bare = procs.mitmdump(emu.url)
         ct = procs.ctproxy(emu.url)
-        result["meta"]["startup_s"] = round(time.perf_counter() - started, 2)
         urls = {"direct": f"{emu.url}/v1/responses", "bare": f"{bare.url}/v1/responses",
                 "ctproxy": f"{ct.url}/v1/responses"}
+        for label, args in variants.items():
+            urls[label] = f"{procs.ctproxy(emu.url, extra_args=args).url}/v1/responses"
+        result["meta"]["startup_s"] = round(time.perf_counter() - started, 2)
+        names = list(urls)
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
         timeout = aiohttp.ClientTimeout(total=120)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as http:
@@ -257,18 +265,23 @@ async def run(plan: Plan, only: set[str]) -> dict[str, Any]:
                 walls = {k: v["wall"] for k, v in conc.items()}
                 result["ratios"]["d_concurrent_wall"] = ratios(walls)
                 rows += latency_rows(f"d {CONCURRENCY} streams, batch wall", walls)
-                rows.append(["  errors", *(str(conc[k]["errors"]) for k in TARGETS), "", ""])
-                rows.append(["  streams/s", *(str(conc[k]["streams_per_s"]) for k in TARGETS),
-                             f"{ratio(conc['ctproxy']['streams_per_s'], conc['bare']['streams_per_s']):.3f}",
-                             f"{ratio(conc['ctproxy']['streams_per_s'], conc['direct']['streams_per_s']):.3f}"])
-                rows.append(["  events/s", *(str(conc[k]["events_per_s"]) for k in TARGETS), "", ""])
+                sps = {k: v["streams_per_s"] for k, v in conc.items()}
+                rows.append(["  errors", *(str(conc[k]["errors"]) for k in names), "", ""])
+                rows.append(["  streams/s", *(str(sps[k]) for k in names), f"{ratio(sps['ctproxy'], sps['bare']):.3f}",
+                             f"{ratio(sps['ctproxy'], sps['direct']):.3f}"])
+                rows.append(["  events/s", *(str(conc[k]["events_per_s"]) for k in names), "", ""])
     result["meta"]["total_s"] = round(time.perf_counter() - started, 1)
     print(f"bench_proxy: {plan.__dict__}; times in ms; targets interleaved round-robin after warm-up; "
           f"ratios are medians (p99 rows: p99s)")
-    print_table(["scenario", "direct", "bare mitmdump", "ctproxy", "ctproxy/bare", "ctproxy/direct"], rows)
+    headers = ["scenario", "direct", "bare mitmdump", "ctproxy", *variants, "ctproxy/bare", "ctproxy/direct"]
+    print_table(headers, rows)
     if "c" in only:
         added = result["ratios"]["c_sse_added_ttfb_over_direct_ms"]
         print(f"added SSE TTFB of ctproxy over direct (median): {added:.2f} ms")
+    for label in variants:
+        line = ", ".join(f"{scen} {r[f'{label}/bare median']:.3f}" for scen, r in result["ratios"].items()
+                         if isinstance(r, dict) and f"{label}/bare median" in r)
+        print(f"variant {label} ({' '.join(variants[label])}) / bare, medians: {line}")
     for name, ok in result["acceptance"].items():
         print(f"acceptance  {'met   ' if ok else 'MISSED'}  {name}")
     return result
@@ -280,7 +293,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", default="a,b,c,d", help="comma-separated scenarios to run (default: all)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help=f"run ctproxy under cProfile, writing DIR/ctproxy-<port>.prof (same as {PROFILE_ENV})")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
+                        help="also measure ctproxy with these extra `ctproxy up` arguments, e.g. "
+                        "'no-ws=--disable web_search' (repeatable; for attributing cost)")
     return parser.parse_args(argv)
+
+
+def parse_variants(specs: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        label, sep, args = spec.partition("=")
+        if not sep or not label or label in ("direct", "bare", "ctproxy"):
+            raise SystemExit(f"--variant wants LABEL=ARGS with a new label, got {spec!r}")
+        out[label] = shlex.split(args)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         os.environ[PROFILE_ENV] = str(args.profile.resolve())
     only = {s.strip() for s in args.only.split(",") if s.strip()}
-    result = asyncio.run(run(QUICK if args.quick else FULL, only))
+    result = asyncio.run(run(QUICK if args.quick else FULL, only, parse_variants(args.variant)))
     path = write_result("proxy", result)
     print(f"written: {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
     return 0
