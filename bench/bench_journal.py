@@ -66,11 +66,11 @@ def wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
     raise SystemExit(f"{what} did not listen")
 
 
-def start_proxy(upstream: str, state: Path, with_history: bool) -> tuple[subprocess.Popen, int]:
+def start_proxy(upstream: str, state: Path, with_history: bool, disabled: bool = False) -> tuple[subprocess.Popen, int]:
     port = free_port()
     scripts = ["addons/session.py", "addons/tap.py"] + (["addons/history.py"] if with_history else [])
     args = [str(MITMDUMP), "--mode", f"reverse:{upstream}", "--listen-host", "127.0.0.1", "--listen-port",
-            str(port), "-q", "--set", f"ctp_state_dir={state}"]
+            str(port), "-q", "--set", f"ctp_state_dir={state}"] + (["--set", "ctp_disable=history"] if disabled else [])
     for s in scripts:
         args += ["-s", str(REPO / s)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -102,8 +102,9 @@ async def bench_overhead(turns: int, conversations: int) -> dict:
     upstream = f"http://127.0.0.1:{emu_port}"
     off, off_port = start_proxy(upstream, work / "off", with_history=False)
     on, on_port = start_proxy(upstream, work / "on", with_history=True)
+    idle, idle_port = start_proxy(upstream, work / "idle", with_history=True, disabled=True)
     targets = {"direct": f"{upstream}/v1/responses", "off": f"http://127.0.0.1:{off_port}/v1/responses",
-               "on": f"http://127.0.0.1:{on_port}/v1/responses"}
+               "on": f"http://127.0.0.1:{on_port}/v1/responses", "idle": f"http://127.0.0.1:{idle_port}/v1/responses"}
     times: dict[str, list[float]] = {k: [] for k in targets}
     ratios: list[float] = []
     rng = random.Random(7)
@@ -115,7 +116,7 @@ async def bench_overhead(turns: int, conversations: int) -> dict:
                     words = " ".join(rng.choice(WORDS) for _ in range(60))
                     history.append({"role": "user", "content": f"conversation {c} turn {t}: {words}"})
                     body = orjson.dumps({"model": "gpt-5", "input": history, "stream": True})
-                    order = ["off", "on", "direct"]
+                    order = ["off", "on", "idle", "direct"]
                     rng.shuffle(order)
                     got: dict[str, float] = {}
                     items: list[dict] = []
@@ -127,9 +128,9 @@ async def bench_overhead(turns: int, conversations: int) -> dict:
                         ratios.append(got["on"] / got["off"])
                     history.extend(items)
     finally:
-        for p in (on, off, emu):
+        for p in (on, off, idle, emu):
             p.send_signal(signal.SIGTERM)
-        for p in (on, off, emu):
+        for p in (on, off, idle, emu):
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:
@@ -292,7 +293,7 @@ async def main() -> None:
         print(f"\n[request-path overhead] {o['samples']} paired streamed turns, history up to {o['history_len']} "
               f"items, {o['journaled_items']} items journaled")
         print(f"  median latency: direct {m['direct']:.2f} ms, proxy without journal {m['off']:.2f} ms, "
-              f"with journal {m['on']:.2f} ms")
+              f"with journal {m['on']:.2f} ms, history addon loaded but disabled {m['idle']:.2f} ms")
         print(f"  journal on/off: median of paired ratios {o['median_ratio_on_off']:.3f}, "
               f"ratio of medians {o['ratio_of_medians']:.3f}  (target ≤ 1.05)")
     if "search" not in args.skip:

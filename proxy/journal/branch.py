@@ -72,10 +72,13 @@ class InputView:
 @dataclass
 class Alignment:
     kind: str  # continue | trimmed | prefix | compaction | diverged | stateful | new
-    matched: list[int | None]  # per input item: branch position it is, or None if new
+    matched: list[int | None]  # per input item after the head: branch position it is, or None if new
     keep: int  # the new branch keeps entries[:keep]
     new_from: int  # input items from this index on are new
     fp_updates: list[tuple[int, tuple[int, int]]] = field(default_factory=list)
+    # The fast path resolves a head of input items at once (ids and positions, no per-item work).
+    head_ids: tuple[str, ...] = ()
+    head_positions: tuple[int, ...] = ()
 
     @property
     def changes_branch(self) -> bool:
@@ -171,7 +174,8 @@ class Resend:
     """A session's previous request, for the common case where the next input starts with it byte for
     byte (clients append to the conversation they resend): those items need no per-item comparison."""
 
-    prefix: bytes  # the previous input serialized (orjson), without its closing ']'
+    whole: bytes  # the previous input serialized (orjson); all but its closing ']' is the prefix
+    ids: tuple[str, ...]  # the id of each of its items
     positions: tuple[int, ...]  # branch position of each of its items
     branch_len: int  # the branch's length right after that request
 
@@ -179,8 +183,10 @@ class Resend:
 def align_resend(entries: Sequence[Entry], items: Sequence[Any], whole: bytes, prev: Resend) -> Alignment | None:
     """Align by the byte prefix of the previous input, then the rest against the branch after it.
     None when the fast path does not apply (the caller aligns item by item)."""
-    n_prev, cut = len(prev.positions), len(prev.prefix)
-    if len(items) < n_prev or not whole.startswith(prev.prefix) or prev.branch_len > len(entries):
+    n_prev, cut = len(prev.ids), len(prev.whole) - 1
+    if len(items) < n_prev or prev.branch_len > len(entries):
+        return None
+    if not whole.startswith(memoryview(prev.whole)[:cut]):
         return None
     if n_prev and whole[cut:cut + 1] not in (b",", b"]"):
         return None  # the previous last item is only a prefix of a longer one here
@@ -188,12 +194,11 @@ def align_resend(entries: Sequence[Entry], items: Sequence[Any], whole: bytes, p
     if not rest_items:
         kind = "continue" if all(e.skippable for e in rest_entries) else "prefix"
         keep = len(entries) if kind == "continue" else prev.branch_len
-        return Alignment(kind, list(prev.positions), keep, n_prev)
+        return Alignment(kind, [], keep, n_prev, [], prev.ids, prev.positions)
     sub = align(rest_entries, rest_items)
     if sub.kind not in ("continue", "new", "prefix", "diverged"):
         return None
     base = prev.branch_len
-    matched = list(prev.positions) + [None if j is None else base + j for j in sub.matched]
-    kind = "continue" if sub.kind == "new" else sub.kind
-    return Alignment(kind, matched, base + sub.keep, n_prev + sub.new_from,
-                     [(base + j, fp) for j, fp in sub.fp_updates])
+    return Alignment("continue" if sub.kind == "new" else sub.kind,
+                     [None if j is None else base + j for j in sub.matched], base + sub.keep,
+                     n_prev + sub.new_from, [(base + j, fp) for j, fp in sub.fp_updates], prev.ids, prev.positions)

@@ -415,19 +415,22 @@ class Journal:
                 st.window = self._new_window(st.key, st.task_id, st.address, head, "client_compaction",
                                              {"reason": "the client sent a new compaction item"})
             new_entries, ops = self._new_items(st, alignment, view, "input", None)
-            branch = st.entries[:alignment.keep] + new_entries
+            keep = alignment.keep
+            branch = (st.entries + new_entries) if keep == len(st.entries) else st.entries[:keep] + new_entries
             ops_branch = self._branch_ops(st, branch, alignment.keep, alignment.kind)
-            ids = [st.entries[j].item_id if j is not None else "" for j in alignment.matched]
-            positions = [j if j is not None else -1 for j in alignment.matched]
+            head = len(alignment.head_ids)
+            rest_ids = [st.entries[j].item_id if j is not None else "" for j in alignment.matched]
+            rest_pos = [j if j is not None else -1 for j in alignment.matched]
             for k, e in zip(range(alignment.new_from, len(items)), new_entries, strict=True):
-                ids[k] = e.item_id
-                positions[k] = alignment.keep + k - alignment.new_from
+                rest_ids[k - head] = e.item_id
+                rest_pos[k - head] = alignment.keep + k - alignment.new_from
+            ids = [*alignment.head_ids, *rest_ids]
             if alignment.keep < len(st.entries):
                 st.generation += 1
             st.entries = branch
             if whole is not None and len(whole) <= RESEND_MAX_BYTES:
-                self._remember(self._resends, st.key,
-                               (st.generation, Resend(whole[:-1], tuple(positions), len(branch))), CACHED_RESENDS)
+                self._remember(self._resends, st.key, (st.generation, Resend(
+                    whole, tuple(ids), (*alignment.head_positions, *rest_pos), len(branch))), CACHED_RESENDS)
             else:
                 self._resends.pop(st.key, None)
             self._submit(ops + ops_branch)
