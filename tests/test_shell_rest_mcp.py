@@ -31,7 +31,8 @@ async def test_rest_session_round_trip(tool_server: Any, tmp_path: Path) -> None
     assert first.ok, first.body
     sid = first.details["session_id"]
     assert f"Process running with session ID {sid}" in first.text
-    second = await srv.rest("write_stdin", {"session_id": int(sid), "chars": "ping\n"}, task="t", agent="/root")
+    second = await srv.rest("write_stdin", {"session_id": int(sid), "chars": "ping\n", "yield_time_ms": 2000},
+                          task="t", agent="/root")
     assert second.ok and second.details["stdout"]["text"] == "ping\n"
     other = await srv.rest("write_stdin", {"session_id": sid}, task="intruder", agent="/root")
     assert not other.ok and other.body["details"]["error"] == "stale-session"
