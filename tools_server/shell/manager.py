@@ -44,7 +44,6 @@ class Observation:
     recovery: dict[str, dict[str, Any]] = field(default_factory=dict)
     input_delivery: Delivery | None = None
     input_bytes: int = 0
-    stop_confirmed: bool | None = None
 
 
 class ShellManager:
