@@ -1,6 +1,6 @@
 """Shell sessions: REST round trip of a trivial command, and capture throughput, against baselines.
 
-    .venv/bin/python bench/bench_shell.py [--calls 200] [--mb 200]
+    .venv/bin/python bench/bench_shell.py [--calls 200] [--mb 200] [--quick]
 
 1. Round trip: `POST /v1/tools/exec_command {"cmd": "true"}` against the tool server app started
    in-process with aiohttp's runner on a loopback port (keep-alive client). Baselines measured in
@@ -162,7 +162,10 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--mb", type=int, default=200)
+    parser.add_argument("--quick", action="store_true", help="50 calls and 50 MB")
     args = parser.parse_args()
+    if args.quick:
+        args.calls, args.mb = min(args.calls, 50), min(args.mb, 50)
     root = Path(tempfile.mkdtemp(prefix="bench-shell-"))
     try:
         await bench_round_trip(root, args.calls)
