@@ -131,8 +131,12 @@ class History:
             return
 
         def on_event(typ: str, _payload: dict[str, Any]) -> None:
+            # Runs inside the stream tap: it must never raise, or the tap would stop observing.
             if typ in _TERMINAL:
-                self._finish(flow, tap)
+                try:
+                    self._finish(flow, tap)
+                except Exception as exc:
+                    log.error("history: response not journaled (%s)", type(exc).__name__)
 
         tap.listeners.append(on_event)
 
