@@ -203,3 +203,58 @@ async def test_sigkill_mid_run_keeps_every_item_of_committed_responses(proxy_fac
                            " WHERE i.item_id IS NULL").fetchone()[0]
     assert orphans == 0
     print(f"received {len(received)} responses, {last + 1} committed, {lost} lost at SIGKILL")
+
+
+def _history_in_chain() -> bool:
+    import addons
+    from addons.history import History
+
+    return any(isinstance(a, History) for a in addons.chain())
+
+
+@pytest.mark.skipif(not _history_in_chain(), reason="addons.chain() does not include the history addon yet")
+async def test_ctproxy_up_journals_and_its_tool_server_reads_it(tmp_path: Path):
+    import aiohttp
+
+    from proxy.state import StateDir
+    from tests.support.proxyproc import ProxyProcess
+
+    async with Emulator() as emu:
+        proxy = await ProxyProcess(tmp_path / "state", upstream=emu.url).astart()
+        try:
+            client = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test", max_retries=0)
+            emu.script(Text("first answer"), Text("second answer"))
+            history: list[dict] = [{"role": "user", "content": "first question"}]
+            r1 = await create(client, True, history)
+            history += [*dump(r1.output), {"role": "user", "content": "second question"}]
+            await create(client, False, history)
+            before = len(emu.responses_requests)
+            refused = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test", max_retries=0,
+                                  default_headers={"x-ctp-task": "task_does_not_exist"})
+            with pytest.raises(Exception) as err:
+                await refused.responses.create(model="gpt-5", input="hi")
+            assert getattr(err.value, "status_code", None) == 400 and "unknown task" in str(err.value)
+            assert err.value.body["code"] == "unknown_task"
+            assert len(emu.responses_requests) == before  # never forwarded
+            await client.close()
+            await refused.close()
+            conn = db(tmp_path / "state")
+            deadline = time.monotonic() + 10
+            while conn.execute("SELECT count(*) FROM journal_items").fetchone()[0] < 4 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            task = conn.execute("SELECT task_id FROM journal_tasks").fetchone()[0]
+            token = StateDir.open(tmp_path / "state").token()
+            async with aiohttp.ClientSession() as http, http.post(
+                    f"{proxy.tools_url}/v1/tools/history_search_contents", json={"query": "answer"},
+                    headers={"Authorization": f"Bearer {token}", "x-ctp-task": task}) as resp:
+                body = await resp.json()
+            assert resp.status == 200 and body["ok"], body
+            assert [json_line["item_id"] for json_line in map(_json, body["text"].splitlines()[1:])]
+        finally:
+            await proxy.astop()
+
+
+def _json(line: str) -> dict:
+    import json
+
+    return json.loads(line)
