@@ -302,6 +302,18 @@ def _conversation(rng, j: Journal, key: str, fast: bool) -> list[tuple[list[str]
         history += [outputs[0], _resent(f"a{turn}")]
         out.append((mark.input_ids, j.item_ids_for_session(s.key)))
         assert ids
+    assert j.flush()
+    db = _db(j)
+    # The window counts kept with the manifest equal a recount of the current branch.
+    recount = {tuple(r) for r in db.execute(
+        "SELECT i.window_id, sum(NOT (i.hidden OR i.control)), sum(i.hidden OR i.control) FROM journal_branch b"
+        " JOIN journal_items i ON i.item_id = b.item_id WHERE b.session_key=? GROUP BY 1", (s.key,))}
+    kept = {tuple(r) for r in db.execute(
+        "SELECT window_id, visible, hidden FROM journal_window_counts WHERE session_key=?"
+        " AND (visible OR hidden)", (s.key,))}
+    assert kept == recount
+    assert [r[0] for r in db.execute("SELECT item_id FROM journal_branch WHERE session_key=? ORDER BY pos",
+                                     (s.key,))] == j.item_ids_for_session(s.key)
     return out
 
 

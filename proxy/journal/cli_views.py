@@ -44,8 +44,7 @@ def tasks_report(state: StateDir) -> str:
         for r in conn.execute("SELECT session_key, window_id, strategy FROM journal_windows ORDER BY ordinal"):
             windows[r[0]].append(r)
         on_branch: dict[tuple[str, str], int] = {}
-        for r in conn.execute("SELECT b.session_key, i.window_id, count(*) FROM journal_branch b JOIN journal_items i"
-                              " ON i.item_id = b.item_id GROUP BY b.session_key, i.window_id"):
+        for r in conn.execute("SELECT session_key, window_id, visible + hidden FROM journal_window_counts"):
             on_branch[(r[0], r[1])] = r[2]
         journaled = dict(conn.execute("SELECT session_key, count(*) FROM journal_items GROUP BY session_key"))
         archived = dict(conn.execute("SELECT session_key, count(*) FROM journal_branch_heads GROUP BY session_key"))

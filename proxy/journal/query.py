@@ -150,9 +150,8 @@ class HistoryReader:
             return [], 0
         counts: dict[str, tuple[int, int]] = {}
         for r in self.conn.execute(
-            "SELECT i.window_id, sum(i.hidden = 0 AND i.control = 0), sum(i.hidden != 0 OR i.control != 0)"
-            " FROM journal_branch b JOIN journal_items i ON i.item_id = b.item_id"
-            f" WHERE b.session_key IN ({self._in(keys)}) GROUP BY i.window_id", keys):
+            "SELECT window_id, sum(visible), sum(hidden) FROM journal_window_counts"
+            f" WHERE session_key IN ({self._in(keys)}) GROUP BY window_id", keys):
             counts[r[0]] = (int(r[1] or 0), int(r[2] or 0))
         rows = self.conn.execute(
             "SELECT w.*, (SELECT max(ordinal) FROM journal_windows x WHERE x.session_key = w.session_key) AS latest"

@@ -81,6 +81,14 @@ CREATE TABLE IF NOT EXISTS journal_branch (
     PRIMARY KEY (session_key, item_id)
 ) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS journal_branch_by_pos ON journal_branch(session_key, pos);
+-- Items of each window on the current branch, kept up to date with the manifest (list_windows, tasks).
+CREATE TABLE IF NOT EXISTS journal_window_counts (
+    session_key TEXT NOT NULL,
+    window_id TEXT NOT NULL,
+    visible INTEGER NOT NULL DEFAULT 0,  -- shown by a default list
+    hidden INTEGER NOT NULL DEFAULT 0,   -- control messages and recovery-tool records
+    PRIMARY KEY (session_key, window_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS journal_branch_heads (
     session_key TEXT NOT NULL,
     head_item_id TEXT NOT NULL,

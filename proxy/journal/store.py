@@ -84,6 +84,16 @@ def put_item(conn: sqlite3.Connection, ctx: BatchContext, op: PutItem) -> bool:
     return True
 
 
+def _count(conn: sqlite3.Connection, session_key: str, rows: Iterable[sqlite3.Row | tuple], sign: int) -> None:
+    for window_id, hidden, n in rows:
+        visible_n, hidden_n = (0, n) if hidden else (n, 0)
+        conn.execute(
+            "INSERT INTO journal_window_counts(session_key, window_id, visible, hidden) VALUES (?,?,?,?)"
+            " ON CONFLICT(session_key, window_id) DO UPDATE SET visible = visible + excluded.visible,"
+            " hidden = hidden + excluded.hidden",
+            (session_key, window_id, sign * visible_n, sign * hidden_n))
+
+
 def set_branch(conn: sqlite3.Connection, op: SetBranch) -> None:
     if op.archived_head is not None:
         conn.execute(
@@ -91,11 +101,22 @@ def set_branch(conn: sqlite3.Connection, op: SetBranch) -> None:
             " VALUES (?,?,?,?,?)",
             (op.session_key, op.archived_head, op.archived_length, op.reason, time.time()),
         )
+    removed = conn.execute(
+        "SELECT i.window_id, (i.hidden OR i.control), count(*) FROM journal_branch b JOIN journal_items i"
+        " ON i.item_id = b.item_id WHERE b.session_key=? AND b.pos>=? GROUP BY 1, 2",
+        (op.session_key, op.from_pos)).fetchall()
+    _count(conn, op.session_key, removed, -1)
     conn.execute("DELETE FROM journal_branch WHERE session_key=? AND pos>=?", (op.session_key, op.from_pos))
     conn.executemany(
         "INSERT OR REPLACE INTO journal_branch(session_key, item_id, pos) VALUES (?,?,?)",
         [(op.session_key, item_id, op.from_pos + i) for i, item_id in enumerate(op.ids)],
     )
+    for i in range(0, len(op.ids), 500):
+        chunk = op.ids[i:i + 500]
+        added = conn.execute(
+            "SELECT window_id, (hidden OR control), count(*) FROM journal_items"
+            f" WHERE item_id IN ({','.join('?' * len(chunk))}) GROUP BY 1, 2", chunk).fetchall()
+        _count(conn, op.session_key, added, +1)
 
 
 def apply_op(conn: sqlite3.Connection, ctx: BatchContext, op: Op) -> None:
