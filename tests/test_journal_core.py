@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.journal.addresses import AddressError, auto_address, resolve_address, validate_address
 from proxy.journal.branch import Entry, align, align_stateful
@@ -200,3 +204,29 @@ def test_pages_reconstruct_unicode_text():
     assert "".join(parts) == text
     assert page(text, 10_000, 5).text == "" and page(text, 10_000, 5).offset == len(text)
     assert preview("x" * 10, 5) == "xxxx…" and preview("xy", 5) == "xy"
+
+_ITEMS = st.sampled_from([
+    USER, OUT_MSG, REASONING, CALL, OUTPUT, {"role": "user", "content": "b"}, {"role": "developer", "content": "d"},
+    {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "q"}},
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_ITEMS, min_size=0, max_size=12), st.lists(_ITEMS, min_size=0, max_size=12),
+       st.integers(min_value=0, max_value=12), st.booleans())
+def test_alignment_invariants(branch_items, tail, cut, drop_reasoning):
+    entries = _branch(*branch_items)
+    sent = [i for i in branch_items[:cut] if not (drop_reasoning and i is REASONING)] + tail
+    a = align(entries, sent)
+    # Input items matched to the branch come first, in increasing branch order, with equal content.
+    matched = [(k, j) for k, j in enumerate(a.matched) if j is not None]
+    assert [k for k, _ in matched] == list(range(len(matched)))
+    assert all(j1 < j2 for (_, j1), (_, j2) in itertools.pairwise(matched))
+    assert all(entries[j].canon == canonical_hash(sent[k]) for k, j in matched)
+    if a.kind != "compaction":
+        assert a.new_from == len(matched)
+        assert not matched or a.keep > matched[-1][1]
+    assert 0 <= a.keep <= len(entries)
+    # Resending the branch exactly is never an edit.
+    again = align(entries, list(branch_items))
+    assert again.kind == ("continue" if entries else "new") and again.new_from == len(branch_items) == len(entries)
