@@ -25,6 +25,7 @@ from proxy.sse import ResponseTap, SSEDecoder
 log = logging.getLogger("ctproxy.history")
 
 MARK_KEY = "history"
+JOURNAL_KEY = "history.journal"
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 
 
@@ -122,6 +123,7 @@ class History:
             return
         st = state_of(flow)
         st.extra[MARK_KEY] = mark
+        st.extra[JOURNAL_KEY] = j  # the response side needs no runtime lookup (it is not free)
         st.extra["agent_identity"] = (task_id, address)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
@@ -152,8 +154,10 @@ class History:
 
     def _finish(self, flow: http.HTTPFlow, tap: ResponseTap | None, broken: bool = False) -> None:
         mark = mark_of(flow)
-        j = journal()
-        if mark is None or mark.response_done or j is None:
+        if mark is None or mark.response_done:
+            return
+        j = state_of(flow).extra.get(JOURNAL_KEY)
+        if not isinstance(j, Journal):
             return
         try:
             if tap is None:

@@ -244,7 +244,8 @@ def test_writer_flush_and_stats(journal: Journal):
         _respond(journal, m, [_out(f"a{i}", i)], f"r{i}")
     assert journal.flush()
     assert journal.writer.stats.ops >= 600 and journal.writer.stats.failed_batches == 0
-    assert journal.writer.stats.max_batch <= journal.writer.batch_size
+    # A batch closes once it reaches batch_size ops; the unit that crossed it (one request's ops) stays whole.
+    assert journal.writer.stats.max_batch < journal.writer.batch_size + 16
     assert _db(journal).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 

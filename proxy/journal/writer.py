@@ -1,7 +1,8 @@
 """The journal's writer thread: a bounded queue drained in batches, one transaction per batch.
 
-The request path only enqueues. A batch commits when `batch_size` operations are waiting or
-`batch_interval` seconds after its first operation, whichever comes first, so a crash (SIGKILL)
+The request path only enqueues: the ops of one request (or response) go in as one queue entry.
+A batch commits when it holds `batch_size` operations (the entry that crosses the size stays whole)
+or `batch_interval` seconds after its first operation, whichever comes first, so a crash (SIGKILL)
 loses at most the operations enqueued during the last `batch_interval` plus one commit — the bench
 (`bench/bench_journal.py`) measures that window. `flush()` returns once everything enqueued before
 it is committed; `close()` flushes and stops the thread.
@@ -17,7 +18,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,23 +60,26 @@ class JournalWriter:
         self.full_wait = full_wait
         self.keep_latencies = keep_latencies
         self.stats = WriterStats()
-        self._q: queue.Queue[tuple[float, Op | _Marker]] = queue.Queue(maxsize=queue_max)
+        # Entries are tuples of ops enqueued together (one request's or response's), or a flush marker.
+        self._q: queue.Queue[tuple[float, tuple[Op, ...] | _Marker]] = queue.Queue(maxsize=queue_max)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="ctproxy-journal", daemon=True)
         self._thread.start()
 
     def submit(self, op: Op) -> None:
+        self.submit_many((op,))
+
+    def submit_many(self, ops: Sequence[Op]) -> None:
+        """Enqueue ops as one unit (one lock round trip, however many ops)."""
+        if not ops:
+            return
         if self._closed:
             raise RuntimeError("journal writer is closed")
         try:
-            self._q.put((time.monotonic(), op), timeout=self.full_wait)
+            self._q.put((time.monotonic(), tuple(ops)), timeout=self.full_wait)
         except queue.Full:
-            self.stats.dropped += 1
-            log.error("journal queue full for %.1fs; dropped one %s", self.full_wait, type(op).__name__)
-
-    def submit_many(self, ops: Iterable[Op]) -> None:
-        for op in ops:
-            self.submit(op)
+            self.stats.dropped += len(ops)
+            log.error("journal queue full for %.1fs; dropped %d ops", self.full_wait, len(ops))
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until everything submitted so far is committed. False on timeout or when closed."""
@@ -117,7 +121,10 @@ class JournalWriter:
                 first_at, first = self._q.get()
                 batch: list[Op] = []
                 markers: list[_Marker] = []
-                (markers if isinstance(first, _Marker) else batch).append(first)  # type: ignore[arg-type]
+                if isinstance(first, _Marker):
+                    markers.append(first)
+                else:
+                    batch.extend(first)
                 deadline = time.monotonic() + self.batch_interval
                 while not markers and len(batch) < self.batch_size:
                     remaining = deadline - time.monotonic()
@@ -127,7 +134,10 @@ class JournalWriter:
                         _, nxt = self._q.get(timeout=remaining)
                     except queue.Empty:
                         break
-                    (markers if isinstance(nxt, _Marker) else batch).append(nxt)  # type: ignore[arg-type]
+                    if isinstance(nxt, _Marker):
+                        markers.append(nxt)
+                    else:
+                        batch.extend(nxt)
                 if batch:
                     self._commit(conn, batch, first_at)
                 stop = False
