@@ -91,12 +91,24 @@ def _tap_from_body(flow: http.HTTPFlow) -> ResponseTap | None:
 
 
 class History:
+    def __init__(self) -> None:
+        # The runtime lookup reads every ctp option; cache its answer until an option changes.
+        self._journal: Journal | bool | None = False
+
     def load(self, loader: Any) -> None:
         runtime.declare_options(loader)
 
+    def configure(self, updated: set[str]) -> None:
+        self._journal = False
+
+    def _current(self) -> Journal | None:
+        if self._journal is False:
+            self._journal = journal()
+        return self._journal  # type: ignore[return-value]
+
     def running(self) -> None:
         try:
-            journal()  # publish the aliases before the first request is resolved
+            self._current()  # publish the aliases before the first request is resolved
         except Exception:
             log.warning("history: the journal could not be opened")
 
@@ -106,7 +118,7 @@ class History:
         body = responses_body(flow)
         if body is None:
             return
-        j = journal()
+        j = self._current()
         if j is None:
             return
         ident = _identity(flow, body.value, j)
