@@ -138,8 +138,12 @@ async def bench_overhead(turns: int, conversations: int) -> dict:
     conn = connect(work / "on" / "ctproxy.db")
     journaled = conn.execute("SELECT count(*) FROM journal_items").fetchone()[0]
     conn.close()
+    boot = random.Random(1)
+    medians = sorted(statistics.median(boot.choices(ratios, k=len(ratios))) for _ in range(2000))
     return {"median_ms": {k: statistics.median(v) * 1000 for k, v in times.items()},
             "median_ratio_on_off": statistics.median(ratios),
+            "ci95": (medians[50], medians[1949]),
+            "idle_ratio": statistics.median(i / o for i, o in zip(times["idle"], times["off"], strict=True)),
             "ratio_of_medians": statistics.median(times["on"]) / statistics.median(times["off"]),
             "samples": len(ratios), "journaled_items": journaled, "history_len": len(history)}
 
@@ -271,7 +275,7 @@ def bench_crash_window(seconds: float) -> dict:
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--turns", type=int, default=40)
-    ap.add_argument("--conversations", type=int, default=4)
+    ap.add_argument("--conversations", type=int, default=6)
     ap.add_argument("--items", type=int, default=100_000)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--crash-seconds", type=float, default=5.0)
@@ -294,8 +298,10 @@ async def main() -> None:
               f"items, {o['journaled_items']} items journaled")
         print(f"  median latency: direct {m['direct']:.2f} ms, proxy without journal {m['off']:.2f} ms, "
               f"with journal {m['on']:.2f} ms, history addon loaded but disabled {m['idle']:.2f} ms")
-        print(f"  journal on/off: median of paired ratios {o['median_ratio_on_off']:.3f}, "
+        lo, hi = o["ci95"]
+        print(f"  journal on/off: median of paired ratios {o['median_ratio_on_off']:.3f} (95% CI {lo:.3f}-{hi:.3f}), "
               f"ratio of medians {o['ratio_of_medians']:.3f}  (target ≤ 1.05)")
+        print(f"  addon loaded but disabled / off: median of paired ratios {o['idle_ratio']:.3f}")
     if "search" not in args.skip:
         s = await bench_search(args.items, args.runs)
         print(f"\n[search] {s['items']} journaled items (built in {s['build_s']:.1f} s); median of {args.runs} runs; "

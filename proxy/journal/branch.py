@@ -28,9 +28,9 @@ import orjson
 from proxy.journal.canonical import COMPACTION_TYPES, SKIPPABLE_TYPES, canonical_hash, fingerprint, item_type
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
-    """One position of a branch as the aligner sees it."""
+    """One position of a branch as the aligner sees it (many live per session: slots keep them small)."""
 
     item_id: str
     canon: str
