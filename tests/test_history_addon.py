@@ -205,3 +205,20 @@ async def test_disabled_history_touches_nothing(rt):
         flow = make_flow({"model": "gpt-5", "input": "hi"}, ((b"x-ctp-task", b"task_nope"),))
         addon.request(flow)
         assert flow.response is None and mark_of(flow) is None
+
+
+async def test_upstream_error_is_kept_with_the_response(rt):
+    chain = [Session(), Tap(), History()]
+    with taddons.context(*chain):
+        flow = make_flow({"model": "gpt-5", "input": [{"role": "user", "content": "a very long input"}]})
+        await run_request(chain, flow)
+        err = {"error": {"message": "Your input exceeds the context window of this model.",
+                         "type": "invalid_request_error", "param": "input", "code": "context_length_exceeded"}}
+        flow.response = http.Response.make(400, orjson.dumps(err), {"content-type": "application/json"})
+        run_response(chain, flow)
+        j = rt.extras["journal"]
+        assert j.flush()
+        row = j._read.execute("SELECT error, item_count, incomplete FROM journal_responses").fetchone()
+        assert '"code":"context_length_exceeded"' in row[0] and row[1] == 0
+        mark = mark_of(flow)
+        assert j.item_ids_for_session(mark.session_key) == mark.input_ids  # the input is journaled all the same
