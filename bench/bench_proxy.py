@@ -1,16 +1,21 @@
 """Proxy overhead: direct to the emulator vs bare mitmdump vs `ctproxy up`, measured in one run.
 
-    .venv/bin/python bench/bench_proxy.py [--quick] [--only a,b,c,d] [--profile DIR]
+    .venv/bin/python bench/bench_proxy.py [--quick] [--only a,b,c,d,h] [--profile DIR] [--variant L=ARGS]
 
-Three targets, each in its own process next to the emulator (tests/emulator, 200-event SSE answers):
-  direct   the emulator itself
-  bare     `mitmdump -q --mode reverse:http://127.0.0.1:EMU@PORT` (no addons)
-  ctproxy  `ctproxy up --upstream http://127.0.0.1:EMU --trust-upstream` (default features, tool server on)
+Targets, each in its own process next to the emulator (tests/emulator, 200-event SSE answers):
+  direct       the emulator itself
+  bare         `mitmdump -q --mode reverse:http://127.0.0.1:EMU@PORT` (no addons): the baseline
+  bare-stream  the same with `--set stream_large_bodies=1`: mitmdump passing bodies through chunk by chunk,
+               as ctproxy does for SSE (bare buffers the whole answer, so its TTFB equals its last byte);
+               informative, `--no-stream-baseline` drops it
+  ctproxy      `ctproxy up --upstream http://127.0.0.1:EMU --trust-upstream` (default features, tool server on)
 Scenarios (targets interleaved round-robin, rotating who goes first, after warm-up rounds):
   a  10 KB non-streaming Responses request: latency
   b  1.5 MB input (~2,000 items) non-streaming: latency
   c  SSE with a ~200-event stream: time to first body byte and to the last byte
   d  50 concurrent streams: wall time per batch, errors, streams/s and events/s
+  h  attribution: each hook of the addon chain run in-process on the a and b bodies (no network),
+     against one orjson.loads of the same body
 Printed: median and p99 per target, the ratios ctproxy/bare and ctproxy/direct, and the acceptance
 targets (median ctproxy/bare ≤ 1.10 for a and b; added SSE TTFB over direct ≤ 5 ms median).
 Written: bench/results/proxy.json. `--profile DIR` runs ctproxy under cProfile (DIR/ctproxy-<port>.prof);
@@ -51,11 +56,12 @@ class Plan:
     rounds_b: int
     rounds_c: int
     rounds_d: int
+    rounds_h: int
     warmup: int
 
 
-FULL = Plan(rounds_a=300, rounds_b=40, rounds_c=150, rounds_d=6, warmup=5)
-QUICK = Plan(rounds_a=60, rounds_b=8, rounds_c=30, rounds_d=2, warmup=2)
+FULL = Plan(rounds_a=600, rounds_b=100, rounds_c=300, rounds_d=10, rounds_h=40, warmup=5)
+QUICK = Plan(rounds_a=60, rounds_b=8, rounds_c=30, rounds_d=2, rounds_h=8, warmup=2)
 
 
 # ---- payloads (pure) ----------------------------------------------------------------------------
@@ -179,6 +185,93 @@ async def scenario_concurrent(http: aiohttp.ClientSession, urls: dict[str, str],
     return out
 
 
+# ---- h: in-process attribution ------------------------------------------------------------------
+
+
+def _chain_flow(body: bytes, port: int) -> Any:
+    """A reverse-mode flow of `POST /v1/responses` to a trusted loopback upstream, as ctproxy sees it."""
+    from mitmproxy import http
+    from mitmproxy.proxy.mode_specs import ProxyMode
+    from mitmproxy.test import tflow
+
+    flow = tflow.tflow()
+    flow.client_conn.proxy_mode = ProxyMode.parse(f"reverse:http://127.0.0.1:{port}")
+    flow.request = http.Request.make("POST", f"http://127.0.0.1:{port}/v1/responses", body,
+                                     {"content-type": "application/json", "authorization": HEADERS["authorization"]})
+    return flow
+
+
+def _json_answer() -> Any:
+    from mitmproxy import http
+
+    body = orjson.dumps({"id": "resp_bench", "object": "response", "status": "completed", "model": "gpt-5",
+                         "output": [{"type": "message", "role": "assistant", "id": "msg_1",
+                                     "content": [{"type": "output_text", "text": "hi", "annotations": []}]}],
+                         "usage": {"input_tokens": 10, "output_tokens": 2, "total_tokens": 12}})
+    return http.Response.make(200, body, {"content-type": "application/json"})
+
+
+async def _call_hook(fn: Any, flow: Any) -> None:
+    result = fn(flow)
+    if asyncio.iscoroutine(result):
+        await result
+
+
+async def hook_costs(bodies: dict[str, bytes], rounds: int) -> dict[str, dict[str, float]]:
+    """Wall time of every hook of `addons.chain()` per request, run in this process on real flows (no
+    network), with one `orjson.loads` of the same body as the baseline measured alongside.
+    Medians in ms; async hooks include their database round trips."""
+    import tempfile
+
+    from mitmproxy.test import taddons
+
+    import addons
+
+    out: dict[str, dict[str, float]] = {}
+    chain = addons.chain()
+    with tempfile.TemporaryDirectory(prefix="ctproxy-bench-hooks-") as state, \
+            taddons.context(*chain, loadcore=False) as tctx:
+        tctx.options.update(ctp_state_dir=state, ctp_upstream="http://127.0.0.1:9", ctp_trust_upstream=True)
+        for label, body in bodies.items():
+            samples: dict[str, list[float]] = {"orjson.loads (baseline)": []}
+            for _ in range(rounds):
+                start = time.perf_counter()
+                orjson.loads(body)
+                samples["orjson.loads (baseline)"].append(time.perf_counter() - start)
+                flow = _chain_flow(body, 9)
+                for phase in (("requestheaders", "request"), ("responseheaders", "response")):
+                    if phase[0] == "responseheaders":
+                        flow.response = _json_answer()
+                    for hook in phase:
+                        for addon in chain:
+                            fn = getattr(addon, hook, None)
+                            if fn is None:
+                                continue
+                            start = time.perf_counter()
+                            await _call_hook(fn, flow)
+                            samples.setdefault(f"{type(addon).__name__}.{hook}", []).append(
+                                time.perf_counter() - start)
+            out[label] = {k: round(summarize(v).median * 1000, 4) for k, v in samples.items()}
+        for addon in chain:
+            if (done := getattr(addon, "done", None)) is not None:
+                result = done()
+                if asyncio.iscoroutine(result):
+                    await result
+    return out
+
+
+def print_hook_costs(costs: dict[str, dict[str, float]]) -> None:
+    print("h  in-process cost of each chain hook per request (median ms; ×: of one orjson.loads of that body)")
+    for label, rows in costs.items():
+        base = rows["orjson.loads (baseline)"]
+        hooks = {k: v for k, v in rows.items() if k != "orjson.loads (baseline)"}
+        print(f"   {label}: baseline orjson.loads {base:.3f} ms; all hooks {sum(hooks.values()):.3f} ms "
+              f"(×{ratio(sum(hooks.values()), base):.2f})")
+        for name, ms in sorted(hooks.items(), key=lambda kv: -kv[1]):
+            if ms >= 0.01:
+                print(f"     {name:<30} {ms:8.3f} ms  ×{ratio(ms, base):6.2f}")
+
+
 # ---- report -------------------------------------------------------------------------------------
 
 
@@ -199,13 +292,16 @@ def ratios(stats: dict[str, Stats]) -> dict[str, float]:
     """ctproxy (and every variant) against bare mitmdump and direct, medians and p99s."""
     out: dict[str, float] = {}
     for name in [k for k in stats if k not in ("direct", "bare")]:
-        for base in ("bare", "direct"):
+        bases = ("bare", "direct") if name == "bare-stream" or "bare-stream" not in stats else (
+            "bare", "direct", "bare-stream")
+        for base in bases:
             out[f"{name}/{base} median"] = round(ratio(stats[name].median, stats[base].median), 4)
             out[f"{name}/{base} p99"] = round(ratio(stats[name].p99, stats[base].p99), 4)
     return out
 
 
-async def run(plan: Plan, only: set[str], variants: dict[str, list[str]]) -> dict[str, Any]:
+async def run(plan: Plan, only: set[str], variants: dict[str, list[str]], stream_baseline: bool = True
+              ) -> dict[str, Any]:
     small = orjson.dumps(make_payload(10_000, stream=False))
     big_payload = make_payload(1_500_000, stream=False, item_bytes=1000)  # ≈2,000 items
     big = orjson.dumps(big_payload)
@@ -223,8 +319,11 @@ async def run(plan: Plan, only: set[str], variants: dict[str, list[str]]) -> dic
         emu = procs.emulator(stream_deltas=STREAM_DELTAS)
         bare = procs.mitmdump(emu.url)
         ct = procs.ctproxy(emu.url)
-        urls = {"direct": f"{emu.url}/v1/responses", "bare": f"{bare.url}/v1/responses",
-                "ctproxy": f"{ct.url}/v1/responses"}
+        urls = {"direct": f"{emu.url}/v1/responses", "bare": f"{bare.url}/v1/responses"}
+        if stream_baseline:
+            streaming = procs.mitmdump(emu.url, options={"stream_large_bodies": "1"})
+            urls["bare-stream"] = f"{streaming.url}/v1/responses"
+        urls["ctproxy"] = f"{ct.url}/v1/responses"
         for label, args in variants.items():
             urls[label] = f"{procs.ctproxy(emu.url, extra_args=args).url}/v1/responses"
         result["meta"]["startup_s"] = round(time.perf_counter() - started, 2)
@@ -270,10 +369,13 @@ async def run(plan: Plan, only: set[str], variants: dict[str, list[str]]) -> dic
                 rows.append(["  streams/s", *(str(sps[k]) for k in names), f"{ratio(sps['ctproxy'], sps['bare']):.3f}",
                              f"{ratio(sps['ctproxy'], sps['direct']):.3f}"])
                 rows.append(["  events/s", *(str(conc[k]["events_per_s"]) for k in names), "", ""])
+    if "h" in only:
+        result["hooks"] = await hook_costs({"a": small, "b": big}, plan.rounds_h)
     result["meta"]["total_s"] = round(time.perf_counter() - started, 1)
     print(f"bench_proxy: {plan.__dict__}; times in ms; targets interleaved round-robin after warm-up; "
           f"ratios are medians (p99 rows: p99s)")
-    headers = ["scenario", "direct", "bare mitmdump", "ctproxy", *variants, "ctproxy/bare", "ctproxy/direct"]
+    labels = {"bare": "bare mitmdump", "bare-stream": "bare streaming"}
+    headers = ["scenario", *(labels.get(n, n) for n in names), "ctproxy/bare", "ctproxy/direct"]
     print_table(headers, rows)
     if "c" in only:
         added = result["ratios"]["c_sse_added_ttfb_over_direct_ms"]
@@ -282,6 +384,8 @@ async def run(plan: Plan, only: set[str], variants: dict[str, list[str]]) -> dic
         line = ", ".join(f"{scen} {r[f'{label}/bare median']:.3f}" for scen, r in result["ratios"].items()
                          if isinstance(r, dict) and f"{label}/bare median" in r)
         print(f"variant {label} ({' '.join(variants[label])}) / bare, medians: {line}")
+    if "h" in only:
+        print_hook_costs(result["hooks"])
     for name, ok in result["acceptance"].items():
         print(f"acceptance  {'met   ' if ok else 'MISSED'}  {name}")
     return result
@@ -290,9 +394,11 @@ async def run(plan: Plan, only: set[str], variants: dict[str, list[str]]) -> dic
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench_proxy", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short run (fewer rounds)")
-    parser.add_argument("--only", default="a,b,c,d", help="comma-separated scenarios to run (default: all)")
+    parser.add_argument("--only", default="a,b,c,d,h", help="comma-separated scenarios to run (default: all)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help=f"run ctproxy under cProfile, writing DIR/ctproxy-<port>.prof (same as {PROFILE_ENV})")
+    parser.add_argument("--no-stream-baseline", action="store_true",
+                        help="do not measure mitmdump with stream_large_bodies=1 (the streaming baseline)")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
                         help="also measure ctproxy with these extra `ctproxy up` arguments, e.g. "
                         "'no-ws=--disable web_search' (repeatable; for attributing cost)")
@@ -303,7 +409,7 @@ def parse_variants(specs: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for spec in specs:
         label, sep, args = spec.partition("=")
-        if not sep or not label or label in ("direct", "bare", "ctproxy"):
+        if not sep or not label or label in ("direct", "bare", "bare-stream", "ctproxy"):
             raise SystemExit(f"--variant wants LABEL=ARGS with a new label, got {spec!r}")
         out[label] = shlex.split(args)
     return out
@@ -314,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         os.environ[PROFILE_ENV] = str(args.profile.resolve())
     only = {s.strip() for s in args.only.split(",") if s.strip()}
-    result = asyncio.run(run(QUICK if args.quick else FULL, only, parse_variants(args.variant)))
+    result = asyncio.run(run(QUICK if args.quick else FULL, only, parse_variants(args.variant),
+                             stream_baseline=not args.no_stream_baseline))
     path = write_result("proxy", result)
     print(f"written: {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
     return 0
