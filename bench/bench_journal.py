@@ -10,7 +10,7 @@
 3. Crash-loss window: enqueue→commit latency of the writer's batches under a steady load; a
    SIGKILL loses at most what was enqueued but not yet committed.
 
-    .venv/bin/python bench/bench_journal.py [--turns 40 --conversations 4 --items 100000 --runs 15]
+    .venv/bin/python bench/bench_journal.py [--quick] [--turns 40 --conversations 6 --items 100000 --runs 15]
 """
 
 from __future__ import annotations
@@ -280,7 +280,10 @@ async def main() -> None:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--crash-seconds", type=float, default=5.0)
     ap.add_argument("--skip", nargs="*", default=[], choices=["overhead", "search", "crash"])
+    ap.add_argument("--quick", action="store_true", help="short runs: 20,000 items, fewer turns")
     args = ap.parse_args()
+    if args.quick:
+        args.turns, args.conversations, args.items, args.runs, args.crash_seconds = 20, 3, 20_000, 5, 2.0
     print(f"writer: batches of up to {BATCH_SIZE} ops, committed {BATCH_INTERVAL * 1000:.0f} ms after their first op")
     if "crash" not in args.skip:
         c = bench_crash_window(args.crash_seconds)
