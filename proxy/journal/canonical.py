@@ -12,6 +12,7 @@ same parent in the same session always gets the same id; an edit gets a new id f
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -52,6 +53,16 @@ def _canon_content(content: Any, role: str | None) -> Any:
     if isinstance(content, list):
         return [_canon_part(p, role) for p in content]
     return content
+
+
+def input_items(payload: Mapping[str, Any]) -> list[Any]:
+    """The request's input as a list of items (a string input is one user message)."""
+    inp = payload.get("input")
+    if isinstance(inp, str):
+        return [{"role": "user", "content": inp}]
+    if isinstance(inp, list):
+        return inp
+    return []
 
 
 def canonical_item(item: Any) -> Any:

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 
 from proxy.db import connect
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
-from proxy.journal.journal import new_task_id
+from proxy.journal.identity import new_task_id
 from proxy.state import StateDir
 
 

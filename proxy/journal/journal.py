@@ -11,7 +11,6 @@ Windows API for the context/compaction work (see docs/history.md):
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import secrets
 import sqlite3
@@ -27,9 +26,9 @@ import orjson
 
 from proxy.db import connect
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
-from proxy.journal.addresses import ROOT, AddressError, auto_address, resolve_address
 from proxy.journal.branch import Alignment, Entry, InputView, Resend, align, align_resend, align_stateful
-from proxy.journal.canonical import canonical_hash, chain_id, item_type, session_root
+from proxy.journal.canonical import canonical_hash, chain_id, input_items, item_type, session_root
+from proxy.journal.identity import new_task_id, resolve_identity
 from proxy.journal.ops import (
     EnsureAgent,
     EnsureSession,
@@ -43,7 +42,7 @@ from proxy.journal.ops import (
     SetBranch,
 )
 from proxy.journal.writer import JournalWriter
-from proxy.session import SessionIdentity, resolve_session
+from proxy.session import SessionIdentity
 from proxy.state import StateDir
 
 log = logging.getLogger("ctproxy.journal")
@@ -52,20 +51,6 @@ CACHED_SESSIONS = 512
 CACHED_ALIASES = 20_000
 CACHED_RESENDS = 64  # sessions whose last input is kept for the byte-prefix fast path
 RESEND_MAX_BYTES = 32 << 20
-
-
-class JoinError(Exception):
-    """A request that may not be forwarded: unknown task, invalid agent address (HTTP 400)."""
-
-    def __init__(self, code: str, message: str, status: int = 400):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.status = status
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": "invalid_request_error", "param": None,
-                          "code": self.code}}
 
 
 @dataclass(frozen=True)
@@ -117,29 +102,6 @@ def connect_retrying(path: Path, attempts: int = 40) -> sqlite3.Connection:
                 raise
             time.sleep(min(0.05 * (i + 1), 0.5))
     raise AssertionError("unreachable")
-
-
-def _h(*parts: str) -> str:
-    return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()
-
-
-def auto_task_id(session_key: str) -> str:
-    """The task a session without x-ctp-task starts: stable, so every process agrees on it."""
-    return "task_" + _h("task", session_key)[:16]
-
-
-def new_task_id() -> str:
-    return "task_" + secrets.token_hex(8)
-
-
-def input_items(payload: Mapping[str, Any]) -> list[Any]:
-    """The request's input as a list of items (a string input is one user message)."""
-    inp = payload.get("input")
-    if isinstance(inp, str):
-        return [{"role": "user", "content": inp}]
-    if isinstance(inp, list):
-        return inp
-    return []
 
 
 class AliasView(Mapping[str, str]):
@@ -222,23 +184,7 @@ class Journal:
     def resolve(self, identity: SessionIdentity, headers: Mapping[str, str],
                 payload: Mapping[str, Any]) -> tuple[str, str, str]:
         """(journal session key, task id, agent address) of a request; raises JoinError."""
-        try:
-            if identity.task:
-                if identity.agent:
-                    address = resolve_address(identity.agent)
-                else:
-                    # Agents without a name are told apart by their own conversation signals.
-                    inner = resolve_session({k: v for k, v in headers.items()
-                                             if not k.lower().startswith("x-ctp-")}, payload)
-                    address = auto_address(inner.session_key)
-                if not self.task_exists(identity.task):
-                    raise JoinError("unknown_task", f"unknown task {identity.task!r} in x-ctp-task: create one "
-                                    "with `ctproxy task new`, or omit x-ctp-task to start a new task")
-                return "a:" + _h(identity.task, address)[:24], identity.task, address
-            address = resolve_address(identity.agent) if identity.agent else ROOT
-        except AddressError as exc:
-            raise JoinError("invalid_agent", f"x-ctp-agent: {exc}") from None
-        return identity.session_key, auto_task_id(identity.session_key), address
+        return resolve_identity(identity, headers, payload, self.task_exists)
 
     def session(self, session_key: str, task_id: str | None = None, address: str | None = None,
                 source: str | None = None) -> SessionState:
