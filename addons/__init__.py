@@ -9,6 +9,7 @@ def chain() -> list[Any]:
     from addons.body import BodyWriter
     from addons.compaction import Compaction
     from addons.guard import Guard
+    from addons.history import History
     from addons.routing import Routing
     from addons.session import Session
     from addons.tap import Tap
@@ -18,7 +19,7 @@ def chain() -> list[Any]:
         Routing(),  # where the request goes, and its route
         Session(),  # 1 task / agent / session
         Tap(),  # streams answers through; decodes a copy for the later addons
-        # 2 history joins here
+        History(),  # 2 journal the new input items and the answer's output items
         Compaction(),  # remote compaction v2 / readable fallback projection, overflow recovery
         # 3 context, 4 tools join here
         WebSearch(),  # 5 native web_search on official routes
