@@ -45,7 +45,7 @@ from proxy.compaction.fingerprint import Fingerprint, compatible, fingerprint_of
 from proxy.compaction.overflow import CODE, response_error_code
 from proxy.compaction.store import Checkpoint
 from proxy.dbworker import DBWorker
-from proxy.flowbody import commit_body, responses_body
+from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.sse import ResponseTap, StreamTap
 from proxy.transforms.compaction import ProjectionContext, apply_projection
@@ -104,18 +104,6 @@ def _payload_bytes(payload: dict[str, Any], items: list[Any]) -> int:
     """What the estimate counts: input, instructions and tools, serialized."""
     tools = payload.get("tools") if isinstance(payload.get("tools"), list) else []
     return len(str(payload.get("instructions") or "").encode()) + items_bytes(tools) + items_bytes(items)
-
-
-def _commit_if_alone(flow: http.HTTPFlow) -> None:
-    """Alone the addon writes the body back itself; in the chain the body writer does it once."""
-    try:
-        from mitmproxy import ctx
-
-        chained = ctx.master.addons.get("bodywriter") is not None
-    except Exception:
-        chained = False
-    if not chained:
-        commit_body(flow)
 
 
 async def _rerun_readers(flow: http.HTTPFlow) -> None:
@@ -240,7 +228,7 @@ class Compaction:
         state_of(flow).extra[STATE_KEY] = info
         debuglog.event("remote_compaction", outcome=info.outcome, estimate=info.estimate.tokens, window=info.window,
                        checkpoint=cp_id, items=len(items), stream=info.hold)
-        _commit_if_alone(flow)
+        commit_if_alone(flow)
 
     def _project(self, payload: dict[str, Any], cp: Checkpoint | None, info: FlowInfo, enabled: bool,
                  rt: runtime.Runtime, report_divergence: bool = True) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from mitmproxy import http
 from addons._flow import destination_route, session_of
 from proxy import debuglog, routes, runtime, usage
 from proxy.dbworker import DBWorker
-from proxy.flowbody import commit_body, responses_body
+from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.transforms.web_search import WebSearchSettings, decide_native, inject_web_search
 
@@ -63,7 +63,7 @@ class WebSearch:
             body.replace(inject_web_search(body.value, WebSearchSettings.from_config(cfg)), by="web_search")
         debuglog.event("web_search", outcome="injected" if decision.apply else "skipped", reason=decision.reason,
                        route=route.kind, host=flow.request.host, tokens=last_input)
-        _commit_if_alone(flow)
+        commit_if_alone(flow)
 
     def done(self) -> None:
         try:
@@ -73,18 +73,6 @@ class WebSearch:
         worker = rt.extras.pop("web_search_db", None)
         if worker is not None:
             worker.close()
-
-
-def _commit_if_alone(flow: http.HTTPFlow) -> None:
-    """Alone the addon writes the body back itself; in the chain the body writer does it once."""
-    try:
-        from mitmproxy import ctx
-
-        chained = ctx.master.addons.get("bodywriter") is not None
-    except Exception:
-        chained = False
-    if not chained:
-        commit_body(flow)
 
 
 def _last_input(conn: sqlite3.Connection, session_key: str) -> int | None:

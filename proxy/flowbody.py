@@ -72,3 +72,15 @@ def commit_body(flow: http.HTTPFlow) -> bool:
     flow.request.content = orjson.dumps(body.value)
     body.changed = False
     return True
+
+
+def commit_if_alone(flow: http.HTTPFlow) -> None:
+    """An addon loaded alone writes the body back itself; in the chain the body writer does it once."""
+    try:
+        from mitmproxy import ctx
+
+        chained = ctx.master.addons.get("bodywriter") is not None
+    except Exception:  # no master: a unit test calling the hook directly
+        chained = False
+    if not chained:
+        commit_body(flow)
