@@ -236,8 +236,9 @@ async def hook_costs(bodies: dict[str, bytes], rounds: int) -> dict[str, dict[st
             samples: dict[str, list[float]] = {"orjson.loads (baseline)": []}
             for _ in range(rounds):
                 start = time.perf_counter()
-                orjson.loads(body)
+                parsed = orjson.loads(body)
                 samples["orjson.loads (baseline)"].append(time.perf_counter() - start)
+                del parsed  # freeing 1.5 MB of objects is not part of a parse
                 flow = _chain_flow(body, 9)
                 for phase in (("requestheaders", "request"), ("responseheaders", "response")):
                     if phase[0] == "responseheaders":
@@ -300,94 +301,127 @@ def ratios(stats: dict[str, Stats]) -> dict[str, float]:
     return out
 
 
-async def run(plan: Plan, only: set[str], variants: dict[str, list[str]], stream_baseline: bool = True
-              ) -> dict[str, Any]:
-    small = orjson.dumps(make_payload(10_000, stream=False))
-    big_payload = make_payload(1_500_000, stream=False, item_bytes=1000)  # ≈2,000 items
-    big = orjson.dumps(big_payload)
-    sse = orjson.dumps({"model": "gpt-5", "input": "stream two hundred events", "stream": True, "store": False})
-    result: dict[str, Any] = {
-        "meta": {"python": platform.python_version(), "cpus": os.cpu_count(), "plan": plan.__dict__,
-                 "payload_bytes": {"a": len(small), "b": len(big), "c": len(sse)},
-                 "items_b": len(big_payload["input"]), "profile": os.environ.get(PROFILE_ENV) or None,
-                 "variants": variants},
-        "scenarios": {}, "ratios": {}, "acceptance": {},
-    }
+@dataclass
+class Bodies:
+    small: bytes
+    big: bytes
+    big_items: int
+    sse: bytes
+
+
+def make_bodies() -> Bodies:
+    big = make_payload(1_500_000, stream=False, item_bytes=1000)  # ≈2,000 items
+    return Bodies(small=orjson.dumps(make_payload(10_000, stream=False)), big=orjson.dumps(big),
+                  big_items=len(big["input"]),
+                  sse=orjson.dumps({"model": "gpt-5", "input": "stream 200 events", "stream": True, "store": False}))
+
+
+def start_targets(procs: Processes, variants: dict[str, list[str]], stream_baseline: bool) -> dict[str, str]:
+    """Start the emulator and every proxy; returns target name → `POST /v1/responses` URL, in column order."""
+    emu = procs.emulator(stream_deltas=STREAM_DELTAS)
+    bare = procs.mitmdump(emu.url)
+    urls = {"direct": f"{emu.url}/v1/responses", "bare": f"{bare.url}/v1/responses"}
+    if stream_baseline:
+        urls["bare-stream"] = f"{procs.mitmdump(emu.url, options={'stream_large_bodies': '1'}).url}/v1/responses"
+    urls["ctproxy"] = f"{procs.ctproxy(emu.url).url}/v1/responses"
+    for label, args in variants.items():
+        urls[label] = f"{procs.ctproxy(emu.url, extra_args=args).url}/v1/responses"
+    return urls
+
+
+async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], bodies: Bodies,
+                            result: dict[str, Any]) -> list[list[str]]:
+    """Scenarios a–d against every target; fills `result` and returns the table rows."""
     rows: list[list[str]] = []
-    with Processes() as procs:
-        started = time.perf_counter()
-        emu = procs.emulator(stream_deltas=STREAM_DELTAS)
-        bare = procs.mitmdump(emu.url)
-        ct = procs.ctproxy(emu.url)
-        urls = {"direct": f"{emu.url}/v1/responses", "bare": f"{bare.url}/v1/responses"}
-        if stream_baseline:
-            streaming = procs.mitmdump(emu.url, options={"stream_large_bodies": "1"})
-            urls["bare-stream"] = f"{streaming.url}/v1/responses"
-        urls["ctproxy"] = f"{ct.url}/v1/responses"
-        for label, args in variants.items():
-            urls[label] = f"{procs.ctproxy(emu.url, extra_args=args).url}/v1/responses"
-        result["meta"]["startup_s"] = round(time.perf_counter() - started, 2)
-        names = list(urls)
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-        timeout = aiohttp.ClientTimeout(total=120)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as http:
-            if "a" in only:
-                stats = await scenario_latency(http, urls, small, plan.rounds_a, plan.warmup)
-                result["scenarios"]["a_10kb"] = {k: s.ms() for k, s in stats.items()}
-                result["ratios"]["a_10kb"] = ratios(stats)
-                result["acceptance"]["a: median ctproxy/bare <= 1.10"] = ratio(
-                    stats["ctproxy"].median, stats["bare"].median) <= RATIO_BUDGET
-                rows += latency_rows(f"a 10 KB ({len(small) / 1e3:.1f} KB)", stats)
-            if "b" in only:
-                stats = await scenario_latency(http, urls, big, plan.rounds_b, plan.warmup)
-                result["scenarios"]["b_1_5mb"] = {k: s.ms() for k, s in stats.items()}
-                result["ratios"]["b_1_5mb"] = ratios(stats)
-                result["acceptance"]["b: median ctproxy/bare <= 1.10"] = ratio(
-                    stats["ctproxy"].median, stats["bare"].median) <= RATIO_BUDGET
-                rows += latency_rows(f"b {len(big) / 1e6:.2f} MB, {len(big_payload['input'])} items", stats)
-            if "c" in only:
-                ttfb, ttlb, events = await scenario_sse(http, urls, sse, plan.rounds_c, plan.warmup)
-                added = (ttfb["ctproxy"].median - ttfb["direct"].median) * 1000
-                result["scenarios"]["c_sse_ttfb"] = {k: s.ms() for k, s in ttfb.items()}
-                result["scenarios"]["c_sse_ttlb"] = {k: s.ms() for k, s in ttlb.items()}
-                result["scenarios"]["c_sse_events"] = events
-                result["ratios"]["c_sse_ttfb"] = ratios(ttfb)
-                result["ratios"]["c_sse_ttlb"] = ratios(ttlb)
-                result["ratios"]["c_sse_added_ttfb_over_direct_ms"] = round(added, 3)
-                result["acceptance"]["c: added SSE TTFB over direct <= 5 ms (median)"] = added <= TTFB_BUDGET_MS
-                rows += latency_rows(f"c SSE TTFB ({events} events)", ttfb)
-                rows += latency_rows("c SSE last byte", ttlb)
-            if "d" in only:
-                conc = await scenario_concurrent(http, urls, sse, plan.rounds_d, plan.warmup)
-                result["scenarios"]["d_concurrent"] = {
-                    k: {**v, "wall": v["wall"].ms()} for k, v in conc.items()}
-                walls = {k: v["wall"] for k, v in conc.items()}
-                result["ratios"]["d_concurrent_wall"] = ratios(walls)
-                rows += latency_rows(f"d {CONCURRENCY} streams, batch wall", walls)
-                sps = {k: v["streams_per_s"] for k, v in conc.items()}
-                rows.append(["  errors", *(str(conc[k]["errors"]) for k in names), "", ""])
-                rows.append(["  streams/s", *(str(sps[k]) for k in names), f"{ratio(sps['ctproxy'], sps['bare']):.3f}",
-                             f"{ratio(sps['ctproxy'], sps['direct']):.3f}"])
-                rows.append(["  events/s", *(str(conc[k]["events_per_s"]) for k in names), "", ""])
-    if "h" in only:
-        result["hooks"] = await hook_costs({"a": small, "b": big}, plan.rounds_h)
-    result["meta"]["total_s"] = round(time.perf_counter() - started, 1)
-    print(f"bench_proxy: {plan.__dict__}; times in ms; targets interleaved round-robin after warm-up; "
-          f"ratios are medians (p99 rows: p99s)")
-    labels = {"bare": "bare mitmdump", "bare-stream": "bare streaming"}
-    headers = ["scenario", *(labels.get(n, n) for n in names), "ctproxy/bare", "ctproxy/direct"]
-    print_table(headers, rows)
-    if "c" in only:
+    names = list(urls)
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as http:
+        for key, label, body, rounds in (
+                ("a", f"a 10 KB ({len(bodies.small) / 1e3:.1f} KB)", bodies.small, plan.rounds_a),
+                ("b", f"b {len(bodies.big) / 1e6:.2f} MB, {bodies.big_items} items", bodies.big, plan.rounds_b)):
+            if key not in only:
+                continue
+            stats = await scenario_latency(http, urls, body, rounds, plan.warmup)
+            name = "a_10kb" if key == "a" else "b_1_5mb"
+            result["scenarios"][name] = {k: s.ms() for k, s in stats.items()}
+            result["ratios"][name] = ratios(stats)
+            result["acceptance"][f"{key}: median ctproxy/bare <= 1.10"] = ratio(
+                stats["ctproxy"].median, stats["bare"].median) <= RATIO_BUDGET
+            rows += latency_rows(label, stats)
+        if "c" in only:
+            ttfb, ttlb, events = await scenario_sse(http, urls, bodies.sse, plan.rounds_c, plan.warmup)
+            added = (ttfb["ctproxy"].median - ttfb["direct"].median) * 1000
+            result["scenarios"]["c_sse_ttfb"] = {k: s.ms() for k, s in ttfb.items()}
+            result["scenarios"]["c_sse_ttlb"] = {k: s.ms() for k, s in ttlb.items()}
+            result["scenarios"]["c_sse_events"] = events
+            result["ratios"]["c_sse_ttfb"] = ratios(ttfb)
+            result["ratios"]["c_sse_ttlb"] = ratios(ttlb)
+            result["ratios"]["c_sse_added_ttfb_over_direct_ms"] = round(added, 3)
+            result["acceptance"]["c: added SSE TTFB over direct <= 5 ms (median)"] = added <= TTFB_BUDGET_MS
+            rows += latency_rows(f"c SSE TTFB ({events} events)", ttfb)
+            rows += latency_rows("c SSE last byte", ttlb)
+        if "d" in only:
+            conc = await scenario_concurrent(http, urls, bodies.sse, plan.rounds_d, plan.warmup)
+            result["scenarios"]["d_concurrent"] = {k: {**v, "wall": v["wall"].ms()} for k, v in conc.items()}
+            walls = {k: v["wall"] for k, v in conc.items()}
+            result["ratios"]["d_concurrent_wall"] = ratios(walls)
+            rows += latency_rows(f"d {CONCURRENCY} streams, batch wall", walls)
+            sps = {k: v["streams_per_s"] for k, v in conc.items()}
+            rows.append(["  errors", *(str(conc[k]["errors"]) for k in names), "", ""])
+            rows.append(["  streams/s", *(str(sps[k]) for k in names), f"{ratio(sps['ctproxy'], sps['bare']):.3f}",
+                         f"{ratio(sps['ctproxy'], sps['direct']):.3f}"])
+            rows.append(["  events/s", *(str(conc[k]["events_per_s"]) for k in names), "", ""])
+    return rows
+
+
+def print_report(result: dict[str, Any], names: list[str], rows: list[list[str]],
+                 variants: dict[str, list[str]]) -> None:
+    meta = result["meta"]
+    print(f"bench_proxy: {meta['plan']}; times in ms; targets interleaved round-robin after warm-up; "
+          f"ratios are medians (p99 rows: p99s); load average before/after "
+          f"{meta['loadavg_before'][0]}/{meta['loadavg_after'][0]} on {meta['cpus']} CPUs")
+    if rows:
+        labels = {"bare": "bare mitmdump", "bare-stream": "bare streaming"}
+        print_table(["scenario", *(labels.get(n, n) for n in names), "ctproxy/bare", "ctproxy/direct"], rows)
+    if "c_sse_added_ttfb_over_direct_ms" in result["ratios"]:
         added = result["ratios"]["c_sse_added_ttfb_over_direct_ms"]
         print(f"added SSE TTFB of ctproxy over direct (median): {added:.2f} ms")
     for label in variants:
         line = ", ".join(f"{scen} {r[f'{label}/bare median']:.3f}" for scen, r in result["ratios"].items()
                          if isinstance(r, dict) and f"{label}/bare median" in r)
         print(f"variant {label} ({' '.join(variants[label])}) / bare, medians: {line}")
-    if "h" in only:
+    if "hooks" in result:
         print_hook_costs(result["hooks"])
     for name, ok in result["acceptance"].items():
         print(f"acceptance  {'met   ' if ok else 'MISSED'}  {name}")
+
+
+async def run(plan: Plan, only: set[str], variants: dict[str, list[str]], stream_baseline: bool = True
+              ) -> dict[str, Any]:
+    started = time.perf_counter()
+    bodies = make_bodies()
+    result: dict[str, Any] = {
+        "meta": {"python": platform.python_version(), "cpus": os.cpu_count(), "plan": plan.__dict__,
+                 "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+                 "payload_bytes": {"a": len(bodies.small), "b": len(bodies.big), "c": len(bodies.sse)},
+                 "items_b": bodies.big_items, "profile": os.environ.get(PROFILE_ENV) or None,
+                 "variants": variants},
+        "scenarios": {}, "ratios": {}, "acceptance": {},
+    }
+    rows: list[list[str]] = []
+    names: list[str] = []
+    if only & {"a", "b", "c", "d"}:
+        with Processes() as procs:
+            urls = start_targets(procs, variants, stream_baseline)
+            result["meta"]["startup_s"] = round(time.perf_counter() - started, 2)
+            names = list(urls)
+            rows = await network_scenarios(plan, only, urls, bodies, result)
+    if "h" in only:
+        result["hooks"] = await hook_costs({"a": bodies.small, "b": bodies.big}, plan.rounds_h)
+    result["meta"]["total_s"] = round(time.perf_counter() - started, 1)
+    result["meta"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    print_report(result, names, rows, variants)
     return result
 
 
