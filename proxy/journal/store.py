@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import orjson
 
@@ -157,8 +157,8 @@ def apply_op(conn: sqlite3.Connection, ctx: BatchContext, op: Op) -> None:
                          (op.session_key, op.kind, _dumps(op.detail), op.created_at))
 
 
-def apply_batch(conn: sqlite3.Connection, ops: Iterable[Op]) -> int:
-    """Apply ops in one transaction. Returns how many were applied."""
+def apply_batch(conn: sqlite3.Connection, ops: Iterable[Op], between: Callable[[], None] | None = None) -> int:
+    """Apply ops in one transaction. Returns how many were applied. `between` runs after each op."""
     ctx = BatchContext()
     n = 0
     conn.execute("BEGIN IMMEDIATE")
@@ -166,6 +166,8 @@ def apply_batch(conn: sqlite3.Connection, ops: Iterable[Op]) -> int:
         for op in ops:
             apply_op(conn, ctx, op)
             n += 1
+            if between is not None:
+                between()
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

@@ -34,6 +34,10 @@ BATCH_INTERVAL = 0.02
 QUEUE_MAX = 100_000
 
 
+def _yield_gil() -> None:
+    time.sleep(0)
+
+
 @dataclass
 class _Marker:
     done: threading.Event = field(default_factory=threading.Event)
@@ -152,7 +156,8 @@ class JournalWriter:
     def _commit(self, conn: sqlite3.Connection, batch: list[Op], first_at: float) -> None:
         for attempt in range(3):
             try:
-                apply_batch(conn, batch)
+                # Yield the GIL after every op: the proxy's event loop never waits behind a whole batch.
+                apply_batch(conn, batch, between=_yield_gil)
                 break
             except Exception as exc:  # a stalled or broken database must not kill the writer
                 log.error("journal batch of %d ops failed (%s), attempt %d", len(batch), type(exc).__name__,
