@@ -13,6 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,6 @@ CODEX = REPO / ".tools" / "node_modules" / ".bin" / "codex"
 CAPTURED = Path("/work/shared/compat/codex-cli/request-exec-first-turn.json")
 ANSWER = "Hello from the emulator, relayed by ctproxy."
 TIMEOUT = 120.0
-TASK = "task-codex-e2e"
 # Codex's own tools in its first request (0.169.0, custom provider, unknown model → fallback metadata).
 CODEX_TOOLS = {"exec_command", "write_stdin"}
 
@@ -41,7 +43,7 @@ def codex_binary() -> Path:
     return CODEX
 
 
-def config_toml(base_url: str) -> str:
+def config_toml(base_url: str, task: str) -> str:
     """A custom provider pointing at the proxy; everything that could phone home switched off.
 
     The x-ctp-* headers are how a user tags Codex's traffic with a task: the proxy must consume them."""
@@ -66,18 +68,27 @@ wire_api = "responses"
 env_key = "CTPROXY_TEST_KEY"
 request_max_retries = 0
 stream_max_retries = 0
-http_headers = {{ "x-ctp-task" = "{TASK}", "x-ctp-agent" = "/root" }}
+http_headers = {{ "x-ctp-task" = "{task}", "x-ctp-agent" = "/root" }}
 """
 
 
-async def run_codex(tmp: Path, base_url: str, prompt: str) -> tuple[int, str, str, str]:
+def ctproxy_cli(state_dir: Path, *args: str) -> str:
+    """Run a `ctproxy` subcommand on the proxy's state directory; returns its stdout."""
+    command, *rest = args
+    done = subprocess.run([sys.executable, "-m", "proxy.cli", command, "--state-dir", str(state_dir), *rest],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+async def run_codex(tmp: Path, base_url: str, task: str, prompt: str) -> tuple[int, str, str, str]:
     """`codex exec` in a fresh CODEX_HOME and HOME; returns (exit code, stdout, stderr, last message)."""
     home = tmp / "home"
     codex_home = tmp / "codex-home"
     workdir = tmp / "work"
     for d in (home, codex_home, workdir):
         d.mkdir(parents=True, exist_ok=True)
-    (codex_home / "config.toml").write_text(config_toml(base_url))
+    (codex_home / "config.toml").write_text(config_toml(base_url, task))
     last = tmp / "last-message.txt"
     # A clean environment: no stray OPENAI_* / CODEX_* from the developer's shell.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
@@ -112,7 +123,8 @@ def _tool_names(body: dict[str, Any]) -> list[str]:
 async def test_codex_exec_completes_a_turn_through_the_proxy(emulator: Emulator, proxy: ProxyProcess,
                                                              tmp_path: Path) -> None:
     emulator.set_default(Text(ANSWER, deltas=6))  # any retry gets the same answer
-    code, out, err, last = await run_codex(tmp_path, proxy.url + "/v1", "say hi")
+    task = ctproxy_cli(proxy.state_dir, "task", "new").strip()  # how a user tags a job's agents
+    code, out, err, last = await run_codex(tmp_path, proxy.url + "/v1", task, "say hi")
     assert code == 0, f"codex exec failed ({code}):\n{err[-3000:]}\nproxy log:\n{proxy.log()[-2000:]}"
     assert ANSWER in out
     assert last.strip() == ANSWER
@@ -147,6 +159,15 @@ async def test_codex_exec_completes_a_turn_through_the_proxy(emulator: Emulator,
     assert {"x-codex-turn-metadata", "x-codex-window-id", "session-id"} <= set(headers)
     if "content-encoding" in headers:  # not expected for a custom provider; if it appears, it must decode
         assert headers["content-encoding"] == "zstd"
+    # The proxy journaled the turn under the user's task: Codex's input items and the answer.
+    report = ""
+    for _ in range(100):  # the journal writes in the background
+        report = ctproxy_cli(proxy.state_dir, "tasks")
+        if sum(int(n) for n in re.findall(r"(\d+) journaled", report)) >= len(body["input"]) + 1:
+            break
+        await asyncio.sleep(0.1)
+    assert f"task {task}" in report and "/root" in report, report
+    assert sum(int(n) for n in re.findall(r"(\d+) journaled", report)) == len(body["input"]) + 1, report
 
 
 def _captured() -> tuple[dict[str, str], dict[str, Any]]:
@@ -160,7 +181,7 @@ async def test_zstd_codex_request_is_decoded_transformed_and_reencoded(emulator:
     read such a body (session, transforms) and hand the upstream zstd it can decode, tools not duplicated."""
     headers, body = _captured()
     headers |= {"Content-Encoding": "zstd", "Authorization": "Bearer sk-codex-test-not-real",
-                "x-ctp-task": TASK}
+                "x-ctp-agent": "/root"}
     raw = zstandard.ZstdCompressor().compress(orjson.dumps(body))
     emulator.script(Text(ANSWER, deltas=3))
     async with aiohttp.ClientSession() as http, http.post(proxy.url + "/v1/responses", data=raw,
