@@ -20,7 +20,6 @@ from __future__ import annotations
 import inspect
 import sqlite3
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -41,7 +40,8 @@ from proxy.compaction.decision import (
     over,
 )
 from proxy.compaction.engine import Plan, compact, http_caller, retained_budget
-from proxy.compaction.fingerprint import Fingerprint, compatible, fingerprint_of, load_key, normalise_endpoint
+from proxy.compaction.fingerprint import compatible, fingerprint_of, load_key, normalise_endpoint
+from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.overflow import CODE, response_error_code
 from proxy.compaction.store import Checkpoint
 from proxy.dbworker import DBWorker
@@ -58,27 +58,6 @@ STATE_KEY = "compaction"
 SETTLING = "settling"
 READERS = ("tap", "history")
 _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "host"})
-
-
-@dataclass
-class FlowInfo:
-    """What the request hook decided, for the response hooks."""
-
-    session_key: str
-    payload: dict[str, Any]  # the client's payload as sent (never mutated)
-    client_items: list[Any]
-    checkpoint: Checkpoint | None  # the checkpoint in effect (None when absent or diverged)
-    replay_opaque: bool
-    window: int | None
-    estimate: Estimate
-    fingerprint: Fingerprint | None
-    route: routes.Route
-    credentials_allowed: bool
-    hold: bool
-    mark: Any = None  # the journal's RequestMark, when the history addon ran
-    held_stream: Any = None  # the stream callable displaced by holding
-    outcome: str = "none"
-    notes: list[str] = field(default_factory=list)
 
 
 def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:

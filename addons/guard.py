@@ -12,8 +12,9 @@ import logging
 
 from mitmproxy import http
 
-from addons._flow import is_reverse, route_of
+from addons._flow import destination_route, is_reverse
 from proxy import routes, runtime
+from proxy.flowstate import state_of
 
 log = logging.getLogger("ctproxy.guard")
 
@@ -44,7 +45,10 @@ class Guard:
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
             return  # answered locally; nothing leaves
-        route = route_of(flow)
+        st_route = state_of(flow).route
+        # Alone (no routing addon), trust comes straight from the options (`--set ctp_trust_upstream=true`).
+        route = st_route if st_route is not None else destination_route(
+            flow, trusted=runtime.current().upstream.trusted)
         # Re-check the destination as it is now: an addon may have changed it after routing.
         req = flow.request
         official_now = routes.is_official_destination(req.scheme, req.host, req.port, req.path) is not None

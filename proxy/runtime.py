@@ -7,6 +7,7 @@ each module also works alone under `mitmdump -s`. The runtime is rebuilt when an
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,8 @@ class Runtime:
 _current: Runtime | None = None
 _key: tuple | None = None
 _pinned = False
+_bound: Any = None  # the options object _current was built from, until one of its ctp_ options changes
+_subscribed: list[weakref.ref[Any]] = []  # options objects we listen to (Options is not hashable)
 
 
 def _options_key(opts: Any) -> tuple:
@@ -49,14 +52,23 @@ def _options_key(opts: Any) -> tuple:
     )
 
 
+def _invalidate(updated: set[str] | None = None, **_: Any) -> None:
+    global _bound
+    if updated is None or any(name in OPTION_NAMES for name in updated):
+        _bound = None
+
+
 def current() -> Runtime:
-    """The runtime for the current mitmproxy options (built on first use, rebuilt on change)."""
-    global _current, _key
+    """The runtime for the current mitmproxy options (built on first use, rebuilt when a ctp_ option
+    changes). Cheap on the hot path: reading options costs far more than one identity check."""
+    global _current, _key, _bound
     if _pinned and _current is not None:
         return _current
     from mitmproxy import ctx
 
     opts = ctx.options
+    if _current is not None and _bound is opts:
+        return _current
     key = _options_key(opts)
     if _current is None or key != _key:
         _current = build(
@@ -69,6 +81,10 @@ def current() -> Runtime:
             previous=_current,
         )
         _key = key
+    if not any(ref() is opts for ref in _subscribed):
+        opts.changed.connect(_invalidate)
+        _subscribed[:] = [ref for ref in _subscribed if ref() is not None] + [weakref.ref(opts)]
+    _bound = opts
     return _current
 
 
@@ -89,5 +105,5 @@ def install(rt: Runtime) -> None:
 
 
 def uninstall() -> None:
-    global _current, _key, _pinned
-    _current, _key, _pinned = None, None, False
+    global _current, _key, _pinned, _bound
+    _current, _key, _pinned, _bound = None, None, False, None

@@ -1,0 +1,36 @@
+"""What the compaction addon's request hook decided about a flow, for its response hooks.
+
+Kept out of the addon module: mitmproxy loads `-s` scripts without registering them in
+`sys.modules`, where `dataclasses` looks up a class's module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy import routes
+from proxy.compaction.decision import Estimate
+from proxy.compaction.fingerprint import Fingerprint
+from proxy.compaction.store import Checkpoint
+
+
+@dataclass
+class FlowInfo:
+    """What the request hook decided, for the response hooks."""
+
+    session_key: str
+    payload: dict[str, Any]  # the client's payload as sent (never mutated)
+    client_items: list[Any]
+    checkpoint: Checkpoint | None  # the checkpoint in effect (None when absent or diverged)
+    replay_opaque: bool
+    window: int | None
+    estimate: Estimate
+    fingerprint: Fingerprint | None
+    route: routes.Route
+    credentials_allowed: bool
+    hold: bool
+    mark: Any = None  # the journal's RequestMark, when the history addon ran
+    held_stream: Any = None  # the stream callable displaced by holding
+    outcome: str = "none"
+    notes: list[str] = field(default_factory=list)
