@@ -58,10 +58,12 @@ class ContextConfig(_Section):
 
 class HistoryConfig(_Section):
     enabled: bool = True
+    max_tool_output_chars: int = Field(12_000, ge=500, description="cap of one history tool answer")
 
 
 class NotesConfig(_Section):
     enabled: bool = True
+    max_tool_output_chars: int = Field(12_000, ge=500, description="cap of one notes tool answer")
 
 
 class ApplyPatchConfig(_Section):

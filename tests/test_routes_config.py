@@ -90,3 +90,17 @@ def test_session_identity_signals():
     e1 = resolve_session({}, body)
     e2 = resolve_session({}, {**body, "input": [*body["input"], {"role": "assistant", "content": "b"}]})
     assert e1.source == "fingerprint" and e1.session_key == e2.session_key  # later turns, same session
+
+
+def test_input_spellings_are_one_conversation():
+    a = resolve_session({}, {"model": "m", "input": "hi"})
+    b = resolve_session({}, {"model": "m", "input": [{"role": "user", "content": "hi"}]})
+    c = resolve_session({}, {"model": "m", "input": [{"type": "message", "role": "user",
+                                                       "content": [{"type": "input_text", "text": "hi"}]}]})
+    assert a.session_key == b.session_key == c.session_key
+
+
+def test_task_members_without_agent_names_are_separate_sessions():
+    one = resolve_session({"x-ctp-task": "t"}, {"model": "m", "input": "first agent's prompt"})
+    two = resolve_session({"x-ctp-task": "t"}, {"model": "m", "input": "second agent's prompt"})
+    assert one.session_key != two.session_key and one.task == two.task == "t"
