@@ -205,14 +205,6 @@ async def test_sigkill_mid_run_keeps_every_item_of_committed_responses(proxy_fac
     print(f"received {len(received)} responses, {last + 1} committed, {lost} lost at SIGKILL")
 
 
-def _history_in_chain() -> bool:
-    import addons
-    from addons.history import History
-
-    return any(isinstance(a, History) for a in addons.chain())
-
-
-@pytest.mark.skipif(not _history_in_chain(), reason="addons.chain() does not include the history addon yet")
 async def test_ctproxy_up_journals_and_its_tool_server_reads_it(tmp_path: Path):
     import aiohttp
 
