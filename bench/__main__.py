@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     summary: list[tuple[str, float, int]] = []
     for b in benches:
         cmd = command(b, args.quick)
-        print(f"\n=== {b.name}: {' '.join(Path(c).name if i < 2 else c for i, c in enumerate(cmd))}", flush=True)
+        shown = ["python", str(b.path.relative_to(BENCH_DIR.parent)), *cmd[2:]]
+        print(f"\n=== {b.name}: {' '.join(shown)}", flush=True)
         start = time.monotonic()
         code = subprocess.call(cmd, cwd=BENCH_DIR.parent)
         summary.append((b.name, time.monotonic() - start, code))
