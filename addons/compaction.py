@@ -174,6 +174,7 @@ class Compaction:
         db = self._db(rt)
         key = ident.session_key
         checkpoint, sess, last_usage = await db.run(lambda conn: _snapshot(conn, key))
+        last_usage = usage.newest(last_usage, usage.cache_in(rt.extras).get(key))
         model = payload.get("model") if isinstance(payload.get("model"), str) else ""
         req = flow.request
         fp = None

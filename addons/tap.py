@@ -21,6 +21,7 @@ from proxy.flowstate import state_of
 from proxy.sse import ResponseTap, StreamTap
 
 log = logging.getLogger("ctproxy.tap")
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 
 
 def _worker() -> DBWorker:
@@ -48,6 +49,17 @@ class Tap:
         if resp.headers.get("content-type", "").lower().startswith("text/event-stream"):
             resp.stream = StreamTap(tap, resp.headers.get("content-encoding", ""))
 
+            def on_event(typ: str, _payload: dict) -> None:
+                # Inside the stream callable, before the terminal chunk goes on to the client: the
+                # session's next request will see this usage.
+                if typ in TERMINAL_EVENTS:
+                    try:
+                        self._record_usage(flow, tap)
+                    except Exception as exc:  # observing must never break the stream
+                        log.error("tap: usage not recorded (%s)", type(exc).__name__)
+
+            tap.listeners.append(on_event)
+
     def response(self, flow: http.HTTPFlow) -> None:
         st = state_of(flow)
         tap = st.tap
@@ -61,7 +73,8 @@ class Tap:
             stream.finish()
         elif ctype.startswith("text/event-stream") and flow.response.raw_content is not None:
             # A buffered stream (held by the compaction addon, or replayed): decode it whole.
-            replay = StreamTap(tap := ResponseTap())
+            tap = ResponseTap()
+            replay = StreamTap(tap)
             st.tap = tap
             replay(flow.response.get_content(strict=False) or b"")
             replay(b"")
@@ -80,8 +93,10 @@ class Tap:
             tap.incomplete = True  # upstream broke off mid-stream; the client saw a disconnect
 
     def _record_usage(self, flow: http.HTTPFlow, tap: ResponseTap) -> None:
-        if not tap.usage or not is_responses_create(flow):
+        if tap.usage_recorded or not tap.usage or not is_responses_create(flow):
             return
+        if state_of(flow).extra.get("settling"):
+            return  # not final yet; the compaction addon runs our response hook again when it is
         ident = session_of(flow)
         if ident is None:
             return
@@ -90,6 +105,8 @@ class Tap:
         if isinstance(rec, tuple) and len(rec) == 2:
             task, agent = rec
         model, used, rid = tap.model or ident.model, dict(tap.usage), tap.response_id
+        tap.usage_recorded = True
+        usage.cache_in(runtime.current().extras).put(usage.make_usage(ident.session_key, task, agent, model, used, rid))
         _worker().submit(lambda conn: usage.record_usage(conn, ident.session_key, task, agent, model, used, rid))
 
     def done(self) -> None:

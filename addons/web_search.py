@@ -54,9 +54,11 @@ class WebSearch:
         if cfg.enabled and cfg.backend in ("auto", "native") and route.eligible:
             ident = session_of(flow)
             if ident is not None:
-                last = await _worker(rt).run(
-                    lambda conn: _last_input(conn, ident.session_key))
-                last_input = last
+                cached = usage.cache_in(rt.extras).get(ident.session_key)
+                if cached is not None:  # this process saw the session's last answer: no database trip
+                    last_input = cached.input_tokens
+                else:
+                    last_input = await _worker(rt).run(lambda conn: _last_input(conn, ident.session_key))
         decision = decide_native(cfg, route.eligible, last_input)
         state_of(flow).extra[STATE_KEY] = decision.reason
         if decision.apply:

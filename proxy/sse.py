@@ -131,6 +131,7 @@ class ResponseTap:
     events: int = 0
     last_sequence: int | None = None
     first_output_seen: bool = False
+    usage_recorded: bool = False
     listeners: list[Callable[[str, dict[str, Any]], None]] = field(default_factory=list)
 
     def on_event(self, payload: dict[str, Any]) -> None:

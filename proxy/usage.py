@@ -8,6 +8,7 @@ from __future__ import annotations
 import fnmatch
 import sqlite3
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from proxy.db import register_schema
@@ -78,3 +79,41 @@ def last_usage_for_agent(conn: sqlite3.Connection, task: str, agent: str) -> Usa
     return _row(conn.execute(
         "SELECT * FROM usage WHERE task=? AND agent=? ORDER BY updated_at DESC LIMIT 1", (task, agent)
     ).fetchone())
+
+
+class UsageCache:
+    """The newest usage per session in this process, written synchronously by the tap when a
+    response's terminal event passes (before the client has it), so the next request of the session
+    sees it without a database round trip and without racing the background write."""
+
+    def __init__(self, capacity: int = 10_000):
+        self._items: OrderedDict[str, Usage] = OrderedDict()
+        self._capacity = capacity
+
+    def put(self, u: Usage) -> None:
+        self._items[u.session_key] = u
+        self._items.move_to_end(u.session_key)
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+
+    def get(self, session_key: str) -> Usage | None:
+        return self._items.get(session_key)
+
+
+def cache_in(extras: dict) -> UsageCache:
+    cache = extras.get("usage_cache")
+    if cache is None:
+        cache = extras["usage_cache"] = UsageCache()
+    return cache
+
+
+def newest(a: Usage | None, b: Usage | None) -> Usage | None:
+    if a is None or b is None:
+        return a or b
+    return a if a.updated_at >= b.updated_at else b
+
+
+def make_usage(session_key: str, task: str | None, agent: str | None, model: str | None, used: dict,
+               response_id: str | None) -> Usage:
+    return Usage(session_key, task, agent, model, int(used.get("input_tokens") or 0),
+                 int(used.get("output_tokens") or 0), used.get("total_tokens"), response_id, time.time())
