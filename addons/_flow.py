@@ -5,7 +5,7 @@ from __future__ import annotations
 from mitmproxy import http
 from mitmproxy.proxy.mode_specs import ReverseMode
 
-from proxy import routes
+from proxy import routes, runtime
 from proxy.flowbody import responses_body
 from proxy.flowstate import state_of
 from proxy.session import SessionIdentity, resolve_session
@@ -38,7 +38,13 @@ def session_of(flow: http.HTTPFlow) -> SessionIdentity | None:
     body = responses_body(flow)
     if body is None:
         return None
-    ident = resolve_session(dict(flow.request.headers.items()), body.value)
+    headers = dict(flow.request.headers.items())
+    headers.update(st.identity_headers)  # x-ctp-* as the client sent them (stripped from the request)
+    try:
+        aliases = runtime.current().extras.get("response_aliases")
+    except Exception:  # no mitmproxy context (a unit test calling a hook directly)
+        aliases = None
+    ident = resolve_session(headers, body.value, aliases)
     st.session = ident
     return ident
 

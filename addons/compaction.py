@@ -108,6 +108,13 @@ def _snapshot(conn: sqlite3.Connection, key: str) -> tuple[Checkpoint | None, st
     return store.latest_checkpoint(conn, key), store.session_state(conn, key), usage.last_usage_for_session(conn, key)
 
 
+def _memo(rt: runtime.Runtime) -> store.SessionMemo:
+    memo = rt.extras.get("compaction_memo")
+    if memo is None:
+        memo = rt.extras["compaction_memo"] = store.SessionMemo()
+    return memo
+
+
 class Compaction:
     def __init__(self) -> None:
         self._http: aiohttp.ClientSession | None = None
@@ -154,11 +161,13 @@ class Compaction:
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
             return
+        rt = runtime.current()
+        cfg = rt.config.remote_compaction
+        if not cfg.enabled and not cfg.recover_overflow:
+            return  # nothing to project or hold: the body need not even be parsed
         body = responses_body(flow)
         if body is None:
             return
-        rt = runtime.current()
-        cfg = rt.config.remote_compaction
         debuglog.set_enabled(rt.config.debug)
         payload = body.value
         items = input_items(payload)
@@ -173,8 +182,13 @@ class Compaction:
         route = _route(flow, rt)
         db = self._db(rt)
         key = ident.session_key
-        checkpoint, sess, last_usage = await db.run(lambda conn: _snapshot(conn, key))
-        last_usage = usage.newest(last_usage, usage.cache_in(rt.extras).get(key))
+        memo = _memo(rt).get(key)
+        if memo is not None:  # this process wrote the session's last state: no database round trip
+            checkpoint, sess = memo
+            last_usage = usage.cache_in(rt.extras).get(key)
+        else:
+            checkpoint, sess, last_usage = await db.run(lambda conn: _snapshot(conn, key))
+            last_usage = usage.newest(last_usage, usage.cache_in(rt.extras).get(key))
         model = payload.get("model") if isinstance(payload.get("model"), str) else ""
         req = flow.request
         fp = None
@@ -205,6 +219,11 @@ class Compaction:
         body.replace(projected, by="compaction")
         cp_id = info.checkpoint.id if info.checkpoint else None
         db.submit(lambda conn: store.record_forwarded(conn, key, cp_id, len(items), sent))
+        if want:  # a compaction wrote more than record_forwarded does: read it back next time
+            _memo(rt).forget(key)
+        else:  # mirror exactly what record_forwarded writes, so the next request can skip the read
+            _memo(rt).put(key, info.checkpoint, store.SessionState(
+                store.LastRequest(cp_id, len(items), sent), False, sess.failed_items if sess is not None else None))
         state_of(flow).extra[STATE_KEY] = info
         debuglog.event("remote_compaction", outcome=info.outcome, estimate=info.estimate.tokens, window=info.window,
                        checkpoint=cp_id, items=len(items), stream=info.hold)
@@ -270,6 +289,7 @@ class Compaction:
             if strategy == "fallback" and plan.remote_blocked is None:
                 store.mark_failed(conn, info.session_key, n)
 
+        _memo(rt).forget(info.session_key)
         await self._db(rt).run(save)
         window_id = journal_link.start_window(
             rt.state, info.mark, boundary, strategy,
@@ -278,6 +298,7 @@ class Compaction:
                                   {"checkpoint_id": cp.id, "strategy": strategy, "reason": cp.reason,
                                    "boundary": boundary, "window_id": window_id})
         if window_id:
+            _memo(rt).forget(info.session_key)
             await self._db(rt).run(lambda conn: store.set_window_id(conn, cp.id, window_id))
         return cp
 
@@ -323,6 +344,7 @@ class Compaction:
             if isinstance(tap, ResponseTap) and tap.error_code == CODE:
                 # Too late to recover (output may have reached the agent): compact on the next request.
                 key = info.session_key
+                _memo(rt).forget(key)
                 self._db(rt).submit(lambda conn: store.mark_force_compact(conn, key))
                 self._event(rt, info, "recovery", "missed", "streamed", None)
         if info.held_stream is not None and not recovered:

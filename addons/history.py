@@ -50,8 +50,14 @@ def _identity(flow: http.HTTPFlow, payload: dict[str, Any], j: Journal) -> Sessi
     st = state_of(flow)
     if isinstance(st.session, SessionIdentity):
         return st.session
-    # Loaded alone: resolve here, and keep the identity headers from going upstream.
-    ident = resolve_session(dict(flow.request.headers.items()), payload, j.aliases)
+    # The session addon keeps the client's x-ctp-* headers in the flow state and strips them; loaded
+    # alone, take them from the request here (and strip them below).
+    if not st.identity_headers:
+        st.identity_headers = {k.lower(): v for k, v in flow.request.headers.items()
+                               if k.lower().startswith("x-ctp-")}
+    headers = dict(flow.request.headers.items())
+    headers.update(st.identity_headers)
+    ident = resolve_session(headers, payload, j.aliases)
     st.session = ident
     for name in [k for k in flow.request.headers if k.lower().startswith("x-ctp-")]:
         del flow.request.headers[name]

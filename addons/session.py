@@ -10,9 +10,7 @@ from __future__ import annotations
 from mitmproxy import http
 
 from proxy import runtime
-from proxy.flowbody import responses_body
 from proxy.flowstate import state_of
-from proxy.session import resolve_session
 
 
 def strip_ctp_headers(flow: http.HTTPFlow) -> None:
@@ -25,12 +23,9 @@ class Session:
         runtime.declare_options(loader)
 
     def request(self, flow: http.HTTPFlow) -> None:
+        # Identity headers are ours: they never go upstream. The session itself is resolved on first
+        # use (`session_of`), so a request no feature reads is never parsed.
         st = state_of(flow)
-        body = responses_body(flow)
-        if body is not None:
-            aliases = runtime.current().extras.get("response_aliases")
-            st.session = resolve_session(dict(flow.request.headers.items()), body.value, aliases)
-        # Identity headers are ours: they never go upstream. Later addons read the flow state.
         st.identity_headers = {k.lower(): v for k, v in flow.request.headers.items()
                                if k.lower().startswith("x-ctp-")}
         strip_ctp_headers(flow)

@@ -116,6 +116,13 @@ class _Decompressor:
         return self._fn(chunk) if self._fn else chunk
 
 
+# Events whose payload the tap reads; the rest are only counted (their `event:` line names them).
+PARSED_EVENTS = frozenset({
+    "response.created", "response.queued", "response.in_progress", "response.output_item.done",
+    "response.completed", "response.incomplete", "response.failed", "error",
+})
+
+
 @dataclass
 class ResponseTap:
     """What a Responses stream (or JSON body) said: output items, usage, errors, completeness."""
@@ -133,6 +140,14 @@ class ResponseTap:
     first_output_seen: bool = False
     usage_recorded: bool = False
     listeners: list[Callable[[str, dict[str, Any]], None]] = field(default_factory=list)
+
+    def on_skipped(self, typ: str) -> None:
+        """An event whose JSON the tap does not need (text deltas and the like): counted, not parsed."""
+        self.events += 1
+        if typ in ("response.output_item.added", "response.output_text.delta"):
+            self.first_output_seen = True
+        for listener in self.listeners:
+            listener(typ, {})
 
     def on_event(self, payload: dict[str, Any]) -> None:
         self.events += 1
@@ -223,6 +238,9 @@ class StreamTap:
     def _dispatch(self, events: list[SSEEvent]) -> None:
         for ev in events:
             if ev.data == "[DONE]":
+                continue
+            if ev.event is not None and ev.event not in PARSED_EVENTS:
+                self.tap.on_skipped(ev.event)  # most of a stream is deltas: skip their JSON
                 continue
             try:
                 payload = orjson.loads(ev.data)

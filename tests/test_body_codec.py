@@ -102,3 +102,14 @@ async def test_other_endpoints_are_not_parsed(monkeypatch, tmp_path):
     flow = _flow(b'{"model":"x","input":"y"}', path=b"/v1/embeddings")
     await _run_chain(flow, tmp_path)
     assert counter.loads == 0 and flow.request.raw_content == b'{"model":"x","input":"y"}'
+
+
+async def test_nothing_reads_the_body_when_every_body_feature_is_off(monkeypatch, tmp_path):
+    (tmp_path / "config.json").write_text('{"remote_compaction": {"recover_overflow": false}}')
+    counter = Counting()
+    counter.install(monkeypatch)
+    raw = b'{"model":"gpt-5","input":"hi"}'
+    flow = _flow(raw)
+    await _run_chain(flow, tmp_path, ctp_disable=["web_search", "history"])
+    assert counter.loads == 0 and counter.dumps == 0
+    assert flow.request.raw_content == raw

@@ -212,3 +212,27 @@ def events(conn: sqlite3.Connection, session_key: str | None = None, limit: int 
                             (session_key, limit)).fetchall()
     return [Event(r["session_key"], r["at"], r["kind"], r["outcome"], r["reason"], r["checkpoint_id"])
             for r in reversed(rows)]
+
+
+class SessionMemo:
+    """This process's last known (checkpoint, session state) per session, kept in step with what the
+    compaction addon itself writes; any other write forgets the session, and the next request reads
+    the database again. Bounded; a session served by two proxy processes at once is not supported."""
+
+    def __init__(self, capacity: int = 10_000):
+        from collections import OrderedDict
+
+        self._items: OrderedDict[str, tuple[Checkpoint | None, SessionState]] = OrderedDict()
+        self._capacity = capacity
+
+    def get(self, key: str) -> tuple[Checkpoint | None, SessionState] | None:
+        return self._items.get(key)
+
+    def put(self, key: str, checkpoint: Checkpoint | None, state: SessionState) -> None:
+        self._items[key] = (checkpoint, state)
+        self._items.move_to_end(key)
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        self._items.pop(key, None)
