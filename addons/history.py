@@ -121,11 +121,11 @@ class History:
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
             return
-        body = responses_body(flow)
-        if body is None:
-            return
         j = self._current()
         if j is None:
+            return  # history is off: the body need not even be parsed
+        body = responses_body(flow)
+        if body is None:
             return
         ident = _identity(flow, body.value, j)
         try:

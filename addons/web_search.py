@@ -43,11 +43,13 @@ class WebSearch:
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
             return
+        rt = runtime.current()
+        cfg = rt.config.web_search
+        if not cfg.enabled or cfg.backend == "off":
+            return  # the body need not even be parsed
         body = responses_body(flow)
         if body is None:
             return
-        rt = runtime.current()
-        cfg = rt.config.web_search
         debuglog.set_enabled(rt.config.debug)
         route = _route(flow, rt)
         last_input = None
