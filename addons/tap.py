@@ -32,6 +32,13 @@ def _worker() -> DBWorker:
     return worker
 
 
+def _usage_wanted(config) -> bool:
+    """Usage feeds get_context_remaining, the compaction estimate and web search's 128k check."""
+    rc = config.remote_compaction
+    return (config.context.enabled or rc.enabled or rc.recover_overflow
+            or (config.web_search.enabled and config.web_search.backend != "off"))
+
+
 class Tap:
     def load(self, loader) -> None:
         runtime.declare_options(loader)
@@ -95,6 +102,8 @@ class Tap:
     def _record_usage(self, flow: http.HTTPFlow, tap: ResponseTap) -> None:
         if tap.usage_recorded or not tap.usage or not is_responses_create(flow):
             return
+        if not _usage_wanted(runtime.current().config):
+            return  # nobody reads usage: do not even resolve the session (that parses the request body)
         if state_of(flow).extra.get("settling"):
             return  # not final yet; the compaction addon runs our response hook again when it is
         ident = session_of(flow)

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 from proxy import __version__
@@ -147,36 +146,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from mitmproxy.test import taddons
-
-    import addons
-    from proxy import runtime
-    from proxy.replay import replay_flows
+    from proxy.launcher import replay_recording
 
     if not args.file.exists():
         print(f"ctproxy replay: {args.file} does not exist", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="ctproxy-replay-") as tmp:
-        state_dir = args.state_dir or Path(tmp)
-
-        async def run() -> list[str]:
-            chain = addons.chain()
-            with taddons.context(*chain, loadcore=False) as tctx:
-                tctx.options.update(ctp_state_dir=str(state_dir), ctp_config=str(args.config or ""),
-                                    ctp_upstream=args.upstream or "", ctp_trust_upstream=args.trust_upstream,
-                                    ctp_enable=args.enable, ctp_disable=args.disable)
-                try:
-                    return await replay_flows(args.file, chain)
-                finally:
-                    for addon in chain:
-                        if hasattr(addon, "done"):
-                            result = addon.done()
-                            if asyncio.iscoroutine(result):
-                                await result
-                    runtime.uninstall()
-
-        for line in asyncio.run(run()):
-            print(line)
+    for line in replay_recording(args.file, state_dir=args.state_dir, config_file=args.config,
+                                 upstream=args.upstream, trust_upstream=args.trust_upstream,
+                                 enable=args.enable, disable=args.disable):
+        print(line)
     return 0
 
 

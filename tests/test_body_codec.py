@@ -113,3 +113,31 @@ async def test_nothing_reads_the_body_when_every_body_feature_is_off(monkeypatch
     await _run_chain(flow, tmp_path, ctp_disable=["web_search", "history"])
     assert counter.loads == 0 and counter.dumps == 0
     assert flow.request.raw_content == raw
+
+
+async def test_answers_do_not_make_the_tap_parse_the_request_when_nobody_reads_usage(monkeypatch, tmp_path):
+    (tmp_path / "config.json").write_text('{"remote_compaction": {"recover_overflow": false}}')
+    counter = Counting()
+    counter.install(monkeypatch)
+    flow = _flow(b'{"model":"gpt-5","input":"hi"}')
+    flow.response = tutils.tresp(content=b'{"object":"response","id":"r","output":[],"usage":{"input_tokens":1}}',
+                                 headers=[(b"content-type", b"application/json")])
+    chain = addons.chain()
+    with taddons.context(*chain, loadcore=False) as tctx:
+        tctx.options.update(ctp_state_dir=str(tmp_path), ctp_disable=["web_search", "history", "context"])
+        for addon in chain:
+            for hook in ("responseheaders", "response"):
+                fn = getattr(addon, hook, None)
+                if fn is not None:
+                    res = fn(flow)
+                    if hasattr(res, "__await__"):
+                        await res
+        for addon in chain:
+            if hasattr(addon, "done"):
+                res = addon.done()
+                if hasattr(res, "__await__"):
+                    await res
+    from proxy import runtime
+
+    runtime.uninstall()
+    assert counter.loads == 0
