@@ -32,8 +32,10 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
+from tests.support.shared import shared_path
+
 SPEC_ENV = "CTPROXY_OPENAPI_SPEC"
-DEFAULT_SPEC = Path("/work/shared/compat/openai-openapi/openapi.yaml")
+DEFAULT_SPEC = shared_path("compat", "openai-openapi", "openapi.yaml")
 _CACHE_FORMAT = 2  # bump when the conversion below changes
 
 RELAXATIONS = {

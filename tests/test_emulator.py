@@ -52,9 +52,10 @@ from tests.openapi_schema import (
     validate,
     validate_stream_event,
 )
+from tests.support.shared import shared_path
 
 ROOT = Path(__file__).resolve().parents[1]
-CODEX_REQUEST = Path("/work/shared/compat/codex-cli/request-exec-first-turn.json")
+CODEX_REQUEST = shared_path("compat", "codex-cli", "request-exec-first-turn.json")
 needs_spec = pytest.mark.skipif(not spec_available(), reason="OpenAI OpenAPI spec not found (set CTPROXY_OPENAPI_SPEC)")
 
 TEXT_ORDER = [
