@@ -9,7 +9,16 @@ import sys
 from pathlib import Path
 
 from proxy import __version__
-from proxy.config import CAPABILITIES, ConfigError, config_path_from_env, get_key, load_config, save_config, set_key
+from proxy.config import (
+    CAPABILITIES,
+    ConfigError,
+    config_path_from_env,
+    get_key,
+    load_config,
+    save_config,
+    set_key,
+    with_overrides,
+)
 from proxy.state import StateDir
 
 EPILOG = """\
@@ -137,11 +146,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     state = _state(args)
     path = _config_path(args, state)
     config = load_config(path)
+    run = read_run_file(state)
+    if run:  # the running proxy's --enable/--disable apply to what it is doing now
+        config = with_overrides(config, run.get("enable") or [], run.get("disable") or [])
     if args.json:
         print(json.dumps({"state_dir": str(state.root), "config": str(path), "proxy": read_run_file(state),
-                          "capabilities": [s.__dict__ for s in all_statuses(config, read_run_file(state))]}, indent=2))
+                          "capabilities": [s.__dict__ for s in all_statuses(config, run)]}, indent=2))
     else:
-        print(render(config, state, path))
+        print(render(config, state, path, run))
     return 0
 
 

@@ -215,6 +215,7 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     write_run_file(state, {"pid": os.getpid(), "proxy": scheme_url, "mode": opts.mode, "upstream": upstream_desc,
                            "upstream_official": rt.upstream.official or opts.mode == "regular",
                            "upstream_trusted": rt.upstream.trusted,
+                           "enable": list(opts.enable), "disable": list(opts.disable),
                            "tools": tools.url if tools is not None else None})
     print("\n".join(lines), flush=True)
     if ready is not None:

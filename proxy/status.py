@@ -105,10 +105,12 @@ def read_run_file(state: StateDir) -> dict | None:
     return info
 
 
-def render(config: Config, state: StateDir, config_path: Path) -> str:
+def render(config: Config, state: StateDir, config_path: Path, run: dict | None = None) -> str:
     lines = [f"state dir: {state.root}", f"config:    {config_path}" + ("" if config_path.exists() else " (defaults)")]
-    run = read_run_file(state)
     if run:
+        overrides = [f"+{n}" for n in run.get("enable") or []] + [f"-{n}" for n in run.get("disable") or []]
+        if overrides:
+            lines.append(f"this run:  {' '.join(overrides)} (ctproxy up --enable/--disable)")
         lines.append(f"proxy:     running (pid {run['pid']}) on {run['proxy']} mode={run['mode']}")
         lines.append(f"upstream:  {run['upstream']}")
         if run.get("tools"):

@@ -62,3 +62,19 @@ def test_unknown_config_key_fails_up_with_a_clear_error(tmp_path):
 def test_trust_upstream_needs_upstream(tmp_path):
     out = run("up", "--trust-upstream", "--state-dir", str(tmp_path))
     assert out.returncode == 2 and "--upstream" in out.stderr
+
+
+async def test_status_of_a_running_proxy_reflects_its_overrides_and_upstream(proxy_factory, tmp_path):
+    proxy = await proxy_factory(upstream="http://127.0.0.1:9", trust_upstream=False,
+                                extra_args=["--enable", "shell", "--disable", "history"])
+    out = run("status", "--json", "--state-dir", str(proxy.state_dir))
+    info = json.loads(out.stdout)
+    states = {c["name"]: c for c in info["capabilities"]}
+    assert info["proxy"]["pid"] == proxy.proc.pid
+    assert states["shell"]["state"] == "active" and states["history"]["state"] == "off"
+    # An untrusted non-official upstream: native web search is not for it, and status says why.
+    assert states["web_search"]["state"] == "deferred" and "not official" in states["web_search"]["reason"]
+    text = run("status", "--state-dir", str(proxy.state_dir)).stdout
+    assert "+shell -history" in text and "untrusted: credentials stripped" in text
+    await proxy.astop()
+    assert "not running" in run("status", "--state-dir", str(proxy.state_dir)).stdout
