@@ -72,3 +72,30 @@ async def test_no_process_left_after_the_tool_server_stops(tool_server: Any, tmp
     await srv.close()
     assert await asyncio.to_thread(live_members, job.pgid) == []
     assert not path.exists()
+
+
+async def test_rest_client_hanging_up_stops_the_command_it_started(tool_server: Any, tmp_path: Path) -> None:
+    import json
+    import os
+
+    import aiohttp
+
+    srv = await tool_server(ENABLE, workspace=tmp_path)
+    pidfile = tmp_path / "pid"
+    args = {"cmd": f"echo $$ > {pidfile}; exec sleep 60", "yield_time_ms": 20000}
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(asyncio.TimeoutError):
+            async with http.post(f"{srv.url}/v1/tools/exec_command", data=json.dumps(args),
+                                 headers=srv.headers("t", "/root"), timeout=aiohttp.ClientTimeout(total=1.5)) as r:
+                await r.read()
+    pid = int(pidfile.read_text())
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        if Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            break  # a zombie: stopped, waiting for its reaper
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the command kept running after its caller hung up")

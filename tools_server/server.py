@@ -22,7 +22,8 @@ async def serve(config: Config, state: StateDir, workspace: Path, host: str, por
                 ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
     services = Services(config=config, state=state, workspace=workspace.resolve())
     app = create_app(services, token=state.token(), listen_host=host, port=port)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # A REST client that hangs up cancels its call (a shell command it started is stopped, seed 004 §5.6).
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()

@@ -69,7 +69,7 @@ class ToolServerHandle:
 
     async def start(self) -> None:
         self.app = create_app(self.services, token=self.token, listen_host="127.0.0.1", port=None)
-        self.runner = web.AppRunner(self.app, access_log=None)
+        self.runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
