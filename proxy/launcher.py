@@ -74,7 +74,8 @@ class ToolServerProcess:
 
     async def start(self) -> None:
         cmd = [sys.executable, "-m", "tools_server", "--listen", f"{self.opts.tools_host}:{self.opts.tools_port}",
-               "--state-dir", str(self.state.root), "--workspace", str(self.opts.workspace)]
+               "--state-dir", str(self.state.root), "--workspace", str(self.opts.workspace),
+               "--parent-pid", str(os.getpid())]
         if self.opts.config_file:
             cmd += ["--config", str(self.opts.config_file)]
         for name in self.opts.enable:
@@ -85,6 +86,14 @@ class ToolServerProcess:
             cmd.append("--debug")
         # Its own process group, so a Ctrl-C on the terminal reaches us first and we stop it in order.
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self.stop()  # a tool server that did not come up is not left running
+            raise
+
+    async def _wait_ready(self) -> None:
+        assert self.proc is not None
         token = self.state.token()
         deadline = time.monotonic() + 30
         async with aiohttp.ClientSession() as http:
@@ -130,26 +139,43 @@ def _replay_file(path: Path, workdir: Path) -> Path:
 
 
 async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> int:
-    from mitmproxy import options
-    from mitmproxy.tools.dump import DumpMaster
 
-    import addons
-    from addons.launcher_only import RecordFlows, ReplayMiss
 
     state = StateDir.open(opts.state_dir)
     rt = runtime.build(str(state.root), str(opts.config_file) if opts.config_file else None, opts.upstream,
                        opts.trust_upstream, opts.enable, opts.disable)
     rt.config.debug = rt.config.debug or opts.debug
-    token_path = state.token_path
     state.token()
 
     tools = ToolServerProcess(opts, state) if opts.with_tools else None
     if tools is not None:
         await tools.start()
+    try:
+        return await _run_proxy(opts, state, rt, tools, ready, stop)
+    finally:
+        if tools is not None:
+            await tools.stop()  # never leave the tool server behind, whatever happened
+        runtime.uninstall()
 
+
+async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tools: ToolServerProcess | None,
+                     ready: asyncio.Event | None, stop: asyncio.Event | None) -> int:
+    from mitmproxy import options
+    from mitmproxy.addons.errorcheck import ErrorCheckHandler
+    from mitmproxy.tools.dump import DumpMaster
+
+    import addons
+    from addons.launcher_only import RecordFlows, ReplayMiss
+
+    token_path = state.token_path
     mopts = options.Options(mode=[_mitm_mode(opts)], listen_host=opts.listen_host, listen_port=opts.listen_port,
                             confdir=str(state.confdir))
     master = DumpMaster(mopts, with_termlog=opts.debug, with_dumper=False)
+    # mitmproxy's ErrorCheck calls sys.exit() from inside the event loop when startup logs an error
+    # (e.g. "address already in use"), which would skip our cleanup; collect those errors ourselves.
+    startup_errors = ErrorCheckHandler()
+    startup_errors.install()
+    master.addons.remove(master.addons.get("errorcheck"))
     chain = addons.chain()
     extra: list[object] = []
     if opts.record:
@@ -178,15 +204,23 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
 
     task = asyncio.create_task(master.run())
     proxyserver = master.addons.get("proxyserver")
-    for _ in range(300):
-        if (proxyserver.servers and all(s.is_running for s in proxyserver.servers)) or task.done():
+    for _ in range(500):
+        running = bool(proxyserver.servers) and all(s.is_running for s in proxyserver.servers)
+        if running or task.done() or startup_errors.has_errored:
             break
         await asyncio.sleep(0.02)
-    if task.done():
+    await asyncio.sleep(0)  # let pending log records arrive
+    startup_errors.uninstall()
+    if task.done() or startup_errors.has_errored or not running:
+        for record in startup_errors.has_errored:
+            print(f"ctproxy up: {record.getMessage().splitlines()[0]}", file=sys.stderr)
+        print(f"ctproxy up: the proxy could not start on {opts.listen_host}:{opts.listen_port}; "
+              "if the port is taken, choose another with --listen HOST:PORT", file=sys.stderr)
+        if not task.done():
+            await proxyserver.servers.update([])
+            master.shutdown()
         await task
-        if tools is not None:
-            await tools.stop()
-        print("ctproxy: the proxy could not start; see the messages above", file=sys.stderr)
+        tmp.cleanup()
         return 1
     upstream_desc = "(regular mode: HTTPS proxy)" if opts.mode == "regular" else rt.upstream.describe()
     scheme_url = f"http://{opts.listen_host}:{opts.listen_port}"
@@ -231,9 +265,6 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     else:
         code = 1
     stopper.cancel()
-    if tools is not None:
-        await tools.stop()
-    runtime.uninstall()
     tmp.cleanup()
     with contextlib.suppress(FileNotFoundError):
         (state.root / RUN_FILE).unlink()

@@ -78,3 +78,48 @@ async def test_status_of_a_running_proxy_reflects_its_overrides_and_upstream(pro
     assert "+shell -history" in text and "untrusted: credentials stripped" in text
     await proxy.astop()
     assert "not running" in run("status", "--state-dir", str(proxy.state_dir)).stdout
+
+
+async def test_a_busy_port_is_a_clear_error_and_leaves_no_tool_server(proxy_factory, tmp_path):
+    import asyncio
+
+    from tests.support.ports import free_port
+
+    first = await proxy_factory()
+    out = await asyncio.to_thread(run, "up", "--state-dir", str(tmp_path / "other"), "--listen",
+                                  f"127.0.0.1:{first.port}", "--tools-listen", f"127.0.0.1:{free_port()}")
+    assert out.returncode == 1
+    assert "could not start" in out.stderr and "address already in use" in out.stderr and "--listen" in out.stderr
+    assert not _processes_mentioning(str(tmp_path / "other"))  # its tool server was stopped
+
+
+async def test_the_tool_server_stops_when_ctproxy_is_killed(proxy_factory):
+    import asyncio
+    import signal
+
+    proxy = await proxy_factory()
+    [child] = _processes_mentioning(str(proxy.state_dir.resolve()), "tools_server")
+    proxy.proc.send_signal(signal.SIGKILL)
+    proxy.proc.wait()
+    for _ in range(100):
+        if not Path(f"/proc/{child}").exists() or Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the tool server outlived a SIGKILLed ctproxy")
+
+
+def _processes_mentioning(*needles: str) -> list[int]:
+    """Live (non-zombie) processes whose command line contains every needle."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            zombie = (proc / "stat").read_text().split()[2] == "Z"
+        except OSError:
+            continue
+        if not zombie and all(n in cmd for n in needles):
+            found.append(int(proc.name))
+    return found

@@ -21,13 +21,15 @@ def main() -> None:
     parser.add_argument("--enable", action="append", default=[])
     parser.add_argument("--disable", action="append", default=[])
     parser.add_argument("--debug", action="store_true")
+    parser.add_argument("--parent-pid", type=int, help="stop when this process is gone (set by `ctproxy up`)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     state = StateDir.open(args.state_dir)
     config = with_overrides(load_config(config_path_from_env(state.root, args.config)), args.enable, args.disable)
     host, _, port = args.listen.rpartition(":")
-    asyncio.run(serve(config, state, args.workspace, host.strip("[]") or "127.0.0.1", int(port)))
+    asyncio.run(serve(config, state, args.workspace, host.strip("[]") or "127.0.0.1", int(port),
+                      parent_pid=args.parent_pid))
 
 
 if __name__ == "__main__":

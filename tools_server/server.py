@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -18,8 +19,19 @@ from tools_server.registry import Services
 log = logging.getLogger("ctproxy.tools")
 
 
+async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
+    """If `ctproxy up` dies without stopping us (SIGKILL, a crash), stop too: no orphaned tool server."""
+    while not stop.is_set():
+        if os.getppid() != parent_pid:
+            log.warning("the ctproxy process that started the tool server is gone; stopping")
+            stop.set()
+            return
+        await asyncio.sleep(1.0)
+
+
 async def serve(config: Config, state: StateDir, workspace: Path, host: str, port: int,
-                ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
+                ready: asyncio.Event | None = None, stop: asyncio.Event | None = None,
+                parent_pid: int | None = None) -> None:
     services = Services(config=config, state=state, workspace=workspace.resolve())
     app = create_app(services, token=state.token(), listen_host=host, port=port)
     # A REST client that hangs up cancels its call (a shell command it started is stopped, seed 004 §5.6).
@@ -32,10 +44,13 @@ async def serve(config: Config, state: StateDir, workspace: Path, host: str, por
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.create_task(_watch_parent(parent_pid, stop)) if parent_pid else None
     if ready is not None:
         ready.set()
     print(f"ctproxy tool server listening on http://{host}:{port}", flush=True)
     try:
         await stop.wait()
     finally:
+        if watcher is not None:
+            watcher.cancel()
         await runner.cleanup()  # runs family close(): stops shell sessions, removes captures
