@@ -115,8 +115,10 @@ class Tap:
             task, agent = rec
         model, used, rid = tap.model or ident.model, dict(tap.usage), tap.response_id
         tap.usage_recorded = True
-        usage.cache_in(runtime.current().extras).put(usage.make_usage(ident.session_key, task, agent, model, used, rid))
-        _worker().submit(lambda conn: usage.record_usage(conn, ident.session_key, task, agent, model, used, rid))
+        seen = usage.make_usage(ident.session_key, task, agent, model, used, rid)
+        usage.cache_in(runtime.current().extras).put(seen)
+        _worker().submit(lambda conn: usage.record_usage(conn, ident.session_key, task, agent, model, used, rid,
+                                                         seen.updated_at))
 
     def done(self) -> None:
         worker = runtime.current().extras.pop("usage_worker", None)

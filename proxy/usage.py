@@ -55,15 +55,18 @@ def model_window(model: str | None, windows: dict[str, int]) -> int | None:
 
 
 def record_usage(conn: sqlite3.Connection, session_key: str, task: str | None, agent: str | None,
-                 model: str | None, usage: dict, response_id: str | None) -> None:
+                 model: str | None, usage: dict, response_id: str | None, at: float | None = None) -> None:
+    """`at` is when the answer was seen (not when a background writer got to it), so `newest` can
+    compare this row with the in-process cache."""
     conn.execute(
         "INSERT INTO usage(session_key, task, agent, model, input_tokens, output_tokens, total_tokens,"
         " response_id, updated_at) VALUES (?,?,?,?,?,?,?,?,?)"
         " ON CONFLICT(session_key) DO UPDATE SET task=excluded.task, agent=excluded.agent,"
         " model=excluded.model, input_tokens=excluded.input_tokens, output_tokens=excluded.output_tokens,"
-        " total_tokens=excluded.total_tokens, response_id=excluded.response_id, updated_at=excluded.updated_at",
+        " total_tokens=excluded.total_tokens, response_id=excluded.response_id, updated_at=excluded.updated_at"
+        " WHERE excluded.updated_at >= usage.updated_at",  # a late write never replaces a newer answer
         (session_key, task, agent, model, int(usage.get("input_tokens") or 0),
-         int(usage.get("output_tokens") or 0), usage.get("total_tokens"), response_id, time.time()),
+         int(usage.get("output_tokens") or 0), usage.get("total_tokens"), response_id, at or time.time()),
     )
 
 
