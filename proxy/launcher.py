@@ -198,8 +198,8 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
 
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
+    for sig in (signal.SIGINT, signal.SIGTERM) if sys.platform != "win32" else ():
+        with contextlib.suppress(RuntimeError):  # no signal handlers outside the main thread
             loop.add_signal_handler(sig, stop.set)
 
     task = asyncio.create_task(master.run())

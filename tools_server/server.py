@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 
 from aiohttp import web
@@ -41,8 +42,8 @@ async def serve(config: Config, state: StateDir, workspace: Path, host: str, por
     await site.start()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
+    for sig in (signal.SIGINT, signal.SIGTERM) if sys.platform != "win32" else ():
+        with contextlib.suppress(RuntimeError):  # no signal handlers outside the main thread
             loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.create_task(_watch_parent(parent_pid, stop)) if parent_pid else None
     if ready is not None:
