@@ -50,10 +50,9 @@ class RemoteCompactionConfig(_Section):
 
 
 class ContextConfig(_Section):
-    """Context tools (get_context_remaining, new_context) and window rollover."""
+    """Context tools (get_context_remaining). Window rollover is not built yet (docs/adr/0003)."""
 
     enabled: bool = True
-    threshold: float = Field(0.8, gt=0, le=1)
 
 
 class HistoryConfig(_Section):
@@ -99,12 +98,6 @@ class ComputerUseConfig(_Section):
     enabled: bool = False
 
 
-class BridgeConfig(_Section):
-    """Bridged tools: the proxy adds tool specs to requests and runs the calls itself."""
-
-    enabled: bool = False
-
-
 class Config(_Section):
     web_search: WebSearchConfig = Field(default_factory=WebSearchConfig)
     remote_compaction: RemoteCompactionConfig = Field(default_factory=RemoteCompactionConfig)
@@ -118,7 +111,6 @@ class Config(_Section):
     sidecar_search: SidecarSearchConfig = Field(default_factory=SidecarSearchConfig)
     tool_discovery: ToolDiscoveryConfig = Field(default_factory=ToolDiscoveryConfig)
     computer_use: ComputerUseConfig = Field(default_factory=ComputerUseConfig)
-    bridge: BridgeConfig = Field(default_factory=BridgeConfig)
     model_windows: dict[str, int] = Field(
         default_factory=lambda: dict(DEFAULT_MODEL_WINDOWS),
         description="context window in tokens per model name glob; the first match wins",
