@@ -28,6 +28,7 @@ from mitmproxy import http
 
 from addons._flow import destination_route, is_reverse, session_of
 from proxy import debuglog, routes, runtime, usage
+from proxy.addonlookup import find_addon
 from proxy.compaction import journal_link, store
 from proxy.compaction.client import compaction_target
 from proxy.compaction.decision import (
@@ -87,14 +88,8 @@ def _payload_bytes(payload: dict[str, Any], items: list[Any]) -> int:
 
 async def _rerun_readers(flow: http.HTTPFlow) -> None:
     """Let the addons that read answers (tap: usage; history: output items) see the settled one."""
-    try:
-        from mitmproxy import ctx
-
-        manager = ctx.master.addons
-    except Exception:  # alone, nothing else reads the answer
-        return
     for name in READERS:
-        addon = manager.get(name)
+        addon = find_addon(name)  # alone, nothing else reads the answer
         hook = getattr(addon, "response", None)
         if hook is None:
             continue

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from mitmproxy import http
 
+from proxy.addonlookup import find_addon
 from proxy.flowstate import state_of
 
 
@@ -76,11 +77,5 @@ def commit_body(flow: http.HTTPFlow) -> bool:
 
 def commit_if_alone(flow: http.HTTPFlow) -> None:
     """An addon loaded alone writes the body back itself; in the chain the body writer does it once."""
-    try:
-        from mitmproxy import ctx
-
-        chained = ctx.master.addons.get("bodywriter") is not None
-    except Exception:  # no master: a unit test calling the hook directly
-        chained = False
-    if not chained:
+    if find_addon("bodywriter") is None:
         commit_body(flow)

@@ -165,6 +165,7 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
     from mitmproxy.tools.dump import DumpMaster
 
     import addons
+    from addons.chain_addon import ChainAddon
     from addons.launcher_only import RecordFlows, ReplayMiss
 
     token_path = state.token_path
@@ -182,7 +183,7 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
         extra.append(RecordFlows(opts.record))
     if opts.server_replay:
         extra.insert(0, ReplayMiss())
-    master.addons.add(*chain, *extra)
+    master.addons.add(ChainAddon([*chain, *extra]))  # one addon for mitmproxy to dispatch to (see the module)
     updates: dict[str, object] = dict(
         ctp_state_dir=str(state.root), ctp_config=str(opts.config_file or ""), ctp_upstream=opts.upstream or "",
         ctp_trust_upstream=opts.trust_upstream, ctp_enable=list(opts.enable), ctp_disable=list(opts.disable),
