@@ -26,8 +26,8 @@ import aiohttp
 import orjson
 from mitmproxy import http
 
-from addons._flow import destination_route, is_reverse, session_of
-from proxy import debuglog, routes, runtime, usage
+from addons._flow import destination_route, header_map, is_reverse, session_of
+from proxy import dbworker, debuglog, routes, runtime, usage
 from proxy.addonlookup import find_addon
 from proxy.compaction import journal_link, store
 from proxy.compaction.client import compaction_target
@@ -45,7 +45,6 @@ from proxy.compaction.fingerprint import compatible, fingerprint_of, load_key, n
 from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.overflow import CODE, response_error_code
 from proxy.compaction.store import Checkpoint
-from proxy.dbworker import DBWorker
 from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.sse import ResponseTap, StreamTap
@@ -128,9 +127,7 @@ class Compaction:
             rt = runtime.current()
         except Exception:  # shutting down without options
             return
-        worker = rt.extras.pop("compaction_db", None)
-        if worker is not None:
-            worker.close()
+        dbworker.close_shared(rt.extras)
 
     # ------------------------------------------------------------------ helpers
     def _client(self) -> aiohttp.ClientSession:
@@ -139,11 +136,8 @@ class Compaction:
         return self._http
 
     @staticmethod
-    def _db(rt: runtime.Runtime) -> DBWorker:
-        worker = rt.extras.get("compaction_db")
-        if worker is None:
-            worker = rt.extras["compaction_db"] = DBWorker(rt.state.db_path)
-        return worker
+    def _db(rt: runtime.Runtime) -> dbworker.DBWorker:
+        return dbworker.shared(rt.extras, rt.state.db_path)
 
     @staticmethod
     def _key(rt: runtime.Runtime) -> bytes:
@@ -189,7 +183,7 @@ class Compaction:
         fp = None
         if route.kind is not None and model:
             endpoint = normalise_endpoint(req.scheme, req.host, req.port, req.path)
-            fp = fingerprint_of(route.kind, model, endpoint, dict(req.headers.items()), self._key(rt))
+            fp = fingerprint_of(route.kind, model, endpoint, header_map(flow), self._key(rt))
         mark = journal_link.request_mark(state_of(flow).extra)
         info = FlowInfo(key, payload, items, None, False, usage.model_window(model, rt.config.model_windows),
                         Estimate(0, "bytes", 1.0), fp, route, _credentials_allowed(flow, route), False, mark)
@@ -213,7 +207,8 @@ class Compaction:
                      and over(info.estimate.tokens, info.window, HOLD_FRACTION))
         body.replace(projected, by="compaction")
         cp_id = info.checkpoint.id if info.checkpoint else None
-        db.submit(lambda conn: store.record_forwarded(conn, key, cp_id, len(items), sent))
+        # Coalesced: the session's newest row is all that counts (this process reads its memo, not the row).
+        db.put_latest(("forwarded", key), lambda conn: store.record_forwarded(conn, key, cp_id, len(items), sent))
         if want:  # a compaction wrote more than record_forwarded does: read it back next time
             _memo(rt).forget(key)
         else:  # mirror exactly what record_forwarded writes, so the next request can skip the read

@@ -12,6 +12,13 @@ from mitmproxy import http
 from proxy import runtime
 from proxy.flowstate import state_of
 
+CTP_PREFIX = b"x-ctp-"
+
+
+def has_ctp_headers(flow: http.HTTPFlow) -> bool:
+    # On the raw header fields: mitmproxy's decoded views cost ≈4 µs per header, and most requests have none.
+    return any(name[:6].lower() == CTP_PREFIX for name, _ in flow.request.headers.fields)
+
 
 def strip_ctp_headers(flow: http.HTTPFlow) -> None:
     for name in [k for k in flow.request.headers if k.lower().startswith("x-ctp-")]:
@@ -25,6 +32,8 @@ class Session:
     def request(self, flow: http.HTTPFlow) -> None:
         # Identity headers are ours: they never go upstream. The session itself is resolved on first
         # use (`session_of`), so a request no feature reads is never parsed.
+        if not has_ctp_headers(flow):
+            return
         st = state_of(flow)
         st.identity_headers = {k.lower(): v for k, v in flow.request.headers.items()
                                if k.lower().startswith("x-ctp-")}

@@ -14,8 +14,7 @@ import orjson
 from mitmproxy import http
 
 from addons._flow import session_of
-from proxy import runtime, usage
-from proxy.dbworker import DBWorker
+from proxy import dbworker, runtime, usage
 from proxy.flowbody import is_compact, is_responses_create
 from proxy.flowstate import state_of
 from proxy.sse import ResponseTap, StreamTap
@@ -24,12 +23,9 @@ log = logging.getLogger("ctproxy.tap")
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 
 
-def _worker() -> DBWorker:
+def _worker() -> dbworker.DBWorker:
     rt = runtime.current()
-    worker = rt.extras.get("usage_worker")
-    if worker is None:
-        worker = rt.extras["usage_worker"] = DBWorker(rt.state.db_path)
-    return worker
+    return dbworker.shared(rt.extras, rt.state.db_path)
 
 
 def _usage_wanted(config) -> bool:
@@ -37,6 +33,12 @@ def _usage_wanted(config) -> bool:
     rc = config.remote_compaction
     return (config.context.enabled or rc.enabled or rc.recover_overflow
             or (config.web_search.enabled and config.web_search.backend != "off"))
+
+
+def _tap_wanted(config) -> bool:
+    """Someone reads answers: usage, the journal's output items, or compaction's overflow detection."""
+    rc = config.remote_compaction
+    return _usage_wanted(config) or config.history.enabled or rc.enabled or rc.recover_overflow
 
 
 class Tap:
@@ -47,8 +49,8 @@ class Tap:
         resp = flow.response
         if resp is None or resp.stream:
             return
-        if not (is_responses_create(flow) or is_compact(flow)):
-            # Not ours to read: pass it through as it arrives, without buffering.
+        if not (is_responses_create(flow) or is_compact(flow)) or not _tap_wanted(runtime.current().config):
+            # Not ours to read, or nobody reads it: pass it through as it arrives, without buffering.
             resp.stream = True
             return
         tap = ResponseTap()
@@ -117,13 +119,13 @@ class Tap:
         tap.usage_recorded = True
         seen = usage.make_usage(ident.session_key, task, agent, model, used, rid)
         usage.cache_in(runtime.current().extras).put(seen)
-        _worker().submit(lambda conn: usage.record_usage(conn, ident.session_key, task, agent, model, used, rid,
+        # Coalesced: only the session's newest usage matters, and a burst of answers shares one commit.
+        _worker().put_latest(("usage", ident.session_key),
+                             lambda conn: usage.record_usage(conn, ident.session_key, task, agent, model, used, rid,
                                                          seen.updated_at))
 
     def done(self) -> None:
-        worker = runtime.current().extras.pop("usage_worker", None)
-        if worker is not None:
-            worker.close()
+        dbworker.close_shared(runtime.current().extras)
 
 
 addons = [Tap()]

@@ -13,8 +13,7 @@ import sqlite3
 from mitmproxy import http
 
 from addons._flow import destination_route, session_of
-from proxy import debuglog, routes, runtime, usage
-from proxy.dbworker import DBWorker
+from proxy import dbworker, debuglog, routes, runtime, usage
 from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.transforms.web_search import WebSearchSettings, decide_native, inject_web_search
@@ -29,11 +28,8 @@ def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:
     return destination_route(flow, trusted=rt.upstream.trusted)  # standalone: no routing addon
 
 
-def _worker(rt: runtime.Runtime) -> DBWorker:
-    worker = rt.extras.get("web_search_db")
-    if worker is None:
-        worker = rt.extras["web_search_db"] = DBWorker(rt.state.db_path)
-    return worker
+def _worker(rt: runtime.Runtime) -> dbworker.DBWorker:
+    return dbworker.shared(rt.extras, rt.state.db_path)
 
 
 class WebSearch:
@@ -74,9 +70,7 @@ class WebSearch:
             rt = runtime.current()
         except Exception:  # mitmproxy is shutting down; nothing to close
             return
-        worker = rt.extras.pop("web_search_db", None)
-        if worker is not None:
-            worker.close()
+        dbworker.close_shared(rt.extras)
 
 
 def _last_input(conn: sqlite3.Connection, session_key: str) -> int | None:

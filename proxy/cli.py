@@ -64,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="answer from recorded flows instead of the upstream (misses get HTTP 502)")
     up.add_argument("--enable", action="append", default=[], metavar="NAME", choices=CAPABILITIES,
                     help="enable a capability for this run (repeatable)")
-    up.add_argument("--disable", action="append", default=[], metavar="NAME", choices=CAPABILITIES,
-                    help="disable a capability for this run (repeatable)")
+    up.add_argument("--disable", action="append", default=[], metavar="NAME", choices=(*CAPABILITIES, "all"),
+                    help="disable a capability for this run (repeatable; 'all' = a plain pass-through proxy; "
+                    "remote_compaction includes overflow recovery)")
     up.add_argument("--debug", action="store_true", help="log categories, counts and timings (never content)")
 
     st = sub.add_parser("status", help="show every capability: active, deferred, unavailable or off, and why")
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(rp)
     rp.add_argument("file", type=Path, metavar="FILE.mitm")
     rp.add_argument("--enable", action="append", default=[], metavar="NAME", choices=CAPABILITIES)
-    rp.add_argument("--disable", action="append", default=[], metavar="NAME", choices=CAPABILITIES)
+    rp.add_argument("--disable", action="append", default=[], metavar="NAME", choices=(*CAPABILITIES, "all"))
     rp.add_argument("--upstream", metavar="URL", help="the upstream the flows were recorded against")
     rp.add_argument("--trust-upstream", action="store_true")
 

@@ -206,7 +206,14 @@ def set_key(config: Config, key: str, raw: str) -> Config:
         raise ConfigError(_describe(exc)) from exc
 
 
+ALL_CAPABILITIES = "all"  # `--disable all`: a plain pass-through proxy
+
+
 def with_overrides(config: Config, enable: list[str], disable: list[str]) -> Config:
+    """`--enable` / `--disable` for one run. Disabling remote_compaction turns off the whole capability,
+    overflow recovery included; `--disable all` turns off every capability."""
+    if ALL_CAPABILITIES in disable:
+        disable = list(CAPABILITIES)
     for name in [*enable, *disable]:
         if name not in CAPABILITIES:
             raise ConfigError(f"unknown capability '{name}'; choose from: {', '.join(CAPABILITIES)}")
@@ -214,6 +221,8 @@ def with_overrides(config: Config, enable: list[str], disable: list[str]) -> Con
         config = set_key(config, f"{name}.enabled", "true")
     for name in disable:
         config = set_key(config, f"{name}.enabled", "false")
+        if name == "remote_compaction":
+            config = set_key(config, "remote_compaction.recover_overflow", "false")
     return config
 
 

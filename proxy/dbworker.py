@@ -1,43 +1,139 @@
-"""One background thread with its own SQLite connection, so database work never blocks the event loop."""
+"""One background thread with its own SQLite connection, so database work never blocks the event loop.
+
+Small last-value-wins writes (a session's usage, what a request forwarded) go through `put_latest`:
+they are coalesced by key and committed together, in one transaction, `batch_interval` after the first
+of them. Measured, one autocommit write and one thread hand-off per request cost more CPU than the rest
+of the chain's work on a small request; batched, a burst of requests pays for one. Program order is
+kept: `submit` and `run` take the pending writes with them, so anything enqueued later sees them applied.
+Another process (the tool server) sees such a write at most about `batch_interval` late — the same
+window as the journal's (proxy/journal/writer.py); `close` commits whatever is pending.
+
+The chain's addons share one worker per runtime (`shared`), so the proxy runs one database thread for
+this state instead of one per addon.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from proxy.db import connect
 
 T = TypeVar("T")
+Write = Callable[[sqlite3.Connection], object]
+
+log = logging.getLogger("ctproxy.db")
+BATCH_INTERVAL = 0.02
+SHARED_KEY = "state_db"
 
 
 class DBWorker:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, batch_interval: float = BATCH_INTERVAL):
         self.path = path
+        self.batch_interval = batch_interval
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctproxy-db")
         self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self._pending: dict[Hashable, Write] = {}
+        self._closed = False
 
-    def _with_conn(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+    # ---- in the worker thread -----------------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             self._conn = connect(self.path)
-        return fn(self._conn)
+        return self._conn
+
+    def _apply(self, writes: list[Write], fn: Callable[[sqlite3.Connection], T] | None) -> T | None:
+        conn = self._connection()
+        if writes:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for write in writes:
+                    write(conn)
+                conn.execute("COMMIT")
+            except Exception as exc:  # state writes are best effort: never take the caller's job down
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                log.error("db: %d coalesced writes failed (%s)", len(writes), type(exc).__name__)
+        return fn(conn) if fn is not None else None
+
+    # ---- from any thread ----------------------------------------------------------------------------
+
+    def _take_pending(self) -> list[Write]:
+        with self._lock:
+            if not self._pending:
+                return []
+            writes = list(self._pending.values())
+            self._pending.clear()
+            return writes
+
+    def put_latest(self, key: Hashable, write: Write) -> None:
+        """Commit `write` soon, in a batch; a newer write with the same key replaces a pending older one."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("database worker is closed")
+            first = not self._pending
+            self._pending.pop(key, None)  # re-insert: the batch keeps the order of the latest writes
+            self._pending[key] = write
+        if first:
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on an event loop (a script, a test): no one to wait for, write now
+            self._flush_pending()
+            return
+        loop.call_later(self.batch_interval, self._flush_pending)
+
+    def _flush_pending(self) -> None:
+        writes = self._take_pending()
+        if writes:
+            self._pool.submit(self._apply, writes, None)
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._with_conn, fn)
+        return await loop.run_in_executor(self._pool, self._apply, self._take_pending(), fn)  # type: ignore[return-value]
 
-    def submit(self, fn: Callable[[sqlite3.Connection], object]) -> None:
+    def submit(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
         """Fire and forget (errors are swallowed by the future; use `run` to observe them)."""
-        self._pool.submit(self._with_conn, fn)
+        self._pool.submit(self._apply, self._take_pending(), fn)
 
     def close(self) -> None:
+        """Commit what is pending, close the connection, stop the thread."""
+        with self._lock:
+            self._closed = True
+            writes = list(self._pending.values())
+            self._pending.clear()
+
         def _close() -> None:
+            if writes:
+                self._apply(writes, None)
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
 
         self._pool.submit(_close)
         self._pool.shutdown(wait=True)
+
+
+def shared(extras: dict[str, Any], path: Path) -> DBWorker:
+    """The runtime's one state worker (`runtime.current().extras`), created on first use."""
+    worker = extras.get(SHARED_KEY)
+    if worker is None:
+        worker = extras[SHARED_KEY] = DBWorker(path)
+    return worker
+
+
+def close_shared(extras: dict[str, Any]) -> None:
+    """Every addon that used the shared worker calls this when done; the first call closes it."""
+    worker = extras.pop(SHARED_KEY, None)
+    if worker is not None:
+        worker.close()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proxy.config import Config, ConfigError, get_key, load_config, set_key, with_overrides
+from proxy.config import CAPABILITIES, Config, ConfigError, get_key, load_config, set_key, with_overrides
 from proxy.routes import UpstreamError, is_official_destination, kind_of_path, parse_upstream
 from proxy.session import resolve_session
 
@@ -75,6 +75,19 @@ def test_dotted_get_set_and_overrides():
     assert cfg.apply_patch.enabled and not cfg.web_search.enabled
     with pytest.raises(ConfigError, match="unknown capability"):
         with_overrides(Config(), ["nope"], [])
+
+
+def test_disabling_remote_compaction_turns_off_overflow_recovery_too():
+    assert Config().remote_compaction.recover_overflow  # on by default, even with threshold compaction off
+    cfg = with_overrides(Config(), [], ["remote_compaction"])
+    assert not cfg.remote_compaction.enabled and not cfg.remote_compaction.recover_overflow
+
+
+def test_disable_all_is_a_plain_pass_through():
+    cfg = with_overrides(Config(), [], ["all"])
+    for name in CAPABILITIES:
+        assert get_key(cfg, f"{name}.enabled") is False, name
+    assert not cfg.remote_compaction.recover_overflow
 
 
 def test_session_identity_signals():
