@@ -1,0 +1,104 @@
+"""The shared database worker: coalesced last-value writes keep program order and are never lost."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+from proxy.db import connect
+from proxy.dbworker import DBWorker, close_shared, shared
+
+
+def _table(path: Path) -> None:
+    conn = connect(path)
+    conn.execute("CREATE TABLE IF NOT EXISTS kv(k TEXT PRIMARY KEY, v INTEGER)")
+    conn.close()
+
+
+def _put(k: str, v: int):
+    def write(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO kv(k, v) VALUES (?, ?) ON CONFLICT(k) DO UPDATE SET v=excluded.v", (k, v))
+
+    return write
+
+
+def _rows(conn: sqlite3.Connection) -> dict[str, int]:
+    return {r[0]: r[1] for r in conn.execute("SELECT k, v FROM kv")}
+
+
+async def test_latest_write_per_key_wins_and_reads_see_pending_writes(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    _table(db)
+    worker = DBWorker(db, batch_interval=60.0)  # the timer never fires during the test
+    applied: list[int] = []
+    for i in range(5):
+        def write(conn: sqlite3.Connection, i: int = i) -> None:
+            applied.append(i)
+            _put("a", i)(conn)
+
+        worker.put_latest("a", write)
+    worker.put_latest("b", _put("b", 1))
+    assert await worker.run(_rows) == {"a": 4, "b": 1}  # a read enqueued later sees them
+    assert applied == [4]  # coalesced: only the newest write of a key ran
+    worker.close()
+
+
+async def test_a_later_plain_write_is_applied_after_pending_coalesced_ones(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    _table(db)
+    worker = DBWorker(db, batch_interval=60.0)
+    worker.put_latest("a", _put("a", 1))
+    worker.submit(_put("a", 2))  # program order: this one is later, so it must win
+    assert await worker.run(_rows) == {"a": 2}
+    worker.close()
+
+
+async def test_the_batch_commits_on_its_own_after_the_interval(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    _table(db)
+    worker = DBWorker(db, batch_interval=0.01)
+    worker.put_latest("a", _put("a", 7))
+    reader = connect(db)
+    for _ in range(200):  # another connection (another process, in real life) sees it soon
+        if _rows(reader) == {"a": 7}:
+            break
+        await asyncio.sleep(0.01)
+    assert _rows(reader) == {"a": 7}
+    reader.close()
+    worker.close()
+
+
+def test_close_commits_what_is_pending(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    _table(db)
+    extras: dict = {}
+    worker = shared(extras, db)
+    assert shared(extras, db) is worker
+    worker.put_latest("a", _put("a", 3))  # no event loop: written at once
+    loop = asyncio.new_event_loop()
+    try:
+        async def pending() -> None:
+            worker.put_latest("b", _put("b", 4))  # on a loop: waits for the batch timer
+
+        loop.run_until_complete(pending())
+    finally:
+        loop.close()
+    close_shared(extras)
+    close_shared(extras)  # a second addon's `done`: nothing left to close
+    reader = connect(db)
+    assert _rows(reader) == {"a": 3, "b": 4}
+    reader.close()
+
+
+async def test_a_failing_write_does_not_lose_the_read(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    _table(db)
+    worker = DBWorker(db, batch_interval=60.0)
+
+    def broken(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO missing_table VALUES (1)")
+
+    worker.put_latest("x", broken)
+    assert await worker.run(_rows) == {}
+    worker.close()
