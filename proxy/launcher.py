@@ -162,21 +162,20 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
                      ready: asyncio.Event | None, stop: asyncio.Event | None) -> int:
     from mitmproxy import options
     from mitmproxy.addons.errorcheck import ErrorCheckHandler
-    from mitmproxy.tools.dump import DumpMaster
 
     import addons
     from addons.chain_addon import ChainAddon
     from addons.launcher_only import RecordFlows, ReplayMiss
+    from proxy.mitm_master import build_master
 
     token_path = state.token_path
     mopts = options.Options(mode=[_mitm_mode(opts)], listen_host=opts.listen_host, listen_port=opts.listen_port,
                             confdir=str(state.confdir))
-    master = DumpMaster(mopts, with_termlog=opts.debug, with_dumper=False)
-    # mitmproxy's ErrorCheck calls sys.exit() from inside the event loop when startup logs an error
+    master = build_master(mopts, with_termlog=opts.debug)
+    # Not mitmproxy's ErrorCheck: it calls sys.exit() from inside the event loop when startup logs an error
     # (e.g. "address already in use"), which would skip our cleanup; collect those errors ourselves.
     startup_errors = ErrorCheckHandler()
     startup_errors.install()
-    master.addons.remove(master.addons.get("errorcheck"))
     chain = addons.chain()
     extra: list[object] = []
     if opts.record:
@@ -193,7 +192,7 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
     if opts.server_replay:
         updates.update(server_replay=[str(_replay_file(opts.server_replay, Path(tmp.name)))],
                        server_replay_ignore_host=True, server_replay_ignore_port=True,
-                       server_replay_reuse=True, server_replay_extra="forward", keepserving=True)
+                       server_replay_reuse=True, server_replay_extra="forward")
     master.options.update(**updates)
     runtime.install(rt)
 
