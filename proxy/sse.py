@@ -9,13 +9,12 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 
-@dataclass(frozen=True)
-class SSEEvent:
+class SSEEvent(NamedTuple):  # a tuple: built once per event, a frozen dataclass costs ≈1 µs more
     event: str | None
     data: str
     id: str | None = None
@@ -25,39 +24,43 @@ class SSEEvent:
 
 
 class SSEDecoder:
-    """Feed bytes, get whole events. Keeps at most one partial line plus one partial event."""
+    """Feed bytes, get whole events. Keeps at most one partial line plus one partial event.
+
+    Works on bytes and splits each chunk once (a stream is mostly small delta events: per-line Python
+    work is the cost); a field's value is decoded as UTF-8 when its event is dispatched."""
 
     def __init__(self) -> None:
         self._buf = b""
         self._event: str | None = None
-        self._data: list[str] = []
+        self._data: list[bytes] = []
         self._id: str | None = None
         self._pending_cr = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        if self._pending_cr and chunk.startswith(b"\n"):
+        if self._pending_cr and chunk[:1] == b"\n":
             chunk = chunk[1:]  # the \n of a \r\n split across chunks
         self._pending_cr = False
-        buf = self._buf + chunk
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:
+            # CR and CRLF end lines too. A CR at the very end may be the first half of a CRLF.
+            self._pending_cr = buf.endswith(b"\r")
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()  # the unfinished last line (empty when the chunk ended a line)
         out: list[SSEEvent] = []
-        start = 0
-        n = len(buf)
-        while start < n:
-            nl = buf.find(b"\n", start)
-            cr = buf.find(b"\r", start, nl if nl != -1 else n)
-            if cr != -1:
-                end, nxt = cr, cr + 1
-                if nxt < n and buf[nxt : nxt + 1] == b"\n":
-                    nxt += 1
-                elif nxt == n:
-                    self._pending_cr = True
-            elif nl != -1:
-                end, nxt = nl, nl + 1
-            else:
-                break
-            self._line(buf[start:end], out)
-            start = nxt
-        self._buf = buf[start:]
+        for raw in lines:
+            if raw and raw[0] != 0x3A:  # the common line: a field (0x3A ':' starts a comment)
+                name, _, value = raw.partition(b":")
+                if value[:1] == b" ":
+                    value = value[1:]
+                if name == b"data":
+                    self._data.append(value)
+                elif name == b"event":
+                    self._event = value.decode("utf-8", errors="replace")
+                elif name == b"id":
+                    self._id = value.decode("utf-8", errors="replace")
+            elif not raw:
+                self._line(raw, out)
         return out
 
     def close(self) -> list[SSEEvent]:
@@ -72,21 +75,21 @@ class SSEDecoder:
     def _line(self, raw: bytes, out: list[SSEEvent]) -> None:
         if not raw:
             if self._data:
-                out.append(SSEEvent(self._event, "\n".join(self._data), self._id))
+                data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
+                out.append(SSEEvent(self._event, data.decode("utf-8", errors="replace"), self._id))
             self._event, self._data = None, []
             return
-        line = raw.decode("utf-8", errors="replace")
-        if line.startswith(":"):
-            return
-        name, _, value = line.partition(":")
-        if value.startswith(" "):
+        if raw[:1] == b":":
+            return  # a comment
+        name, _, value = raw.partition(b":")
+        if value[:1] == b" ":
             value = value[1:]
-        if name == "data":
+        if name == b"data":
             self._data.append(value)
-        elif name == "event":
-            self._event = value
-        elif name == "id":
-            self._id = value
+        elif name == b"event":
+            self._event = value.decode("utf-8", errors="replace")
+        elif name == b"id":
+            self._id = value.decode("utf-8", errors="replace")
 
 
 class _Decompressor:
