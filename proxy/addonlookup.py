@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from mitmproxy import ctx
+
 CHAIN_ADDON_NAME = "ctproxy-chain"
 
 
 def find_addon(name: str) -> Any | None:
     """The running addon registered as `name` (lower-case class name), or None; None without a master."""
     try:
-        from mitmproxy import ctx
-
         manager = ctx.master.addons
     except Exception:  # no mitmproxy context (a unit test calling a hook directly)
         return None

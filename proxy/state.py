@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 from dataclasses import dataclass
@@ -30,8 +31,8 @@ class StateDir:
         os.chmod(path, 0o700)
         return cls(path)
 
-    @property
-    def db_path(self) -> Path:
+    @functools.cached_property
+    def db_path(self) -> Path:  # cached: looked up on every request, and a Path costs microseconds to build
         return self.root / "ctproxy.db"
 
     @property

@@ -6,6 +6,7 @@ state directory (mode 0600) so the hash cannot be recomputed from a leaked datab
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import secrets
@@ -101,6 +102,7 @@ def auth_identity(headers: Mapping[str, str]) -> tuple[str, str | None]:
     return "bearer", f"token\x00{token}"
 
 
+@functools.lru_cache(maxsize=256)  # one HMAC per account, not per request
 def account_hash(key: bytes, identity: str | None) -> str:
     if not identity:
         return ""
