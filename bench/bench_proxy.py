@@ -423,10 +423,10 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pi
             result["ratios"]["d_concurrent_wall"] = ratios(walls)
             rows += latency_rows(f"d {CONCURRENCY} streams, batch wall", walls)
             sps = {k: v["streams_per_s"] for k, v in conc.items()}
-            rows.append(["  errors", *(str(conc[k]["errors"]) for k in names), "", ""])
+            rows.append(["  errors", *(str(conc[k]["errors"]) for k in names), *([""] * len(RATIO_COLUMNS))])
             rows.append(["  streams/s", *(str(sps[k]) for k in names),
                          *(f"{ratio(sps[a], sps[b]):.3f}" for a, b in RATIO_COLUMNS)])
-            rows.append(["  events/s", *(str(conc[k]["events_per_s"]) for k in names), "", ""])
+            rows.append(["  events/s", *(str(conc[k]["events_per_s"]) for k in names), *([""] * len(RATIO_COLUMNS))])
         if "e" in only and Path("/proc/self/stat").exists():
             result["scenarios"]["e_cpu_per_request"] = await scenario_cpu(http, urls, pids, bodies.small,
                                                                           plan.rounds_e, plan.warmup)
