@@ -22,8 +22,6 @@ declares a `--quick` option.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import math
 import os
@@ -134,8 +132,8 @@ class Processes:
         (a non-streaming answer need not pay for rendering hundreds of events it never sends).
         It keeps few recorded requests so big bodies do not pile up in memory."""
         port = free_port()
-        cmd = [sys.executable, "-m", "bench.common", "emulator", "--port", str(port), "--stream-deltas",
-               str(stream_deltas), "--json-deltas", str(json_deltas), "--max-recorded", str(max_recorded)]
+        cmd = [sys.executable, "-m", "tests.emulator", "--port", str(port), "--deltas", str(stream_deltas),
+               "--json-deltas", str(json_deltas), "--max-recorded", str(max_recorded)]
         return self._spawn("emulator", port, cmd, lambda s: "listening on" in s.log())
 
     def mitmdump(self, upstream: str, scripts: Sequence[str | Path] = (), options: Mapping[str, str] = (),
@@ -242,46 +240,3 @@ def write_result(name: str, data: Mapping[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     return path
-
-
-# ---- the emulator process -----------------------------------------------------------------------
-
-
-async def serve_emulator(port: int, stream_deltas: int, json_deltas: int, max_recorded: int) -> None:
-    """Run the emulator until SIGTERM/SIGINT; prints `listening on URL` once ready."""
-    from tests.emulator import Emulator, echo_reply
-    from tests.emulator.recording import ReceivedRequest
-
-    def reply(rec: ReceivedRequest) -> Any:
-        streams = isinstance(rec.json, dict) and rec.json.get("stream") is True
-        return echo_reply(rec, stream_deltas if streams else json_deltas)
-
-    emu = Emulator(max_recorded=max_recorded, check_previous_response_id=False)
-    emu.set_default(reply)
-    await emu.start("127.0.0.1", port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"listening on {emu.url}", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await emu.close()
-
-
-def _main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.common", description="bench helper processes")
-    sub = parser.add_subparsers(dest="what", required=True)
-    emu = sub.add_parser("emulator", help="the Responses emulator with per-mode delta counts")
-    emu.add_argument("--port", type=int, required=True)
-    emu.add_argument("--stream-deltas", type=int, default=3)
-    emu.add_argument("--json-deltas", type=int, default=3)
-    emu.add_argument("--max-recorded", type=int, default=4)
-    args = parser.parse_args(argv)
-    asyncio.run(serve_emulator(args.port, args.stream_deltas, args.json_deltas, args.max_recorded))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main())

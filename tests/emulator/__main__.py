@@ -2,6 +2,9 @@
 
     python -m tests.emulator --port 8900 --deltas 200      (from the repository root)
 
+`--json-deltas N` gives non-streaming answers their own delta count (a benchmark's JSON answers need
+not pay for rendering the hundreds of events its streams carry).
+
 Prints `listening on http://HOST:PORT` once ready; stops on SIGINT/SIGTERM.
 """
 
@@ -12,7 +15,8 @@ import asyncio
 import signal
 import sys
 
-from .app import Emulator
+from .app import Emulator, echo_reply
+from .recording import ReceivedRequest
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -20,6 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--deltas", type=int, default=3, help="output_text.delta events per default answer")
+    parser.add_argument("--json-deltas", type=int, default=None,
+                        help="text deltas of a non-streaming default answer (default: --deltas)")
     parser.add_argument(
         "--validate-requests", action="store_true", help="answer 400 when a body violates CreateResponse"
     )
@@ -36,6 +42,12 @@ async def serve(args: argparse.Namespace) -> None:
         max_recorded=args.max_recorded,
         check_previous_response_id=False,  # bench clients may chain ids the trimmed store forgot
     )
+    if args.json_deltas is not None:
+        def reply(rec: ReceivedRequest) -> object:
+            streams = isinstance(rec.json, dict) and rec.json.get("stream") is True
+            return echo_reply(rec, args.deltas if streams else args.json_deltas)
+
+        emu.set_default(reply)
     await emu.start(args.host, args.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
