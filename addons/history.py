@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 from mitmproxy import http
 
+from addons._flow import header_map
 from proxy import runtime
 from proxy.flowbody import responses_body
 from proxy.flowstate import state_of
@@ -46,22 +47,24 @@ def mark_of(flow: http.HTTPFlow) -> RequestMark | None:
     return mark if isinstance(mark, RequestMark) else None
 
 
-def _identity(flow: http.HTTPFlow, payload: dict[str, Any], j: Journal) -> SessionIdentity:
+def _identity(flow: http.HTTPFlow, payload: dict[str, Any], j: Journal) -> tuple[SessionIdentity, dict[str, str]]:
+    """The request's session identity, and its headers (lower-case names, x-ctp-* as the client sent them)."""
     st = state_of(flow)
-    if isinstance(st.session, SessionIdentity):
-        return st.session
-    # The session addon keeps the client's x-ctp-* headers in the flow state and strips them; loaded
-    # alone, take them from the request here (and strip them below).
-    if not st.identity_headers:
-        st.identity_headers = {k.lower(): v for k, v in flow.request.headers.items()
-                               if k.lower().startswith("x-ctp-")}
-    headers = dict(flow.request.headers.items())
+    headers = header_map(flow)  # one pass over the raw fields; Headers.items() is quadratic
+    ours = [name for name in headers if name.startswith("x-ctp-")]
+    if ours:
+        # Loaded without the session addon (which keeps them in the flow state and strips them): the
+        # x-ctp-* headers are ours and never go upstream.
+        if not st.identity_headers:
+            st.identity_headers = {name: headers[name] for name in ours}
+        for name in ours:
+            del flow.request.headers[name]
     headers.update(st.identity_headers)
+    if isinstance(st.session, SessionIdentity):
+        return st.session, headers
     ident = resolve_session(headers, payload, j.aliases)
     st.session = ident
-    for name in [k for k in flow.request.headers if k.lower().startswith("x-ctp-")]:
-        del flow.request.headers[name]
-    return ident
+    return ident, headers
 
 
 def _refuse(flow: http.HTTPFlow, err: JoinError) -> None:
@@ -127,9 +130,9 @@ class History:
         body = responses_body(flow)
         if body is None:
             return
-        ident = _identity(flow, body.value, j)
+        ident, headers = _identity(flow, body.value, j)
         try:
-            key, task_id, address = j.resolve(ident, flow.request.headers, body.value)
+            key, task_id, address = j.resolve(ident, headers, body.value)
         except JoinError as err:
             _refuse(flow, err)
             return

@@ -6,8 +6,9 @@ An agent that joins without a name gets the stable `/root/agent_<hash>` of its s
 
 from __future__ import annotations
 
-import hashlib
 import re
+
+from proxy.journal.canonical import sha256
 
 ROOT = "/root"
 _SEGMENT = re.compile(r"[a-z0-9_]+")
@@ -56,9 +57,9 @@ def resolve_address(name: str | None, base: str = ROOT) -> str:
 
 def auto_address(session_key: str) -> str:
     """The stable address of an agent that joined a task without a name."""
-    return f"{ROOT}/agent_{hashlib.sha256(session_key.encode('utf-8')).hexdigest()[:12]}"
+    return f"{ROOT}/agent_{sha256(session_key.encode('utf-8')).hexdigest()[:12]}"
 
 
 def address_hash(address: str) -> str:
     """Directory name for an agent's files (notes): stable, filesystem-safe."""
-    return hashlib.sha256(address.encode("utf-8")).hexdigest()[:16]
+    return sha256(address.encode("utf-8")).hexdigest()[:16]

@@ -9,12 +9,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 from typing import Any
 
 from proxy.journal.addresses import ROOT, AddressError, auto_address, resolve_address
+from proxy.journal.canonical import sha256
 from proxy.session import SessionIdentity, resolve_session
 
 
@@ -33,9 +34,10 @@ class JoinError(Exception):
 
 
 def _h(*parts: str) -> str:
-    return hashlib.sha256("\x00".join(parts).encode("utf-8")).hexdigest()
+    return sha256("\x00".join(parts).encode("utf-8")).hexdigest()
 
 
+@lru_cache(maxsize=4096)  # every request of a session asks again
 def auto_task_id(session_key: str) -> str:
     """The task a session without x-ctp-task starts: stable, so every process agrees on it."""
     return "task_" + _h("task", session_key)[:16]

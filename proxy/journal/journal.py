@@ -27,7 +27,7 @@ import orjson
 from proxy.db import connect
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
 from proxy.journal.branch import Alignment, Entry, InputView, Resend, align, align_resend, align_stateful
-from proxy.journal.canonical import canonical_hash, chain_id, input_items, item_type, session_root
+from proxy.journal.canonical import canonical_hash, chain_id, fingerprint, input_items, item_type, session_root
 from proxy.journal.identity import new_task_id, resolve_identity
 from proxy.journal.ops import (
     EnsureAgent,
@@ -437,7 +437,8 @@ class Journal:
                 raw = orjson.dumps(item)
                 canon = canonical_hash(item)
                 item_id = chain_id(parent, canon)
-                entries.append(Entry(item_id, canon, item_type(item)))
+                # The fingerprint of the form received: a client resending it unchanged needs no hashing.
+                entries.append(Entry(item_id, canon, item_type(item), fingerprint(raw)))
                 ops.append(PutItem(item_id, st.key, None if parent.startswith("root:") else parent,
                                    st.window.window_id, "output", raw, canon, rid, now))
                 parent = item_id
@@ -458,7 +459,7 @@ class Journal:
                 self._remember(self._aliases, response_id, st.key, CACHED_ALIASES)
                 ops.append(PutAlias(response_id, st.key, now))
             self._submit(ops)
-            return [e.item_id for e in entries]
+        return [e.item_id for e in entries]
 
 
 def _common_prefix(a: Sequence[Entry], b: Sequence[Entry]) -> int:

@@ -1,27 +1,28 @@
-"""Journal write operations: built on the request path (cheap), applied by the writer thread."""
+"""Journal write operations: built on the request path (cheap), applied by the writer thread.
+
+NamedTuples: immutable like the frozen dataclasses they replace, and built in one call (a frozen
+dataclass sets each field through `object.__setattr__`; measured, the ops of one turn cost ≈30 µs
+from a cold cache that way).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True)
-class EnsureTask:
+class EnsureTask(NamedTuple):
     task_id: str
     origin: str
     created_at: float
 
 
-@dataclass(frozen=True)
-class EnsureAgent:
+class EnsureAgent(NamedTuple):
     task_id: str
     address: str
     created_at: float
 
 
-@dataclass(frozen=True)
-class EnsureSession:
+class EnsureSession(NamedTuple):
     session_key: str
     task_id: str
     address: str
@@ -29,8 +30,7 @@ class EnsureSession:
     created_at: float
 
 
-@dataclass(frozen=True)
-class PutWindow:
+class PutWindow(NamedTuple):
     task_id: str
     address: str
     window_id: str
@@ -42,8 +42,7 @@ class PutWindow:
     created_at: float
 
 
-@dataclass(frozen=True)
-class PutItem:
+class PutItem(NamedTuple):
     item_id: str
     session_key: str
     parent_id: str | None
@@ -55,8 +54,7 @@ class PutItem:
     created_at: float
 
 
-@dataclass(frozen=True)
-class SetBranch:
+class SetBranch(NamedTuple):
     """Replace the session's branch manifest from `from_pos` on with `ids`."""
 
     session_key: str
@@ -67,8 +65,7 @@ class SetBranch:
     reason: str = "append"
 
 
-@dataclass(frozen=True)
-class PutResponse:
+class PutResponse(NamedTuple):
     response_id: str
     session_key: str
     model: str | None
@@ -81,19 +78,17 @@ class PutResponse:
     created_at: float
 
 
-@dataclass(frozen=True)
-class PutAlias:
+class PutAlias(NamedTuple):
     response_id: str
     session_key: str
     created_at: float
 
 
-@dataclass(frozen=True)
-class PutEvent:
+class PutEvent(NamedTuple):
     session_key: str
     kind: str
-    detail: dict[str, Any] = field(default_factory=dict)
-    created_at: float = 0.0
+    detail: dict[str, Any]
+    created_at: float
 
 
 Op = EnsureTask | EnsureAgent | EnsureSession | PutWindow | PutItem | SetBranch | PutResponse | PutAlias | PutEvent
