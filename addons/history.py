@@ -1,10 +1,13 @@
 """Journals every Responses exchange: the client's new input items and the model's output items.
 
 `request`: resolves the task/agent/session (joining a task named by `x-ctp-task`; an unknown task
-is answered here with a 400 and never forwarded), aligns the input with the session's branch and
-enqueues the new items; the ids of all input items go to `state_of(flow).extra["history"]`.
-Output items are enqueued when the stream's terminal event passes through the tap (before its
-bytes reach the client), or in `response` / `error` otherwise. Nothing here waits for the database.
+is answered here with a 400 and never forwarded), snapshots the input and leaves a `RequestMark` in
+`state_of(flow).extra["history"]`; the journal aligns it with the session's branch at its writer's
+next tick, or when the mark's ids (or the session) are first read (proxy/journal/backlog.py).
+The answer is handed over when the stream's terminal event passes through the tap (before its bytes
+reach the client), or in `response` / `error` otherwise: its response id resolves to the session at
+once, and its items join the branch before the session's next request is aligned. Nothing here
+waits for the database, and no hashing or alignment runs on the request path.
 """
 
 from __future__ import annotations
@@ -137,8 +140,7 @@ class History:
             _refuse(flow, err)
             return
         try:
-            session = j.session(key, task_id, address, ident.source)
-            mark = j.ingest_request(session, body.value)
+            mark = j.begin_request(key, task_id, address, ident.source, body.value)  # aligned at the next tick
         except Exception as exc:  # the journal is a record: it never fails a request
             log.error("history: request not journaled (%s)", type(exc).__name__)
             return
@@ -184,12 +186,11 @@ class History:
             return
         try:
             if tap is None:
-                j.ingest_response(mark, [], response_id=None, model=None, status="failed", usage=None,
-                                  error={"code": "no_response"} if broken else None, incomplete=True)
+                j.end_response(mark, [], response_id=None, model=None, status="failed", usage=None,
+                               error={"code": "no_response"} if broken else None, incomplete=True)
                 return
-            j.ingest_response(mark, tap.items, response_id=tap.response_id, model=tap.model, status=tap.status,
-                              usage=tap.usage, error=tap.error, incomplete=broken or tap.incomplete
-                              or not tap.completed)
+            j.end_response(mark, tap.items, response_id=tap.response_id, model=tap.model, status=tap.status,
+                           usage=tap.usage, error=tap.error, incomplete=broken or tap.incomplete or not tap.completed)
         except Exception as exc:
             log.error("history: response not journaled (%s)", type(exc).__name__)
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import threading
 
+from proxy.journal.backlog import RequestMark
 from proxy.journal.identity import JoinError
-from proxy.journal.journal import Journal, RequestMark, SessionState, Window
+from proxy.journal.journal import Journal, SessionState, Window
 from proxy.state import StateDir
 
 __all__ = ["JoinError", "Journal", "RequestMark", "SessionState", "Window", "journal_for"]

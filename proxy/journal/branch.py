@@ -180,22 +180,38 @@ class Resend:
     branch_len: int  # the branch's length right after that request
 
 
-def align_resend(entries: Sequence[Entry], items: Sequence[Any], whole: bytes, prev: Resend) -> Alignment | None:
-    """Align by the byte prefix of the previous input, then the rest against the branch after it.
-    None when the fast path does not apply (the caller aligns item by item)."""
+def resend_rest(whole: bytes, prev: Resend, items: Sequence[Any] | None = None) -> list[Any] | None:
+    """The input items after the previous request's, when this input (`whole`, as orjson serializes it)
+    begins with that one byte for byte; None when it does not. Only the rest is parsed (or sliced from
+    `items` when given)."""
     n_prev, cut = len(prev.ids), len(prev.whole) - 1
-    if len(items) < n_prev or prev.branch_len > len(entries):
-        return None
     if not whole.startswith(memoryview(prev.whole)[:cut]):
         return None
-    if n_prev and whole[cut:cut + 1] not in (b",", b"]"):
+    if n_prev == 0:
+        return list(items) if items is not None else orjson.loads(whole)
+    follows = whole[cut:cut + 1]
+    if follows == b"]":
+        return []
+    if follows != b",":
         return None  # the previous last item is only a prefix of a longer one here
-    rest_entries, rest_items = entries[prev.branch_len:], items[n_prev:]
-    if not rest_items:
+    if items is not None:
+        return list(items[n_prev:])
+    return orjson.loads(b"[" + whole[cut + 1:])
+
+
+def align_resend(entries: Sequence[Entry], rest: Sequence[Any], prev: Resend) -> Alignment | None:
+    """Align an input that resends the previous one (`resend_rest` gave the items after it): only the rest
+    is compared, against the branch after the previous request. None when the fast path does not apply
+    (the caller aligns item by item)."""
+    if prev.branch_len > len(entries):
+        return None
+    n_prev = len(prev.ids)
+    rest_entries = entries[prev.branch_len:]
+    if not rest:
         kind = "continue" if all(e.skippable for e in rest_entries) else "prefix"
         keep = len(entries) if kind == "continue" else prev.branch_len
         return Alignment(kind, [], keep, n_prev, [], prev.ids, prev.positions)
-    sub = align(rest_entries, rest_items)
+    sub = align(rest_entries, rest)
     if sub.kind not in ("continue", "new", "prefix", "diverged"):
         return None
     base = prev.branch_len

@@ -16,9 +16,9 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,17 @@ import orjson
 
 from proxy.db import connect
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
-from proxy.journal.branch import Alignment, Entry, InputView, Resend, align, align_resend, align_stateful
+from proxy.journal.backlog import Pending, PendingRequest, PendingResponse, RequestMark
+from proxy.journal.branch import (
+    Alignment,
+    Entry,
+    InputView,
+    Resend,
+    align,
+    align_resend,
+    align_stateful,
+    resend_rest,
+)
 from proxy.journal.canonical import canonical_hash, chain_id, fingerprint, input_items, item_type, session_root
 from proxy.journal.identity import new_task_id, resolve_identity
 from proxy.journal.ops import (
@@ -77,21 +87,6 @@ class SessionState:
     generation: int = 0  # bumped whenever the branch is rewritten (not merely appended to)
 
 
-@dataclass
-class RequestMark:
-    """What the journal made of one request; kept in the flow state for the response and later addons."""
-
-    session_key: str
-    task_id: str
-    address: str
-    window_id: str
-    input_ids: list[str]  # the journal id of every input item, in input order
-    kind: str  # alignment kind: new | continue | trimmed | prefix | compaction | diverged | stateful
-    tail: str | None  # the last item of the branch after this request
-    branch: list[Entry] = field(repr=False, default_factory=list)
-    response_done: bool = False
-
-
 def connect_retrying(path: Path, attempts: int = 40) -> sqlite3.Connection:
     """`proxy.db.connect`, retried while another connection holds the lock during its WAL switch."""
     for i in range(attempts):
@@ -139,13 +134,18 @@ class Journal:
         self._aliases: OrderedDict[str, str] = OrderedDict()
         self._tails: OrderedDict[str, str | None] = OrderedDict()  # response id → its last item id
         self._resends: OrderedDict[str, tuple[int, Resend]] = OrderedDict()  # session → (generation, last input)
+        self._backlog: deque[Pending] = deque()  # see backlog.py
+        self._settling = False
         self.aliases = AliasView(self)
+        self.writer.feed(self.settle, lambda: bool(self._backlog))
 
     # ------------------------------------------------------------------ lifecycle
     def flush(self, timeout: float | None = 30.0) -> bool:
+        self.settle()
         return self.writer.flush(timeout)
 
     def close(self) -> None:
+        self.settle()
         self.writer.close()
         with self._lock:
             self._read.close()
@@ -188,8 +188,14 @@ class Journal:
 
     def session(self, session_key: str, task_id: str | None = None, address: str | None = None,
                 source: str | None = None) -> SessionState:
-        """The cached state of a session; loaded from the database, or created when new
-        (creating needs `task_id` and `address`)."""
+        """The state of a session, with everything the request path left for later journaled; loaded
+        from the database, or created when new (creating needs `task_id` and `address`)."""
+        self.settle()
+        return self._session(session_key, task_id, address, source)
+
+    def _session(self, session_key: str, task_id: str | None = None, address: str | None = None,
+                 source: str | None = None) -> SessionState:
+        """The cached state of a session as it is (the backlog not settled)."""
         with self._lock:
             st = self._sessions.get(session_key)
             if st is not None:
@@ -336,62 +342,139 @@ class Journal:
             cache.popitem(last=False)
 
     # ------------------------------------------------------------------ ingest
-    def ingest_request(self, st: SessionState, payload: Mapping[str, Any]) -> RequestMark:
-        """Journal the input items not on the branch yet; returns every input item's id."""
+    def begin_request(self, session_key: str, task_id: str, address: str, source: str | None,
+                      payload: Mapping[str, Any]) -> RequestMark:
+        """The request path: snapshot the input and leave its alignment to the writer's next tick (or to
+        the first reader of the session). The mark's ids and kind settle the backlog when read."""
         items = input_items(payload)
-        view = InputView(items)
-        prev = payload.get("previous_response_id")
-        stateful = isinstance(prev, str) and bool(prev)
-        whole = None if stateful else orjson.dumps(items)  # one C call; most of it was sent last turn too
+        whole = orjson.dumps(items)
         with self._lock:
-            alignment = None
-            if stateful:
-                alignment = align_stateful(st.entries, items, self._tail_position(st, prev))
-            else:
-                resend = self._resends.get(st.key)
-                if resend is not None and resend[0] == st.generation:
-                    alignment = align_resend(st.entries, items, whole, resend[1])
-                if alignment is None:
-                    alignment = align(st.entries, items, view)
-            for j, fp in alignment.fp_updates:
-                if j < len(st.entries):
-                    st.entries[j].fp = fp
-            if alignment.kind == "compaction":
-                head = st.entries[-1].item_id if st.entries else None
-                st.window = self._new_window(st.key, st.task_id, st.address, head, "client_compaction",
-                                             {"reason": "the client sent a new compaction item"})
-            new_entries, ops = self._new_items(st, alignment, view, "input", None)
-            keep = alignment.keep
-            branch = (st.entries + new_entries) if keep == len(st.entries) else st.entries[:keep] + new_entries
-            ops_branch = self._branch_ops(st, branch, alignment.keep, alignment.kind)
-            head = len(alignment.head_ids)
-            rest_ids = [st.entries[j].item_id if j is not None else "" for j in alignment.matched]
-            rest_pos = [j if j is not None else -1 for j in alignment.matched]
-            for k, e in zip(range(alignment.new_from, len(items)), new_entries, strict=True):
-                rest_ids[k - head] = e.item_id
-                rest_pos[k - head] = alignment.keep + k - alignment.new_from
-            ids = [*alignment.head_ids, *rest_ids]
-            if alignment.keep < len(st.entries):
-                st.generation += 1
-            st.entries = branch
-            if whole is not None and len(whole) <= RESEND_MAX_BYTES:
-                self._remember(self._resends, st.key, (st.generation, Resend(
-                    whole, tuple(ids), (*alignment.head_positions, *rest_pos), len(branch))), CACHED_RESENDS)
-            else:
-                self._resends.pop(st.key, None)
-            self._submit(ops + ops_branch)
-            if alignment.kind in ("diverged", "prefix"):
-                self.record_event(st.key, "branch", {"kind": alignment.kind, "kept": alignment.keep})
-            return RequestMark(st.key, st.task_id, st.address, st.window.window_id, ids, alignment.kind,
-                               branch[-1].item_id if branch else None, branch)
+            st = self._session(session_key, task_id, address, source)
+            mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
+            self._backlog.append(PendingRequest(mark, whole, _previous_response(payload)))
+        self.writer.wake_if_parked()
+        return mark
 
-    def _new_items(self, st: SessionState, alignment: Alignment, view: InputView, origin: str,
+    def end_response(self, mark: RequestMark, items: Sequence[dict[str, Any]], *, response_id: str | None,
+                     model: str | None, status: str | None, usage: dict[str, Any] | None,
+                     error: dict[str, Any] | None, incomplete: bool) -> None:
+        """The answer's side of `begin_request`: its output items are snapshot and appended after the
+        request's branch at the next tick; its response id resolves to the session at once."""
+        if mark.response_done:
+            return
+        mark.response_done = True
+        snapshot = orjson.dumps(list(items))
+        with self._lock:
+            if response_id:  # a next request naming it (previous_response_id) finds its session at once
+                self._remember(self._aliases, response_id, mark.session_key, CACHED_ALIASES)
+            self._backlog.append(PendingResponse(mark, snapshot, None, response_id, model, status, usage, error,
+                                                 incomplete, time.time()))
+        self.writer.wake_if_parked()
+
+    def ingest_request(self, st: SessionState, payload: Mapping[str, Any]) -> RequestMark:
+        """Journal the input items not on the branch yet, now; the mark has every input item's id."""
+        items = input_items(payload)
+        with self._lock:
+            mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
+            self._backlog.append(PendingRequest(mark, orjson.dumps(items), _previous_response(payload), items))
+            self.settle()
+        return mark
+
+    def ingest_response(self, mark: RequestMark, items: Sequence[dict[str, Any]], *, response_id: str | None,
+                        model: str | None, status: str | None, usage: dict[str, Any] | None,
+                        error: dict[str, Any] | None, incomplete: bool) -> list[str]:
+        """Journal a response's output items after its request's branch, now; once per request."""
+        if mark.response_done:
+            return []
+        mark.response_done = True
+        pending = PendingResponse(mark, None, list(items), response_id, model, status, usage, error, incomplete,
+                                  time.time())
+        with self._lock:
+            self._backlog.append(pending)
+            self.settle()
+        return pending.ids or []
+
+    def settle(self) -> None:
+        """Journal everything the request path left for later, in order (every caller sees all of it
+        done on return). Runs on the writer's tick and before anything reads a session's state."""
+        while self._backlog:
+            with self._lock:
+                if self._settling or not self._backlog:
+                    return  # called back from inside the work below: it is being done
+                entry = self._backlog.popleft()
+                self._settling = True
+                try:
+                    if isinstance(entry, PendingRequest):
+                        self._align(entry)
+                    else:
+                        self._append_answer(entry)
+                except Exception as exc:  # the journal is a record: one bad entry never blocks the rest
+                    log.error("journal: %s not journaled (%s)", type(entry).__name__, type(exc).__name__)
+                    if isinstance(entry, PendingRequest) and not entry.mark.settled:
+                        st = entry.mark.state
+                        entry.mark.fail(st.window.window_id if st is not None else "")
+                finally:
+                    self._settling = False
+
+    def _align(self, p: PendingRequest) -> None:
+        st = p.mark.state
+        assert st is not None
+        head = 0  # input items resolved at once by the byte prefix (the fast path)
+        if p.previous_response_id is not None:
+            items = p.items if p.items is not None else orjson.loads(p.whole)
+            alignment = align_stateful(st.entries, items, self._tail_position(st, p.previous_response_id))
+            rest = items
+        else:
+            alignment = None
+            resend = self._resends.get(st.key)
+            if resend is not None and resend[0] == st.generation:
+                rest = resend_rest(p.whole, resend[1], p.items)
+                if rest is not None:
+                    alignment = align_resend(st.entries, rest, resend[1])
+                    head = len(resend[1].ids)
+            if alignment is None:
+                head = 0
+                rest = p.items if p.items is not None else orjson.loads(p.whole)
+                alignment = align(st.entries, rest)
+        view = InputView(rest)  # the input items from `head` on
+        n = head + len(rest)
+        for j, fp in alignment.fp_updates:
+            if j < len(st.entries):
+                st.entries[j].fp = fp
+        if alignment.kind == "compaction":
+            tip = st.entries[-1].item_id if st.entries else None
+            st.window = self._new_window(st.key, st.task_id, st.address, tip, "client_compaction",
+                                         {"reason": "the client sent a new compaction item"})
+        new_entries, ops = self._new_items(st, alignment, view, head, "input", None)
+        keep = alignment.keep
+        branch = (st.entries + new_entries) if keep == len(st.entries) else st.entries[:keep] + new_entries
+        ops_branch = self._branch_ops(st, branch, keep, alignment.kind)
+        rest_ids = [st.entries[j].item_id if j is not None else "" for j in alignment.matched]
+        rest_pos = [j if j is not None else -1 for j in alignment.matched]
+        for k, e in zip(range(alignment.new_from, n), new_entries, strict=True):
+            rest_ids[k - head] = e.item_id
+            rest_pos[k - head] = keep + k - alignment.new_from
+        ids = [*alignment.head_ids, *rest_ids]
+        if keep < len(st.entries):
+            st.generation += 1
+        st.entries = branch
+        if len(p.whole) <= RESEND_MAX_BYTES and p.previous_response_id is None:
+            self._remember(self._resends, st.key, (st.generation, Resend(
+                p.whole, tuple(ids), (*alignment.head_positions, *rest_pos), len(branch))), CACHED_RESENDS)
+        else:
+            self._resends.pop(st.key, None)
+        self._submit(ops + ops_branch)
+        if alignment.kind in ("diverged", "prefix"):
+            self.record_event(st.key, "branch", {"kind": alignment.kind, "kept": keep})
+        p.mark.resolve(st.window.window_id, ids, alignment.kind, branch[-1].item_id if branch else None, branch)
+
+    def _new_items(self, st: SessionState, alignment: Alignment, view: InputView, head: int, origin: str,
                    response_id: str | None) -> tuple[list[Entry], list[Op]]:
         parent = st.entries[alignment.keep - 1].item_id if alignment.keep else session_root(st.key)
         now = time.time()
         entries: list[Entry] = []
         ops: list[Op] = []
-        for k in range(alignment.new_from, len(view)):
+        for k in range(alignment.new_from - head, len(view)):
             canon = view.canon(k)
             item_id = chain_id(parent, canon)
             entries.append(Entry(item_id, canon, item_type(view.items[k]), view.fp(k)))
@@ -418,48 +501,50 @@ class Journal:
             tail = row[0] if row else None
         return self._position(st, tail) if tail else None
 
-    def ingest_response(self, mark: RequestMark, items: Sequence[dict[str, Any]], *, response_id: str | None,
-                        model: str | None, status: str | None, usage: dict[str, Any] | None,
-                        error: dict[str, Any] | None, incomplete: bool) -> list[str]:
-        """Journal a response's output items after its request's branch; once per request."""
-        if mark.response_done:
-            return []
-        mark.response_done = True
-        rid = response_id or "local_" + secrets.token_hex(8)
-        with self._lock:
-            st = self.session(mark.session_key)
-            base = mark.branch
-            parent = base[-1].item_id if base else session_root(st.key)
-            now = time.time()
-            entries: list[Entry] = []
-            ops: list[Op] = []
-            for item in items:
-                raw = orjson.dumps(item)
-                canon = canonical_hash(item)
-                item_id = chain_id(parent, canon)
-                # The fingerprint of the form received: a client resending it unchanged needs no hashing.
-                entries.append(Entry(item_id, canon, item_type(item), fingerprint(raw)))
-                ops.append(PutItem(item_id, st.key, None if parent.startswith("root:") else parent,
-                                   st.window.window_id, "output", raw, canon, rid, now))
-                parent = item_id
-            branch = base + entries
-            if entries:
-                keep = _common_prefix(st.entries, base)
-                if keep >= len(st.entries):
-                    ops.append(SetBranch(st.key, keep, tuple(e.item_id for e in branch[keep:])))
-                else:  # another request of this session moved the branch meanwhile: latest wins
-                    ops.append(SetBranch(st.key, keep, tuple(e.item_id for e in branch[keep:]),
-                                         st.entries[-1].item_id, len(st.entries), "concurrent"))
-                    st.generation += 1
-                st.entries = branch
-            tail = branch[-1].item_id if branch else None
-            ops.append(PutResponse(rid, st.key, model, status, usage, error, tail, len(entries), incomplete, now))
-            self._remember(self._tails, rid, tail, CACHED_ALIASES)
-            if response_id:
-                self._remember(self._aliases, response_id, st.key, CACHED_ALIASES)
-                ops.append(PutAlias(response_id, st.key, now))
-            self._submit(ops)
-        return [e.item_id for e in entries]
+    def _append_answer(self, p: PendingResponse) -> None:
+        mark = p.mark
+        if mark.failed or not mark.settled:
+            return  # its request is not on the branch; its items would hang from the wrong parent
+        st = mark.state or self._session(mark.session_key)
+        rid = p.response_id or "local_" + secrets.token_hex(8)
+        items = p.items if p.items is not None else orjson.loads(p.snapshot or b"[]")
+        base = mark.branch
+        parent = base[-1].item_id if base else session_root(st.key)
+        entries: list[Entry] = []
+        ops: list[Op] = []
+        for item in items:
+            raw = orjson.dumps(item)
+            canon = canonical_hash(item)
+            item_id = chain_id(parent, canon)
+            # The fingerprint of the form received: a client resending it unchanged needs no hashing.
+            entries.append(Entry(item_id, canon, item_type(item), fingerprint(raw)))
+            ops.append(PutItem(item_id, st.key, None if parent.startswith("root:") else parent,
+                               st.window.window_id, "output", raw, canon, rid, p.created_at))
+            parent = item_id
+        branch = base + entries
+        if entries:
+            keep = _common_prefix(st.entries, base)
+            if keep >= len(st.entries):
+                ops.append(SetBranch(st.key, keep, tuple(e.item_id for e in branch[keep:])))
+            else:  # another request of this session moved the branch meanwhile: latest wins
+                ops.append(SetBranch(st.key, keep, tuple(e.item_id for e in branch[keep:]),
+                                     st.entries[-1].item_id, len(st.entries), "concurrent"))
+                st.generation += 1
+            st.entries = branch
+        tail = branch[-1].item_id if branch else None
+        ops.append(PutResponse(rid, st.key, p.model, p.status, p.usage, p.error, tail, len(entries), p.incomplete,
+                               p.created_at))
+        self._remember(self._tails, rid, tail, CACHED_ALIASES)
+        if p.response_id:
+            self._remember(self._aliases, p.response_id, st.key, CACHED_ALIASES)
+            ops.append(PutAlias(p.response_id, st.key, p.created_at))
+        self._submit(ops)
+        p.ids = [e.item_id for e in entries]
+
+
+def _previous_response(payload: Mapping[str, Any]) -> str | None:
+    prev = payload.get("previous_response_id")
+    return prev if isinstance(prev, str) and prev else None
 
 
 def _common_prefix(a: Sequence[Entry], b: Sequence[Entry]) -> int:

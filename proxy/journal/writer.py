@@ -21,7 +21,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +82,10 @@ class JournalWriter:
         self._urgent = False  # a flush/close/full queue wants the writer now, not at its next tick
         self._park_ticks = max(1, round(park_after / batch_interval)) if batch_interval > 0 else 1
         self._closed = False
+        # The journal's backlog (work the request path left for later) is settled on each tick, so its
+        # writes go out in the same tick; `_waiting` tells whether it holds anything.
+        self._settle: Callable[[], None] | None = None
+        self._waiting: Callable[[], bool] = lambda: False
         self._thread = threading.Thread(target=self._run, name="ctproxy-journal", daemon=True)
         self._thread.start()
 
@@ -103,7 +107,15 @@ class JournalWriter:
                 return
             self._pending.append((time.monotonic(), tuple(ops)))
             self._submitted += len(ops)
-        if self._parked:  # after the append: a writer about to park re-checks the deque (see _park)
+        self.wake_if_parked()
+
+    def feed(self, settle: Callable[[], None], waiting: Callable[[], bool]) -> None:
+        """Run `settle` (which submits ops) before each drain; `waiting()` says it has work."""
+        self._settle, self._waiting = settle, waiting
+
+    def wake_if_parked(self) -> None:
+        """Call after adding work (here or to the fed backlog): a writer about to park re-checks both."""
+        if self._parked:
             self._parked = False
             self.stats.wakeups += 1
             self._wake.set()
@@ -163,8 +175,8 @@ class JournalWriter:
     def _park(self) -> None:
         """Sleep until a submit (or flush) wakes us; then give the burst one interval to gather."""
         self._parked = True
-        if not self._pending:  # re-check after publishing `_parked`: a submit in between is seen here
-            self._wake.wait()
+        if not self._pending and not self._waiting():  # re-checked after publishing `_parked`: work
+            self._wake.wait()  # added in between is seen here, work added later wakes us
         self._parked = False
         self._wake.clear()
         if not self._urgent:
@@ -182,6 +194,11 @@ class JournalWriter:
                     self._wake.wait(self.batch_interval)
                 self._wake.clear()
                 self._urgent = False
+                if self._settle is not None:
+                    try:
+                        self._settle()
+                    except Exception as exc:  # never let the journal's backlog stop the writer
+                        log.error("journal: settling the backlog failed (%s)", type(exc).__name__)
                 worked, stop = self._drain(conn)
                 idle = 0 if worked else idle + 1
                 if stop:
