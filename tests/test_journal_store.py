@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -330,3 +331,83 @@ def test_fast_resend_path_gives_the_same_ids_as_item_by_item(tmp_path: Path):
             finally:
                 j.close()
         assert runs[0] == runs[1]
+
+
+def _lazy_conversation(rng, j: Journal, key: str, lazy: bool) -> list[tuple[list[str], str, list[str]]]:
+    """The request path's API (`begin_request` / `end_response`, settled whenever the writer or a reader
+    gets to it) against the inline one, on the same random client behaviour, with concurrent turns."""
+    ident = _ident(key)
+    k, task, addr = j.resolve(ident, {}, {})
+    history: list[dict] = []
+    marks = []
+    settle_rng = random.Random(rng.random())
+    for turn in range(30):
+        action = rng.choice(["turn", "turn", "turn", "retry", "edit", "drop_reasoning", "stateful", "overlap"])
+        if action == "edit" and history:
+            history = [*history[:rng.randrange(len(history))], _msg("user", f"edited {turn}")]
+        elif action == "drop_reasoning":
+            history = [h for h in history if h.get("type") != "reasoning"]
+        if action != "retry" or not history:
+            history.append(_msg("user", f"q{turn}"))
+        payload: dict = {"input": list(history)}
+        if action == "stateful" and marks:
+            payload = {"input": [_msg("user", f"s{turn}")], "previous_response_id": f"{key}-{turn - 1}"}
+        outputs = [{"type": "reasoning", "summary": [{"type": "summary_text", "text": f"r{turn}"}]},
+                   _out(f"a{turn}", turn)]
+        second = [_out(f"b{turn}", 100 + turn)]
+        meta = {"model": "gpt-5", "status": "completed", "usage": None, "error": None, "incomplete": False}
+        if lazy:
+            mark = j.begin_request(k, task, addr, "fingerprint", payload)
+            payload["input"].append(_msg("user", "edited by a later addon"))  # the snapshot is what counts
+            other = j.begin_request(k, task, addr, "fingerprint", {"input": list(history)}) \
+                if action == "overlap" else None
+            j.end_response(mark, outputs, response_id=f"{key}-{turn}", **meta)
+            if other is not None:
+                j.end_response(other, second, response_id=f"{key}-o{turn}", **meta)
+            if settle_rng.random() < 0.3:
+                j.settle()
+        else:
+            mark = j.ingest_request(j.session(k, task, addr), payload)
+            other = j.ingest_request(j.session(k), {"input": list(history)}) if action == "overlap" else None
+            j.ingest_response(mark, outputs, response_id=f"{key}-{turn}", **meta)
+            if other is not None:
+                j.ingest_response(other, second, response_id=f"{key}-o{turn}", **meta)
+        history += [outputs[0], _resent(f"a{turn}")]
+        marks.append(mark)
+    out = [(m.input_ids, m.kind, [e.item_id for e in m.branch]) for m in marks]
+    out.append((j.item_ids_for_session(k), "final", []))
+    assert j.flush()
+    assert [r[0] for r in _db(j).execute("SELECT item_id FROM journal_branch WHERE session_key=? ORDER BY pos",
+                                         (k,))] == j.item_ids_for_session(k)
+    return out
+
+
+def test_request_path_backlog_gives_the_same_journal_as_inline(tmp_path: Path):
+    for seed in range(12):
+        runs = []
+        for lazy in (True, False):
+            j = Journal(StateDir.open(tmp_path / f"l{seed}{lazy}"))
+            try:
+                runs.append(_lazy_conversation(random.Random(seed), j, "f:lazy", lazy))
+                # Everything left for later reached the database without anyone asking (the writer's tick).
+                if lazy:
+                    assert not j._backlog
+            finally:
+                j.close()
+        assert runs[0] == runs[1]
+        assert any(kind in ("prefix", "diverged") for _, kind, _ in runs[0])
+
+
+def test_a_mark_settles_when_read_and_a_failed_request_drops_its_answer(journal: Journal):
+    k, task, addr = journal.resolve(_ident("f:settle"), {}, {})
+    mark = journal.begin_request(k, task, addr, "fingerprint", {"input": "hello"})
+    assert not mark.settled and mark.address == "/root"
+    assert mark.kind == "new" and len(mark.input_ids) == 1 and mark.settled
+    bad = journal.begin_request(k, task, addr, "fingerprint", {"input": [{"role": "user", "content": "x"}]})
+    bad.state = None  # an entry the journal cannot process: logged, marked failed, the rest goes on
+    journal.end_response(bad, [_out("lost", 1)], response_id="r-bad", model=None, status=None, usage=None,
+                         error=None, incomplete=False)
+    ok = journal.begin_request(k, task, addr, "fingerprint", {"input": [_msg("user", "hello"), _msg("user", "b")]})
+    assert bad.kind == "failed" and bad.input_ids == []
+    assert ok.kind == "continue" and ok.input_ids[0] == mark.input_ids[0]
+    assert journal.item_ids_for_session(k) == ok.input_ids
