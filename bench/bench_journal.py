@@ -79,6 +79,15 @@ def start_proxy(upstream: str, state: Path, with_history: bool, disabled: bool =
     return proc, port
 
 
+def cpu_seconds(proc: subprocess.Popen) -> float | None:
+    """User + system CPU of a process so far (Linux /proc), or None."""
+    try:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 async def one_turn(http: aiohttp.ClientSession, url: str, body: bytes) -> tuple[float, list[dict]]:
     started = time.perf_counter()
     items: list[dict] = []
@@ -108,6 +117,9 @@ async def bench_overhead(turns: int, conversations: int) -> dict:
     times: dict[str, list[float]] = {k: [] for k in targets}
     ratios: list[float] = []
     rng = random.Random(7)
+    procs = {"off": off, "on": on, "idle": idle}
+    cpu_start = {k: cpu_seconds(p) for k, p in procs.items()}
+    cpu: dict[str, float | None] = {}
     try:
         async with aiohttp.ClientSession() as http:
             for c in range(conversations):
@@ -127,6 +139,9 @@ async def bench_overhead(turns: int, conversations: int) -> dict:
                             times[k].append(v)
                         ratios.append(got["on"] / got["off"])
                     history.extend(items)
+        for k, p in procs.items():
+            end, start = cpu_seconds(p), cpu_start[k]
+            cpu[k] = None if end is None or start is None else (end - start) / (turns * conversations) * 1000
     finally:
         for p in (on, off, idle, emu):
             p.send_signal(signal.SIGTERM)
@@ -145,7 +160,8 @@ async def bench_overhead(turns: int, conversations: int) -> dict:
             "ci95": (medians[50], medians[1949]),
             "idle_ratio": statistics.median(i / o for i, o in zip(times["idle"], times["off"], strict=True)),
             "ratio_of_medians": statistics.median(times["on"]) / statistics.median(times["off"]),
-            "samples": len(ratios), "journaled_items": journaled, "history_len": len(history)}
+            "samples": len(ratios), "journaled_items": journaled, "history_len": len(history),
+            "cpu_ms_per_turn": cpu}
 
 
 VOCAB = ["the", "request", "proxy", "journal", "window", "agent", "notes", "history", "search", "item", "token",
@@ -240,24 +256,25 @@ async def bench_search(items: int, runs: int) -> dict:
 
 
 def bench_crash_window(seconds: float) -> dict:
+    """The proxy's request path (`begin_request` / `end_response`) under a steady load; the window counts
+    from the moment the request path handed a request or answer over to its commit."""
     work = Path(tempfile.mkdtemp(prefix="bench-journal-crash-"))
     state = StateDir.open(work / "state")
     j = Journal(state, JournalWriter(state.db_path, keep_latencies=True))
     key, task, addr = j.resolve(SessionIdentity("f:crash", "fingerprint", None, None), {}, {})
-    st = j.session(key, task, addr)
     rng = random.Random(3)
     history: list[dict] = []
-    ingest_t: list[float] = []
+    path_t: list[float] = []
     end = time.monotonic() + seconds
     n = 0
     while time.monotonic() < end:  # ~100 turns/s, each resending the whole conversation
         history.append({"role": "user", "content": make_text(rng, n)})
-        t0 = time.perf_counter()
-        mark = j.ingest_request(st, {"input": list(history)})
-        ingest_t.append(time.perf_counter() - t0)
         out = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"ok {n}"}]}
-        j.ingest_response(mark, [out], response_id=f"r{n}", model=None, status="completed", usage=None,
-                          error=None, incomplete=False)
+        t0 = time.perf_counter()
+        mark = j.begin_request(key, task, addr, "fingerprint", {"input": history})
+        j.end_response(mark, [out], response_id=f"r{n}", model=None, status="completed", usage=None,
+                       error=None, incomplete=False)
+        path_t.append(time.perf_counter() - t0)
         history.append(out)
         n += 1
         time.sleep(0.01)
@@ -269,7 +286,7 @@ def bench_crash_window(seconds: float) -> dict:
             "max_batch": stats.max_batch,
             "commit_latency_ms": {"p50": lat[len(lat) // 2] * 1000, "p99": lat[int(len(lat) * 0.99)] * 1000,
                                   "max": lat[-1] * 1000},
-            "ingest_request_us": {"median": statistics.median(ingest_t) * 1e6, "max": max(ingest_t) * 1e6}}
+            "request_path_us": {"median": statistics.median(path_t) * 1e6, "max": max(path_t) * 1e6}}
 
 
 async def main() -> None:
@@ -284,16 +301,17 @@ async def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.turns, args.conversations, args.items, args.runs, args.crash_seconds = 20, 3, 20_000, 5, 2.0
-    print(f"writer: batches of up to {BATCH_SIZE} ops, committed {BATCH_INTERVAL * 1000:.0f} ms after their first op")
+    print(f"writer: commits within {BATCH_INTERVAL * 1000:.0f} ms of a hand-over, up to {BATCH_SIZE} ops a "
+          f"transaction; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     if "crash" not in args.skip:
         c = bench_crash_window(args.crash_seconds)
         print(f"\n[crash-loss window] {c['turns']} turns (history up to {c['final_history']} items), "
               f"{c['ops']} ops in {c['batches']} batches (max {c['max_batch']})")
-        print("  enqueue→commit of a batch's oldest op: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {max:.1f} ms"
-              .format(**c["commit_latency_ms"]))
-        print("  ingest_request on the request path: median {median:.0f} µs, max {max:.0f} µs"
-              .format(**c["ingest_request_us"]))
-        print("  a SIGKILL loses at most the ops enqueued within that window (the uncommitted batch)")
+        print("  handed over→committed, a batch's oldest request or answer: p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
+              "max {max:.1f} ms".format(**c["commit_latency_ms"]))
+        print("  request path (begin_request + end_response, whole history resent): median {median:.0f} µs, "
+              "max {max:.0f} µs".format(**c["request_path_us"]))
+        print("  a SIGKILL loses at most what was handed over within that window (not yet committed)")
     if "overhead" not in args.skip:
         o = await bench_overhead(args.turns, args.conversations)
         m = o["median_ms"]
@@ -305,6 +323,10 @@ async def main() -> None:
         print(f"  journal on/off: median of paired ratios {o['median_ratio_on_off']:.3f} (95% CI {lo:.3f}-{hi:.3f}), "
               f"ratio of medians {o['ratio_of_medians']:.3f}  (target ≤ 1.05)")
         print(f"  addon loaded but disabled / off: median of paired ratios {o['idle_ratio']:.3f}")
+        cpu = o["cpu_ms_per_turn"]
+        if all(v is not None for v in cpu.values()):
+            print(f"  proxy CPU per turn (all threads, /proc): without journal {cpu['off']:.2f} ms, with journal "
+                  f"{cpu['on']:.2f} ms, addon disabled {cpu['idle']:.2f} ms")
     if "search" not in args.skip:
         s = await bench_search(args.items, args.runs)
         print(f"\n[search] {s['items']} journaled items (built in {s['build_s']:.1f} s); median of {args.runs} runs; "

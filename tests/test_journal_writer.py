@@ -1,22 +1,24 @@
-"""The journal's writer thread: handing ops over without waking it, ticks, parking, flush, a full queue;
-and the hash-chain ids staying what they always were."""
+"""The journal's writer thread: sleeping while idle, woken once per burst (by a loop timer on an event
+loop), flush, a full queue; and the hash-chain ids staying what they always were."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
+from proxy.journal import Journal
 from proxy.journal import writer as writer_mod
 from proxy.journal.canonical import canonical_hash, chain_id, session_root
 from proxy.journal.ops import EnsureTask, PutEvent
 from proxy.journal.writer import JournalWriter
+from proxy.session import SessionIdentity
 from proxy.state import StateDir
 
 
@@ -43,13 +45,6 @@ def _wait(cond, timeout: float = 10.0) -> bool:
     return cond()
 
 
-@pytest.fixture
-def writer(db: Path) -> Iterator[JournalWriter]:
-    w = JournalWriter(db, batch_interval=0.01, park_after=30.0)
-    yield w
-    w.close()
-
-
 def test_ids_are_the_sha256_chain_they_always_were():
     item = {"role": "user", "content": "hi", "id": "msg_1"}
     canon_bytes = orjson.dumps({"content": [{"text": "hi", "type": "input_text"}], "role": "user",
@@ -60,30 +55,57 @@ def test_ids_are_the_sha256_chain_they_always_were():
     assert chain_id(parent, canon) == "it_" + hashlib.sha256(f"{parent}\x00{canon}".encode()).hexdigest()[:16]
 
 
-def test_submits_while_ticking_never_wake_the_writer(writer: JournalWriter, db: Path):
-    for i in range(50):
-        writer.submit(EnsureTask(f"t{i}", "session", float(i)))
-        time.sleep(0.002)
-    # Committed on the writer's own clock, without a flush and without one wake-up from a submit.
-    assert _wait(lambda: len(_tasks(db)) == 50)
-    assert writer.stats.wakeups == 0
-    assert _tasks(db) == [f"t{i}" for i in range(50)]
-    assert writer.pending == 0
-
-
-def test_a_parked_writer_is_woken_once_by_the_next_submit(db: Path):
-    w = JournalWriter(db, batch_interval=0.01, park_after=0.05)
+def test_an_idle_writer_sleeps_and_a_burst_wakes_it_once(db: Path):
+    w = JournalWriter(db, batch_interval=0.05)
     try:
-        assert _wait(lambda: w._parked)  # idle: it stopped ticking
-        w.submit(EnsureTask("late", "session", 1.0))
-        assert _wait(lambda: _tasks(db) == ["late"])  # no flush: the submit woke it
+        time.sleep(0.3)
+        assert w.stats.drains == 0 and w._parked  # no ticking while there is nothing to do
+        for i in range(20):  # a burst from a thread without an event loop: one wake-up, one gather
+            w.submit(EnsureTask(f"t{i}", "session", float(i)))
+        assert _wait(lambda: len(_tasks(db)) == 20)  # committed without a flush
         assert w.stats.wakeups == 1
+        assert _tasks(db) == [f"t{i}" for i in range(20)]
+        assert w.pending == 0
+        assert _wait(lambda: w._parked)  # and back to sleep
     finally:
         w.close()
 
 
+async def test_on_an_event_loop_a_timer_rings_the_writer_not_the_request_path(tmp_path: Path):
+    j = Journal(StateDir.open(tmp_path / "state"), JournalWriter(StateDir.open(tmp_path / "state").db_path,
+                                                                 batch_interval=0.05))
+    try:
+        key, task, addr = j.resolve(SessionIdentity("f:loop", "fingerprint", None, None), {}, {})
+        j.begin_request(key, task, addr, "fingerprint", {"input": "warm up"})  # creates the session
+        await asyncio.sleep(0.2)
+        woken = j.writer.stats.wakeups
+        mark = j.begin_request(key, task, addr, "fingerprint", {"input": [
+            {"role": "user", "content": "warm up"}, {"role": "user", "content": "hi"}]})
+        j.end_response(mark, [{"type": "message", "role": "assistant", "content": "yo"}], response_id="r1",
+                       model=None, status=None, usage=None, error=None, incomplete=False)
+        assert j.writer.stats.wakeups == woken and j._ring_due  # nothing woke the writer yet
+        assert j._backlog and not mark.settled
+        conn = sqlite3.connect(j.state.db_path)
+        count = "SELECT count(*) FROM journal_items"
+        # The loop timer rings it one interval later: settled and committed without a flush or a read.
+        assert await _await(lambda: conn.execute(count).fetchone()[0] == 3)
+        assert j.writer.stats.wakeups == woken + 1 and not j._ring_due and mark.kind == "continue"
+        conn.close()
+    finally:
+        j.close()
+
+
+async def _await(cond, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        await asyncio.sleep(0.01)
+    return cond()
+
+
 def test_flush_commits_everything_submitted_before_it_in_order(db: Path):
-    w = JournalWriter(db, batch_size=8, batch_interval=5.0, park_after=30.0)
+    w = JournalWriter(db, batch_size=8, batch_interval=5.0)
     try:
         for i in range(5):  # units of 3 ops: a transaction holds whole units, at most 8 ops (or one unit)
             w.submit_many([EnsureTask(f"t{i}.{k}", "session", i * 10 + k) for k in range(3)])
@@ -107,7 +129,7 @@ def test_a_full_queue_waits_then_drops_and_the_writer_recovers(db: Path, monkeyp
         return real(conn, ops, between)
 
     monkeypatch.setattr(writer_mod, "apply_batch", stalled)
-    w = JournalWriter(db, batch_interval=0.01, queue_max=4, full_wait=0.2, park_after=30.0)
+    w = JournalWriter(db, batch_interval=0.01, queue_max=4, full_wait=0.2)
     try:
         w.submit(EnsureTask("first", "session", 0.0))
         assert _wait(lambda: w.pending == 0)  # taken: the writer is now stuck committing it

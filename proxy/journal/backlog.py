@@ -10,8 +10,9 @@ edits the payload before the tick.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ class PendingRequest:
     whole: bytes  # the input items serialized by orjson when the request passed
     previous_response_id: str | None
     items: list[Any] | None = None  # the items themselves, when the caller guarantees they stay unchanged
+    queued_at: float = field(default_factory=time.monotonic)  # the crash-loss window counts from here
 
 
 @dataclass(slots=True)
@@ -130,6 +132,7 @@ class PendingResponse:
     incomplete: bool
     created_at: float
     ids: list[str] | None = None  # filled when journaled: the output items' ids
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 Pending = PendingRequest | PendingResponse

@@ -11,6 +11,7 @@ Windows API for the context/compaction work (see docs/history.md):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import sqlite3
@@ -61,6 +62,7 @@ CACHED_SESSIONS = 512
 CACHED_ALIASES = 20_000
 CACHED_RESENDS = 64  # sessions whose last input is kept for the byte-prefix fast path
 RESEND_MAX_BYTES = 32 << 20
+BACKLOG_MAX = 4096  # requests and answers waiting for the writer's tick
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ class Journal:
         self._resends: OrderedDict[str, tuple[int, Resend]] = OrderedDict()  # session → (generation, last input)
         self._backlog: deque[Pending] = deque()  # see backlog.py
         self._settling = False
+        self._ring_due = False  # a loop timer will ring the writer (see _after_append)
         self.aliases = AliasView(self)
         self.writer.feed(self.settle, lambda: bool(self._backlog))
 
@@ -150,8 +153,8 @@ class Journal:
         with self._lock:
             self._read.close()
 
-    def _submit(self, ops: Sequence[Op]) -> None:
-        self.writer.submit_many(ops)
+    def _submit(self, ops: Sequence[Op], since: float | None = None) -> None:
+        self.writer.submit_many(ops, since)
 
     # ------------------------------------------------------------------ tasks and agents
     def create_task(self) -> str:
@@ -352,7 +355,7 @@ class Journal:
             st = self._session(session_key, task_id, address, source)
             mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
             self._backlog.append(PendingRequest(mark, whole, _previous_response(payload)))
-        self.writer.wake_if_parked()
+        self._after_append()
         return mark
 
     def end_response(self, mark: RequestMark, items: Sequence[dict[str, Any]], *, response_id: str | None,
@@ -369,7 +372,28 @@ class Journal:
                 self._remember(self._aliases, response_id, mark.session_key, CACHED_ALIASES)
             self._backlog.append(PendingResponse(mark, snapshot, None, response_id, model, status, usage, error,
                                                  incomplete, time.time()))
-        self.writer.wake_if_parked()
+        self._after_append()
+
+    def _after_append(self) -> None:
+        if len(self._backlog) >= BACKLOG_MAX:
+            # The writer is not keeping up (a stalled database): do the work here, where the writer's
+            # bounded queue makes the request path wait, then drop, as it always did.
+            self.settle()
+        if self._ring_due:
+            return  # a ring is scheduled: it takes this too
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.writer.wake_if_parked()  # no event loop here: the writer gathers for an interval itself
+            return
+        # On the proxy's event loop: ring the writer one interval from now, by a loop timer, so that it
+        # does not wake (and take the GIL) while this exchange is being forwarded.
+        self._ring_due = True
+        loop.call_later(self.writer.batch_interval, self._ring)
+
+    def _ring(self) -> None:
+        self._ring_due = False
+        self.writer.ring()
 
     def ingest_request(self, st: SessionState, payload: Mapping[str, Any]) -> RequestMark:
         """Journal the input items not on the branch yet, now; the mark has every input item's id."""
@@ -463,7 +487,7 @@ class Journal:
                 p.whole, tuple(ids), (*alignment.head_positions, *rest_pos), len(branch))), CACHED_RESENDS)
         else:
             self._resends.pop(st.key, None)
-        self._submit(ops + ops_branch)
+        self._submit(ops + ops_branch, p.queued_at)
         if alignment.kind in ("diverged", "prefix"):
             self.record_event(st.key, "branch", {"kind": alignment.kind, "kept": keep})
         p.mark.resolve(st.window.window_id, ids, alignment.kind, branch[-1].item_id if branch else None, branch)
@@ -538,7 +562,7 @@ class Journal:
         if p.response_id:
             self._remember(self._aliases, p.response_id, st.key, CACHED_ALIASES)
             ops.append(PutAlias(p.response_id, st.key, p.created_at))
-        self._submit(ops)
+        self._submit(ops, p.queued_at)
         p.ids = [e.item_id for e in entries]
 
 

@@ -1,21 +1,24 @@
-"""The journal's writer thread: ops handed over without waking it, committed on its own clock.
+"""The journal's writer thread: ops handed over without a wake-up per op, committed in batches.
 
-The request path only appends to a deque (no lock shared with the writer, no notify): measured on
-the proxy, waking the writer on every submit cost about 3% of a streamed turn's latency in GIL and
-scheduler hand-offs, more than all the journal's own work. The writer wakes every `batch_interval`,
-takes everything pending and commits it, at most `batch_size` ops per transaction (the ops of one
-request or response stay together). So an op is committed at most `batch_interval` plus one commit
-after it was submitted: a crash (SIGKILL) loses at most that window — `bench/bench_journal.py`
-measures it. After `park_after` seconds without work the writer parks (an idle proxy wakes nobody)
-and the next submit wakes it once. `flush()` returns once everything submitted before it is
-committed; `close()` flushes and stops the thread.
+The writer sleeps until rung, and nothing on the proxy's request path rings it during an exchange:
+work handed over from an event loop is taken by a loop timer `batch_interval` later (the journal
+schedules it, see journal.py), so the writer wakes about once per interval of activity and never
+while a request is being forwarded. Measured on the proxy, waking it for every submit cost about 3%
+of a streamed turn's latency in GIL and scheduler hand-offs, and on this VM every timed wake-up
+costs 50-120 µs of CPU, so an idle writer does not tick. Work handed over from a thread without a
+loop wakes a sleeping writer, which then gathers for one interval before committing.
 
-If the database stalls and `queue_max` ops are pending, `submit` waits up to `full_wait` seconds
-rather than dropping a journaled item, then drops with an error log (the proxy keeps serving).
+A drain commits everything pending, at most `batch_size` ops per transaction (the ops of one request
+or answer stay together). An op is committed at most `batch_interval` plus one commit after it was
+handed over: a crash (SIGKILL) loses at most that window — `bench/bench_journal.py` measures it.
+`flush()` returns once everything submitted before it is committed; `close()` flushes and stops the
+thread. If the database stalls and `queue_max` ops are pending, `submit` waits up to `full_wait`
+seconds rather than dropping a journaled item, then drops with an error log (the proxy keeps serving).
 """
 
 from __future__ import annotations
 
+import _thread
 import logging
 import sqlite3
 import threading
@@ -35,7 +38,6 @@ log = logging.getLogger("ctproxy.journal")
 BATCH_SIZE = 512
 BATCH_INTERVAL = 0.02
 QUEUE_MAX = 100_000
-PARK_AFTER = 2.0  # seconds without work before the writer stops ticking
 
 
 def _yield_gil() -> None:
@@ -55,15 +57,15 @@ class WriterStats:
     dropped: int = 0
     failed_batches: int = 0
     max_batch: int = 0
-    wakeups: int = 0  # times a submit had to wake a parked writer
+    wakeups: int = 0  # times the writer was rung or woken
+    drains: int = 0  # times it woke and drained (an idle writer does not)
     last_commit_at: float = 0.0
     latencies: list[float] = field(default_factory=list)  # enqueue→commit of each batch's oldest op
 
 
 class JournalWriter:
     def __init__(self, db_path: Path, batch_size: int = BATCH_SIZE, batch_interval: float = BATCH_INTERVAL,
-                 queue_max: int = QUEUE_MAX, full_wait: float = 5.0, keep_latencies: bool = False,
-                 park_after: float = PARK_AFTER):
+                 queue_max: int = QUEUE_MAX, full_wait: float = 5.0, keep_latencies: bool = False):
         self.db_path = db_path
         self.batch_size = batch_size
         self.batch_interval = batch_interval
@@ -77,10 +79,12 @@ class JournalWriter:
         self._submitted = 0  # ops appended (submitters only, under _submit_lock)
         self._taken = 0  # ops taken by the writer (writer thread only)
         self._submit_lock = threading.Lock()  # among submitters; the writer never takes it
-        self._wake = threading.Event()
-        self._parked = False
-        self._urgent = False  # a flush/close/full queue wants the writer now, not at its next tick
-        self._park_ticks = max(1, round(park_after / batch_interval)) if batch_interval > 0 else 1
+        # A raw lock as a bell: held by the writer while it sleeps on it, released by whoever rings
+        # (one C call each side; a threading.Event costs twice the CPU per wake-up).
+        self._bell = _thread.allocate_lock()
+        self._bell.acquire()
+        self._parked = False  # sleeping until rung (nothing pending)
+        self._now = False  # the ring wants a drain now (a timer, flush, close, full queue), not a gather
         self._closed = False
         # The journal's backlog (work the request path left for later) is settled on each tick, so its
         # writes go out in the same tick; `_waiting` tells whether it holds anything.
@@ -94,18 +98,21 @@ class JournalWriter:
     def submit(self, op: Op) -> None:
         self.submit_many((op,))
 
-    def submit_many(self, ops: Sequence[Op]) -> None:
-        """Enqueue ops as one unit (committed in one transaction); never wakes a ticking writer."""
+    def submit_many(self, ops: Sequence[Op], since: float | None = None) -> None:
+        """Enqueue ops as one unit (committed in one transaction); never wakes a ticking writer. `since`
+        (time.monotonic) is when the request path handed over what they record, if earlier than now."""
         if not ops:
             return
         if self._closed:
             raise RuntimeError("journal writer is closed")
         with self._submit_lock:
-            if self._submitted - self._taken + len(ops) > self.queue_max and not self._wait_for_room(len(ops)):
+            # The writer thread itself (settling the journal's backlog) drains right after: never wait on it.
+            full = self._submitted - self._taken + len(ops) > self.queue_max
+            if full and threading.get_ident() != self._thread.ident and not self._wait_for_room(len(ops)):
                 self.stats.dropped += len(ops)
                 log.error("journal queue full for %.1fs; dropped %d ops", self.full_wait, len(ops))
                 return
-            self._pending.append((time.monotonic(), tuple(ops)))
+            self._pending.append((time.monotonic() if since is None else since, tuple(ops)))
             self._submitted += len(ops)
         self.wake_if_parked()
 
@@ -114,11 +121,23 @@ class JournalWriter:
         self._settle, self._waiting = settle, waiting
 
     def wake_if_parked(self) -> None:
-        """Call after adding work (here or to the fed backlog): a writer about to park re-checks both."""
+        """Call after adding work (here or to the fed backlog): a sleeping writer wakes, gathers for one
+        interval, and drains. (A writer about to sleep re-checks both after publishing `_parked`.)"""
         if self._parked:
             self._parked = False
-            self.stats.wakeups += 1
-            self._wake.set()
+            self._release()
+
+    def ring(self) -> None:
+        """Drain now: what is pending, and the journal's backlog."""
+        self._now = True
+        self._release()
+
+    def _release(self) -> None:
+        self.stats.wakeups += 1
+        try:
+            self._bell.release()
+        except RuntimeError:
+            pass  # already rung
 
     def _wait_for_room(self, n: int) -> bool:
         """The database is behind: have the writer drain now, and wait (a rare, stalled path)."""
@@ -126,13 +145,9 @@ class JournalWriter:
         while self._submitted - self._taken + n > self.queue_max:
             if time.monotonic() >= deadline or not self._thread.is_alive():
                 return False
-            self._nudge()
+            self.ring()
             time.sleep(0.005)
         return True
-
-    def _nudge(self) -> None:
-        self._urgent = True
-        self._wake.set()
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until everything submitted so far is committed. False on timeout or when closed."""
@@ -140,7 +155,7 @@ class JournalWriter:
             return False
         marker = _Marker()
         self._pending.append(marker)
-        self._nudge()
+        self.ring()
         return marker.done.wait(timeout)
 
     def close(self, timeout: float | None = 30.0) -> None:
@@ -149,7 +164,7 @@ class JournalWriter:
         marker = _Marker(stop=True)
         self._pending.append(marker)
         self._closed = True
-        self._nudge()
+        self.ring()
         marker.done.wait(timeout)
         self._thread.join(timeout)
 
@@ -172,56 +187,51 @@ class JournalWriter:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _park(self) -> None:
-        """Sleep until a submit (or flush) wakes us; then give the burst one interval to gather."""
-        self._parked = True
-        if not self._pending and not self._waiting():  # re-checked after publishing `_parked`: work
-            self._wake.wait()  # added in between is seen here, work added later wakes us
-        self._parked = False
-        self._wake.clear()
-        if not self._urgent:
-            self._wake.wait(self.batch_interval)
+    def _sleep(self) -> None:
+        """Until there is something to drain: pending work is drained within one interval; with none,
+        sleep until rung (then, unless the ring wants it now, gather for one interval)."""
+        if not self._now:
+            self._parked = True
+            if self._pending or self._waiting():  # re-checked after publishing `_parked` (see above)
+                self._parked = False
+                self._bell.acquire(timeout=self.batch_interval)
+            else:
+                self._bell.acquire()
+                self._parked = False
+                if not self._now:
+                    self._bell.acquire(timeout=self.batch_interval)
+        self._now = False
 
     def _run(self) -> None:
         conn = self._connect()
-        idle = 0
         try:
             while True:
-                if idle >= self._park_ticks:
-                    self._park()
-                    idle = 0
-                else:
-                    self._wake.wait(self.batch_interval)
-                self._wake.clear()
-                self._urgent = False
+                self._sleep()
                 if self._settle is not None:
                     try:
                         self._settle()
                     except Exception as exc:  # never let the journal's backlog stop the writer
                         log.error("journal: settling the backlog failed (%s)", type(exc).__name__)
-                worked, stop = self._drain(conn)
-                idle = 0 if worked else idle + 1
-                if stop:
+                if self._drain(conn):
                     return
         finally:
             conn.close()
 
-    def _drain(self, conn: sqlite3.Connection) -> tuple[bool, bool]:
+    def _drain(self, conn: sqlite3.Connection) -> bool:
         """Commit everything pending, in transactions of at most `batch_size` ops (whole units);
-        release markers once what precedes them is committed. Returns (did work, stop)."""
+        release markers once what precedes them is committed. True when told to stop."""
+        self.stats.drains += 1
         batch: list[Op] = []
         first_at = 0.0
-        worked = False
         while self._pending:
             entry = self._pending.popleft()
-            worked = True
             if isinstance(entry, _Marker):
                 if batch:
                     self._commit(conn, batch, first_at)
                     batch = []
                 entry.done.set()
                 if entry.stop:
-                    return True, True
+                    return True
                 continue
             at, ops = entry
             if batch and len(batch) + len(ops) > self.batch_size:
@@ -233,7 +243,7 @@ class JournalWriter:
             self._taken += len(ops)
         if batch:
             self._commit(conn, batch, first_at)
-        return worked, False
+        return False
 
     def _commit(self, conn: sqlite3.Connection, batch: list[Op], first_at: float) -> None:
         for attempt in range(3):
