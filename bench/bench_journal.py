@@ -255,9 +255,9 @@ async def bench_search(items: int, runs: int) -> dict:
     return {"items": count, "build_s": build_s, "queries": out}
 
 
-def bench_crash_window(seconds: float) -> dict:
-    """The proxy's request path (`begin_request` / `end_response`) under a steady load; the window counts
-    from the moment the request path handed a request or answer over to its commit."""
+async def bench_crash_window(seconds: float) -> dict:
+    """The proxy's request path (`begin_request` / `end_response`, on an event loop as in mitmproxy) under a
+    steady load; the window counts from the moment a request or answer was handed over to its commit."""
     work = Path(tempfile.mkdtemp(prefix="bench-journal-crash-"))
     state = StateDir.open(work / "state")
     j = Journal(state, JournalWriter(state.db_path, keep_latencies=True))
@@ -277,7 +277,7 @@ def bench_crash_window(seconds: float) -> dict:
         path_t.append(time.perf_counter() - t0)
         history.append(out)
         n += 1
-        time.sleep(0.01)
+        await asyncio.sleep(0.01)
     j.flush(timeout=None)
     lat = sorted(j.writer.stats.latencies)
     stats = j.writer.stats
@@ -304,7 +304,7 @@ async def main() -> None:
     print(f"writer: commits within {BATCH_INTERVAL * 1000:.0f} ms of a hand-over, up to {BATCH_SIZE} ops a "
           f"transaction; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     if "crash" not in args.skip:
-        c = bench_crash_window(args.crash_seconds)
+        c = await bench_crash_window(args.crash_seconds)
         print(f"\n[crash-loss window] {c['turns']} turns (history up to {c['final_history']} items), "
               f"{c['ops']} ops in {c['batches']} batches (max {c['max_batch']})")
         print("  handed over→committed, a batch's oldest request or answer: p50 {p50:.1f} ms, p99 {p99:.1f} ms, "

@@ -139,6 +139,7 @@ class Journal:
         self._backlog: deque[Pending] = deque()  # see backlog.py
         self._settling = False
         self._ring_due = False  # a loop timer will ring the writer (see _after_append)
+        self._ring_due_at = 0.0
         self.aliases = AliasView(self)
         self.writer.feed(self.settle, lambda: bool(self._backlog))
 
@@ -379,7 +380,10 @@ class Journal:
             # The writer is not keeping up (a stalled database): do the work here, where the writer's
             # bounded queue makes the request path wait, then drop, as it always did.
             self.settle()
+        interval = self.writer.batch_interval
         if self._ring_due:
+            if time.monotonic() - self._ring_due_at > 2 * interval:
+                self._ring()  # the loop has not run its timer (it is blocked): ring now
             return  # a ring is scheduled: it takes this too
         try:
             loop = asyncio.get_running_loop()
@@ -388,12 +392,13 @@ class Journal:
             return
         # On the proxy's event loop: ring the writer one interval from now, by a loop timer, so that it
         # does not wake (and take the GIL) while this exchange is being forwarded.
-        self._ring_due = True
-        loop.call_later(self.writer.batch_interval, self._ring)
+        self._ring_due, self._ring_due_at = True, time.monotonic()
+        loop.call_later(interval, self._ring)
 
     def _ring(self) -> None:
-        self._ring_due = False
-        self.writer.ring()
+        if self._ring_due:
+            self._ring_due = False
+            self.writer.ring()
 
     def ingest_request(self, st: SessionState, payload: Mapping[str, Any]) -> RequestMark:
         """Journal the input items not on the branch yet, now; the mark has every input item's id."""
