@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -411,3 +412,93 @@ def test_a_mark_settles_when_read_and_a_failed_request_drops_its_answer(journal:
     assert bad.kind == "failed" and bad.input_ids == []
     assert ok.kind == "continue" and ok.input_ids[0] == mark.input_ids[0]
     assert journal.item_ids_for_session(k) == ok.input_ids
+
+
+def _search(j: Journal, s, query: str, recent_first: bool = False, limit: int = 50) -> tuple[list[str], bool]:
+    reader = HistoryReader(_db(j))
+    hits, more = reader.search(s.task_id, s.address, query, ItemFilter(), limit, recent_first)
+    return [h.row.item_id for h in hits], more
+
+
+def test_search_reads_the_index_and_the_items_not_indexed_yet_alike(tmp_path: Path):
+    from proxy.journal.store import index_text
+    from proxy.journal.writer import JournalWriter
+
+    state = StateDir.open(tmp_path / "state")
+    j = Journal(state, JournalWriter(state.db_path, index_items=10_000, index_delay=3600))
+    try:
+        s = _open(j, _ident("f:fts"))
+        history: list[dict] = []
+        for i in range(12):
+            history.append(_msg("user", f"turn {i} " + ("a needle here" if i % 3 == 0 else "hay")))
+            m = j.ingest_request(s, {"input": list(history)})
+            _respond(j, m, [_out(f"answer {i} needle" if i % 4 == 0 else f"answer {i}", i)], f"r{i}")
+            history.append(_resent(f"answer {i} needle" if i % 4 == 0 else f"answer {i}"))
+        assert j.flush()
+        db = _db(j)
+
+        def indexed() -> int:
+            return db.execute("SELECT indexed_seq FROM journal_fts_state").fetchone()[0]
+
+        assert indexed() == 0 and j.writer.stats.indexed == 0  # nothing indexed yet: all scanned
+        before = {(q, rf, lim): _search(j, s, q, rf, lim) for q in ("needle", "answer 1", "nope", "ne")
+                  for rf in (False, True) for lim in (2, 50)}
+        assert len(before[("needle", False, 50)][0]) == 7 and before[("needle", False, 2)][1]
+        # Index half of the items (as a writer would have, earlier): the same hits, in the same order.
+        half = db.execute("SELECT seq FROM journal_items ORDER BY seq LIMIT 1 OFFSET 11").fetchone()[0]
+        db.execute("UPDATE journal_fts_state SET indexed_seq = 0")
+        db.execute("INSERT INTO journal_fts(rowid, text) SELECT seq, text FROM journal_items WHERE seq <= ?",
+                   (half,))
+        db.execute("UPDATE journal_fts_state SET indexed_seq = ?", (half,))
+        db.commit()
+        assert {k: _search(j, s, *k) for k in before} == before
+        assert index_text(db) == 24 - 12 and indexed() == db.execute("SELECT max(seq) FROM journal_items").fetchone()[0]
+        assert {k: _search(j, s, *k) for k in before} == before
+        assert db.execute("""SELECT count(*) FROM journal_fts WHERE journal_fts MATCH '"needle"'""").fetchone()[0] == 7
+        assert index_text(db) == 0  # idempotent: nothing twice
+    finally:
+        j.close()
+
+
+def test_writer_indexes_in_bulk_by_count_by_age_and_on_close(tmp_path: Path):
+    from proxy.journal.writer import JournalWriter
+
+    def indexed(state: StateDir) -> int:
+        conn = sqlite3.connect(state.db_path)
+        try:
+            return conn.execute("SELECT indexed_seq FROM journal_fts_state").fetchone()[0]
+        finally:
+            conn.close()
+
+    def turns(j: Journal, n: int) -> None:  # n turns, 2 new items each
+        s = _open(j, _ident("f:bulk"))
+        for _ in range(n):
+            i = len(j.item_ids_for_session(s.key))
+            m = j.ingest_request(s, {"input": [_msg("user", f"q{i}")], "previous_response_id": f"r{i - 1}"
+                                     if i else None})
+            _respond(j, m, [_out(f"a{i}", i)], f"r{i}")
+
+    def until(cond) -> bool:  # right after the drain that the flush waited for
+        deadline = time.monotonic() + 10
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return cond()
+
+    state = StateDir.open(tmp_path / "count")
+    j = Journal(state, JournalWriter(state.db_path, index_items=6, index_delay=3600))
+    turns(j, 2)
+    assert j.flush() and indexed(state) == 0  # 4 items: not enough yet
+    turns(j, 1)
+    assert j.flush() and until(lambda: indexed(state) == 6) and j.writer.stats.index_runs == 2  # (+1 at start)
+    turns(j, 1)
+    j.close()
+    assert indexed(state) == 8  # close indexes the rest
+
+    state = StateDir.open(tmp_path / "age")
+    j = Journal(state, JournalWriter(state.db_path, index_items=10_000, index_delay=0.3))
+    try:
+        turns(j, 1)
+        assert j.flush() and indexed(state) == 0
+        assert until(lambda: indexed(state) == 2)  # the sleeping writer wakes for it
+    finally:
+        j.close()

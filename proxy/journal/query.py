@@ -3,8 +3,8 @@
 Everything reads the current branch of the agent's sessions, in journal order (`seq`). Default
 listings hide control messages and records of the recovery tools themselves; a tool filter brings
 those tool records back. Search uses the FTS5 trigram index for queries of three or more code points
-and verifies every candidate against the text (segments: no match spans two parts); shorter
-queries scan the agent's items with `instr`.
+(and scans the few items the writer has not indexed yet) and verifies every candidate against the
+text (segments: no match spans two parts); shorter queries scan the agent's items with `instr`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from proxy.journal.excerpt import find_matches
 # Items walk in journal order over the (session_key, seq) index; the branch check is a key lookup.
 _ON_BRANCH = ("EXISTS (SELECT 1 FROM journal_branch b WHERE b.session_key = i.session_key"
               " AND b.item_id = i.item_id)")
+_INDEXED = "(SELECT indexed_seq FROM journal_fts_state WHERE id = 0)"
 _ITEM_COLS = ("i.seq, i.item_id, i.window_id, i.role, i.type, i.tool_namespace, i.tool_name, i.call_id,"
               " i.upstream_id, i.control, i.hidden, i.chars, i.images, i.created_at")
+_FTS_COLS = _ITEM_COLS.replace("i.seq,", "f.rowid AS seq,", 1)
 
 
 @dataclass(frozen=True)
@@ -198,13 +200,20 @@ class HistoryReader:
                     recent_first: bool) -> Iterator[sqlite3.Row]:
         order = "DESC" if recent_first else "ASC"
         if len(query) >= 3:
+            # Indexed items through FTS, the few not indexed yet (see schema.py) by a scan; one statement,
+            # so both halves read the same snapshot, merged in journal order.
+            # CROSS JOIN and f.rowid keep the index driving the first half, in its own rowid order.
             phrase = '"' + query.replace('"', '""') + '"'
-            sql = (f"SELECT {_ITEM_COLS}, i.text, i.segments FROM journal_fts f"
-                   " JOIN journal_items i ON i.seq = f.rowid"
-                   " JOIN journal_branch b ON b.session_key = i.session_key AND b.item_id = i.item_id"
+            sql = (f"SELECT {_FTS_COLS}, i.text, i.segments FROM journal_fts f"
+                   " CROSS JOIN journal_items i ON i.seq = f.rowid"
+                   " CROSS JOIN journal_branch b ON b.session_key = i.session_key AND b.item_id = i.item_id"
                    f" WHERE journal_fts MATCH ? AND i.session_key IN ({self._in(keys)}) AND {where}"
-                   f" ORDER BY f.rowid {order}")
-            yield from self.conn.execute(sql, [phrase, *keys, *params])
+                   f" AND f.rowid <= {_INDEXED}"
+                   f" UNION ALL SELECT {_ITEM_COLS}, i.text, i.segments FROM journal_items i"
+                   f" WHERE i.seq > {_INDEXED} AND i.session_key IN ({self._in(keys)}) AND instr(i.text, ?) > 0"
+                   f" AND {_ON_BRANCH} AND {where}"
+                   f" ORDER BY 1 {order}")
+            yield from self.conn.execute(sql, [phrase, *keys, *params, *keys, query, *params])
         else:
             sql = (f"SELECT {_ITEM_COLS}, i.text, i.segments FROM journal_items i"
                    f" WHERE i.session_key IN ({self._in(keys)}) AND instr(i.text, ?) > 0 AND {_ON_BRANCH}"

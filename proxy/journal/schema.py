@@ -4,7 +4,9 @@ Order of items everywhere is `seq`, the journal order: an item's parent is alway
 it, so along one branch `seq` is branch order. `journal_branch` is the manifest of each session's
 current branch; items of other branches stay in `journal_items` (their heads in
 `journal_branch_heads`). `journal_fts` is an FTS5 trigram index (case-sensitive) over the safe text;
-search verifies every candidate against the text itself.
+search verifies every candidate against the text itself. The writer indexes items in bulk, a few
+hundred at a time or a couple of seconds after they were journaled (store.index_text):
+`journal_fts_state.indexed_seq` says how far the index goes, and search scans the few items after it.
 """
 
 from __future__ import annotations
@@ -126,6 +128,12 @@ CREATE INDEX IF NOT EXISTS journal_events_by_session ON journal_events(session_k
 CREATE VIRTUAL TABLE IF NOT EXISTS journal_fts USING fts5(
     text, content='journal_items', content_rowid='seq', tokenize='trigram case_sensitive 1'
 );
+CREATE TABLE IF NOT EXISTS journal_fts_state (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    indexed_seq INTEGER NOT NULL      -- items up to this seq are in journal_fts; search scans the rest
+);
+-- A journal written before the index was deferred has every item indexed already.
+INSERT OR IGNORE INTO journal_fts_state(id, indexed_seq) SELECT 0, coalesce(max(seq), 0) FROM journal_items;
 """
 
 register_schema("journal", DDL)

@@ -31,13 +31,15 @@ from pathlib import Path
 from proxy.db import connect
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
 from proxy.journal.ops import Op
-from proxy.journal.store import apply_batch
+from proxy.journal.store import apply_batch, index_text
 
 log = logging.getLogger("ctproxy.journal")
 
 BATCH_SIZE = 512
 BATCH_INTERVAL = 0.02
 QUEUE_MAX = 100_000
+INDEX_ITEMS = 256  # the full-text index takes items in bulk: this many …
+INDEX_DELAY = 2.0  # … or this many seconds after the first one not indexed yet
 
 
 def _yield_gil() -> None:
@@ -59,14 +61,19 @@ class WriterStats:
     max_batch: int = 0
     wakeups: int = 0  # times the writer was rung or woken
     drains: int = 0  # times it woke and drained (an idle writer does not)
+    indexed: int = 0  # items added to the full-text index
+    index_runs: int = 0
     last_commit_at: float = 0.0
     latencies: list[float] = field(default_factory=list)  # enqueue→commit of each batch's oldest op
 
 
 class JournalWriter:
     def __init__(self, db_path: Path, batch_size: int = BATCH_SIZE, batch_interval: float = BATCH_INTERVAL,
-                 queue_max: int = QUEUE_MAX, full_wait: float = 5.0, keep_latencies: bool = False):
+                 queue_max: int = QUEUE_MAX, full_wait: float = 5.0, keep_latencies: bool = False,
+                 index_items: int = INDEX_ITEMS, index_delay: float = INDEX_DELAY):
         self.db_path = db_path
+        self.index_items = index_items
+        self.index_delay = index_delay
         self.batch_size = batch_size
         self.batch_interval = batch_interval
         self.queue_max = queue_max
@@ -86,6 +93,8 @@ class JournalWriter:
         self._parked = False  # sleeping until rung (nothing pending)
         self._now = False  # the ring wants a drain now (a timer, flush, close, full queue), not a gather
         self._closed = False
+        self._unindexed = 0  # items committed by this writer and not in the full-text index yet
+        self._unindexed_since = 0.0
         # The journal's backlog (work the request path left for later) is settled on each tick, so its
         # writes go out in the same tick; `_waiting` tells whether it holds anything.
         self._settle: Callable[[], None] | None = None
@@ -188,22 +197,46 @@ class JournalWriter:
                 delay = min(delay * 2, 2.0)
 
     def _sleep(self) -> None:
-        """Until there is something to drain: pending work is drained within one interval; with none,
-        sleep until rung (then, unless the ring wants it now, gather for one interval)."""
+        """Until there is something to do: pending work is drained within one interval; with none, sleep
+        until rung (then, unless the ring wants it now, gather for one interval) or until the text
+        index is due."""
         if not self._now:
             self._parked = True
             if self._pending or self._waiting():  # re-checked after publishing `_parked` (see above)
                 self._parked = False
                 self._bell.acquire(timeout=self.batch_interval)
             else:
-                self._bell.acquire()
+                due = self._index_due_in()
+                rung = self._bell.acquire() if due is None else self._bell.acquire(timeout=max(due, 0.001))
                 self._parked = False
-                if not self._now:
+                if rung and not self._now:
                     self._bell.acquire(timeout=self.batch_interval)
         self._now = False
 
+    def _index_due_in(self) -> float | None:
+        if not self._unindexed:
+            return None
+        return self._unindexed_since + self.index_delay - time.monotonic()
+
+    def _index(self, conn: sqlite3.Connection, force: bool = False) -> None:
+        """Bring the full-text index up to date once enough items (or old enough ones) wait for it."""
+        due = self._index_due_in()
+        if due is None or not (force or due <= 0 or self._unindexed >= self.index_items):
+            return
+        for attempt in range(3):
+            try:
+                self.stats.indexed += index_text(conn)
+                self.stats.index_runs += 1
+                break
+            except Exception as exc:  # search scans what is not indexed: a failure here loses nothing
+                log.error("journal: full-text indexing failed (%s), attempt %d", type(exc).__name__, attempt + 1)
+                time.sleep(0.1 * (attempt + 1))
+        self._unindexed = 0
+
     def _run(self) -> None:
         conn = self._connect()
+        self._unindexed, self._unindexed_since = 1, 0.0  # whatever a crashed process left: index it now
+        self._index(conn, force=True)
         try:
             while True:
                 self._sleep()
@@ -212,7 +245,9 @@ class JournalWriter:
                         self._settle()
                     except Exception as exc:  # never let the journal's backlog stop the writer
                         log.error("journal: settling the backlog failed (%s)", type(exc).__name__)
-                if self._drain(conn):
+                stop = self._drain(conn)
+                self._index(conn, force=stop)
+                if stop:
                     return
         finally:
             conn.close()
@@ -249,7 +284,7 @@ class JournalWriter:
         for attempt in range(3):
             try:
                 # Yield the GIL after every op: the proxy's event loop never waits behind a whole batch.
-                apply_batch(conn, batch, between=_yield_gil)
+                inserted = apply_batch(conn, batch, between=_yield_gil)
                 break
             except Exception as exc:  # a stalled or broken database must not kill the writer
                 log.error("journal batch of %d ops failed (%s), attempt %d", len(batch), type(exc).__name__,
@@ -259,6 +294,9 @@ class JournalWriter:
             self.stats.failed_batches += 1
             return
         now = time.monotonic()
+        if inserted and not self._unindexed:
+            self._unindexed_since = now
+        self._unindexed += inserted
         self.stats.batches += 1
         self.stats.ops += len(batch)
         self.stats.max_batch = max(self.stats.max_batch, len(batch))
