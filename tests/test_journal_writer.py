@@ -147,3 +147,47 @@ def test_a_full_queue_waits_then_drops_and_the_writer_recovers(db: Path, monkeyp
     finally:
         release.set()
         w.close()
+
+
+async def test_a_blocked_loop_does_not_hold_the_journal_back(tmp_path: Path):
+    """The loop timer cannot run while the loop is blocked: the next hand-over rings the writer itself."""
+    state = StateDir.open(tmp_path / "state")
+    j = Journal(state, JournalWriter(state.db_path, batch_interval=0.02))
+    try:
+        key, task, addr = j.resolve(SessionIdentity("f:blocked", "fingerprint", None, None), {}, {})
+        conn = sqlite3.connect(state.db_path)
+        history: list[dict] = []
+        for i in range(6):  # never awaiting: the loop's timers do not run
+            history.append({"role": "user", "content": f"q{i}"})
+            j.begin_request(key, task, addr, "fingerprint", {"input": list(history)})
+            time.sleep(0.03)
+        assert _wait(lambda: conn.execute("SELECT count(*) FROM journal_items").fetchone()[0] >= 5)
+        conn.close()
+    finally:
+        j.close()
+
+
+def test_two_processes_index_each_item_once(tmp_path: Path):
+    from proxy.journal.store import index_text
+
+    state = StateDir.open(tmp_path / "state")
+    journals = [Journal(state, JournalWriter(state.db_path, index_items=3, index_delay=3600)) for _ in range(2)]
+    try:
+        for n, j in enumerate(journals):
+            key, task, addr = j.resolve(SessionIdentity(f"f:p{n}", "fingerprint", None, None), {}, {})
+            st = j.session(key, task, addr)
+            for i in range(7):
+                mark = j.ingest_request(st, {"input": [{"role": "user", "content": f"needle {n}.{i}"}],
+                                             "previous_response_id": f"p{n}.{i - 1}" if i else None})
+                j.ingest_response(mark, [], response_id=f"p{n}.{i}", model=None, status=None, usage=None,
+                                  error=None, incomplete=False)
+        for j in journals:
+            assert j.flush()
+    finally:
+        for j in journals:
+            j.close()
+    conn = sqlite3.connect(state.db_path)
+    index_text(conn)
+    matches = conn.execute("""SELECT rowid FROM journal_fts WHERE journal_fts MATCH '"needle"'""").fetchall()
+    assert len(matches) == len(set(matches)) == 14
+    conn.close()
