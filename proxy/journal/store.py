@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import orjson
 
@@ -35,11 +35,14 @@ def _dumps(value: object) -> str:
 
 
 class BatchContext:
-    """What one batch knows beyond the database: calls journaled earlier in the same batch."""
+    """What one batch knows beyond the database: calls and items journaled earlier in the same batch,
+    and branch appends not written yet."""
 
     def __init__(self) -> None:
         self.calls: dict[tuple[str, str], tuple[str | None, str | None]] = {}
         self.items = 0  # items inserted
+        self.placed: dict[str, tuple[str, bool]] = {}  # item id → (window, hidden or control), this batch
+        self.appends: dict[str, SetBranch] = {}  # session → its branch appends, merged (see set_branch)
 
 
 def _call_tool(conn: sqlite3.Connection, ctx: BatchContext, session_key: str,
@@ -68,20 +71,21 @@ def put_item(conn: sqlite3.Connection, ctx: BatchContext, op: PutItem) -> bool:
     elif typ in classify.CALL_TYPES and call_id:
         ctx.calls[(op.session_key, call_id)] = (ns, name)
     rendered = render_item(item)
+    control, hidden = int(classify.is_control(item)), int(classify.is_hidden_tool(ns, name))
     upstream = item.get("id") if isinstance(item, dict) and isinstance(item.get("id"), str) else None
     cur = conn.execute(
         "INSERT OR IGNORE INTO journal_items(item_id, session_key, parent_id, window_id, origin, type, role,"
         " tool_namespace, tool_name, call_id, upstream_id, response_id, control, hidden, canon_hash, text,"
         " segments, chars, images, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (op.item_id, op.session_key, op.parent_id, op.window_id, op.origin, typ, classify.role_of(item),
-         ns, name, call_id, upstream, op.response_id, int(classify.is_control(item)),
-         int(classify.is_hidden_tool(ns, name)), op.canon, rendered.text,
+         ns, name, call_id, upstream, op.response_id, control, hidden, op.canon, rendered.text,
          _dumps(rendered.segments), len(rendered.text), len(rendered.images), op.created_at),
     )
     if cur.rowcount != 1:
         return False
     conn.execute("INSERT INTO journal_raw(seq, raw) VALUES (?, ?)", (cur.lastrowid, op.raw))
     ctx.items += 1  # for the full-text index, added in bulk later (index_text)
+    ctx.placed[op.item_id] = (op.window_id, bool(control or hidden))
     return True
 
 
@@ -95,29 +99,60 @@ def _count(conn: sqlite3.Connection, session_key: str, rows: Iterable[sqlite3.Ro
             (session_key, window_id, sign * visible_n, sign * hidden_n))
 
 
-def set_branch(conn: sqlite3.Connection, op: SetBranch) -> None:
+def set_branch(conn: sqlite3.Connection, ctx: BatchContext, op: SetBranch) -> None:
+    """An append to a session's branch waits in the batch and merges with the next one (a request's items,
+    then its answer's): one manifest write instead of two. Nothing in a batch reads the manifest, and
+    a rewrite of the same session writes the waiting append first."""
+    waiting = ctx.appends.get(op.session_key)
+    if op.archived_head is None and waiting is not None and op.from_pos == waiting.from_pos + len(waiting.ids):
+        ctx.appends[op.session_key] = waiting._replace(ids=waiting.ids + op.ids)
+        return
+    if waiting is not None:
+        write_branch(conn, ctx, ctx.appends.pop(op.session_key))
+    if op.archived_head is None:
+        ctx.appends[op.session_key] = op
+    else:
+        write_branch(conn, ctx, op)
+
+
+def flush_branches(conn: sqlite3.Connection, ctx: BatchContext) -> None:
+    for op in ctx.appends.values():
+        write_branch(conn, ctx, op)
+    ctx.appends.clear()
+
+
+def write_branch(conn: sqlite3.Connection, ctx: BatchContext, op: SetBranch) -> None:
     if op.archived_head is not None:
         conn.execute(
             "INSERT OR IGNORE INTO journal_branch_heads(session_key, head_item_id, length, reason, archived_at)"
             " VALUES (?,?,?,?,?)",
             (op.session_key, op.archived_head, op.archived_length, op.reason, time.time()),
         )
-    removed = conn.execute(
-        "SELECT i.window_id, (i.hidden OR i.control), count(*) FROM journal_branch b JOIN journal_items i"
-        " ON i.item_id = b.item_id WHERE b.session_key=? AND b.pos>=? GROUP BY 1, 2",
-        (op.session_key, op.from_pos)).fetchall()
-    _count(conn, op.session_key, removed, -1)
-    conn.execute("DELETE FROM journal_branch WHERE session_key=? AND pos>=?", (op.session_key, op.from_pos))
+    removed = [r[0] for r in conn.execute("DELETE FROM journal_branch WHERE session_key=? AND pos>=?"
+                                          " RETURNING item_id", (op.session_key, op.from_pos))]
+    _count(conn, op.session_key, _groups(conn, ctx, removed, cached=False), -1)
     conn.executemany(
         "INSERT OR REPLACE INTO journal_branch(session_key, item_id, pos) VALUES (?,?,?)",
         [(op.session_key, item_id, op.from_pos + i) for i, item_id in enumerate(op.ids)],
     )
-    for i in range(0, len(op.ids), 500):
-        chunk = op.ids[i:i + 500]
-        added = conn.execute(
-            "SELECT window_id, (hidden OR control), count(*) FROM journal_items"
-            f" WHERE item_id IN ({','.join('?' * len(chunk))}) GROUP BY 1, 2", chunk).fetchall()
-        _count(conn, op.session_key, added, +1)
+    _count(conn, op.session_key, _groups(conn, ctx, op.ids, cached=True), +1)
+
+
+def _groups(conn: sqlite3.Connection, ctx: BatchContext, ids: Sequence[str],
+            cached: bool) -> list[tuple[str, bool, int]]:
+    """(window, hidden or control, how many) of these items; from this batch's inserts when it has them all."""
+    if cached and all(i in ctx.placed for i in ids):
+        groups: dict[tuple[str, bool], int] = {}
+        for i in ids:
+            key = ctx.placed[i]
+            groups[key] = groups.get(key, 0) + 1
+        return [(w, h, n) for (w, h), n in groups.items()]
+    out: list[tuple[str, bool, int]] = []
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        out += conn.execute("SELECT window_id, (hidden OR control), count(*) FROM journal_items"
+                            f" WHERE item_id IN ({','.join('?' * len(chunk))}) GROUP BY 1, 2", chunk).fetchall()
+    return out
 
 
 def apply_op(conn: sqlite3.Connection, ctx: BatchContext, op: Op) -> None:
@@ -125,7 +160,7 @@ def apply_op(conn: sqlite3.Connection, ctx: BatchContext, op: Op) -> None:
         case PutItem():
             put_item(conn, ctx, op)
         case SetBranch():
-            set_branch(conn, op)
+            set_branch(conn, ctx, op)
         case EnsureTask():
             conn.execute("INSERT OR IGNORE INTO journal_tasks(task_id, origin, created_at) VALUES (?,?,?)",
                          (op.task_id, op.origin, op.created_at))
@@ -167,6 +202,7 @@ def apply_batch(conn: sqlite3.Connection, ops: Iterable[Op], between: Callable[[
             apply_op(conn, ctx, op)
             if between is not None:
                 between()
+        flush_branches(conn, ctx)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

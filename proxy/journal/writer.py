@@ -42,10 +42,6 @@ INDEX_ITEMS = 256  # the full-text index takes items in bulk: this many …
 INDEX_DELAY = 2.0  # … or this many seconds after the first one not indexed yet
 
 
-def _yield_gil() -> None:
-    time.sleep(0)
-
-
 @dataclass
 class _Marker:
     done: threading.Event = field(default_factory=threading.Event)
@@ -283,8 +279,9 @@ class JournalWriter:
     def _commit(self, conn: sqlite3.Connection, batch: list[Op], first_at: float) -> None:
         for attempt in range(3):
             try:
-                # Yield the GIL after every op: the proxy's event loop never waits behind a whole batch.
-                inserted = apply_batch(conn, batch, between=_yield_gil)
+                # No sleep(0) between ops: every statement releases the GIL while SQLite works, so the
+                # event loop waits at most one op's Python; yielding cost ≈7 µs CPU and a syscall per op.
+                inserted = apply_batch(conn, batch)
                 break
             except Exception as exc:  # a stalled or broken database must not kill the writer
                 log.error("journal batch of %d ops failed (%s), attempt %d", len(batch), type(exc).__name__,
