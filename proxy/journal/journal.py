@@ -1,8 +1,11 @@
 """The journal: tasks, agents, sessions, windows and items of every Responses exchange.
 
-One `Journal` per proxy process (cached in `runtime.extras["journal"]`). The request path only
-touches an in-memory cache of each session's branch and enqueues operations for the writer thread;
-a session seen for the first time in this process is loaded from the database once.
+One `Journal` per proxy process (cached in `runtime.extras["journal"]`). The proxy's request path
+(`begin_request`, `end_response`) only snapshots what passed and appends it to a backlog
+(backlog.py); `settle` aligns it with the cached branch, hashes the new items and hands their writes
+to the writer thread — on the writer's next drain, or first when anything reads a session.
+`ingest_request` / `ingest_response` do the same at once (scripts, tests). A session seen for the
+first time in this process is loaded from the database once.
 
 Windows API for the context/compaction work (see docs/history.md):
 `current_window`, `start_window`, `windows`, `item_ids_for_session`, `chain_head`,
