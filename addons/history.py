@@ -2,8 +2,9 @@
 
 `request`: resolves the task/agent/session (joining a task named by `x-ctp-task`; an unknown task
 is answered here with a 400 and never forwarded), snapshots the input and leaves a `RequestMark` in
-`state_of(flow).extra["history"]`; the journal aligns it with the session's branch at its writer's
-next tick, or when the mark's ids (or the session) are first read (proxy/journal/backlog.py).
+`state_of(flow).extra["history"]`; the journal aligns it with the session's branch when its writer
+next drains (rung by a loop timer one interval later), or first when the mark's ids or the session
+are read (proxy/journal/backlog.py).
 The answer is handed over when the stream's terminal event passes through the tap (before its bytes
 reach the client), or in `response` / `error` otherwise: its response id resolves to the session at
 once, and its items join the branch before the session's next request is aligned. Nothing here
@@ -140,7 +141,7 @@ class History:
             _refuse(flow, err)
             return
         try:
-            mark = j.begin_request(key, task_id, address, ident.source, body.value)  # aligned at the next tick
+            mark = j.begin_request(key, task_id, address, ident.source, body.value)  # aligned off the request path
         except Exception as exc:  # the journal is a record: it never fails a request
             log.error("history: request not journaled (%s)", type(exc).__name__)
             return

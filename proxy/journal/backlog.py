@@ -1,11 +1,11 @@
 """What the request path leaves for later: a request to align, an answer to append.
 
 The request path of the proxy only snapshots the input (one orjson call) and appends to the journal's
-backlog; aligning, hashing and building the writes happen in order on the writer's next tick, or as
+backlog; aligning, hashing and building the writes happen in order when the writer next drains, or as
 soon as anything reads a session's state (the next request's alignment, the windows API, a flush).
 Measured on the proxy (bench/bench_journal.py), doing that work inline cost ≈250 µs of every streamed
 turn's latency, from a cold cache. The snapshot keeps what the client sent even if a later addon
-edits the payload before the tick.
+edits the payload before then.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ CACHED_SESSIONS = 512
 CACHED_ALIASES = 20_000
 CACHED_RESENDS = 64  # sessions whose last input is kept for the byte-prefix fast path
 RESEND_MAX_BYTES = 32 << 20
-BACKLOG_MAX = 4096  # requests and answers waiting for the writer's tick
+BACKLOG_MAX = 4096  # requests and answers waiting for the writer's next drain
 
 
 @dataclass(frozen=True)
@@ -351,7 +351,7 @@ class Journal:
     # ------------------------------------------------------------------ ingest
     def begin_request(self, session_key: str, task_id: str, address: str, source: str | None,
                       payload: Mapping[str, Any]) -> RequestMark:
-        """The request path: snapshot the input and leave its alignment to the writer's next tick (or to
+        """The request path: snapshot the input and leave its alignment to the writer's next drain (or to
         the first reader of the session). The mark's ids and kind settle the backlog when read."""
         items = input_items(payload)
         whole = orjson.dumps(items)
@@ -366,7 +366,7 @@ class Journal:
                      model: str | None, status: str | None, usage: dict[str, Any] | None,
                      error: dict[str, Any] | None, incomplete: bool) -> None:
         """The answer's side of `begin_request`: its output items are snapshot and appended after the
-        request's branch at the next tick; its response id resolves to the session at once."""
+        request's branch at the next drain; its response id resolves to the session at once."""
         if mark.response_done:
             return
         mark.response_done = True
@@ -428,7 +428,7 @@ class Journal:
 
     def settle(self) -> None:
         """Journal everything the request path left for later, in order (every caller sees all of it
-        done on return). Runs on the writer's tick and before anything reads a session's state."""
+        done on return). Runs on the writer thread before each drain, and before anything reads a session."""
         while self._backlog:
             with self._lock:
                 if self._settling or not self._backlog:

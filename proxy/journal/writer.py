@@ -91,8 +91,8 @@ class JournalWriter:
         self._closed = False
         self._unindexed = 0  # items committed by this writer and not in the full-text index yet
         self._unindexed_since = 0.0
-        # The journal's backlog (work the request path left for later) is settled on each tick, so its
-        # writes go out in the same tick; `_waiting` tells whether it holds anything.
+        # The journal's backlog (work the request path left for later) is settled before each drain, so its
+        # writes go out in the same drain; `_waiting` tells whether it holds anything.
         self._settle: Callable[[], None] | None = None
         self._waiting: Callable[[], bool] = lambda: False
         self._thread = threading.Thread(target=self._run, name="ctproxy-journal", daemon=True)
@@ -104,7 +104,7 @@ class JournalWriter:
         self.submit_many((op,))
 
     def submit_many(self, ops: Sequence[Op], since: float | None = None) -> None:
-        """Enqueue ops as one unit (committed in one transaction); never wakes a ticking writer. `since`
+        """Enqueue ops as one unit (committed in one transaction); wakes the writer only if it sleeps. `since`
         (time.monotonic) is when the request path handed over what they record, if earlier than now."""
         if not ops:
             return
