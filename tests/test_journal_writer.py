@@ -191,3 +191,18 @@ def test_two_processes_index_each_item_once(tmp_path: Path):
     matches = conn.execute("""SELECT rowid FROM journal_fts WHERE journal_fts MATCH '"needle"'""").fetchall()
     assert len(matches) == len(set(matches)) == 14
     conn.close()
+
+
+def test_the_writer_never_waits_for_a_thread_holding_the_journal(tmp_path: Path):
+    state = StateDir.open(tmp_path / "state")
+    j = Journal(state, JournalWriter(state.db_path, batch_interval=0.01))
+    try:
+        key, task, addr = j.resolve(SessionIdentity("f:held", "fingerprint", None, None), {}, {})
+        with j._lock:  # e.g. a reader settling, itself waiting for room in the writer's queue
+            j.begin_request(key, task, addr, "fingerprint", {"input": "hi"})
+            j.record_event(key, "note", {})
+            assert j.writer.flush(timeout=5)  # drained what it had, without the backlog
+            assert j._backlog
+        assert j.flush() and not j._backlog
+    finally:
+        j.close()

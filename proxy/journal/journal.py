@@ -144,7 +144,7 @@ class Journal:
         self._ring_due = False  # a loop timer will ring the writer (see _after_append)
         self._ring_due_at = 0.0
         self.aliases = AliasView(self)
-        self.writer.feed(self.settle, lambda: bool(self._backlog))
+        self.writer.feed(lambda: self.settle(wait=False), lambda: bool(self._backlog))
 
     # ------------------------------------------------------------------ lifecycle
     def flush(self, timeout: float | None = 30.0) -> bool:
@@ -426,11 +426,15 @@ class Journal:
             self.settle()
         return pending.ids or []
 
-    def settle(self) -> None:
+    def settle(self, wait: bool = True) -> None:
         """Journal everything the request path left for later, in order (every caller sees all of it
-        done on return). Runs on the writer thread before each drain, and before anything reads a session."""
+        done on return). Runs before anything reads a session, and on the writer thread before each
+        drain with `wait=False`: while another thread holds the journal, the writer drains what it has
+        rather than wait (that thread may itself be waiting for room in the writer's queue)."""
         while self._backlog:
-            with self._lock:
+            if not self._lock.acquire(blocking=wait):
+                return
+            try:
                 if self._settling or not self._backlog:
                     return  # called back from inside the work below: it is being done
                 entry = self._backlog.popleft()
@@ -447,6 +451,8 @@ class Journal:
                         entry.mark.fail(st.window.window_id if st is not None else "")
                 finally:
                     self._settling = False
+            finally:
+                self._lock.release()
 
     def _align(self, p: PendingRequest) -> None:
         st = p.mark.state
