@@ -49,18 +49,7 @@ class SSEDecoder:
         self._buf = lines.pop()  # the unfinished last line (empty when the chunk ended a line)
         out: list[SSEEvent] = []
         for raw in lines:
-            if raw and raw[0] != 0x3A:  # the common line: a field (0x3A ':' starts a comment)
-                name, _, value = raw.partition(b":")
-                if value[:1] == b" ":
-                    value = value[1:]
-                if name == b"data":
-                    self._data.append(value)
-                elif name == b"event":
-                    self._event = value.decode("utf-8", errors="replace")
-                elif name == b"id":
-                    self._id = value.decode("utf-8", errors="replace")
-            elif not raw:
-                self._line(raw, out)
+            self._line(raw, out)
         return out
 
     def close(self) -> list[SSEEvent]:
