@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
+from typing import Any
+
 from mitmproxy import http
 from mitmproxy.proxy.mode_specs import ReverseMode
 
@@ -63,3 +67,21 @@ def session_of(flow: http.HTTPFlow) -> SessionIdentity | None:
 def tap_of(flow: http.HTTPFlow) -> ResponseTap | None:
     tap = state_of(flow).tap
     return tap if isinstance(tap, ResponseTap) else None
+
+
+Listener = Callable[[str, dict[str, Any]], None]
+
+
+def weak_listener(flow: http.HTTPFlow, handler: Callable[[http.HTTPFlow, str, dict[str, Any]], None]) -> Listener:
+    """A tap listener that reaches its flow weakly. The tap lives on the flow (its state and its stream
+    callable), so a listener holding the flow would make a cycle: only the cycle collector could free the
+    flow and its bodies, and a global map of states would pin it for good (issue 10.1). `handler` must not
+    hold the flow either: pass a function or a bound method of the addon."""
+    ref = weakref.ref(flow)
+
+    def listener(typ: str, payload: dict[str, Any]) -> None:
+        live = ref()
+        if live is not None:
+            handler(live, typ, payload)
+
+    return listener

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from mitmproxy import http
 
-from addons._flow import header_map
+from addons._flow import header_map, weak_listener
 from proxy import runtime
 from proxy.flowbody import responses_body
 from proxy.flowstate import state_of
@@ -156,15 +156,16 @@ class History:
         if mark is None or not isinstance(tap, ResponseTap):
             return
 
-        def on_event(typ: str, _payload: dict[str, Any]) -> None:
-            # Runs inside the stream tap: it must never raise, or the tap would stop observing.
-            if typ in _TERMINAL:
-                try:
-                    self._finish(flow, tap)
-                except Exception as exc:
-                    log.error("history: response not journaled (%s)", type(exc).__name__)
+        tap.listeners.append(weak_listener(flow, self._on_stream_event))
 
-        tap.listeners.append(on_event)
+    def _on_stream_event(self, flow: http.HTTPFlow, typ: str, _payload: dict[str, Any]) -> None:
+        # Runs inside the stream tap: it must never raise, or the tap would stop observing.
+        tap = state_of(flow).tap
+        if typ in _TERMINAL and isinstance(tap, ResponseTap):
+            try:
+                self._finish(flow, tap)
+            except Exception as exc:
+                log.error("history: response not journaled (%s)", type(exc).__name__)
 
     def response(self, flow: http.HTTPFlow) -> None:
         if state_of(flow).extra.get("settling"):

@@ -13,7 +13,7 @@ import logging
 import orjson
 from mitmproxy import http
 
-from addons._flow import session_of
+from addons._flow import session_of, weak_listener
 from proxy import dbworker, runtime, usage
 from proxy.flowbody import is_compact, is_responses_create
 from proxy.flowstate import state_of
@@ -58,16 +58,17 @@ class Tap:
         if resp.headers.get("content-type", "").lower().startswith("text/event-stream"):
             resp.stream = StreamTap(tap, resp.headers.get("content-encoding", ""))
 
-            def on_event(typ: str, _payload: dict) -> None:
-                # Inside the stream callable, before the terminal chunk goes on to the client: the
-                # session's next request will see this usage.
-                if typ in TERMINAL_EVENTS:
-                    try:
-                        self._record_usage(flow, tap)
-                    except Exception as exc:  # observing must never break the stream
-                        log.error("tap: usage not recorded (%s)", type(exc).__name__)
+            tap.listeners.append(weak_listener(flow, self._on_stream_event))
 
-            tap.listeners.append(on_event)
+    def _on_stream_event(self, flow: http.HTTPFlow, typ: str, _payload: dict) -> None:
+        # Inside the stream callable, before the terminal chunk goes on to the client: the session's next
+        # request will see this usage.
+        tap = state_of(flow).tap
+        if typ in TERMINAL_EVENTS and isinstance(tap, ResponseTap):
+            try:
+                self._record_usage(flow, tap)
+            except Exception as exc:  # observing must never break the stream
+                log.error("tap: usage not recorded (%s)", type(exc).__name__)
 
     def response(self, flow: http.HTTPFlow) -> None:
         st = state_of(flow)
