@@ -31,9 +31,15 @@ Environment: CTPROXY_HOME (state directory), CTPROXY_CONFIG (config file).
 Capabilities: """ + ", ".join(CAPABILITIES)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--state-dir", type=Path, help="state directory (default: $CTPROXY_HOME or ~/.local/state/ctproxy)")
-    p.add_argument("--config", type=Path, help="config file (default: $CTPROXY_CONFIG or <state dir>/config.json)")
+def _common(p: argparse.ArgumentParser, top: bool = False) -> None:
+    """`--state-dir` and `--config` go anywhere: before the command, after it, after its action. Only the
+    top-level parser has a default; the others use SUPPRESS, so a subcommand that does not repeat the option
+    keeps the value given further out (argparse would otherwise overwrite it with the subparser's default)."""
+    default = None if top else argparse.SUPPRESS
+    p.add_argument("--state-dir", type=Path, default=default,
+                   help="state directory (default: $CTPROXY_HOME or ~/.local/state/ctproxy)")
+    p.add_argument("--config", type=Path, default=default,
+                   help="config file (default: $CTPROXY_CONFIG or <state dir>/config.json)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ctproxy", description="A transparent proxy and tool server for the OpenAI Responses API.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"ctproxy {__version__}")
+    _common(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     up = sub.add_parser("up", help="run the proxy (addon chain) and the tool server",
@@ -87,10 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     cf = sub.add_parser("config", help="show, get or set configuration (dotted keys, e.g. web_search.backend)")
     _common(cf)
     cfs = cf.add_subparsers(dest="config_command", metavar="ACTION", required=True)
-    cfs.add_parser("show", help="print the effective configuration")
+    _common(cfs.add_parser("show", help="print the effective configuration"))
     g = cfs.add_parser("get", help="print one key")
+    _common(g)
     g.add_argument("key")
     s = cfs.add_parser("set", help="set one key (value parsed as JSON, else a string)")
+    _common(s)
     s.add_argument("key")
     s.add_argument("value")
 
@@ -99,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("task", help="task helpers")
     _common(t)
     tsub = t.add_subparsers(dest="task_command", metavar="ACTION", required=True)
-    tsub.add_parser("new", help="print a fresh task id to hand to sub-agents (x-ctp-task)")
+    _common(tsub.add_parser("new", help="print a fresh task id to hand to sub-agents (x-ctp-task)"))
     return parser
 
 
