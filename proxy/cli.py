@@ -19,7 +19,7 @@ from proxy.config import (
     set_key,
     with_overrides,
 )
-from proxy.state import StateDir
+from proxy.state import StateDir, StateDirBusy
 
 EPILOG = """\
 Quick start:
@@ -136,6 +136,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 2
     state = _state(args)
     load_config(_config_path(args, state))  # fail early, with the key named
+    try:
+        lock = state.lock_for_up()
+    except StateDirBusy:
+        print(f"ctproxy up: {_already_running(state)}", file=sys.stderr)
+        return 2
     opts = UpOptions(listen_host=host, listen_port=port, mode=args.mode, upstream=args.upstream,
                      trust_upstream=args.trust_upstream, tools_host=thost, tools_port=tport,
                      with_tools=not args.no_tools, state_dir=state.root, config_file=args.config,
@@ -148,6 +153,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"ctproxy up: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _already_running(state: StateDir) -> str:
+    from proxy.status import read_run_file
+
+    run = read_run_file(state)
+    who = (f"pid {run['pid']}, proxy {run.get('proxy')}" if run else "still starting")
+    return (f"another ctproxy is already running with the state directory {state.root} ({who}); "
+            "stop it first, or give this one its own --state-dir DIR")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

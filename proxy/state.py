@@ -8,9 +8,15 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from proxy.files import atomic_write_text
+
+UP_LOCK = "up.lock"
+
+
+class StateDirBusy(RuntimeError):
+    """Another `ctproxy up` holds the state directory."""
 
 
 def default_state_dir() -> Path:
@@ -61,3 +67,18 @@ class StateDir:
             value = "ctp_" + secrets.token_urlsafe(32)
             atomic_write_text(self.token_path, value + "\n", mode=0o600)
             return value
+
+    def lock_for_up(self) -> FileLock | None:
+        """Held by `ctproxy up` for its lifetime: one `up` per state directory, since `run.json` (what
+        `ctproxy status` reads) and the default ports describe one running proxy. An OS lock (flock),
+        released by the kernel when the process dies, so a killed ctproxy never leaves a stale lock.
+        Other processes (a `mitmdump -s addons/…`, a standalone tool server) may still share the store.
+        Raises StateDirBusy; returns None where the filesystem has no such locks (then nothing is checked)."""
+        lock = FileLock(str(self.root / UP_LOCK), timeout=0, mode=0o600, fallback_to_soft=False)
+        try:
+            lock.acquire()
+        except Timeout as exc:
+            raise StateDirBusy(str(self.root)) from exc
+        except (OSError, NotImplementedError):
+            return None
+        return lock

@@ -1,0 +1,94 @@
+"""`ctproxy up`'s rough edges for a new user (issue 10): one `up` per state directory, one-line errors,
+real ports for port 0, and a status that describes the running processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from tests.support.ports import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout)
+
+
+class Up:
+    """`ctproxy up` in the background; `wait()` returns once it is ready or has exited (generous bound)."""
+
+    def __init__(self, *args: str, log: Path):
+        self.log_path = log
+        self._fh = log.open("wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "up", *args], cwd=REPO,
+                                     stdout=self._fh, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait(self, bound: float = 90) -> str:
+        deadline = time.monotonic() + bound
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return "exited"
+            if "ctproxy ready" in self.output():
+                return "ready"
+            time.sleep(0.05)
+        raise AssertionError(f"ctproxy up neither became ready nor exited:\n{self.output()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._fh.close()
+
+
+async def test_a_second_up_on_the_same_state_dir_is_refused(proxy_factory, tmp_path):
+    first = await proxy_factory()
+    second = Up("--state-dir", str(first.state_dir), "--listen", f"127.0.0.1:{free_port()}",
+                "--tools-listen", f"127.0.0.1:{free_port()}", log=tmp_path / "second.log")
+    try:
+        outcome = await asyncio.to_thread(second.wait)
+    finally:
+        second.stop()
+    assert outcome == "exited", f"a second ctproxy up started on the same state dir:\n{second.output()}"
+    assert second.proc.returncode == 2
+    lines = [line for line in second.output().splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert "already running" in lines[0] and f"pid {first.proc.pid}" in lines[0] and "--state-dir" in lines[0]
+    # The first one is untouched: status still finds it, and it still serves.
+    info = json.loads(cli("status", "--json", "--state-dir", str(first.state_dir)).stdout)
+    assert info["proxy"]["pid"] == first.proc.pid
+    async with aiohttp.ClientSession() as http, http.get(first.tools_url + "/healthz") as resp:
+        assert resp.status == 401  # answering (and asking for its token)
+
+
+async def test_up_starts_again_once_the_first_one_is_gone_even_killed(proxy_factory, tmp_path):
+    first = await proxy_factory()
+    await first.astop(signal.SIGKILL)  # no clean-up ran: the OS released the lock
+    again = await proxy_factory(state_dir=first.state_dir)
+    info = json.loads(cli("status", "--json", "--state-dir", str(again.state_dir)).stdout)
+    assert info["proxy"]["pid"] == again.proc.pid
+
+
+def _listening(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
