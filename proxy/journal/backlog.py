@@ -117,6 +117,19 @@ class PendingRequest:
     previous_response_id: str | None
     items: list[Any] | None = None  # the items themselves, when the caller guarantees they stay unchanged
     queued_at: float = field(default_factory=time.monotonic)  # the crash-loss window counts from here
+    prepared: Prepared | None = None  # per-item work done before taking the journal's lock (big inputs)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """The items a big request's alignment will look at, parsed and serialized (and hashed, for a session
+    with nothing on its branch yet) outside the journal's lock. Valid while the session's resend state is
+    the one it was prepared against (`resend`, compared by identity); the values themselves are pure
+    functions of the snapshot, so a stale preparation is only ignored, never wrong."""
+
+    resend: Any  # the (generation, Resend) entry used, or None: `view` covers the whole input
+    head: int  # input items before `view` (resolved by the byte prefix)
+    view: Any  # proxy.journal.branch.InputView over the items from `head` on
 
 
 @dataclass(slots=True)

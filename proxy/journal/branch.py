@@ -199,7 +199,8 @@ def resend_rest(whole: bytes, prev: Resend, items: Sequence[Any] | None = None) 
     return orjson.loads(b"[" + whole[cut + 1:])
 
 
-def align_resend(entries: Sequence[Entry], rest: Sequence[Any], prev: Resend) -> Alignment | None:
+def align_resend(entries: Sequence[Entry], rest: Sequence[Any], prev: Resend,
+                 view: InputView | None = None) -> Alignment | None:
     """Align an input that resends the previous one (`resend_rest` gave the items after it): only the rest
     is compared, against the branch after the previous request. None when the fast path does not apply
     (the caller aligns item by item)."""
@@ -211,7 +212,7 @@ def align_resend(entries: Sequence[Entry], rest: Sequence[Any], prev: Resend) ->
         kind = "continue" if all(e.skippable for e in rest_entries) else "prefix"
         keep = len(entries) if kind == "continue" else prev.branch_len
         return Alignment(kind, [], keep, n_prev, [], prev.ids, prev.positions)
-    sub = align(rest_entries, rest)
+    sub = align(rest_entries, rest, view)
     if sub.kind not in ("continue", "new", "prefix", "diverged"):
         return None
     base = prev.branch_len

@@ -30,7 +30,7 @@ import orjson
 
 from proxy.db import connect
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
-from proxy.journal.backlog import Pending, PendingRequest, PendingResponse, RequestMark
+from proxy.journal.backlog import Pending, PendingRequest, PendingResponse, Prepared, RequestMark
 from proxy.journal.branch import (
     Alignment,
     Entry,
@@ -66,6 +66,9 @@ CACHED_ALIASES = 20_000
 CACHED_RESENDS = 64  # sessions whose last input is kept for the byte-prefix fast path
 RESEND_MAX_BYTES = 32 << 20
 BACKLOG_MAX = 4096  # requests and answers waiting for the writer's next drain
+# Inputs at least this big get their per-item work (parse, serialize, hash) done before the journal's lock
+# is taken: a 100k-item input held it for seconds, and every other request waits for it (issue 10.3).
+PREPARE_MIN_BYTES = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -432,6 +435,8 @@ class Journal:
         drain with `wait=False`: while another thread holds the journal, the writer drains what it has
         rather than wait (that thread may itself be waiting for room in the writer's queue)."""
         while self._backlog:
+            if not self._settling:
+                self._prepare_next()
             if not self._lock.acquire(blocking=wait):
                 return
             try:
@@ -454,10 +459,37 @@ class Journal:
             finally:
                 self._lock.release()
 
+    def _prepare_next(self) -> None:
+        """The per-item work of the next big request in the backlog, without the journal's lock (pure work
+        on its snapshot; at worst done twice or unused). Only the lock-held part of `_align` is left."""
+        try:
+            p = self._backlog[0]
+        except IndexError:
+            return
+        if not isinstance(p, PendingRequest) or p.prepared is not None or len(p.whole) < PREPARE_MIN_BYTES:
+            return
+        st = p.mark.state
+        if st is None or p.previous_response_id is not None:
+            return
+        resend = self._resends.get(st.key)
+        rest = None
+        if resend is not None and resend[0] == st.generation:
+            rest = resend_rest(p.whole, resend[1], p.items)
+        if rest is None:
+            resend, rest = None, (p.items if p.items is not None else orjson.loads(p.whole))
+        view = InputView(rest)
+        hash_all = not st.entries  # all new: every item is hashed; else fingerprints decide most of them
+        for k in range(len(view)):
+            view.raw(k)
+            if hash_all:
+                view.canon(k)
+        p.prepared = Prepared(resend, len(resend[1].ids) if resend is not None else 0, view)
+
     def _align(self, p: PendingRequest) -> None:
         st = p.mark.state
         assert st is not None
         head = 0  # input items resolved at once by the byte prefix (the fast path)
+        view: InputView | None = None
         if p.previous_response_id is not None:
             items = p.items if p.items is not None else orjson.loads(p.whole)
             alignment = align_stateful(st.entries, items, self._tail_position(st, p.previous_response_id))
@@ -465,16 +497,28 @@ class Journal:
         else:
             alignment = None
             resend = self._resends.get(st.key)
-            if resend is not None and resend[0] == st.generation:
+            usable = resend is not None and resend[0] == st.generation
+            prep = p.prepared
+            if prep is not None and prep.resend is not None and not (usable and prep.resend is resend):
+                prep = None  # prepared against a resend state that has moved on since: not used
+            if prep is not None and prep.resend is not None:
+                rest, view, head = prep.view.items, prep.view, prep.head
+                alignment = align_resend(st.entries, rest, resend[1], view)
+            elif prep is None and usable:
                 rest = resend_rest(p.whole, resend[1], p.items)
                 if rest is not None:
-                    alignment = align_resend(st.entries, rest, resend[1])
-                    head = len(resend[1].ids)
+                    view, head = InputView(rest), len(resend[1].ids)
+                    alignment = align_resend(st.entries, rest, resend[1], view)
             if alignment is None:
                 head = 0
-                rest = p.items if p.items is not None else orjson.loads(p.whole)
-                alignment = align(st.entries, rest)
-        view = InputView(rest)  # the input items from `head` on
+                if prep is not None and prep.resend is None:
+                    rest, view = prep.view.items, prep.view
+                else:
+                    rest = p.items if p.items is not None else orjson.loads(p.whole)
+                    view = InputView(rest)
+                alignment = align(st.entries, rest, view)
+        if view is None or view.items is not rest:
+            view = InputView(rest)  # the input items from `head` on
         n = head + len(rest)
         for j, fp in alignment.fp_updates:
             if j < len(st.entries):
