@@ -134,7 +134,10 @@ class Journal:
         self.state = state
         self._read = connect_retrying(state.db_path)  # first: applies the schema before the writer starts
         self.writer = writer or JournalWriter(state.db_path)
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the sessions' states, the read connection, the backlog's settling
+        # The caches of aliases, tails and resends: held for a few dict operations only, so the request path
+        # never waits behind the writer thread settling a big request under `_lock` (issue 10.3).
+        self._cache_lock = threading.Lock()
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
         self._tasks: set[str] = set()
         self._agents: set[tuple[str, str]] = set()
@@ -174,9 +177,9 @@ class Journal:
         return task_id
 
     def task_exists(self, task_id: str) -> bool:
+        if task_id in self._tasks:
+            return True
         with self._lock:
-            if task_id in self._tasks:
-                return True
             row = self._read.execute("SELECT 1 FROM journal_tasks WHERE task_id=?", (task_id,)).fetchone()
             if row is not None:
                 self._tasks.add(task_id)
@@ -324,10 +327,10 @@ class Journal:
         self._submit([PutAlias(response_id, session_key, time.time())])
 
     def session_for_response(self, response_id: str) -> str | None:
+        hit = self._aliases.get(response_id)  # a dict read: no lock to wait for on the request path
+        if hit is not None:
+            return hit
         with self._lock:
-            hit = self._aliases.get(response_id)
-            if hit is not None:
-                return hit
             row = self._read.execute("SELECT session_key FROM journal_aliases WHERE response_id=?",
                                      (response_id,)).fetchone()
             if row is None:
@@ -344,12 +347,12 @@ class Journal:
                                       " ORDER BY id", (session_key,)).fetchall()
         return [{"kind": r[0], "detail": orjson.loads(r[1]), "created_at": r[2]} for r in rows]
 
-    @staticmethod
-    def _remember(cache: OrderedDict, key: str, value: Any, cap: int) -> None:
-        cache[key] = value
-        cache.move_to_end(key)
-        while len(cache) > cap:
-            cache.popitem(last=False)
+    def _remember(self, cache: OrderedDict, key: str, value: Any, cap: int) -> None:
+        with self._cache_lock:
+            cache[key] = value
+            cache.move_to_end(key)
+            while len(cache) > cap:
+                cache.popitem(last=False)
 
     # ------------------------------------------------------------------ ingest
     def begin_request(self, session_key: str, task_id: str, address: str, source: str | None,
@@ -358,10 +361,12 @@ class Journal:
         the first reader of the session). The mark's ids and kind settle the backlog when read."""
         items = input_items(payload)
         whole = orjson.dumps(items)
-        with self._lock:
-            st = self._session(session_key, task_id, address, source)
-            mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
-            self._backlog.append(PendingRequest(mark, whole, _previous_response(payload)))
+        st = self._sessions.get(session_key)  # cached: no need to wait for `_lock` (the writer may hold it)
+        if st is None:
+            with self._lock:
+                st = self._session(session_key, task_id, address, source)
+        mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
+        self._backlog.append(PendingRequest(mark, whole, _previous_response(payload)))
         self._after_append()
         return mark
 
@@ -374,11 +379,10 @@ class Journal:
             return
         mark.response_done = True
         snapshot = orjson.dumps(list(items))
-        with self._lock:
-            if response_id:  # a next request naming it (previous_response_id) finds its session at once
-                self._remember(self._aliases, response_id, mark.session_key, CACHED_ALIASES)
-            self._backlog.append(PendingResponse(mark, snapshot, None, response_id, model, status, usage, error,
-                                                 incomplete, time.time()))
+        if response_id:  # a next request naming it (previous_response_id) finds its session at once
+            self._remember(self._aliases, response_id, mark.session_key, CACHED_ALIASES)
+        self._backlog.append(PendingResponse(mark, snapshot, None, response_id, model, status, usage, error,
+                                             incomplete, time.time()))
         self._after_append()
 
     def _after_append(self) -> None:
