@@ -17,7 +17,9 @@ def main() -> None:
     parser.add_argument("--listen", default="127.0.0.1:8788")
     parser.add_argument("--state-dir", type=Path)
     parser.add_argument("--config", type=Path)
-    parser.add_argument("--workspace", type=Path, default=Path.cwd())
+    parser.add_argument("--workspace", type=Path, default=None,
+                        help="the directory apply_patch and exec_command may change (no default: without it "
+                        "they refuse; x-ctp-cwd may then pick a directory inside it)")
     parser.add_argument("--enable", action="append", default=[])
     parser.add_argument("--disable", action="append", default=[])
     parser.add_argument("--debug", action="store_true")

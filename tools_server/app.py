@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -16,10 +18,30 @@ from tools_server.service import ToolService
 
 SERVICE_KEY = web.AppKey("tool_service", ToolService)
 PORT_KEY = web.AppKey("listen_port", list)
+log = logging.getLogger("ctproxy.tools")
 
 
 def _json_error(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+@web.middleware
+async def json_errors(request: web.Request,
+                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Every error this server answers is JSON: aiohttp's own (404, 405, 413) and anything unexpected,
+    which is logged as one line (its type only: never the request, its headers or its body)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = exc.reason.lower().replace(" ", "_") if exc.reason else "http_error"
+        return _json_error(exc.status, code, f"{exc.status} {exc.reason}: {request.method} {request.path[:200]}")
+    except Exception as exc:
+        log.warning("tool server request failed unexpectedly: %s %s: %s", request.method, request.path[:100],
+                    type(exc).__name__)
+        return _json_error(500, "internal_error", f"the tool server failed with an internal error "
+                           f"({type(exc).__name__}); the request's effect is unknown")
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -46,7 +68,7 @@ async def call_tool(request: web.Request) -> web.Response:
     try:
         raw = await request.read()
         arguments = json.loads(raw) if raw.strip() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deeply to parse
         return _json_error(400, "invalid_json", "the body must be a JSON object of tool arguments")
     if not isinstance(arguments, dict):
         return _json_error(400, "invalid_arguments", "the body must be a JSON object of tool arguments")
@@ -68,7 +90,7 @@ def create_app(services: Services, *, token: str, listen_host: str = "127.0.0.1"
     """With `port=None` (a test server on a random port) call `bind_port` once the port is known;
     until then any loopback Host is accepted."""
     port_box: list[int | None] = [port]
-    app = web.Application(middlewares=[security_middleware(token, listen_host, lambda: port_box[0])],
+    app = web.Application(middlewares=[json_errors, security_middleware(token, listen_host, lambda: port_box[0])],
                           client_max_size=64 * 1024 * 1024)
     app[PORT_KEY] = port_box
     service = ToolService(services, build_registry(services))

@@ -74,6 +74,7 @@ class ContextFamily:
                 execute=self._get_context_remaining,
                 parameters={"type": "object", "properties": {}, "additionalProperties": False},
                 strict=True,
+                read_only=True,
             )
         ]
 

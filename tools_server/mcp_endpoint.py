@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 from typing import Any
 
 import mcp_types as types
@@ -14,8 +15,10 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from proxy import __version__
-from tools_server.registry import ToolError
+from tools_server.registry import ToolError, ToolResult
 from tools_server.service import ToolService
+
+log = logging.getLogger("ctproxy.tools")
 
 
 def _identity(ctx: Any) -> dict[str, str | None]:
@@ -31,7 +34,8 @@ def _identity(ctx: Any) -> dict[str, str | None]:
 def build_mcp_server(service: ToolService) -> Server:
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         tools = [
-            types.Tool(name=t.name, description=t.description, input_schema=t.json_schema())
+            types.Tool(name=t.name, description=t.description, input_schema=t.json_schema(),
+                       annotations=types.ToolAnnotations(read_only_hint=t.read_only))
             for t in service.registry.enabled_tools()
         ]
         return types.ListToolsResult(tools=tools)
@@ -40,16 +44,31 @@ def build_mcp_server(service: ToolService) -> Server:
         ident = _identity(ctx)
         try:
             result = await service.call(params.name, dict(params.arguments or {}), transport="mcp", **ident)
+            return _to_mcp(result)
         except ToolError as exc:
-            return types.CallToolResult(content=[types.TextContent(type="text", text=exc.message)], is_error=True)
-        content: list[Any] = [types.TextContent(type="text", text=result.text)]
-        for image in result.images:
-            base64.b64decode(image.data_base64, validate=True)  # never hand a client broken image data
-            content.append(types.ImageContent(type="image", data=image.data_base64, mime_type=image.mime_type))
-        return types.CallToolResult(content=content, structured_content=result.details or None,
-                                    is_error=result.is_error)
+            return _to_mcp(ToolResult.from_error(exc))
+        except Exception as exc:  # not from a tool (those are caught in Tool.call): still one line, no 500
+            log.warning("MCP tool call failed unexpectedly: %s", type(exc).__name__)
+            return _to_mcp(ToolResult.from_error(ToolError(
+                f"the tool call failed with an internal error ({type(exc).__name__}); its effect is unknown",
+                code="internal_error")))
 
     return Server("ctproxy", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def _to_mcp(result: ToolResult) -> types.CallToolResult:
+    """Text (and images) as content; `structuredContent` carries the details, and for an error its code
+    and explanation (Codex CLI gives the model only the structured part when there is one)."""
+    content: list[Any] = [types.TextContent(type="text", text=result.text)]
+    for image in result.images:
+        try:
+            base64.b64decode(image.data_base64, validate=True)
+        except ValueError:
+            # never hand a client broken image data
+            content.append(types.TextContent(type="text", text="[an image was left out: its data is not base64]"))
+            continue
+        content.append(types.ImageContent(type="image", data=image.data_base64, mime_type=image.mime_type))
+    return types.CallToolResult(content=content, structured_content=result.structured(), is_error=result.is_error)
 
 
 def mount_mcp(app: web.Application, service: ToolService) -> None:

@@ -7,6 +7,7 @@ validated by the tool's pydantic model (extra fields forbidden) before any effec
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,8 @@ from pydantic import BaseModel, ValidationError
 
 from proxy.config import Config
 from proxy.state import StateDir
+
+log = logging.getLogger("ctproxy.tools")
 
 
 class ToolError(Exception):
@@ -47,14 +50,29 @@ class ToolResult:
             out["images"] = [{"mime_type": i.mime_type, "data": i.data_base64} for i in self.images]
         return out
 
+    def structured(self) -> dict[str, Any] | None:
+        """What MCP clients get as `structuredContent`. Some (Codex CLI) hand only that to the model, so
+        an error carries its explanation too: `{"ok": false, "error": <code>, "message": <text>, ...}`."""
+        if not self.is_error:
+            return self.details or None
+        return {"ok": False, "error": self.details.get("error", "tool_failed"), "message": self.text,
+                **{k: v for k, v in self.details.items() if k not in ("ok", "error", "message")}}
+
+    @classmethod
+    def from_error(cls, exc: ToolError) -> ToolResult:
+        return cls(text=exc.message, details={"error": exc.code, **exc.details}, is_error=True)
+
 
 @dataclass
 class Services:
-    """What executors may use: configuration, the state directory, the workspace root."""
+    """What executors may use: configuration, the state directory, the workspace root.
+
+    `workspace` is the directory file and shell tools may change, given explicitly (`--workspace`);
+    None means there is none, and those tools refuse with an error saying how to set one."""
 
     config: Config
     state: StateDir
-    workspace: Path
+    workspace: Path | None
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -73,7 +91,7 @@ class CallContext:
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
-    def workspace(self) -> Path:
+    def workspace(self) -> Path | None:
         return self.services.workspace
 
 
@@ -92,6 +110,7 @@ class Tool:
     strict: bool = False
     parallel: bool = True
     custom_format: dict[str, Any] | None = None  # Responses `custom` tool format (grammar)
+    read_only: bool = False  # changes nothing (MCP `readOnlyHint`); the one place this is declared
 
     def json_schema(self) -> dict[str, Any]:
         if self.parameters is not None:
@@ -126,23 +145,52 @@ class Tool:
             raise ToolError(f"{self.name}: {describe_validation(exc)}") from exc
 
     async def call(self, arguments: Any, ctx: CallContext) -> ToolResult:
-        args = self.validate(arguments)
+        try:
+            args = self.validate(arguments)
+        except ToolError:
+            raise  # wrong arguments: the transports answer these as invalid requests
+        except Exception as exc:
+            return ToolResult.from_error(self.unexpected(exc, ctx))
         try:
             return await self.execute(args, ctx)
         except ToolError as exc:
-            return ToolResult(text=exc.message, details={"error": exc.code, **exc.details}, is_error=True)
+            return ToolResult.from_error(exc)
+        except Exception as exc:  # a bug or an OS surprise: a clear tool error, never a 500 or a traceback
+            return ToolResult.from_error(self.unexpected(exc, ctx))
+
+    def unexpected(self, exc: BaseException, ctx: CallContext | None = None) -> ToolError:
+        """Log one line (the exception's type and where it was raised: never its message, which may
+        hold arguments) and return the error the model sees."""
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        place = f"{Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}" if tb is not None else "?"
+        log.warning("tool %s failed unexpectedly: %s at %s (transport=%s)", self.name, type(exc).__name__,
+                    place, ctx.transport if ctx else "?")
+        effect = ("nothing was changed" if self.read_only
+                  else "whether it changed anything is unknown: check before calling it again")
+        return ToolError(f"{self.name} failed with an internal error ({type(exc).__name__}); {effect}. "
+                         "If it happens again, report it to the ctproxy operator.", code="internal_error")
 
 
-def describe_validation(exc: ValidationError) -> str:
+def clip(text: str, limit: int = 200) -> str:
+    """A value quoted in an error message, cut so a hostile argument cannot make the message huge."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def describe_validation(exc: ValidationError, max_errors: int = 10) -> str:
     parts = []
-    for e in exc.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "arguments"
+    errors = exc.errors(include_url=False, include_input=False)
+    for e in errors[:max_errors]:
+        loc = clip(".".join(str(p) for p in e["loc"]) or "arguments", 120)
         if e["type"] == "extra_forbidden":
             parts.append(f"unknown field '{loc}'")
         elif e["type"] == "missing":
             parts.append(f"missing required field '{loc}'")
         else:
-            parts.append(f"'{loc}': {e['msg']}")
+            parts.append(f"'{loc}': {clip(e['msg'], 400)}")
+    if len(errors) > max_errors:
+        parts.append(f"and {len(errors) - max_errors} more problems")
     return "; ".join(parts)
 
 

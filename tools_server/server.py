@@ -30,10 +30,11 @@ async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
         await asyncio.sleep(1.0)
 
 
-async def serve(config: Config, state: StateDir, workspace: Path, host: str, port: int,
+async def serve(config: Config, state: StateDir, workspace: Path | None, host: str, port: int,
                 ready: asyncio.Event | None = None, stop: asyncio.Event | None = None,
                 parent_pid: int | None = None) -> None:
-    services = Services(config=config, state=state, workspace=workspace.resolve())
+    """`workspace=None`: no file or shell tool may touch a directory (they say how to set one)."""
+    services = Services(config=config, state=state, workspace=workspace.resolve() if workspace else None)
     app = create_app(services, token=state.token(), listen_host=host, port=port)
     # A REST client that hangs up cancels its call (a shell command it started is stopped, seed 004 §5.6).
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools_server.registry import CallContext, Registry, Services, ToolError, ToolResult
+from tools_server.registry import CallContext, Registry, Services, ToolError, ToolResult, clip
 
 log = logging.getLogger("ctproxy.tools")
 
@@ -17,11 +17,11 @@ class ToolService:
         self.services = services
         self.registry = registry
 
-    def resolve_cwd(self, cwd: str | None) -> Path | None:
-        if not cwd:
-            return None
-        path = Path(cwd)
-        return path if path.is_absolute() else self.services.workspace / path
+    @staticmethod
+    def resolve_cwd(cwd: str | None) -> Path | None:
+        """The x-ctp-cwd header as given: the file and shell tools resolve it inside the workspace
+        (tools_server.workspace), and refuse it when it leaves the workspace or there is none."""
+        return Path(cwd) if cwd else None
 
     async def call(self, name: str, arguments: dict[str, Any], *, transport: str = "direct",
                    task: str | None = None, agent: str | None = None, cwd: str | None = None,
@@ -29,7 +29,7 @@ class ToolService:
         tool = self.registry.get(name)
         if tool is None:
             known = ", ".join(sorted(t.name for t in self.registry.enabled_tools())) or "none"
-            raise ToolError(f"unknown or disabled tool '{name}'; enabled tools: {known}", code="unknown_tool")
+            raise ToolError(f"unknown or disabled tool '{clip(name, 80)}'; enabled tools: {known}", code="unknown_tool")
         ctx = CallContext(services=self.services, task=task, agent=agent, call_id=call_id,
                           cwd=self.resolve_cwd(cwd), transport=transport)  # type: ignore[arg-type]
         started = time.perf_counter()

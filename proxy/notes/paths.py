@@ -2,6 +2,8 @@
 
 Relative paths belong to the calling agent; another agent's notes are `/root/…/notes/<path>`.
 Components are never empty, `.` or `..`; no backslashes or NUL; no shell expansion happens.
+A note path has at most MAX_DEPTH components, each at most 255 UTF-8 bytes, and at most
+MAX_PATH_BYTES in all: every note can be created, read and listed on any POSIX file system.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from proxy.journal.addresses import AddressError, validate_address
 
 _TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 MAX_COMPONENT_BYTES = 255
+MAX_PATH_BYTES = 1024  # the path inside the agent's notes
+MAX_DEPTH = 32  # components of that path
+MAX_ARGUMENT_CHARS = 2048  # the whole argument, agent address included, checked before anything else
 
 
 class NotePathError(ValueError):
@@ -37,22 +42,52 @@ def check_task_id(task_id: str) -> str:
     return task_id
 
 
-def _check_components(parts: list[str], shown: str, allow_trailing_empty: bool) -> None:
+def quoted(path: str, limit: int = 120) -> str:
+    """`repr` of a path for an error message, cut when long so the message stays short."""
+    return repr(path) if len(path) <= limit else f"{path[:limit]!r}… ({len(path)} characters)"
+
+
+def check_rel(rel: str, *, allow_trailing_empty: bool = False, shown: str | None = None) -> None:
+    """A path inside an agent's notes: raise NotePathError unless the tools can use it."""
+    _check_components(rel.split("/"), rel if shown is None else shown, allow_trailing_empty)
+
+
+def is_valid_rel(rel: str) -> bool:
+    try:
+        rel.encode("utf-8")
+        check_rel(rel)
+    except (NotePathError, UnicodeEncodeError):
+        return False
+    return True
+
+
+def _check_components(parts: list[str], path: str, allow_trailing_empty: bool) -> None:
+    shown = quoted(path)
+    if len(parts) > MAX_DEPTH:
+        raise NotePathError(f"invalid note path {shown}: more than {MAX_DEPTH} levels of directories")
+    if len("/".join(parts).encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise NotePathError(f"invalid note path {shown}: longer than {MAX_PATH_BYTES} bytes; use a shorter path")
     for i, part in enumerate(parts):
         if part == "" and allow_trailing_empty and i == len(parts) - 1:
             continue
         if part in ("", ".", ".."):
-            raise NotePathError(f"invalid note path {shown!r}: empty, '.' and '..' components are not allowed")
+            raise NotePathError(f"invalid note path {shown}: empty, '.' and '..' components are not allowed")
         if "\\" in part or "\x00" in part:
-            raise NotePathError(f"invalid note path {shown!r}: backslashes and NUL are not allowed")
-        if len(part.encode("utf-8")) > MAX_COMPONENT_BYTES:
-            raise NotePathError(f"invalid note path {shown!r}: a component is longer than 255 bytes")
+            raise NotePathError(f"invalid note path {shown}: backslashes and NUL are not allowed")
+        if len(part.encode("utf-8", "surrogatepass")) > MAX_COMPONENT_BYTES:
+            raise NotePathError(f"invalid note path {shown}: a component is longer than 255 bytes")
 
 
 def parse(path: str, caller: str, is_agent: Callable[[str], bool], *, prefix: bool = False) -> NoteRef:
     """Resolve a note path (or, with `prefix`, a path prefix) to its agent and relative path."""
     if not isinstance(path, str):
         raise NotePathError("the path must be a string")
+    if len(path) > MAX_ARGUMENT_CHARS:
+        raise NotePathError(f"invalid note path {quoted(path)}: longer than {MAX_ARGUMENT_CHARS} characters")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotePathError("invalid note path: it is not valid Unicode (a lone surrogate); send UTF-8 text") from None
     if not path.startswith("/"):
         if not prefix and not path:
             raise NotePathError("empty note path: give a relative path like 'checkpoint.md'")
@@ -62,7 +97,7 @@ def parse(path: str, caller: str, is_agent: Callable[[str], bool], *, prefix: bo
     segments = path.split("/")[1:]
     candidates = [i for i, seg in enumerate(segments) if seg == "notes" and i >= 1]
     if not candidates:
-        raise NotePathError(f"invalid note path {path!r}: another agent's notes are addressed as "
+        raise NotePathError(f"invalid note path {quoted(path)}: another agent's notes are addressed as "
                             "/root/<agent>/notes/<path>; relative paths are your own notes")
     first_error: str | None = None
     for i in candidates:
@@ -70,15 +105,15 @@ def parse(path: str, caller: str, is_agent: Callable[[str], bool], *, prefix: bo
         try:
             validate_address(address)
         except AddressError as exc:
-            first_error = first_error or str(exc)
+            first_error = first_error or (str(exc) if len(str(exc)) <= 300 else str(exc)[:300] + "…")
             continue
         if address == caller or is_agent(address):
             rel = "/".join(segments[i + 1:])
             if rel:
                 _check_components(rel.split("/"), path, allow_trailing_empty=prefix)
             elif not prefix:
-                raise NotePathError(f"invalid note path {path!r}: name a file after /notes/")
+                raise NotePathError(f"invalid note path {quoted(path)}: name a file after /notes/")
             return NoteRef(address, rel, True)
-        first_error = first_error or (f"unknown agent {address!r} in this task: only agents registered in the "
-                                      "same task can be addressed")
-    raise NotePathError(first_error or f"invalid note path {path!r}")
+        first_error = first_error or (f"unknown agent {quoted(address)} in this task: only agents registered "
+                                      "in the same task can be addressed")
+    raise NotePathError(first_error or f"invalid note path {quoted(path)}")

@@ -7,12 +7,20 @@ when its holder dies), checks the byte cap, reads the old content, writes a temp
 it, renames it over the note and updates the metadata, all under the lock. Reads take no lock: a
 rename is atomic, so a read sees the old or the new content, and a read after a successful write
 sees it. Lock waits are bounded (`lock_timeout`) and fail with a clear error.
+
+Notes never follow symbolic links. Every path is checked component by component with `lstat`
+below the agent's directory, and reads open with O_NOFOLLOW: a link (to a file or a directory,
+inside or outside the notes) is refused by read/write/append and is not a note to list or search.
+Like apply_patch's containment, this is a check made before the effect, not a race-proof sandbox:
+a process that swaps a directory for a link between the check and the rename is not stopped.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,11 +31,31 @@ import orjson
 from filelock import FileLock, Timeout
 
 from proxy.journal.addresses import address_hash
-from proxy.notes.paths import NotePathError, check_task_id
+from proxy.notes.paths import MAX_DEPTH, check_rel, check_task_id, is_valid_rel, quoted
 
 NOTE_MAX_BYTES = 1_000_000
 LOCK_TIMEOUT = 10.0
 _META_DIR = ".ctp"
+# No links followed; no blocking on a FIFO someone left in the tree (fstat then refuses it).
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of a regular file. FileNotFoundError / IsADirectoryError as usual; a symbolic link
+    (ELOOP under O_NOFOLLOW) or a special file raises NoteError."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NoteError("is a symbolic link; notes never follow links") from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory")
+        if not stat.S_ISREG(mode):
+            raise NoteError("is not a regular file") from None
+        return fh.read()
 
 
 class NoteError(Exception):
@@ -47,6 +75,13 @@ class WriteResult:
     bytes: int  # the file's size after the write
     written: int  # bytes written by this call
     created: bool
+
+
+def _encode(text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NoteError("the text is not valid Unicode (it has a lone surrogate); send UTF-8 text") from None
 
 
 def iso(ts: float) -> str:
@@ -69,12 +104,37 @@ class NotesStore:
     def _private(self, address: str) -> Path:
         return self.task_dir / _META_DIR / address_hash(address)
 
-    def _file(self, address: str, rel: str) -> Path:
+    def _file(self, address: str, rel: str, *, create_parents: bool = False) -> Path:
+        """`<agent dir>/<rel>`, checked component by component with lstat: a symbolic link or a file
+        on the way is refused (notes never follow links, so nothing outside the notes directory is
+        read or written through one). With `create_parents`, missing directories are made, one by one."""
+        check_rel(rel)
         root = self.agent_dir(address)
-        path = root.joinpath(*rel.split("/"))
-        if os.path.commonpath([os.path.realpath(path), os.path.realpath(root)]) != os.path.realpath(root):
-            raise NotePathError(f"invalid note path {rel!r}: it leaves the notes directory")
-        return path
+        parts = rel.split("/")
+        current = root
+        for i, part in enumerate(parts):
+            current = current / part
+            last = i == len(parts) - 1
+            try:
+                st = os.lstat(current)
+            except FileNotFoundError:
+                if last or not create_parents:
+                    return root.joinpath(*parts)
+                try:
+                    os.mkdir(current, 0o700)
+                except FileExistsError:
+                    pass  # made meanwhile: the lstat below judges what it is
+                st = os.lstat(current)
+            except OSError as exc:
+                raise NoteError(f"note {quoted(rel)} cannot be used: {exc.strerror or type(exc).__name__}") from None
+            if stat.S_ISLNK(st.st_mode):
+                link = quoted("/".join(parts[:i + 1]))
+                where = "is a symbolic link" if last else f"goes through a symbolic link ({link})"
+                raise NoteError(f"note {quoted(rel)} {where}; notes never follow links: use another path") from None
+            if not last and not stat.S_ISDIR(st.st_mode):
+                raise NoteError(f"cannot use {quoted(rel)}: {quoted('/'.join(parts[:i + 1]))} is a file, "
+                                "not a directory")
+        return current
 
     def _meta(self, address: str, rel: str) -> Path:
         parts = rel.split("/")
@@ -97,80 +157,95 @@ class NotesStore:
     def read(self, address: str, rel: str) -> str:
         path = self._file(address, rel)
         try:
-            data = path.read_bytes()
+            data = _read_regular(path)
         except FileNotFoundError:
-            raise NoteError(f"note {rel!r} does not exist; list notes with notes_list_files_by_prefix") from None
+            raise NoteError(f"note {quoted(rel)} does not exist; list notes with notes_list_files_by_prefix") from None
         except IsADirectoryError:
-            raise NoteError(f"{rel!r} is a directory; list it with notes_list_files_by_prefix") from None
+            raise NoteError(f"{quoted(rel)} is a directory; list it with notes_list_files_by_prefix") from None
+        except NoteError as exc:
+            raise NoteError(f"note {quoted(rel)} {exc}") from None
+        except OSError as exc:
+            raise NoteError(f"note {quoted(rel)} cannot be read: {exc.strerror or type(exc).__name__}") from None
         return data.decode("utf-8", errors="replace")
 
     def created_at(self, address: str, rel: str, fallback: float) -> float:
         try:
-            return float(orjson.loads(self._meta(address, rel).read_bytes())["created_at"])
-        except (FileNotFoundError, KeyError, ValueError, orjson.JSONDecodeError):
+            return float(orjson.loads(_read_regular(self._meta(address, rel)))["created_at"])
+        except (OSError, NoteError, KeyError, TypeError, ValueError, orjson.JSONDecodeError):
             return fallback
 
     def iter_files(self, address: str) -> Iterator[NoteInfo]:
-        """Every note of the agent (committed files only; temporaries live elsewhere)."""
+        """Every note of the agent: regular files whose paths the tools accept (committed files only;
+        temporaries live elsewhere). Symbolic links are not notes: never listed, never followed."""
         root = self.agent_dir(address)
         if not root.is_dir():
             return
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
+        for dirpath, dirnames, filenames in os.walk(root):  # followlinks=False: linked dirs are not entered
             base = Path(dirpath)
+            depth = len(base.relative_to(root).parts)
+            # Deeper than a note path may go: nothing there can be read, so nothing there is listed.
+            dirnames[:] = sorted(d for d in dirnames if depth + 1 < MAX_DEPTH) if depth + 1 < MAX_DEPTH else []
             for name in sorted(filenames):
                 path = base / name
                 try:
-                    st = path.stat()
-                except FileNotFoundError:
-                    continue
+                    st = os.lstat(path)
+                except OSError:
+                    continue  # removed meanwhile
+                if not stat.S_ISREG(st.st_mode):
+                    continue  # a link (to a file anywhere), a FIFO, a socket
                 rel = path.relative_to(root).as_posix()
+                if not is_valid_rel(rel):
+                    continue  # a name the tools could not address (made outside them)
                 yield NoteInfo(rel, st.st_size, self.created_at(address, rel, st.st_mtime), st.st_mtime)
 
     # -------------------------------------------------------------- writes
     def write(self, address: str, rel: str, text: str) -> WriteResult:
-        return self._commit(address, rel, text.encode("utf-8"), append=False)
+        return self._commit(address, rel, _encode(text), append=False)
 
     def append(self, address: str, rel: str, text: str) -> WriteResult:
-        return self._commit(address, rel, text.encode("utf-8"), append=True)
+        return self._commit(address, rel, _encode(text), append=True)
 
     def _commit(self, address: str, rel: str, data: bytes, append: bool) -> WriteResult:
-        path = self._file(address, rel)
-        self._ensure_agent(address)
+        self._file(address, rel)  # refuse a bad path before taking any lock
         try:
+            self._ensure_agent(address)
             with self._lock(address, rel):
-                return self._commit_locked(address, rel, path, data, append)
+                return self._commit_locked(address, rel, data, append)
         except Timeout:
-            raise NoteError(f"note {rel!r} is busy: another writer held its lock for {self.lock_timeout:g} s; "
+            raise NoteError(f"note {quoted(rel)} is busy: another writer held its lock for {self.lock_timeout:g} s; "
                             "retry the call") from None
+        except OSError as exc:  # a full disk, permissions: the rename never happened, the note is as it was
+            raise NoteError(f"note {quoted(rel)} was not changed: {exc.strerror or type(exc).__name__}") from None
 
-    def _commit_locked(self, address: str, rel: str, path: Path, data: bytes, append: bool) -> WriteResult:
-        if path.is_dir():
-            raise NoteError(f"{rel!r} is a directory; choose a file name inside it")
+    def _commit_locked(self, address: str, rel: str, data: bytes, append: bool) -> WriteResult:
+        path = self._file(address, rel, create_parents=True)
+        try:
+            st: os.stat_result | None = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise NoteError(f"{quoted(rel)} is a directory; choose a file name inside it")
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise NoteError(f"note {quoted(rel)} is a symbolic link or a special file; notes never follow links: "
+                            "use another path")
+        existed = st is not None
         old: bytes | None = None
-        if append:
+        if append and existed:
             try:
-                old = path.read_bytes()
+                old = _read_regular(path)
             except FileNotFoundError:
-                old = None
-            existed = old is not None
-        else:
-            existed = path.exists()
+                old, existed = None, False
         new = (old or b"") + data if append else data
         if len(new) > self.max_bytes:
             have = len(old or b"") if append else 0
             raise NoteError(
-                f"note {rel!r} would be {len(new)} bytes; the limit is {self.max_bytes} UTF-8 bytes per file"
+                f"note {quoted(rel)} would be {len(new)} bytes; the limit is {self.max_bytes} UTF-8 bytes per file"
                 + (f" (it has {have}; {self.max_bytes - have} left)" if append else "")
                 + ". Write a shorter text or start another note.")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except (FileExistsError, NotADirectoryError):
-            raise NoteError(f"cannot create {rel!r}: a parent component is a file") from None
         now = time.time()
         meta = self._meta(address, rel)
         if not existed or not meta.exists():
-            created = now if not existed else path.stat().st_mtime
+            created = now if st is None else st.st_mtime
             self._atomic(address, meta, orjson.dumps({"path": rel, "created_at": created}))
         self._atomic(address, path, new)
         return WriteResult(len(new), len(data), not existed)

@@ -184,7 +184,7 @@ class HistoryFamily:
         )
         return [Tool(name=name, description=schemas.description(name), family=self.name, capability="history",
                      args_model=model, execute=fn, parameters=schemas.runtime_parameters(name), strict=False,
-                     parallel=True)
+                     parallel=True, read_only=True)
                 for name, model, fn in table]
 
     async def close(self) -> None:

@@ -73,6 +73,8 @@ class NotesFamily:
                 return fn(r)
             except NoteError as exc:
                 raise ToolError(str(exc), code="notes_error") from None
+            except NotePathError as exc:
+                raise ToolError(str(exc), code="invalid_path") from None
             except LineRangeError as exc:
                 raise ToolError(str(exc)) from None
         return await self.readers.run(wrapped)
@@ -195,6 +197,7 @@ class NotesFamily:
 
     # ---------------------------------------------------------------- registry
     def tools(self) -> Iterable[Tool]:
+        # (name, arguments, executor, reads only): readers run in parallel, writers one at a time.
         table = (
             ("notes_list_files_by_prefix", NotesListArgs, self.list_files, True),
             ("notes_read_file", NotesReadArgs, self.read_file, True),
@@ -204,8 +207,8 @@ class NotesFamily:
         )
         return [Tool(name=name, description=schemas.description(name), family=self.name, capability="notes",
                      args_model=model, execute=fn, parameters=schemas.runtime_parameters(name), strict=False,
-                     parallel=parallel)
-                for name, model, fn, parallel in table]
+                     parallel=reads_only, read_only=reads_only)
+                for name, model, fn, reads_only in table]
 
     async def close(self) -> None:
         self.readers.close()

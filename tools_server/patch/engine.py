@@ -29,7 +29,14 @@ def apply_patch(
 ) -> CommitReport:
     if cancelled():
         raise PatchCancelled()
-    plan = preflight(patch, cwd, new_file_mode if new_file_mode is not None else default_file_mode())
+    try:
+        plan = preflight(patch, cwd, new_file_mode if new_file_mode is not None else default_file_mode())
+    except OSError as exc:  # e.g. a file that cannot be read: nothing was written yet
+        raise PatchError(
+            f"could not read the files the patch names ({exc.strerror or exc.__class__.__name__}); "
+            "nothing was changed",
+            code="preflight_failed",
+        ) from None
     if cancelled():
         raise PatchCancelled()
     try:

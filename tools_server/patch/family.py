@@ -6,6 +6,7 @@ import asyncio
 import os
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -19,6 +20,7 @@ from tools_server.patch.report import details, failure_text, success_text
 from tools_server.patch.spec import CUSTOM_FORMAT, DESCRIPTION, PARAMETERS
 from tools_server.pathqueue import QueueWaitCancelled, shared_path_queue
 from tools_server.registry import CallContext, Services, Tool, ToolError, ToolResult
+from tools_server.workspace import require
 
 MAX_PATCH_CHARS = 8 * 1024 * 1024
 
@@ -69,7 +71,8 @@ class PatchFamily:
         return None
 
     async def execute(self, args: ApplyPatchArgs, ctx: CallContext) -> ToolResult:
-        patch, cwd = self._prepare(args, ctx)
+        root = require(self.services, "apply_patch")
+        patch, cwd = self._prepare(args, ctx, root)
         keys = _queue_keys(patch, cwd)
         try:
             async with shared_path_queue(self.services).hold(keys, cancel=ctx.cancel):
@@ -80,9 +83,9 @@ class PatchFamily:
             raise ToolError("apply_patch was cancelled before any file changed", code="cancelled") from None
         except PatchError as exc:
             raise _verification_error(exc) from None
-        return _result(report, cwd, self.services)
+        return _result(report, cwd, root)
 
-    def _prepare(self, args: ApplyPatchArgs, ctx: CallContext) -> tuple[Patch, WorkDir]:
+    def _prepare(self, args: ApplyPatchArgs, ctx: CallContext, root: Path) -> tuple[Patch, WorkDir]:
         text = args.text
         if len(text) > MAX_PATCH_CHARS:
             raise ToolError(f"apply_patch: the patch is longer than {MAX_PATCH_CHARS} characters; "
@@ -94,7 +97,7 @@ class PatchFamily:
                             "send UTF-8 text", code="invalid_patch") from None
         try:
             patch = parse_patch(text)
-            cwd = working_dir(self.services.workspace, ctx.cwd, args.cwd, patch.workdir)
+            cwd = working_dir(root, ctx.cwd, args.cwd, patch.workdir)
         except PatchError as exc:
             raise _verification_error(exc) from None
         return patch, cwd
@@ -144,9 +147,8 @@ def _verification_error(exc: PatchError) -> ToolError:
                      code=exc.code, details=exc.details)
 
 
-def _result(report: CommitReport, cwd: WorkDir, services: Services) -> ToolResult:
-    root = os.path.realpath(services.workspace)
-    shown = os.path.relpath(cwd.real, root)
+def _result(report: CommitReport, cwd: WorkDir, workspace: Path) -> ToolResult:
+    shown = os.path.relpath(cwd.real, os.path.realpath(workspace))
     info: dict[str, Any] = details(report, shown)
     if report.ok:
         return ToolResult(text=success_text(report), details=info)

@@ -14,6 +14,10 @@ from pathlib import Path
 
 from tools_server.patch.model import PatchError
 
+# What POSIX file systems accept (NAME_MAX, PATH_MAX - 1); longer names fail with ENAMETOOLONG.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4095
+
 
 @dataclass(frozen=True)
 class WorkDir:
@@ -37,16 +41,18 @@ def working_dir(workspace: Path, *relative: str | os.PathLike[str] | None) -> Wo
         if part is None or os.fspath(part) == "":
             continue
         part = os.fspath(part)
+        if "\x00" in part:
+            raise PatchError("a working directory name contains a NUL character", code="bad_cwd")
         candidate_spelled = os.path.normpath(os.path.join(spelled, part))
         candidate_real = os.path.realpath(os.path.join(real, part))
         root = os.path.realpath(workspace)
         if not _within(candidate_real, root, allow_equal=True):
             raise PatchError(
-                f"working directory '{part}' is outside the workspace; give a directory inside it",
+                f"working directory '{shown_path(part)}' is outside the workspace; give a directory inside it",
                 code="outside_workspace",
             )
         if not os.path.isdir(candidate_real):
-            raise PatchError(f"working directory '{part}' does not exist or is not a directory",
+            raise PatchError(f"working directory '{shown_path(part)}' does not exist or is not a directory",
                              code="bad_cwd")
         real = candidate_real
         spelled = candidate_spelled
@@ -55,8 +61,26 @@ def working_dir(workspace: Path, *relative: str | os.PathLike[str] | None) -> Wo
     return WorkDir(real=real, spelled=spelled)
 
 
+def shown_path(raw: str, limit: int = 200) -> str:
+    """A path as quoted in an error message: long ones are cut, so the message stays short."""
+    return raw if len(raw) <= limit else f"{raw[:limit]}… ({len(raw)} characters)"
+
+
+def check_lengths(raw: str, path: str) -> None:
+    """Refuse names no file system accepts, before any system call would fail on them."""
+    for part in path.split(os.sep):
+        if len(os.fsencode(part)) > MAX_NAME_BYTES:
+            raise PatchError(f"'{shown_path(raw)}' has a file or directory name longer than {MAX_NAME_BYTES} "
+                             "bytes; use shorter names", code="bad_path")
+    if len(os.fsencode(path)) > MAX_PATH_BYTES:
+        raise PatchError(f"'{shown_path(raw)}' is longer than {MAX_PATH_BYTES} bytes as an absolute path; "
+                         "use a shorter path", code="bad_path")
+
+
 def lexical_target(cwd: WorkDir, raw: str) -> Target:
     """The absolute path `raw` names, refused when it leaves the working directory (no I/O)."""
+    if "\x00" in raw:
+        raise PatchError("a path in the patch contains a NUL character", code="bad_path")
     if os.path.isabs(raw):
         norm = os.path.normpath(raw)
         if not _within(norm, cwd.real) and _within(norm, cwd.spelled):
@@ -64,12 +88,13 @@ def lexical_target(cwd: WorkDir, raw: str) -> Target:
     else:
         norm = os.path.normpath(os.path.join(cwd.real, raw))
     if norm == cwd.real:
-        raise PatchError(f"'{raw}' names the working directory itself, not a file", code="bad_path")
+        raise PatchError(f"'{shown_path(raw)}' names the working directory itself, not a file", code="bad_path")
     if not _within(norm, cwd.real):
         raise PatchError(
-            f"'{raw}' resolves outside the working directory; use a path relative to it, inside it",
+            f"'{shown_path(raw)}' resolves outside the working directory; use a path relative to it, inside it",
             code="outside_workspace",
         )
+    check_lengths(raw, norm)
     return Target(raw=raw, path=norm)
 
 
@@ -86,6 +111,9 @@ def check_components(cwd: WorkDir, target: Target) -> os.stat_result | None:
             return None
         except NotADirectoryError:
             return None
+        except OSError as exc:  # too long, a loop, no permission: a clear refusal, not a crash
+            raise PatchError(f"'{shown_path(target.raw)}' cannot be inspected ({exc.strerror or type(exc).__name__})",
+                             code="bad_path") from None
         shown = os.path.join(*parts[: i + 1])
         if stat.S_ISLNK(st.st_mode):
             raise PatchError(

@@ -26,6 +26,7 @@ from tools_server.shell.job import Delivery, Job
 from tools_server.shell.manager import Observation, Owner, ShellManager
 from tools_server.shell.render import render
 from tools_server.shell.seam import InvocationCall, InvocationSeam, load_hooks
+from tools_server.workspace import OutsideWorkspace, inside, require
 
 
 class RawArgs(BaseModel):
@@ -51,7 +52,8 @@ EXEC_SCHEMA: dict[str, Any] = {
     "properties": {
         "cmd": {"type": "string", "description": "Shell command to execute."},
         "workdir": {"type": "string",
-                    "description": "Working directory; relative paths resolve against the workspace."},
+                    "description": "Working directory inside the workspace; relative paths resolve "
+                                   "against the session's directory (the workspace, or x-ctp-cwd)."},
         "tty": {"type": "boolean", "description": "Must be false or omitted: sessions use pipes, not a PTY."},
         "yield_time_ms": {"type": "number",
                           "description": "How long to wait for output before yielding (250-30000, "
@@ -126,15 +128,18 @@ class ShellFamily:
 
     # -- executors -----------------------------------------------------------------------------------
     def _resolve_cwd(self, workdir: str | None, ctx: CallContext) -> Path:
-        base = Path(ctx.cwd or self.services.workspace)
-        path = Path(workdir).expanduser() if workdir else base
-        return path if path.is_absolute() else base / path
+        """The workspace, then x-ctp-cwd, then `workdir`, each inside the workspace."""
+        root = require(self.services, EXEC)
+        try:
+            return inside(root, ctx.cwd, os.path.expanduser(workdir) if workdir else None)
+        except OutsideWorkspace as exc:
+            raise ShellError(EXEC, "bad-cwd", str(exc)) from None
 
     async def exec_command(self, args: RawArgs, ctx: CallContext) -> ToolResult:
         started = time.monotonic()
         req = normalize_exec(args.model_extra or {})
         owner = owner_of(ctx)
-        cwd = self._resolve_cwd(req.workdir, ctx)
+        cwd = await asyncio.to_thread(self._resolve_cwd, req.workdir, ctx)
         with self.manager.admission(EXEC, owner):
             call = InvocationCall(tool=EXEC, path="direct", cwd=str(cwd), task=ctx.task, agent=ctx.agent)
             overlay = await self.seam(EXEC).admit(call)
@@ -149,6 +154,7 @@ class ShellFamily:
 
     async def write_stdin(self, args: RawArgs, ctx: CallContext) -> ToolResult:
         started = time.monotonic()
+        require(self.services, WRITE)  # no workspace, no sessions: say how to set one, not "stale session"
         req = normalize_write(args.model_extra or {}, self.config.max_poll_ms)
         job = self.manager.lookup(WRITE, owner_of(ctx), req.session_id)
         call = InvocationCall(tool=WRITE, path="direct", cwd=str(job.cwd), session_id=job.id,
