@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from mitmproxy import http
 
 from addons._flow import destination_route, is_reverse
-from proxy import routes, runtime
+from proxy import httpstream, routes, runtime
 from proxy.flowstate import state_of
 
 
@@ -31,6 +31,7 @@ def _target(origin: str) -> tuple[str, str, int, str]:
 class Routing:
     def load(self, loader) -> None:
         runtime.declare_options(loader)
+        httpstream.install()  # JSON errors and upstream timeouts, also under a plain mitmdump
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:

@@ -58,6 +58,8 @@ class ContextConfig(_Section):
 class HistoryConfig(_Section):
     enabled: bool = True
     max_tool_output_chars: int = Field(12_000, ge=500, description="cap of one history tool answer")
+    cache_mb: int = Field(256, ge=1, description="memory the journal's caches of sessions and resent inputs may "
+                                                 "hold in the proxy (least recently used dropped first)")
 
 
 class NotesConfig(_Section):
@@ -98,6 +100,24 @@ class ComputerUseConfig(_Section):
     enabled: bool = False
 
 
+class LimitsConfig(_Section):
+    """What one request may cost the proxy (docs/pipeline.md, "Limits")."""
+
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024,
+        description="largest (decoded) request body ctproxy reads: a larger plain body passes through untouched "
+                    "with the features skipped; a compressed body that inflates past it is refused with a 413")
+
+
+class TimeoutsConfig(_Section):
+    """Upstream timeouts for the agent's own requests (docs/pipeline.md, "Timeouts"); null turns one off."""
+
+    connect_seconds: float | None = Field(15.0, gt=0, description="TCP + TLS connect to the upstream")
+    stream_idle_seconds: float | None = Field(
+        300.0, gt=0, description="longest silence of the upstream while an answer is awaited or streamed "
+                                 "(Codex's stream_idle_timeout default)")
+
+
 class Config(_Section):
     web_search: WebSearchConfig = Field(default_factory=WebSearchConfig)
     remote_compaction: RemoteCompactionConfig = Field(default_factory=RemoteCompactionConfig)
@@ -111,6 +131,8 @@ class Config(_Section):
     sidecar_search: SidecarSearchConfig = Field(default_factory=SidecarSearchConfig)
     tool_discovery: ToolDiscoveryConfig = Field(default_factory=ToolDiscoveryConfig)
     computer_use: ComputerUseConfig = Field(default_factory=ComputerUseConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     model_windows: dict[str, int] = Field(
         default_factory=lambda: dict(DEFAULT_MODEL_WINDOWS),
         description="context window in tokens per model name glob; the first match wins",

@@ -28,6 +28,9 @@ def build_master(options: Any, with_termlog: bool) -> Any:
     from mitmproxy import addons as mitm_addons
     from mitmproxy.master import Master
 
+    from proxy import httpstream
+
+    httpstream.install()  # JSON errors and upstream timeouts (proxy/httpstream.py)
     master = Master(options, with_termlog=with_termlog)
     kept = [a for a in mitm_addons.default_addons() if _name(a) in KEPT]
     master.addons.add(*kept)  # no KeepServing: ctproxy runs until it is stopped, replay or not

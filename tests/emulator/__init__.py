@@ -15,7 +15,8 @@ Replies (`replies.py`): Text, FunctionCall, CustomToolCall, WebSearch, Reasoning
 Response(items=[…]), FailedInStream, ErrorEvent(nested=…), HttpError (+ context_length_exceeded_400,
 rate_limited_429, insufficient_quota_429, server_error_500), Raw; or a callable
 `(ReceivedRequest) -> reply`. Options on any reply: usage=, delays={i: s}, pause_after_first=,
-disconnect_after=N, latency=, headers=.
+disconnect_after=N, latency=, headers=, stall_after=N / stall_before_headers=True (silent until the client
+closes the connection).
 
 Queues: `script` (turns), `script_compaction` (input ends with `compaction_trigger`; default:
 reasoning + one compaction item, deterministic per input), `script_compact` (`/responses/compact`).

@@ -238,6 +238,8 @@ class Emulator:
         if reply is None:
             reply = compaction_reply(rec) if rec.route == "compaction" else echo_reply(rec, self.default_deltas)
         plan = render(reply, RenderContext.for_request(body, self.token_counter(body)))
+        plan.stall_after = getattr(reply, "stall_after", None)
+        plan.stall_before_headers = bool(getattr(reply, "stall_before_headers", False))
         return await self._send(request, rec, plan, store=True)
 
     def _check_create(self, body: dict[str, Any]) -> Plan | None:
@@ -325,6 +327,9 @@ class Emulator:
         rec.response_id = rec.response_id or plan.response_id
         if plan.latency:
             await asyncio.sleep(plan.latency)
+        if plan.stall_before_headers:
+            await _hold_until_closed(request, rec)
+            return web.Response(status=plan.status)  # never reaches anyone
         if plan.body is not None:
             if store and plan.response is not None:
                 self._store(rec, plan.response)
@@ -338,6 +343,8 @@ class Emulator:
         _set_headers(resp, plan.headers)
         chunks = plan.chunks or []
         limit = len(chunks) if plan.disconnect_after is None else min(plan.disconnect_after, len(chunks))
+        if plan.stall_after is not None:
+            limit = min(plan.stall_after, limit)
         try:
             await resp.prepare(request)
             loop = asyncio.get_running_loop()
@@ -350,6 +357,9 @@ class Emulator:
         except ConnectionError:
             rec.client_disconnected = True
             return resp
+        if plan.stall_after is not None:
+            await _hold_until_closed(request, rec)
+            return resp
         if plan.disconnect_after is not None:
             # close() flushes what was written, then FINs: the client sees a chunked body that
             # never ends properly, exactly like an upstream dying mid-stream.
@@ -359,6 +369,13 @@ class Emulator:
         if store and plan.response is not None and plan.response.get("status") == "completed":
             self._store(rec, plan.response)
         return resp
+
+
+async def _hold_until_closed(request: web.Request, rec: ReceivedRequest) -> None:
+    """A stalled upstream: silent, connection open, until the client (the proxy) closes it."""
+    while request.transport is not None and not request.transport.is_closing():
+        await asyncio.sleep(0.02)
+    rec.client_disconnected = True
 
 
 def _set_headers(resp: web.StreamResponse, headers: list[tuple[str, str]]) -> None:

@@ -98,6 +98,8 @@ class Plan:
     disconnect_after: int | None = None
     latency: float = 0.0
     response: dict[str, Any] | None = None  # the final Response object (for the retrieve store)
+    stall_after: int | None = None  # chunks written before the stream goes silent until the client leaves
+    stall_before_headers: bool = False  # silent from the start until the client leaves
 
     @property
     def response_id(self) -> str | None:

@@ -35,6 +35,9 @@ class ReplyOptions:
     disconnect_after: write this many events, then close the connection with no terminal event.
     latency: seconds to wait before the status line is sent.
     headers: extra response headers.
+    stall_after: write this many SSE events (0: headers only), then send nothing more and keep the
+        connection open until the client closes it (recorded as `client_disconnected`).
+    stall_before_headers: send nothing at all (not even the status line) until the client closes.
     """
 
     usage: Mapping[str, Any] | None = None
@@ -43,6 +46,8 @@ class ReplyOptions:
     disconnect_after: int | None = None
     latency: float = 0.0
     headers: Mapping[str, str] | None = None
+    stall_after: int | None = None
+    stall_before_headers: bool = False
 
     def options_set(self) -> list[str]:
         """Names of the options that differ from their defaults."""
