@@ -359,3 +359,30 @@ def test_tool_error_keeps_its_code_in_the_structured_error() -> None:
     res = ToolResult.from_error(ToolError("say what to do", code="no_task", details={"hint": 1}))
     assert res.structured() == {"ok": False, "error": "no_task", "message": "say what to do", "hint": 1}
     assert res.to_json() == {"ok": False, "text": "say what to do", "details": {"error": "no_task", "hint": 1}}
+
+
+# ------------------------------------------------------------------------------------------ found by the fuzz test
+
+async def test_a_lone_surrogate_in_any_argument_is_an_invalid_argument(notes_world) -> None:
+    srv, task, _ = notes_world
+    for name, args in (("history_read_item", {"item_id": "\ud800", "window_id": "w1"}),
+                       ("notes_read_file", {"path": "a\udfff.md"}),
+                       ("history_list_items", {"tool_name": "x", "agent_name": "\ud83d"})):
+        res = await srv.rest(name, args, task=task)
+        assert res.status == 400 and res.body["error"]["code"] == "invalid_arguments", res.body
+        assert "lone surrogate" in res.body["error"]["message"]
+
+
+async def test_history_search_for_a_nul_is_a_clear_error(notes_world) -> None:
+    srv, task, _ = notes_world
+    for call in (srv.rest, srv.mcp):
+        code, message = error_of(await call("history_search_contents", {"query": "a\x00b"}, task=task))
+        assert code == "invalid_arguments" and "NUL" in message
+
+
+async def test_shell_workdir_too_long_for_the_file_system_is_bad_cwd(tmp_path: Path, server) -> None:
+    srv = await server(services_for(tmp_path, tmp_path, ALL_ON))
+    for cwd, workdir in (("x/" * 1500, None), (None, "y" * 300), (None, "z/" * 3000)):
+        res = await srv.rest("exec_command", {"cmd": "true", **({"workdir": workdir} if workdir else {})}, cwd=cwd)
+        code, message = error_of(res)
+        assert code == "bad-cwd" and len(message) < 600, message

@@ -139,6 +139,9 @@ class Tool:
     def validate(self, arguments: Any) -> BaseModel:
         if not isinstance(arguments, dict):
             raise ToolError(f"{self.name}: arguments must be a JSON object")
+        if (where := _lone_surrogate(arguments)) is not None:
+            # JSON can spell one (\ud800), but no file name, database or process can take it
+            raise ToolError(f"{self.name}: {where} is not valid Unicode (it has a lone surrogate); send UTF-8 text")
         try:
             return self.args_model.model_validate(arguments)
         except ValidationError as exc:
@@ -171,6 +174,26 @@ class Tool:
                   else "whether it changed anything is unknown: check before calling it again")
         return ToolError(f"{self.name} failed with an internal error ({type(exc).__name__}); {effect}. "
                          "If it happens again, report it to the ctproxy operator.", code="internal_error")
+
+
+def _lone_surrogate(arguments: dict[str, Any]) -> str | None:
+    """Where in the arguments a string (or a key) is not encodable as UTF-8, if anywhere."""
+    stack: list[tuple[str, Any]] = [("the arguments", arguments)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                shown = f"'{clip(key, 40)}'" if isinstance(key, str) and key.isprintable() else "a field name"
+                stack.append((shown, key))
+                stack.append((shown if where == "the arguments" else where, item))
+        elif isinstance(value, list):
+            stack.extend((where, item) for item in value)
+    return None
 
 
 def clip(text: str, limit: int = 200) -> str:

@@ -154,6 +154,8 @@ class HistoryFamily:
     async def search_contents(self, args: SearchContentsArgs, ctx: CallContext) -> ToolResult:
         if not args.query:
             raise ToolError("query must not be empty: give a literal, case-sensitive substring")
+        if "\x00" in args.query:  # the full-text index cannot take one (SQLite FTS5: "unterminated string")
+            raise ToolError("query must not contain a NUL character: search for the text around it instead")
         limit, clamped = clamp(args.limit, SEARCH_DEFAULT, LIMIT_MAX)
         flt = _filter(args, ctx)
 

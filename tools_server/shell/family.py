@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from proxy.config import ShellConfig
-from tools_server.registry import CallContext, Services, Tool, ToolResult
+from tools_server.registry import CallContext, Services, Tool, ToolResult, clip
 from tools_server.shell import limits
 from tools_server.shell.capture import CaptureStore
 from tools_server.shell.dialect import EXEC, WRITE, normalize_exec, normalize_write
@@ -87,7 +87,10 @@ def owner_of(ctx: CallContext) -> Owner:
 
 
 def _check_dir(path: Path) -> bool:
-    return path.is_dir() and os.access(path, os.X_OK)
+    try:
+        return path.is_dir() and os.access(path, os.X_OK)
+    except OSError:  # a name too long for the file system, a permission on the way
+        return False
 
 
 class ShellFamily:
@@ -144,7 +147,7 @@ class ShellFamily:
             call = InvocationCall(tool=EXEC, path="direct", cwd=str(cwd), task=ctx.task, agent=ctx.agent)
             overlay = await self.seam(EXEC).admit(call)
             if not await asyncio.to_thread(_check_dir, cwd):
-                raise ShellError(EXEC, "bad-cwd", f"workdir {cwd} is not an accessible directory")
+                raise ShellError(EXEC, "bad-cwd", f"workdir {clip(str(cwd))} is not an accessible directory")
             if ctx.cancel.is_set():
                 raise ShellError(EXEC, "cancelled", "the call was cancelled before the command started")
             job = await self.manager.start(EXEC, owner, req.cmd, cwd, overlay)
