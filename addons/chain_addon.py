@@ -21,6 +21,7 @@ from typing import Any
 
 from mitmproxy import exceptions
 
+from proxy import memory
 from proxy.addonlookup import CHAIN_ADDON_NAME
 
 log = logging.getLogger("ctproxy.chain")
@@ -108,6 +109,9 @@ class ChainAddon:
         return self._run("requestheaders", flow)
 
     def request(self, flow: Any) -> Awaitable[None] | None:
+        raw = flow.request.raw_content
+        if raw is not None and len(raw) >= memory.BIG_BYTES:
+            memory.note_big_work(len(raw))  # its memory goes back to the OS once it is gone (proxy/memory.py)
         return self._run("request", flow)
 
     def responseheaders(self, flow: Any) -> Awaitable[None] | None:

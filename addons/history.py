@@ -41,7 +41,7 @@ def journal() -> Journal | None:
         return None
     j = rt.extras.get("journal")
     if j is None:
-        j = rt.extras["journal"] = journal_for(rt.state)
+        j = rt.extras["journal"] = journal_for(rt.state, rt.config.history.cache_mb << 20)
     rt.extras.setdefault("response_aliases", j.aliases)
     return j
 

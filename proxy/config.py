@@ -58,7 +58,7 @@ class ContextConfig(_Section):
 class HistoryConfig(_Section):
     enabled: bool = True
     max_tool_output_chars: int = Field(12_000, ge=500, description="cap of one history tool answer")
-    cache_mb: int = Field(256, ge=1, description="memory the journal's caches of sessions and resent inputs may "
+    cache_mb: int = Field(128, ge=1, description="memory the journal's caches of sessions and resent inputs may "
                                                  "hold in the proxy (least recently used dropped first)")
 
 

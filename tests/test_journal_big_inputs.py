@@ -82,3 +82,40 @@ def test_prepared_and_unprepared_alignment_give_the_same_ids(tmp_path, monkeypat
     assert prepared_calls
     assert plain == fast  # ids hang from the session's root, the same key in both journals
 
+
+
+def test_the_caches_are_bounded_in_bytes(tmp_path):
+    j = Journal(StateDir.open(tmp_path / "state"), cache_bytes=2 << 20)  # 2 MiB: about two 3000-item sessions
+    try:
+        task = j.create_task()
+        for n in range(6):
+            st = j.session(f"s{n}", task, f"/root/a{n}", None)
+            mark = j.begin_request(st.key, st.task_id, st.address, None, {"input": _conversation(3000, f"{n} ")})
+            j.settle()
+            assert len(mark.input_ids) == 3000
+            assert j.cached_bytes() <= 2 << 20 or len(j._sessions) == 1
+        assert len(j._sessions) < 6
+    finally:
+        j.close()
+
+
+def test_a_session_dropped_before_its_writes_commit_continues_its_branch(tmp_path):
+    """Dropped from the cache while the writer still holds its writes: taken back, not read stale."""
+    j = Journal(StateDir.open(tmp_path / "state"), cache_bytes=1)  # every other session is dropped at once
+    try:
+        task = j.create_task()
+        first = _conversation(50, "a ")
+        st = j.session("A", task, "/root/a", None)
+        m1 = j.begin_request(st.key, st.task_id, st.address, None, {"input": first})
+        j.settle()
+        other = j.session("B", task, "/root/b", None)  # drops A
+        j.begin_request(other.key, other.task_id, other.address, None, {"input": _conversation(5, "b ")})
+        j.settle()
+        assert "A" not in j._sessions
+        st = j._session("A")
+        m2 = j.begin_request(st.key, st.task_id, st.address, None, {"input": first + _conversation(2, "more ")})
+        j.settle()
+        assert m2.kind == "continue"
+        assert m2.input_ids[:50] == m1.input_ids
+    finally:
+        j.close()

@@ -19,13 +19,16 @@ _instances: dict[str, Journal] = {}
 _lock = threading.Lock()
 
 
-def journal_for(state: StateDir) -> Journal:
-    """One journal (one writer thread) per state directory and process."""
+def journal_for(state: StateDir, cache_bytes: int | None = None) -> Journal:
+    """One journal (one writer thread) per state directory and process; `cache_bytes` (config
+    `history.cache_mb`) bounds what its caches hold, the last value given wins."""
     key = str(state.root)
     with _lock:
         j = _instances.get(key)
         if j is None:
             j = _instances[key] = Journal(state)
+        if cache_bytes is not None:
+            j.cache_bytes = cache_bytes
         return j
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from proxy import memory
 from proxy.db import connect
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
 from proxy.journal.backlog import Pending, PendingRequest, PendingResponse, Prepared, RequestMark
@@ -62,6 +63,10 @@ from proxy.state import StateDir
 log = logging.getLogger("ctproxy.journal")
 
 CACHED_SESSIONS = 512
+DEFAULT_CACHE_BYTES = 128 << 20  # config history.cache_mb: what the cached sessions and resends may hold
+# What one cached branch position costs in memory (item id, canonical hash, fingerprint, the Entry, the
+# list slot): measured with tracemalloc on 100k-item sessions (≈310 bytes), rounded up.
+ENTRY_BYTES = 320
 CACHED_ALIASES = 20_000
 CACHED_RESENDS = 64  # sessions whose last input is kept for the byte-prefix fast path
 RESEND_MAX_BYTES = 32 << 20
@@ -130,8 +135,10 @@ class AliasView(Mapping[str, str]):
 
 
 class Journal:
-    def __init__(self, state: StateDir, writer: JournalWriter | None = None):
+    def __init__(self, state: StateDir, writer: JournalWriter | None = None,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES):
         self.state = state
+        self.cache_bytes = cache_bytes  # the caches are bounded in bytes too, not only by count (issue 10.3)
         self._read = connect_retrying(state.db_path)  # first: applies the schema before the writer starts
         self.writer = writer or JournalWriter(state.db_path)
         self._lock = threading.RLock()  # the sessions' states, the read connection, the backlog's settling
@@ -139,6 +146,10 @@ class Journal:
         # never waits behind the writer thread settling a big request under `_lock` (issue 10.3).
         self._cache_lock = threading.Lock()
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
+        # Sessions dropped from the cache whose writes may not be committed yet: reading them back from the
+        # database before then would see an old branch, so until the writer's barrier is passed the dropped
+        # state itself is taken back.
+        self._dropped: dict[str, tuple[SessionState, threading.Event]] = {}
         self._tasks: set[str] = set()
         self._agents: set[tuple[str, str]] = set()
         self._ordinals: dict[tuple[str, str], int] = {}
@@ -214,15 +225,51 @@ class Journal:
             if st is not None:
                 self._sessions.move_to_end(session_key)
                 return st
-            st = self._load(session_key)
+            dropped = self._dropped.pop(session_key, None)
+            st = dropped[0] if dropped is not None and not dropped[1].is_set() else self._load(session_key)
             if st is None:
                 if task_id is None or address is None:
                     raise KeyError(f"unknown session {session_key!r}")
                 st = self._create(session_key, task_id, address, source)
             self._sessions[session_key] = st
             while len(self._sessions) > CACHED_SESSIONS:
-                self._sessions.popitem(last=False)
+                self._drop(*self._sessions.popitem(last=False))
+            self._bound_caches(keep=session_key)
             return st
+
+    def _drop(self, key: str, st: SessionState) -> None:
+        for k in [k for k, (_, done) in self._dropped.items() if done.is_set()]:
+            self._dropped.pop(k, None)  # committed since: the database has them now
+        self._dropped[key] = (st, self.writer.barrier())
+
+    def cached_bytes(self) -> int:
+        """What the session and resend caches hold, estimated: the branch positions and the kept inputs."""
+        with self._cache_lock:
+            resends = sum(len(r.whole) + 16 * len(r.ids) for _, r in self._resends.values())
+        return resends + ENTRY_BYTES * sum(len(st.entries) for st in list(self._sessions.values()))
+
+    def _bound_caches(self, keep: str | None = None) -> None:
+        """Drop least recently used resends, then sessions, until the caches fit `cache_bytes` (a dropped
+        session is read back from the database when next needed; a dropped resend only loses the byte-prefix
+        fast path for that session's next request). `keep` (the session at hand) stays."""
+        for k in [k for k, (_, done) in self._dropped.items() if done.is_set()]:
+            self._dropped.pop(k, None)
+        over = self.cached_bytes() - self.cache_bytes
+        if over <= 0:
+            return
+        with self._cache_lock:
+            for key in list(self._resends):
+                if over <= 0:
+                    break
+                if key != keep:
+                    _, r = self._resends.pop(key)
+                    over -= len(r.whole) + 16 * len(r.ids)
+        for key in list(self._sessions):
+            if over <= 0:
+                break
+            if key != keep and (st := self._sessions.pop(key, None)) is not None:
+                self._drop(key, st)
+                over -= ENTRY_BYTES * len(st.entries)
 
     def _load(self, session_key: str) -> SessionState | None:
         row = self._read.execute("SELECT task_id, address, source FROM journal_sessions WHERE session_key=?",
@@ -550,6 +597,8 @@ class Journal:
         else:
             self._resends.pop(st.key, None)
         self._submit(ops + ops_branch, p.queued_at)
+        self._bound_caches(keep=st.key)
+        memory.note_big_work(len(p.whole))  # a big input's objects are garbage soon: hand the pages back
         if alignment.kind in ("diverged", "prefix"):
             self.record_event(st.key, "branch", {"kind": alignment.kind, "kept": keep})
         p.mark.resolve(st.window.window_id, ids, alignment.kind, branch[-1].item_id if branch else None, branch)

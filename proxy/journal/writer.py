@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxy import memory
 from proxy.db import connect
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
 from proxy.journal.ops import Op
@@ -39,6 +40,7 @@ BATCH_SIZE = 512
 BATCH_INTERVAL = 0.02
 QUEUE_MAX = 100_000
 INDEX_ITEMS = 256  # the full-text index takes items in bulk: this many …
+BIG_DRAIN_OPS = 10_000  # after taking this many ops since the last trim, the C heap is trimmed (proxy/memory.py)
 INDEX_DELAY = 2.0  # … or this many seconds after the first one not indexed yet
 
 
@@ -81,6 +83,7 @@ class JournalWriter:
         self._pending: deque[tuple[float, tuple[Op, ...]] | _Marker] = deque()
         self._submitted = 0  # ops appended (submitters only, under _submit_lock)
         self._taken = 0  # ops taken by the writer (writer thread only)
+        self._trim_mark = 0  # `_taken` when the last trim was asked for
         self._submit_lock = threading.Lock()  # among submitters; the writer never takes it
         # A raw lock as a bell: held by the writer while it sleeps on it, released by whoever rings
         # (one C call each side; a threading.Event costs twice the CPU per wake-up).
@@ -153,6 +156,13 @@ class JournalWriter:
             self.ring()
             time.sleep(0.005)
         return True
+
+    def barrier(self) -> threading.Event:
+        """An event that is set once everything submitted so far is committed; does not wait."""
+        marker = _Marker()
+        self._pending.append(marker)
+        self.ring()
+        return marker.done
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until everything submitted so far is committed. False on timeout or when closed."""
@@ -274,6 +284,9 @@ class JournalWriter:
             self._taken += len(ops)
         if batch:
             self._commit(conn, batch, first_at)
+        if self._taken - self._trim_mark >= BIG_DRAIN_OPS:
+            self._trim_mark = self._taken
+            memory.note_big_work(memory.BIG_BYTES)  # a big drain's ops are garbage now: hand the pages back
         return False
 
     def _commit(self, conn: sqlite3.Connection, batch: list[Op], first_at: float) -> None:

@@ -1,0 +1,233 @@
+"""Memory and fairness under load (issue 10): does the proxy give back what it takes?
+
+    python bench/bench_soak.py [--quick] [--only rss big] [--seconds 60] [--clients 50]
+
+  rss  `--clients` streaming clients for `--seconds` through `ctproxy up` with default features and with
+       `--disable all` (the pass-through baseline, same run). Each client holds an ordinary multi-turn
+       conversation (resends its history, starts a new one every few turns), as agents do. The proxy
+       process's RSS is sampled every second (/proc/PID/status VmRSS); printed: RSS after the warm-up,
+       at the end, after an idle pause, the growth after warm-up and its slope per minute, requests and
+       errors. Goal: growth after warm-up ≤ +10 MB over 60 s at 50 clients.
+  big  `--rounds` 100,000-item (≈5 MB) requests, each a new session, through ctproxy (defaults)
+       while a tiny request is started every
+       50 ms (open loop: a stalled proxy makes every tiny request sent meanwhile wait): the tiny
+       request's latency during the big one (median, p99, max) against the same tiny
+       request with the proxy idle, and the proxy's RSS before and after the big one. Goal: tiny median
+       during the big one ≤ 100 ms.
+
+Everything runs on loopback against the emulator (tests/emulator) in its own process; the figures are
+printed and written to bench/results/soak.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import Processes, Service, print_table, summarize, write_result
+
+TURNS_PER_CONVERSATION = 6
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def wait_idle(pid: int, limit: float = 180.0) -> float:
+    """Seconds until the process has used under 2% of a CPU for 2 s (its background work is done)."""
+    start = time.monotonic()
+    last = cpu_seconds(pid)
+    while time.monotonic() - start < limit:
+        await asyncio.sleep(2.0)
+        now = cpu_seconds(pid)
+        if now - last < 0.04:
+            break
+        last = now
+    return time.monotonic() - start
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def _stream_once(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> str:
+    """One streamed turn; returns the assistant text (so the next turn can resend it)."""
+    text: list[str] = []
+    async with http.post(url + "/v1/responses", data=orjson.dumps(body),
+                         headers={"content-type": "application/json", "authorization": "Bearer sk-bench"}) as r:
+        r.raise_for_status()
+        async for raw in r.content:
+            if raw.startswith(b"data: {") and b'"response.output_text.delta"' in raw:
+                text.append(orjson.loads(raw[6:]).get("delta", ""))
+    return "".join(text)
+
+
+async def _client(http: aiohttp.ClientSession, url: str, n: int, stop_at: float, counts: dict[str, int]) -> None:
+    conv = 0
+    while time.monotonic() < stop_at:
+        conv += 1
+        history: list[dict[str, Any]] = []
+        for turn in range(TURNS_PER_CONVERSATION):
+            if time.monotonic() >= stop_at:
+                return
+            history.append({"role": "user", "content": f"client {n} conversation {conv} turn {turn}: " + "w " * 200})
+            try:
+                answer = await _stream_once(http, url, {"model": "gpt-5", "stream": True, "input": history})
+                counts["requests"] += 1
+            except (aiohttp.ClientError, TimeoutError):
+                counts["errors"] += 1
+                break
+            history.append({"type": "message", "role": "assistant",
+                            "content": [{"type": "output_text", "text": answer}]})
+
+
+async def soak(svc: Service, clients: int, seconds: float, warmup: float, idle: float) -> dict[str, Any]:
+    url, pid = svc.url, svc.proc.pid
+    counts = {"requests": 0, "errors": 0}
+    samples: list[tuple[float, float]] = []
+    start = time.monotonic()
+    stop_at = start + warmup + seconds
+    conn = aiohttp.TCPConnector(limit=clients * 2)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as http:
+        tasks = [asyncio.create_task(_client(http, url, n, stop_at, counts)) for n in range(clients)]
+        while time.monotonic() < stop_at:
+            samples.append((time.monotonic() - start, rss_mb(pid)))
+            await asyncio.sleep(1.0)
+        await asyncio.gather(*tasks)
+    end_rss = rss_mb(pid)
+    await asyncio.sleep(idle)
+    after_idle = rss_mb(pid)
+    measured = [(t, m) for t, m in samples if t >= warmup]
+    at_warm = statistics.median(m for t, m in measured[:3]) if measured else float("nan")
+    last = statistics.median(m for t, m in measured[-3:]) if measured else float("nan")
+    slope = _slope(measured) * 60 if len(measured) > 2 else float("nan")
+    return {"requests": counts["requests"], "errors": counts["errors"], "rss_start": round(samples[0][1], 1),
+            "rss_after_warmup": round(at_warm, 1), "rss_end": round(last, 1), "rss_after_idle": round(after_idle, 1),
+            "growth_after_warmup": round(last - at_warm, 1), "slope_mb_per_min": round(slope, 2),
+            "rss_end_exact": round(end_rss, 1)}
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope (MB per second) of RSS over time."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else 0.0
+
+
+async def _tiny(http: aiohttp.ClientSession, url: str) -> float:
+    t0 = time.perf_counter()
+    async with http.post(url + "/v1/responses", data=b'{"model":"gpt-5","input":"ping"}',
+                         headers={"content-type": "application/json", "authorization": "Bearer sk-bench"}) as r:
+        await r.read()
+    return time.perf_counter() - t0
+
+
+async def big(svc: Service, items: int, rounds: int, idle_samples: int) -> dict[str, Any]:
+    """`rounds` big requests, each a new session (agents' first turn after a restart, or sub-agents)."""
+    url, pid = svc.url, svc.proc.pid
+    idle: list[float] = []
+    during: list[float] = []
+    big_seconds: list[float] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
+        idle += [await _tiny(http, url) for _ in range(idle_samples)]
+        rss_before = rss_mb(pid)
+        for r in range(rounds):
+            inp = [{"type": "message", "role": "user" if i % 2 == 0 else "assistant", "content": f"s{r} item {i}"}
+                   for i in range(items)]
+            body = orjson.dumps({"model": "gpt-5", "input": inp})
+            t0 = time.perf_counter()
+
+            async def send_big(body: bytes = body, t0: float = t0) -> float:
+                async with http.post(url + "/v1/responses", data=body, headers={
+                        "content-type": "application/json", "authorization": "Bearer sk-bench"}) as resp:
+                    await resp.read()
+                    resp.raise_for_status()
+                return time.perf_counter() - t0
+
+            big_task = asyncio.create_task(send_big())
+            tiny_tasks = []
+            while not big_task.done():  # open loop: a tiny request every 50 ms, back or not
+                tiny_tasks.append(asyncio.create_task(_tiny(http, url)))
+                await asyncio.sleep(0.05)
+            during += await asyncio.gather(*tiny_tasks)
+            big_seconds.append(await big_task)
+            idle += [await _tiny(http, url) for _ in range(idle_samples)]  # the journal settles meanwhile
+        rss_busy = rss_mb(pid)
+        settled_after = await wait_idle(pid)
+        rss_after = rss_mb(pid)
+    s_idle, s_during = summarize(idle), summarize(during)
+    return {"body_mb": round(len(body) / 2**20, 2), "rounds": rounds,
+            "big_seconds_median": round(statistics.median(big_seconds), 3),
+            "tiny_idle_ms": s_idle.ms(), "tiny_during_ms": s_during.ms(),
+            "rss_before": round(rss_before, 1), "rss_right_after": round(rss_busy, 1),
+            "settled_after_s": round(settled_after, 1), "rss_after": round(rss_after, 1)}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"args": vars(args)}
+    with Processes() as procs:
+        emu = procs.emulator(stream_deltas=24, json_deltas=3, max_recorded=2)
+        if "rss" in args.only:
+            out["rss"] = {}
+            for label, extra in (("ctproxy defaults", []), ("pass-through (--disable all)", ["--disable", "all"])):
+                svc = procs.ctproxy(emu.url, extra_args=extra, with_tools=False)
+                print(f"rss: {label}: {args.clients} clients, {args.warmup:.0f} s warm-up + {args.seconds:.0f} s …",
+                      flush=True)
+                out["rss"][label] = await soak(svc, args.clients, args.seconds, args.warmup, args.idle)
+                svc.stop()
+            keys = list(next(iter(out["rss"].values())))
+            print_table(["rss (MB)", *out["rss"]], [[k, *(r[k] for r in out["rss"].values())] for k in keys])
+        if "big" in args.only:
+            svc = procs.ctproxy(emu.url, with_tools=False)
+            print(f"big: {args.rounds} × one {args.items:,}-item request, a tiny request every 50 ms …", flush=True)
+            res = out["big"] = await big(svc, args.items, args.rounds, args.idle_samples)
+            idle_ms, during_ms = res["tiny_idle_ms"], res["tiny_during_ms"]
+            print_table(["big", "value"], [
+                ["body MB", res["body_mb"]], ["big requests (new sessions)", res["rounds"]],
+                ["big request s, median", res["big_seconds_median"]],
+                ["tiny idle median / p99 ms", f"{idle_ms['median']} / {idle_ms['p99']}"],
+                ["tiny during median/p99/max ms", f"{during_ms['median']} / {during_ms['p99']} / {during_ms['max']}"],
+                ["tiny during n", during_ms["n"]],
+                ["proxy RSS before / right after MB", f"{res['rss_before']} / {res['rss_right_after']}"],
+                ["proxy idle (journal settled) after s", res["settled_after_s"]],
+                ["proxy RSS when idle MB", res["rss_after"]]])
+    path = write_result("soak", out)
+    print(f"written: {path}")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", choices=["rss", "big"], default=["rss", "big"])
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured soak after the warm-up")
+    parser.add_argument("--warmup", type=float, default=20.0)
+    parser.add_argument("--idle", type=float, default=10.0, help="pause after the soak before the last sample")
+    parser.add_argument("--items", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=5, help="big requests, each a new session")
+    parser.add_argument("--idle-samples", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="10 clients, 10 s + 5 s warm-up, 20k items")
+    args = parser.parse_args()
+    if args.quick:
+        args.clients, args.seconds, args.warmup, args.idle, args.items, args.rounds = 10, 10.0, 5.0, 2.0, 20_000, 2
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
