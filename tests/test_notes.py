@@ -71,6 +71,39 @@ def test_store_cap_is_exact_and_metadata_keeps_creation_time(tmp_path: Path):
         store.read("/root", "missing.md")
 
 
+def test_store_never_follows_links_and_reads_only_regular_files(tmp_path: Path):
+    store = NotesStore(tmp_path / "notes", "task_x")
+    store.write("/root", "real.md", "real\n")
+    root = store.agent_dir("/root")
+    os.symlink(root / "real.md", root / "inside-link.md")  # even a link inside the notes is not a note
+    os.symlink("real.md", root / "relative-link.md")
+    os.mkfifo(root / "pipe.md")  # a read must not block on it
+    (root / "back\\slash.md").write_text("x")  # made outside the tools: they could not address it
+    assert [n.rel for n in store.iter_files("/root")] == ["real.md"]
+    for rel in ("inside-link.md", "relative-link.md"):
+        with pytest.raises(NoteError, match="is a symbolic link"):
+            store.read("/root", rel)
+        with pytest.raises(NoteError, match="is a symbolic link"):
+            store.append("/root", rel, "x")
+    with pytest.raises(NoteError, match="not a regular file"):
+        store.read("/root", "pipe.md")
+    with pytest.raises(NoteError, match="special file"):
+        store.append("/root", "pipe.md", "x")
+    with pytest.raises(NoteError, match="is a file, not a directory"):
+        store.write("/root", "real.md/sub.md", "x")
+    assert store.read("/root", "real.md") == "real\n" and os.readlink(root / "inside-link.md") == str(root / "real.md")
+
+
+def test_note_paths_are_bounded():
+    ok = "/".join(["d"] * 31) + "/leaf.md"
+    assert parse(ok, "/root", lambda a: False).rel == ok
+    for bad in ("/".join(["d"] * 32) + "/leaf.md", "a/" * 600 + "b", "x" * 256, "y" * 3000,
+                "/root/" + "a/" * 1500 + "notes/x", "bad\udc80.md"):
+        with pytest.raises(NotePathError) as info:
+            parse(bad, "/root", lambda a: False)
+        assert len(str(info.value)) < 400
+
+
 def _hold_lock(store_root: str, ready: multiprocessing.synchronize.Event) -> None:
     store = NotesStore(Path(store_root), "task_x")
     lock = store._lock("/root", "held.md")
