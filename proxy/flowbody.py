@@ -1,16 +1,161 @@
 """The body codec: a Responses request body is parsed at most once and serialized at most once
-per flow, only when something changed. Non-JSON and unparseable bodies are left untouched."""
+per flow, only when something changed. Non-JSON and unparseable bodies are left untouched.
+
+Bodies are read within `limits.max_body_bytes` (docs/pipeline.md, "Limits"): a plain body above it is
+not parsed (the request passes through untouched, features skipped); a compressed body is inflated
+with a bounded decoder (gzip/deflate, br, zstd, the encodings mitmproxy decodes), and one that inflates
+past the limit is a decompression bomb: not parsed, and the body writer answers it with a 413.
+Both cases are counted (`LIMIT_COUNTS`) and logged with one line holding sizes only.
+"""
 
 from __future__ import annotations
 
+import logging
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from mitmproxy import http
 
+from proxy import errors
 from proxy.addonlookup import find_addon
 from proxy.flowstate import state_of
+
+log = logging.getLogger("ctproxy.body")
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+LIMIT_KEY = "body_limit"  # state_of(flow).extra[LIMIT_KEY]: "passthrough" or "refused"
+LIMIT_COUNTS: dict[str, int] = {"passthrough": 0, "refused": 0}  # this process, since start
+_CHUNK = 64 * 1024  # compressed input fed per step
+
+
+class BodyTooLarge(ValueError):
+    """The decoded body would exceed the limit."""
+
+
+class _Unsupported(ValueError):
+    """An encoding (or a list of them) the bounded decoder does not know: mitmproxy would not decode it
+    either, and the body stays untouched."""
+
+
+def _inflate_zlib(raw: bytes, wbits: int, limit: int) -> bytes:
+    out: list[bytes] = []
+    size = 0
+    data = raw
+    while data:
+        d = zlib.decompressobj(wbits)
+        buf = data
+        while True:
+            room = limit + 1 - size
+            chunk = d.decompress(buf, room)
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge
+            out.append(chunk)
+            buf = d.unconsumed_tail
+            if d.eof or (not buf and len(chunk) < room):
+                break
+        if not d.eof:  # a truncated stream: what decoded, as mitmproxy's decoder returns it
+            out.append(d.flush())
+            break
+        data = d.unused_data if wbits == 47 else b""  # further gzip members, as gzip.decompress reads them
+    return b"".join(out)
+
+
+def _inflate_brotli(raw: bytes, limit: int) -> bytes:
+    import brotli
+
+    d = brotli.Decompressor()
+    out: list[bytes] = []
+    size = 0
+    bounded = hasattr(d, "can_accept_more_data")  # brotli >= 1.2 caps each step's output
+    step = _CHUNK if bounded else 1024  # older brotli: small input steps bound the overshoot
+    for start in range(0, len(raw), step):
+        piece = raw[start:start + step]
+        while True:
+            chunk = d.process(piece, output_buffer_limit=limit + 1 - size) if bounded else d.process(piece)
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge
+            out.append(chunk)
+            piece = b""
+            if not bounded or d.can_accept_more_data():
+                break
+    if hasattr(d, "is_finished") and not d.is_finished():
+        raise ValueError("truncated brotli body")
+    return b"".join(out)
+
+
+def _inflate_zstd(raw: bytes, limit: int) -> bytes:
+    import io
+
+    import zstandard
+
+    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw), read_across_frames=True)
+    data = reader.read(limit + 1)
+    if len(data) > limit:
+        raise BodyTooLarge
+    return data
+
+
+def decode_bounded(raw: bytes, encoding: str, limit: int) -> bytes:
+    """`raw` decoded per Content-Encoding, never producing more than `limit` bytes (BodyTooLarge),
+    ValueError when it does not decode, _Unsupported for an encoding mitmproxy would not decode."""
+    enc = encoding.strip().lower()
+    if enc in ("", "identity", "none"):
+        if len(raw) > limit:
+            raise BodyTooLarge
+        return raw
+    if not raw:
+        return b""
+    try:
+        if enc in ("gzip", "x-gzip"):
+            return _inflate_zlib(raw, 47, limit)  # gzip or zlib header, as mitmproxy
+        if enc in ("deflate", "deflateraw"):
+            try:
+                return _inflate_zlib(raw, 15, limit)
+            except zlib.error:
+                return _inflate_zlib(raw, -15, limit)  # raw deflate without the zlib header
+        if enc == "br":
+            return _inflate_brotli(raw, limit)
+        if enc == "zstd":
+            return _inflate_zstd(raw, limit)
+    except BodyTooLarge:
+        raise
+    except Exception as exc:  # zlib.error, brotli.error, zstandard.ZstdError
+        raise ValueError(f"{enc} body does not decode") from exc
+    raise _Unsupported(enc)
+
+
+def max_body_bytes() -> int:
+    try:
+        from proxy import runtime
+
+        return runtime.current().config.limits.max_body_bytes
+    except Exception:  # no runtime (a unit test without mitmproxy context)
+        return DEFAULT_MAX_BODY_BYTES
+
+
+def _over_limit(flow: http.HTTPFlow, outcome: str, encoding: str, sent: int, limit: int) -> None:
+    state_of(flow).extra[LIMIT_KEY] = outcome
+    LIMIT_COUNTS[outcome] += 1
+    if outcome == "refused":
+        log.warning("ctproxy: a %d-byte %s request body inflates past limits.max_body_bytes (%d); refused with 413",
+                    sent, encoding, limit)
+    else:
+        log.warning("ctproxy: a %d-byte request body is above limits.max_body_bytes (%d); passed through "
+                    "untouched, features skipped", sent, limit)
+
+
+def refuse_if_over_limit(flow: http.HTTPFlow) -> bool:
+    """In the request phase: answer a body that inflated past the limit with a 413 instead of forwarding it."""
+    st = state_of(flow)
+    if st.extra.get(LIMIT_KEY) != "refused" or flow.response is not None:
+        return False
+    info = st.extra.get("body_limit_info") or (0, "", 0)
+    flow.response = errors.json_response(errors.body_too_large(*info))
+    return True
 
 
 @dataclass
@@ -55,9 +200,23 @@ def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
     ctype = flow.request.headers.get("content-type", "")
     if ctype and "json" not in ctype.lower():
         return None
+    raw = flow.request.raw_content
+    encoding = flow.request.headers.get("content-encoding", "")
+    limit = max_body_bytes()
     try:
-        value = orjson.loads(flow.request.get_content(strict=True) or b"")
-    except (ValueError, orjson.JSONDecodeError):
+        content = decode_bounded(raw, encoding, limit)
+    except BodyTooLarge:
+        if encoding.strip().lower() in ("", "identity", "none"):
+            _over_limit(flow, "passthrough", "identity", len(raw), limit)
+        else:
+            state_of(flow).extra["body_limit_info"] = (limit, encoding.strip().lower(), len(raw))
+            _over_limit(flow, "refused", encoding.strip().lower(), len(raw), limit)
+        return None
+    except ValueError:
+        return None  # undecodable or an unknown encoding: untouched, as before
+    try:
+        value = orjson.loads(content or b"")
+    except orjson.JSONDecodeError:
         return None
     if not isinstance(value, dict):
         return None
@@ -77,5 +236,5 @@ def commit_body(flow: http.HTTPFlow) -> bool:
 
 def commit_if_alone(flow: http.HTTPFlow) -> None:
     """An addon loaded alone writes the body back itself; in the chain the body writer does it once."""
-    if find_addon("bodywriter") is None:
+    if find_addon("bodywriter") is None and not refuse_if_over_limit(flow):
         commit_body(flow)

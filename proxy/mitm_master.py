@@ -34,7 +34,24 @@ def build_master(options: Any, with_termlog: bool) -> Any:
     master = Master(options, with_termlog=with_termlog)
     kept = [a for a in mitm_addons.default_addons() if _name(a) in KEPT]
     master.addons.add(*kept)  # no KeepServing: ctproxy runs until it is stopped, replay or not
+    if not with_termlog:
+        _warnings_to_stderr()
     return master
+
+
+def _warnings_to_stderr() -> None:
+    """Without mitmproxy's terminal log (`--debug` turns it on) nothing would print ctproxy's warnings: a
+    closed silent upstream, a refused body. Those lines (categories and sizes, never content) go to stderr."""
+    import logging
+
+    logger = logging.getLogger("ctproxy")
+    if any(getattr(h, "_ctp_warnings", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
+    handler._ctp_warnings = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
 
 
 def _name(addon: Any) -> str:
