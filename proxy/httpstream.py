@@ -317,16 +317,26 @@ def _connect_expired(w: _Watch, address: Any) -> None:
             if conn.timestamp_start is None:
                 queued = True  # not connecting yet (mitmproxy's per-address limit): cancelling would strand it
                 continue
-            if conn.timestamp_tcp_setup is None or (conn.tls and conn.timestamp_tls_setup is None):
-                w.timed_out, w.fired = "connect", w.connect_seconds
-                log.warning("ctproxy: no connection to upstream %s within %g s (timeouts.connect_seconds)",
-                            address[0], w.connect_seconds)
+            if conn.timestamp_tcp_setup is None:
+                # Inside mitmproxy's connect call, whose cancellation it reports as a connect error.
+                _connect_timed_out(w, address)
                 io.handler.cancel("ctproxy: connect timed out")
+                return
+            if conn.tls and conn.timestamp_tls_setup is None and io.writer is not None:
+                # Connected, the TLS handshake hangs: closing the socket fails the handshake (cancelling the
+                # task here could land between mitmproxy's steps and strand the request).
+                _connect_timed_out(w, address)
+                io.writer.close()
                 return
         if queued:
             w.connect_timer = w.loop.call_later(_RECHECK_SECONDS, _connect_expired, w, address)
     except Exception:
         log.exception("ctproxy: the connect timeout failed")
+
+
+def _connect_timed_out(w: _Watch, address: Any) -> None:
+    w.timed_out, w.fired = "connect", w.connect_seconds or 0.0
+    log.warning("ctproxy: no connection to upstream %s within %g s (timeouts.connect_seconds)", address[0], w.fired)
 
 
 def _handler(flow: Any) -> Any:

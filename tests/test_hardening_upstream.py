@@ -106,6 +106,16 @@ def blackhole() -> Iterator[int]:
     srv.close()
 
 
+@pytest.fixture
+def mute_tls() -> Iterator[int]:
+    """A port that accepts connections and never says a word: a TLS handshake to it hangs."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    yield srv.getsockname()[1]
+    srv.close()
+
+
 async def test_connect_timeout_gives_a_504_json_error(tmp_path, proxy_factory, blackhole):
     state = _config(tmp_path, "s", timeouts={"connect_seconds": 0.5})
     proxy = await proxy_factory(upstream=f"http://127.0.0.1:{blackhole}", state_dir=state)
@@ -174,3 +184,12 @@ async def test_a_slow_stream_that_keeps_talking_is_not_cut(tmp_path, proxy_facto
         async for ev in stream:
             types.append(ev.type)
     assert types[-1] == "response.completed" and "error" not in types
+
+
+async def test_a_hanging_tls_handshake_counts_as_connect_time(tmp_path, proxy_factory, mute_tls):
+    state = _config(tmp_path, "s", timeouts={"connect_seconds": 0.5})
+    proxy = await proxy_factory(upstream=f"https://127.0.0.1:{mute_tls}", state_dir=state)
+    with pytest.raises(openai.APIStatusError) as info:
+        await _client(proxy).responses.create(model="gpt-5", input="hi")
+    assert info.value.status_code == 504
+    assert _json_error(info.value)["code"] == "upstream_connect_timeout"
