@@ -488,8 +488,10 @@ async def test_terminal_handles_expire(sh: Harness, monkeypatch: pytest.MonkeyPa
     from tools_server.shell import manager as manager_module
 
     sid = ok(await sh.exec({"cmd": "sleep 0.3", "yield_time_ms": 250}))["session_id"]
-    await asyncio.sleep(0.8)
-    monkeypatch.setattr(manager_module.limits, "TERMINAL_HANDLE_TTL_S", 0.1)
+    for job in list(sh.family.manager._jobs.values()):  # wait for the exit itself, not a guess of its time
+        await asyncio.wait_for(job.complete.wait(), 30)
+    monkeypatch.setattr(manager_module.limits, "TERMINAL_HANDLE_TTL_S", 0.01)
+    await asyncio.sleep(0.05)  # a lower bound is all that matters: at least the TTL has passed since the exit
     res = await sh.write({"session_id": sid})
     assert res.is_error and res.details["error"] == "stale-session"
 
