@@ -9,6 +9,7 @@ up: bootstrap
 
 test: bootstrap
 	.venv/bin/ruff check .
+	.venv/bin/lint-imports
 	.venv/bin/python -m pytest $(PYTEST_ARGS)
 
 bench: bootstrap
@@ -16,3 +17,4 @@ bench: bootstrap
 
 lint: bootstrap
 	.venv/bin/ruff check .
+	.venv/bin/lint-imports
