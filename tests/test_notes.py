@@ -270,3 +270,11 @@ async def test_cross_agent_paths_in_task_and_refusal_outside(world, tools):
     files = {p.relative_to(services.state.root).as_posix() for p in (services.state.root / "notes").rglob("*.md")
              if ".ctp" not in p.parts}
     assert len(files) == 1 and next(iter(files)).startswith(f"notes/{task}/")
+
+
+def test_a_refused_write_leaves_no_directories(tmp_path: Path):
+    store = NotesStore(tmp_path / "notes", "task_x", max_bytes=10)
+    with pytest.raises(NoteError, match="limit is 10"):
+        store.write("/root", "deep/er/note.md", "x" * 11)
+    assert not (store.agent_dir("/root") / "deep").exists()
+    assert store.write("/root", "deep/er/note.md", "x" * 10).created

@@ -218,10 +218,10 @@ class NotesStore:
             raise NoteError(f"note {quoted(rel)} was not changed: {exc.strerror or type(exc).__name__}") from None
 
     def _commit_locked(self, address: str, rel: str, data: bytes, append: bool) -> WriteResult:
-        path = self._file(address, rel, create_parents=True)
+        path = self._file(address, rel)
         try:
             st: os.stat_result | None = os.lstat(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             st = None
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise NoteError(f"{quoted(rel)} is a directory; choose a file name inside it")
@@ -242,6 +242,8 @@ class NotesStore:
                 f"note {quoted(rel)} would be {len(new)} bytes; the limit is {self.max_bytes} UTF-8 bytes per file"
                 + (f" (it has {have}; {self.max_bytes - have} left)" if append else "")
                 + ". Write a shorter text or start another note.")
+        if st is None:
+            self._file(address, rel, create_parents=True)  # only for a write that will happen
         now = time.time()
         meta = self._meta(address, rel)
         if not existed or not meta.exists():
