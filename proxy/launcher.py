@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,22 +64,64 @@ def _mitm_mode(opts: UpOptions) -> str:
     return f"reverse:{upstream.origin or 'https://api.openai.com'}"
 
 
+class ToolServerPortBusy(RuntimeError):
+    pass
+
+
+# The line the tool server prints once it listens (tools_server/server.py): how it reports its port back.
+_LISTENING = re.compile(rb"listening on http://(?:\[[^\]]*\]|[^\s:/]+):(\d+)")
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _settle(fut: asyncio.Future[int | None], value: int | None) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
 class ToolServerProcess:
-    def __init__(self, opts: UpOptions, state: StateDir):
+    """The tool server as a child process. It reports the port it listens on with its `listening on` line
+    (stdout); until it is ready its stderr is kept, so a start-up failure becomes one line, not a traceback;
+    afterwards its stderr goes to ours. With `--tools-listen HOST:0` the OS picks the port here and the child
+    gets it (it needs its port for the Host-header check); if something takes it in between, another is tried."""
+
+    def __init__(self, opts: UpOptions, state: StateDir, config_file: Path | None = None):
         self.opts = opts
         self.state = state
+        self.config_file = config_file or opts.config_file  # the config the tool server runs
         self.proc: subprocess.Popen[bytes] | None = None
+        self.port = opts.tools_port
+        self._early_stderr: list[bytes] = []
+        self._live = False
+        self._out_lock = threading.Lock()
 
     @property
     def url(self) -> str:
-        return f"http://{self.opts.tools_host}:{self.opts.tools_port}"
+        host = self.opts.tools_host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
     async def start(self) -> None:
-        cmd = [sys.executable, "-m", "tools_server", "--listen", f"{self.opts.tools_host}:{self.opts.tools_port}",
+        attempts = 5 if self.opts.tools_port == 0 else 1
+        for attempt in range(attempts):
+            self.port = self.opts.tools_port or _free_port(self.opts.tools_host)
+            try:
+                await self._start_once()
+                return
+            except ToolServerPortBusy:
+                if attempt + 1 == attempts:
+                    raise
+
+    async def _start_once(self) -> None:
+        cmd = [sys.executable, "-m", "tools_server", "--listen", f"{self.opts.tools_host}:{self.port}",
                "--state-dir", str(self.state.root), "--workspace", str(self.opts.workspace),
                "--parent-pid", str(os.getpid())]
-        if self.opts.config_file:
-            cmd += ["--config", str(self.opts.config_file)]
+        if self.config_file:
+            cmd += ["--config", str(self.config_file)]
         for name in self.opts.enable:
             cmd += ["--enable", name]
         for name in self.opts.disable:
@@ -85,29 +129,89 @@ class ToolServerProcess:
         if self.opts.debug:
             cmd.append("--debug")
         # Its own process group, so a Ctrl-C on the terminal reaches us first and we stop it in order.
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, start_new_session=True)
+        self._early_stderr, self._live = [], False
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        loop = asyncio.get_running_loop()
+        listening: asyncio.Future[int | None] = loop.create_future()
+        threading.Thread(target=self._read_stdout, args=(self.proc, loop, listening), daemon=True,
+                         name="tool-server-stdout").start()
+        threading.Thread(target=self._read_stderr, args=(self.proc,), daemon=True,
+                         name="tool-server-stderr").start()
         try:
-            await self._wait_ready()
+            await self._wait_ready(listening)
         except BaseException:
             await self.stop()  # a tool server that did not come up is not left running
             raise
 
-    async def _wait_ready(self) -> None:
+    @staticmethod
+    def _read_stdout(proc: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop,
+                     listening: asyncio.Future[int | None]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # read to the end, so the child never blocks on a full pipe
+            if not listening.done() and (m := _LISTENING.search(line)):
+                with contextlib.suppress(RuntimeError):  # the loop may be gone
+                    loop.call_soon_threadsafe(_settle, listening, int(m[1]))
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, listening, None)  # stdout closed: the process ended
+
+    def _read_stderr(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            with self._out_lock:
+                if self._live:
+                    self._forward(line)
+                else:
+                    self._early_stderr = [*self._early_stderr[-199:], line]
+
+    @staticmethod
+    def _forward(line: bytes) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.buffer.write(line)
+            sys.stderr.flush()
+
+    def _go_live(self) -> None:
+        """From now on the tool server's stderr (its warnings) is ours; what it said while starting too."""
+        with self._out_lock:
+            for line in self._early_stderr:
+                self._forward(line)
+            self._early_stderr, self._live = [], True
+
+    def _startup_failure(self, code: int | None) -> RuntimeError:
+        with self._out_lock:
+            text = b"".join(self._early_stderr).decode(errors="replace")
+        if self.opts.debug:
+            sys.stderr.write(text)
+        where = f"{self.opts.tools_host}:{self.port}"
+        if "address already in use" in text.lower() or re.search(r"errno (98|48|10048)\b", text.lower()):
+            return ToolServerPortBusy(f"the tool server could not listen on {where}: address already in use; "
+                                      "choose another port with --tools-listen HOST:PORT (or --no-tools)")
+        last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+        return RuntimeError(f"the tool server exited with code {code} while starting on {where}"
+                            + (f": {last}" if last else "") + " (--debug shows its full output)")
+
+    async def _wait_ready(self, listening: asyncio.Future[int | None]) -> None:
         assert self.proc is not None
+        try:
+            port = await asyncio.wait_for(asyncio.shield(listening), 30)
+        except TimeoutError:
+            raise RuntimeError("the tool server did not become ready within 30 s") from None
+        if port is None:
+            code = None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = await asyncio.to_thread(self.proc.wait, 10)
+            raise self._startup_failure(code)
+        self.port = port
         token = self.state.token()
-        deadline = time.monotonic() + 30
-        async with aiohttp.ClientSession() as http:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"the tool server exited with code {self.proc.returncode} while starting "
-                                       f"(is {self.opts.tools_host}:{self.opts.tools_port} already in use?)")
-                with contextlib.suppress(aiohttp.ClientError, OSError):
-                    async with http.get(self.url + "/healthz",
-                                        headers={"Authorization": f"Bearer {token}"}) as resp:
-                        if resp.status == 200:
-                            return
-                await asyncio.sleep(0.1)
-        raise RuntimeError("the tool server did not become ready within 30 s")
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            try:
+                async with http.get(self.url + "/healthz", headers={"Authorization": f"Bearer {token}"}) as resp:
+                    ok = resp.status == 200
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                ok = False
+        if not ok:
+            raise RuntimeError(f"the tool server said it listens on {self.url} but does not answer there")
+        self._go_live()
 
     async def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -136,6 +240,15 @@ def _replay_file(path: Path, workdir: Path) -> Path:
                 flow.request.raw_content = original
             writer.add(flow)
     return out
+
+
+def _bound_port(proxyserver: object, requested: int) -> int:
+    """The port mitmproxy really listens on (what the OS chose for port 0)."""
+    for server in getattr(proxyserver, "servers", ()):
+        for addr in getattr(server, "listen_addrs", ()) or ():
+            if len(addr) >= 2 and addr[1]:
+                return int(addr[1])
+    return requested
 
 
 async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> int:
@@ -223,7 +336,7 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
         tmp.cleanup()
         return 1
     upstream_desc = "(regular mode: HTTPS proxy)" if opts.mode == "regular" else rt.upstream.describe()
-    scheme_url = f"http://{opts.listen_host}:{opts.listen_port}"
+    scheme_url = f"http://{opts.listen_host}:{_bound_port(proxyserver, opts.listen_port)}"  # --listen HOST:0
     lines = [
         f"ctproxy {__version__} is up",
         f"  proxy        {scheme_url}  mode={opts.mode}  upstream={upstream_desc}",

@@ -92,3 +92,71 @@ def _listening(port: int) -> socket.socket:
     sock.bind(("127.0.0.1", port))
     sock.listen()
     return sock
+
+
+def _processes_mentioning(*needles: str) -> list[int]:
+    """Live (non-zombie) processes whose command line contains every needle."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            zombie = (proc / "stat").read_text().split()[2] == "Z"
+        except OSError:
+            continue
+        if not zombie and all(n in cmd for n in needles):
+            found.append(int(proc.name))
+    return found
+
+
+async def test_a_busy_tool_server_port_is_one_line_and_leaves_nothing_behind(tmp_path):
+    state = tmp_path / "state"
+    busy = _listening(0)
+    port = busy.getsockname()[1]
+    try:
+        out = await asyncio.to_thread(cli, "up", "--state-dir", str(state), "--listen", f"127.0.0.1:{free_port()}",
+                                      "--tools-listen", f"127.0.0.1:{port}")
+    finally:
+        busy.close()
+    assert out.returncode == 1
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, out.stderr
+    assert f"127.0.0.1:{port}" in lines[0] and "already in use" in lines[0] and "--tools-listen" in lines[0]
+    assert "Traceback" not in out.stdout + out.stderr
+    assert not _processes_mentioning(str(state.resolve()))
+    assert "not running" in cli("status", "--state-dir", str(state)).stdout
+
+
+async def test_port_zero_prints_and_records_the_real_ports(emulator, tmp_path):
+    import openai
+
+    state = tmp_path / "state"
+    up = Up("--state-dir", str(state), "--listen", "127.0.0.1:0", "--tools-listen", "127.0.0.1:0",
+            "--upstream", emulator.url, "--trust-upstream", log=tmp_path / "up.log")
+    try:
+        assert await asyncio.to_thread(up.wait) == "ready", up.output()
+        banner = up.output()
+        run = json.loads((state / "run.json").read_text())
+        proxy_url, tools_url = run["proxy"], run["tools"]
+        for url in (proxy_url, tools_url):
+            host, _, port = url.removeprefix("http://").rpartition(":")
+            assert host == "127.0.0.1" and int(port) > 0, url
+        assert proxy_url != tools_url
+        assert f"proxy        {proxy_url}" in banner and f"tool server  {tools_url}" in banner
+        assert f"OPENAI_BASE_URL={proxy_url}/v1" in banner
+        assert ":0 " not in banner and not banner.rstrip().endswith(":0")
+        status = json.loads(cli("status", "--json", "--state-dir", str(state)).stdout)
+        assert status["proxy"]["proxy"] == proxy_url and status["proxy"]["tools"] == tools_url
+
+        # Both answer on the ports that were printed.
+        client = openai.AsyncOpenAI(base_url=proxy_url + "/v1", api_key="sk-test", max_retries=0)
+        answer = await client.responses.create(model="gpt-5", input="hello port zero")
+        await client.close()
+        assert answer.output_text
+        token = (state / "token").read_text().strip()
+        async with aiohttp.ClientSession() as http, http.get(
+                tools_url + "/healthz", headers={"Authorization": f"Bearer {token}"}) as resp:
+            assert resp.status == 200 and (await resp.json())["ok"] is True
+    finally:
+        up.stop()
