@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from typing import Any
 
 from proxy import errors
@@ -137,10 +138,10 @@ class _Watch:
     """One request's timers and what the agent has been sent so far."""
 
     __slots__ = ("connect_seconds", "connect_timer", "count_frames", "error_sent", "fired", "frames", "headers_sent",
-                 "idle", "in_hook", "last", "loop", "stream", "timed_out", "timer")
+                 "idle", "in_hook", "last", "loop", "stream_ref", "timed_out", "timer")
 
     def __init__(self, stream: Any):
-        self.stream = stream
+        self.stream_ref = weakref.ref(stream)  # a timer never keeps a request (and its bodies) alive
         self.loop: asyncio.AbstractEventLoop | None = None
         self.idle: float | None = None  # set while the idle timer is armed
         self.last = 0.0
@@ -276,7 +277,10 @@ def _idle_check(w: _Watch) -> None:
 
 
 def _close_upstream(w: _Watch, idle: float) -> None:
-    flow = w.stream.flow
+    stream = w.stream_ref()
+    if stream is None:
+        return
+    flow = stream.flow
     server = flow.server_conn
     log.warning("ctproxy: upstream %s sent nothing for %g s; closing it (timeouts.stream_idle_seconds)",
                 getattr(flow.request, "host", "?"), idle)
@@ -307,7 +311,8 @@ def _connect_expired(w: _Watch, address: Any) -> None:
     if w.connect_seconds is None or w.loop is None:
         return
     try:
-        handler = _handler(w.stream.flow)
+        stream = w.stream_ref()
+        handler = _handler(stream.flow) if stream is not None else None
         if handler is None:
             return
         queued = False
@@ -393,8 +398,9 @@ def _stream_error(stream: Any, w: _Watch) -> bytes | None:
         return None
     w.error_sent = True
     err = errors.idle_timeout(w.fired, streaming=True)
-    # A leading blank line closes a frame the upstream left half-written, so the event stands alone.
-    return b"\n" + err.sse_event(_next_sequence(stream, w))
+    # A leading blank line ends a frame the upstream left half-written, so our event stands alone (an
+    # extra blank line after a complete frame dispatches nothing).
+    return b"\n\n" + err.sse_event(_next_sequence(stream, w))
 
 
 def _replacement(stream: Any, w: _Watch, out: Any) -> list[Any] | None:
