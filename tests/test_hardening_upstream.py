@@ -66,6 +66,23 @@ async def test_unreachable_upstream_gives_the_sdk_a_json_error(tmp_path, proxy_f
     assert exc.response.headers["x-ctproxy-error"] == "upstream_unreachable"
 
 
+async def test_upstream_closing_before_it_answers_gives_a_json_502(proxy_factory):
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the request's head, then close without a word
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        proxy = await proxy_factory(upstream=f"http://127.0.0.1:{port}")
+        with pytest.raises(openai.APIStatusError) as info:
+            await _client(proxy).responses.create(model="gpt-5", input="hi")
+    finally:
+        server.close()
+    assert info.value.status_code == 502
+    assert _json_error(info.value)["code"] == "upstream_disconnected"
+
+
 async def test_a_request_mitmproxy_cannot_parse_gets_a_json_400(proxy_factory, emulator):
     proxy = await proxy_factory(upstream=emulator.url)
     reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
