@@ -134,6 +134,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.trust_upstream and not args.upstream:
         print("ctproxy up: --trust-upstream needs --upstream URL", file=sys.stderr)
         return 2
+    if args.server_replay:
+        from proxy.replay import NotAFlowFile, count_flows
+
+        try:
+            if count_flows(args.server_replay) == 0:
+                raise NotAFlowFile(f"{args.server_replay} holds no flows (nothing was recorded)")
+        except NotAFlowFile as exc:
+            print(f"ctproxy up: --server-replay: {exc}", file=sys.stderr)
+            return 2
     state = _state(args)
     load_config(_config_path(args, state))  # fail early, with the key named
     try:
@@ -186,13 +195,28 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from proxy.launcher import replay_recording
+    from proxy.replay import NotAFlowFile, count_flows, recorded_upstream, replay_header
+    from proxy.routes import UpstreamError, parse_upstream
 
-    if not args.file.exists():
-        print(f"ctproxy replay: {args.file} does not exist", file=sys.stderr)
+    if args.trust_upstream and not args.upstream:
+        print("ctproxy replay: --trust-upstream needs --upstream URL", file=sys.stderr)
         return 2
-    for line in replay_recording(args.file, state_dir=args.state_dir, config_file=args.config,
-                                 upstream=args.upstream, trust_upstream=args.trust_upstream,
-                                 enable=args.enable, disable=args.disable):
+    try:
+        parse_upstream(args.upstream, args.trust_upstream)
+        if count_flows(args.file) == 0:
+            print(f"ctproxy replay: {args.file} holds no flows (nothing was recorded)", file=sys.stderr)
+            return 1
+        recorded = recorded_upstream(args.file)
+        upstream, trusted = args.upstream, args.trust_upstream
+        if not upstream and recorded is not None:  # run the chain as it ran when recording
+            upstream, trusted = recorded.url, recorded.trusted
+        lines = replay_recording(args.file, state_dir=args.state_dir, config_file=args.config, upstream=upstream,
+                                 trust_upstream=trusted, enable=args.enable, disable=args.disable)
+    except (NotAFlowFile, UpstreamError) as exc:
+        print(f"ctproxy replay: {exc}", file=sys.stderr)
+        return 2
+    print(replay_header(recorded, args.upstream, args.trust_upstream))
+    for line in lines:
         print(line)
     return 0
 

@@ -227,19 +227,10 @@ class ToolServerProcess:
 
 
 def _replay_file(path: Path, workdir: Path) -> Path:
-    """Recorded flows hold what went upstream; matching must use what the client sent, so restore
-    each request body from `ctp.client_request` before handing the file to mitmproxy's server replay."""
-    from mitmproxy import io
+    """The client's request bodies restored, each flow matchable whatever the scheme (proxy/replay.py)."""
+    from proxy.replay import server_replay_file
 
-    out = workdir / "server-replay.mitm"
-    with path.open("rb") as src, out.open("wb") as dst:
-        writer = io.FlowWriter(dst)
-        for flow in io.FlowReader(src).stream():
-            original = flow.metadata.get("ctp.client_request")
-            if isinstance(original, bytes) and getattr(flow, "request", None) is not None:
-                flow.request.raw_content = original
-            writer.add(flow)
-    return out
+    return server_replay_file(path, workdir)
 
 
 def _bound_port(proxyserver: object, requested: int) -> int:
@@ -292,7 +283,10 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
     chain = addons.chain()
     extra: list[object] = []
     if opts.record:
-        extra.append(RecordFlows(opts.record))
+        from proxy.replay import RecordUpstream
+
+        # Names the upstream on each flow before it is written, so `ctproxy replay` can run as recorded.
+        extra += [RecordUpstream(opts.upstream, opts.trust_upstream, opts.mode), RecordFlows(opts.record)]
     if opts.server_replay:
         extra.insert(0, ReplayMiss())
     master.addons.add(ChainAddon([*chain, *extra]))  # one addon for mitmproxy to dispatch to (see the module)
