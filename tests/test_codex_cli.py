@@ -26,11 +26,12 @@ import zstandard
 
 from tests.emulator import Emulator, Text
 from tests.support.proxyproc import ProxyProcess
-from tests.support.shared import shared_path
 
 REPO = Path(__file__).resolve().parents[1]
 CODEX = REPO / ".tools" / "node_modules" / ".bin" / "codex"
-CAPTURED = shared_path("compat", "codex-cli", "request-exec-first-turn.json")
+# A copy of shared/compat/codex-cli/request-exec-first-turn.json (Codex CLI 0.169.0's first request), kept
+# in the repo so that a clone without shared/ runs these tests too.
+CAPTURED = Path(__file__).resolve().parent / "flows" / "codex-request-exec-first-turn.json"
 ANSWER = "Hello from the emulator, relayed by ctproxy."
 TIMEOUT = 120.0
 # Codex's own tools in its first request (0.169.0, custom provider, unknown model → fallback metadata).

@@ -42,7 +42,7 @@ from proxy.db import connect
 from proxy.transforms.fallback import is_fallback_message
 from proxy.transforms.items import prefix_hash
 from tests.emulator import Compaction, Emulator, FailedInStream, HttpError, Raw, Response, Text
-from tests.openapi_schema import validate
+from tests.openapi_schema import validate_if_available
 
 
 def user(text):
@@ -257,7 +257,7 @@ async def test_codex_v2_against_emulator():
         target = compaction_target("codex", "http", emu.host, emu.port, "/backend-api/codex/responses",
                                    {"authorization": "Bearer tok", "chatgpt-account-id": "acct"}, True)
         body = remote.v2_body({"model": "gpt-5", "store": False}, [user("hello"), assistant("hi")], None)
-        validate("CreateResponse", body)
+        validate_if_available("CreateResponse", body)
         result = await run_compaction(http, target, body, 30)
         assert result.compaction_item["type"] == "compaction"
         assert orjson.loads(result.compaction_item_bytes) == result.compaction_item

@@ -52,10 +52,11 @@ from tests.openapi_schema import (
     validate,
     validate_stream_event,
 )
-from tests.support.shared import shared_path
 
 ROOT = Path(__file__).resolve().parents[1]
-CODEX_REQUEST = shared_path("compat", "codex-cli", "request-exec-first-turn.json")
+# A copy of shared/compat/codex-cli/request-exec-first-turn.json (Codex CLI 0.169.0's first request), kept
+# in the repo so that a clone without shared/ runs these tests too.
+CODEX_REQUEST = Path(__file__).resolve().parent / "flows" / "codex-request-exec-first-turn.json"
 needs_spec = pytest.mark.skipif(not spec_available(), reason="OpenAI OpenAPI spec not found (set CTPROXY_OPENAPI_SPEC)")
 
 TEXT_ORDER = [

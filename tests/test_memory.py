@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,7 @@ def test_a_big_body_schedules_one_trim():
 @pytest.mark.skipif(not memory.available(), reason="the C library has no malloc_trim (not glibc)")
 def test_trim_hands_freed_heap_back():
     def rss_kb() -> int:
-        for line in open("/proc/self/status"):
+        for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
         raise AssertionError("no VmRSS")
