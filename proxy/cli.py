@@ -11,6 +11,7 @@ from pathlib import Path
 from proxy import __version__
 from proxy.config import (
     CAPABILITIES,
+    Config,
     ConfigError,
     config_path_from_env,
     get_key,
@@ -177,19 +178,29 @@ def _already_running(state: StateDir) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from proxy.status import all_statuses, read_run_file, render
+    """Not running: what `ctproxy up` would do with the file. Running: what the processes do (the config
+    snapshot they started with, from run.json), with a note where the file now says otherwise."""
+    from proxy.status import all_statuses, other_drift, read_run_file, render, running_config, tools_answering
 
     state = _state(args)
     path = _config_path(args, state)
     config = load_config(path)
     run = read_run_file(state)
-    if run:  # the running proxy's --enable/--disable apply to what it is doing now
-        config = with_overrides(config, run.get("enable") or [], run.get("disable") or [])
+    wanted: Config | None = None
+    answering = None
+    if run:
+        # The file as `ctproxy up` would apply it now, with the running proxy's --enable/--disable.
+        wanted = with_overrides(config, run.get("enable") or [], run.get("disable") or [])
+        config = running_config(run) or wanted  # a run.json from an older ctproxy has no snapshot
+        answering = tools_answering(state, run)
+    file_config = wanted if run and wanted is not config else None
     if args.json:
-        print(json.dumps({"state_dir": str(state.root), "config": str(path), "proxy": read_run_file(state),
-                          "capabilities": [s.__dict__ for s in all_statuses(config, run)]}, indent=2))
+        print(json.dumps({"state_dir": str(state.root), "config": str(path), "proxy": run,
+                          "tools_answering": answering,
+                          "pending": other_drift(config, file_config) if file_config is not None else [],
+                          "capabilities": [s.__dict__ for s in all_statuses(config, run, file_config)]}, indent=2))
     else:
-        print(render(config, state, path, run))
+        print(render(config, state, path, run, file_config, answering))
     return 0
 
 

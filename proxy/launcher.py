@@ -251,14 +251,21 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     rt.config.debug = rt.config.debug or opts.debug
     state.token()
 
-    tools = ToolServerProcess(opts, state) if opts.with_tools else None
-    if tools is not None:
-        await tools.start()
+    from proxy.status import write_run_config
+
+    # One config snapshot for both processes, taken once: the tool server runs exactly what the proxy runs,
+    # and `ctproxy status` (run.json) reports that, not the file, which may change while they run.
+    snapshot = write_run_config(state, rt.config) if opts.with_tools else None
+    tools = ToolServerProcess(opts, state, config_file=snapshot) if opts.with_tools else None
     try:
+        if tools is not None:
+            await tools.start()
         return await _run_proxy(opts, state, rt, tools, ready, stop)
     finally:
         if tools is not None:
             await tools.stop()  # never leave the tool server behind, whatever happened
+        if snapshot is not None:
+            snapshot.unlink(missing_ok=True)
         runtime.uninstall()
 
 
@@ -357,7 +364,9 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
                            "upstream_official": rt.upstream.official or opts.mode == "regular",
                            "upstream_trusted": rt.upstream.trusted,
                            "enable": list(opts.enable), "disable": list(opts.disable),
-                           "tools": tools.url if tools is not None else None})
+                           "tools": tools.url if tools is not None else None,
+                           "tools_pid": tools.proc.pid if tools is not None and tools.proc is not None else None,
+                           "config": rt.config.model_dump(mode="json")})  # what both processes run
     print("\n".join(lines), flush=True)
     if ready is not None:
         ready.set()

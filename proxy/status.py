@@ -1,4 +1,10 @@
-"""`ctproxy status`: every capability from both seeds with active / deferred / unavailable / off and why."""
+"""`ctproxy status`: every capability from both seeds with active / deferred / unavailable / off and why.
+
+With ctproxy running, status describes what the running processes do: `ctproxy up` takes one snapshot of
+the config at start (the file plus `--enable/--disable`), runs the proxy and the tool server on it, and
+records it in `run.json`. Neither process re-reads the file, so a capability switched with `ctproxy config
+set` while it runs is reported as it runs, with the note `config says enabled; restart ctproxy to apply`.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from proxy.config import CAPABILITIES, Config
 from proxy.state import StateDir
 
 RUN_FILE = "run.json"
+RUN_CONFIG_FILE = "run.config.json"  # the config snapshot both processes of a running ctproxy run on
 
 
 @dataclass(frozen=True)
@@ -21,6 +30,7 @@ class CapabilityStatus:
     name: str
     state: str  # active | deferred | unavailable | off
     reason: str
+    pending: str = ""  # running ctproxy only: the config file says otherwise (a restart applies it)
 
 
 # What each capability needs to exist in this build: (module that implements it, what it does).
@@ -48,13 +58,18 @@ def _implemented(module: str) -> bool:
 
 
 def capability_status(config: Config, name: str, upstream_official: bool = True,
-                      upstream_trusted: bool = False) -> CapabilityStatus:
+                      upstream_trusted: bool = False, run: dict | None = None) -> CapabilityStatus:
     module, what = IMPLEMENTATION[name]
     section = getattr(config, name)
     built = _implemented(module)
     if not section.enabled and name not in ("web_search", "remote_compaction"):
         hint = "" if built else "; not built in this version yet"
-        return CapabilityStatus(name, "off", f"{name}.enabled is false (ctproxy config set {name}.enabled true){hint}")
+        if run and (name in (run.get("disable") or []) or "all" in (run.get("disable") or [])):
+            how = "all" if "all" in (run.get("disable") or []) else name
+            return CapabilityStatus(name, "off", f"disabled for this run (ctproxy up --disable {how}){hint}")
+        then = ", then restart ctproxy" if run else ""
+        return CapabilityStatus(name, "off",
+                                f"{name}.enabled is false (ctproxy config set {name}.enabled true{then}){hint}")
     if not built:
         return CapabilityStatus(name, "unavailable", f"not built in this version yet ({what})")
     if name == "web_search":
@@ -77,12 +92,72 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
     return CapabilityStatus(name, "active", what)
 
 
-def all_statuses(config: Config, run: dict | None = None) -> list[CapabilityStatus]:
+def all_statuses(config: Config, run: dict | None = None, file_config: Config | None = None) -> list[CapabilityStatus]:
     """With a running proxy, route-bound capabilities are judged by its upstream; else by the default
-    (official) upstream that `ctproxy up` would use."""
+    (official) upstream that `ctproxy up` would use. `config` is what runs; `file_config` (the file with
+    this run's overrides), when given, is compared with it, capability by capability."""
     official = bool(run.get("upstream_official", True)) if run else True
     trusted = bool(run.get("upstream_trusted", False)) if run else False
-    return [capability_status(config, name, official, trusted) for name in CAPABILITIES]
+    out = []
+    for name in CAPABILITIES:
+        st = capability_status(config, name, official, trusted, run)
+        if file_config is not None and (note := _drift(config, file_config, name)):
+            st = CapabilityStatus(st.name, st.state, st.reason, note)
+        out.append(st)
+    return out
+
+
+def _drift(running: Config, wanted: Config, name: str) -> str:
+    now, then = getattr(running, name), getattr(wanted, name)
+    if now == then:
+        return ""
+    if now.enabled != then.enabled:
+        return f"config says {'enabled' if then.enabled else 'disabled'}; restart ctproxy to apply"
+    changed = sorted(k for k in type(now).model_fields if getattr(now, k) != getattr(then, k))
+    return f"config changes {', '.join(f'{name}.{k}' for k in changed)}; restart ctproxy to apply"
+
+
+def other_drift(running: Config, wanted: Config) -> list[str]:
+    """Settings outside the capability sections that differ between the running config and the file."""
+    return sorted(k for k in type(running).model_fields
+                  if k not in CAPABILITIES and getattr(running, k) != getattr(wanted, k))
+
+
+def running_config(run: dict | None) -> Config | None:
+    """The config snapshot the running ctproxy (proxy and tool server) runs on, from run.json; None for a
+    run.json written by an older ctproxy."""
+    data = (run or {}).get("config")
+    if not isinstance(data, dict):
+        return None
+    try:
+        return Config.model_validate(data)
+    except ValidationError:
+        return None
+
+
+def write_run_config(state: StateDir, config: Config) -> Path:
+    """The snapshot handed to the tool server (`--config`), so both processes run the same config."""
+    from proxy.files import atomic_write_text
+
+    path = state.root / RUN_CONFIG_FILE
+    atomic_write_text(path, json.dumps(config.model_dump(mode="json"), indent=2) + "\n", mode=0o600)
+    return path
+
+
+def tools_answering(state: StateDir, run: dict | None, timeout: float = 3.0) -> bool | None:
+    """Whether the running tool server answers /healthz (None: there is none)."""
+    url = (run or {}).get("tools")
+    if not url:
+        return None
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url + "/healthz", headers={"Authorization": f"Bearer {state.token()}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
 
 
 def write_run_file(state: StateDir, info: dict) -> None:
@@ -105,7 +180,8 @@ def read_run_file(state: StateDir) -> dict | None:
     return info
 
 
-def render(config: Config, state: StateDir, config_path: Path, run: dict | None = None) -> str:
+def render(config: Config, state: StateDir, config_path: Path, run: dict | None = None,
+           file_config: Config | None = None, answering: bool | None = None) -> str:
     lines = [f"state dir: {state.root}", f"config:    {config_path}" + ("" if config_path.exists() else " (defaults)")]
     if run:
         overrides = [f"+{n}" for n in run.get("enable") or []] + [f"-{n}" for n in run.get("disable") or []]
@@ -114,11 +190,15 @@ def render(config: Config, state: StateDir, config_path: Path, run: dict | None 
         lines.append(f"proxy:     running (pid {run['pid']}) on {run['proxy']} mode={run['mode']}")
         lines.append(f"upstream:  {run['upstream']}")
         if run.get("tools"):
-            lines.append(f"tools:     {run['tools']}")
+            health = {True: "answering", False: "not answering (restart ctproxy)", None: ""}[answering]
+            lines.append(f"tools:     {run['tools']}" + (f"  {health}" if health else ""))
+        if file_config is not None and (others := other_drift(config, file_config)):
+            lines.append(f"pending:   config changes {', '.join(others)}; restart ctproxy to apply")
     else:
         lines.append("proxy:     not running (start it with `ctproxy up`)")
     lines.append("")
     width = max(len(n) for n in CAPABILITIES)
-    for st in all_statuses(config, run):
-        lines.append(f"  {st.name:<{width}}  {st.state:<11}  {st.reason}")
+    for st in all_statuses(config, run, file_config):
+        note = f"  ({st.pending})" if st.pending else ""
+        lines.append(f"  {st.name:<{width}}  {st.state:<11}  {st.reason}{note}")
     return "\n".join(lines)
