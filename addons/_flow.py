@@ -13,7 +13,6 @@ from proxy import routes, runtime
 from proxy.flowbody import responses_body
 from proxy.flowstate import state_of
 from proxy.session import SessionIdentity, resolve_session
-from proxy.sse import ResponseTap
 
 
 def is_reverse(flow: http.HTTPFlow) -> bool:
@@ -26,13 +25,6 @@ def destination_route(flow: http.HTTPFlow, trusted: bool) -> routes.Route:
     kind = routes.kind_of_path(req.path)
     official = routes.is_official_destination(req.scheme, req.host, req.port, req.path) is not None
     return routes.Route(kind=kind, official=official, trusted=trusted and not official)
-
-
-def route_of(flow: http.HTTPFlow) -> routes.Route:
-    route = state_of(flow).route
-    if isinstance(route, routes.Route):
-        return route
-    return destination_route(flow, trusted=False)
 
 
 def header_map(flow: http.HTTPFlow) -> dict[str, str]:
@@ -62,11 +54,6 @@ def session_of(flow: http.HTTPFlow) -> SessionIdentity | None:
     ident = resolve_session(headers, body.value, aliases)
     st.session = ident
     return ident
-
-
-def tap_of(flow: http.HTTPFlow) -> ResponseTap | None:
-    tap = state_of(flow).tap
-    return tap if isinstance(tap, ResponseTap) else None
 
 
 Listener = Callable[[str, dict[str, Any]], None]

@@ -6,7 +6,7 @@ Kept out of the addon module: mitmproxy loads `-s` scripts without registering t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from proxy import routes
@@ -33,4 +33,3 @@ class FlowInfo:
     mark: Any = None  # the journal's RequestMark, when the history addon ran
     held_stream: Any = None  # the stream callable displaced by holding
     outcome: str = "none"
-    notes: list[str] = field(default_factory=list)

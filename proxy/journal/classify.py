@@ -74,11 +74,6 @@ def tool_of(item: Any) -> tuple[str | None, str | None]:
     return None, None
 
 
-def is_tool_item(item: Any) -> bool:
-    typ = item_type(item)
-    return typ in CALL_TYPES or typ in _HOSTED_CALLS or typ in _TOOL_OUTPUT_TYPES or typ == "mcp_call"
-
-
 def is_output(item: Any) -> bool:
     return item_type(item) in _TOOL_OUTPUT_TYPES
 

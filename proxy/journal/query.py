@@ -163,10 +163,6 @@ class HistoryReader:
                           r["ordinal"] == r["latest"], r["created_at"]) for r in rows]
         return out[:limit], len(out)
 
-    def window_exists(self, task_id: str, address: str, window_id: str) -> bool:
-        return self.conn.execute("SELECT 1 FROM journal_windows WHERE task_id=? AND address=? AND window_id=?",
-                                 (task_id, address, window_id)).fetchone() is not None
-
     def list_items(self, task_id: str, address: str, flt: ItemFilter, limit: int, recent_first: bool,
                    preview_chars: int) -> tuple[list[ItemRow], bool]:
         """Up to `limit` items with a text preview of `preview_chars`; and whether more matched."""

@@ -63,10 +63,6 @@ def text_parts(item: Item) -> list[str]:
     return out
 
 
-def message_text(item: Item) -> str:
-    return "\n".join(text_parts(item))
-
-
 def item_bytes(item: Any) -> int:
     return len(orjson.dumps(item))
 

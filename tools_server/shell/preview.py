@@ -107,10 +107,6 @@ class RollingPreview:
             del self._buf[:cut]
             self._dropped += cut
 
-    @property
-    def pending_bytes(self) -> int:
-        return self._total
-
     def drain(self) -> Drained:
         self._trim()
         out = Drained(bytes(self._buf), self._total, self._dropped, self._lines)
