@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -110,6 +111,30 @@ def build_parser() -> argparse.ArgumentParser:
     _common(t)
     tsub = t.add_subparsers(dest="task_command", metavar="ACTION", required=True)
     _common(tsub.add_parser("new", help="print a fresh task id to hand to sub-agents (x-ctp-task)"))
+
+    cx = sub.add_parser(
+        "codex-config", help="print (or --write) the Codex CLI config.toml entries that use ctproxy",
+        description="Codex CLI through ctproxy in one step: the model provider (the proxy) and the MCP server "
+        "(the tool server's /mcp with its bearer token), both tagged with the same task and agent headers, and "
+        "the MCP approval setting `codex exec` needs. Addresses come from the running ctproxy (else the "
+        "defaults of `ctproxy up`).")
+    _common(cx)
+    cx.add_argument("--write", type=Path, metavar="PATH",
+                    help="merge into this config.toml (e.g. ~/.codex/config.toml) instead of printing; the "
+                    "ctproxy tables are replaced whole, everything else is kept")
+    cx.add_argument("--task", metavar="ID", help="x-ctp-task for Codex's traffic (default: a fresh `ctproxy task new`)")
+    cx.add_argument("--agent", default="/root", metavar="ADDRESS", help="x-ctp-agent (default %(default)s)")
+    cx.add_argument("--proxy", metavar="URL", help="the proxy's address (default: the running ctproxy's)")
+    cx.add_argument("--tools-url", metavar="URL", help="the tool server's address (default: the running one's)")
+    cx.add_argument("--env-key", default="OPENAI_API_KEY", metavar="VAR",
+                    help="environment variable with the API key Codex sends (default %(default)s)")
+    cx.add_argument("--chatgpt", action="store_true",
+                    help="Codex signed in with ChatGPT: use its login (requires_openai_auth) and the "
+                    "/backend-api/codex route instead of an API key")
+    cx.add_argument("--token-env", metavar="VAR",
+                    help="read the tool server's token from this environment variable (bearer_token_env_var) "
+                    "instead of writing it into the file")
+    cx.add_argument("--no-mcp", action="store_true", help="only the model provider, no MCP server")
     return parser
 
 
@@ -269,8 +294,211 @@ def cmd_task(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- ctproxy codex-config ---------------------------------------------------------------------------
+
+CODEX_NAME = "ctproxy"  # the key of the provider and of the MCP server in Codex's config.toml
+DEFAULT_PROXY = "http://127.0.0.1:8787"
+DEFAULT_TOOLS = "http://127.0.0.1:8788"
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string (ASCII, \uXXXX escapes) is a valid TOML basic string
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return _toml_str(value)
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml_str(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(type(value).__name__)
+
+
+def codex_entries(*, proxy: str, tools: str | None, token: str | None, token_env: str | None, task: str,
+                  agent: str, env_key: str, chatgpt: bool) -> dict[str, object]:
+    """The Codex CLI (0.169) settings that route it through ctproxy, as the dict `tomllib` reads back."""
+    ident = {"x-ctp-task": task, "x-ctp-agent": agent}
+    provider: dict[str, object] = {"name": "ctproxy", "wire_api": "responses"}
+    if chatgpt:  # the ChatGPT login's token goes to chatgpt.com/backend-api/codex, through ctproxy
+        provider |= {"base_url": proxy.rstrip("/") + "/backend-api/codex", "requires_openai_auth": True}
+    else:
+        provider |= {"base_url": proxy.rstrip("/") + "/v1", "env_key": env_key}
+    provider["http_headers"] = dict(ident)
+    entries: dict[str, object] = {"model_provider": CODEX_NAME, "model_providers": {CODEX_NAME: provider}}
+    if tools:
+        server: dict[str, object] = {"url": tools.rstrip("/") + "/mcp"}
+        if token_env:
+            server["bearer_token_env_var"] = token_env
+            server["http_headers"] = dict(ident)
+        else:
+            server["http_headers"] = {"Authorization": f"Bearer {token}", **ident}
+        # Codex asks before running an MCP tool that may write; `codex exec` cannot ask, so without this every
+        # such call fails with "MCP tool call requires approval, but approval policy is never".
+        server["default_tools_approval_mode"] = "approve"
+        entries["mcp_servers"] = {CODEX_NAME: server}
+    return entries
+
+
+def render_codex_tables(entries: dict[str, object]) -> list[str]:
+    """The `[model_providers.ctproxy]` and `[mcp_servers.ctproxy]` tables (no top-level keys)."""
+    lines: list[str] = []
+    for table in ("model_providers", "mcp_servers"):
+        body = entries.get(table)
+        if not isinstance(body, dict):
+            continue
+        lines += ["", f"[{table}.{CODEX_NAME}]"]
+        if table == "mcp_servers":
+            lines.append("# ctproxy's tool server over MCP; the approval mode lets `codex exec` run its tools")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in body[CODEX_NAME].items()]
+    return lines
+
+
+_HEADER = re.compile(r"^\s*\[(?!\[)\s*([^\[\]]+?)\s*\](?:\s*#.*)?\s*$")
+_ARRAY_HEADER = re.compile(r"^\s*\[\[")
+_MODEL_PROVIDER = re.compile(r"^\s*(model_provider|\"model_provider\"|'model_provider')\s*=")
+
+
+def _ours(header: str) -> bool:
+    key = re.sub(r"[\s\"']", "", header)
+    return any(key == f"{t}.{CODEX_NAME}" or key.startswith(f"{t}.{CODEX_NAME}.")
+               for t in ("model_providers", "mcp_servers"))
+
+
+class CodexMergeError(ValueError):
+    pass
+
+
+def merge_codex_config(existing: str, entries: dict[str, object]) -> str:
+    """`existing` with the top-level `model_provider` set and the ctproxy tables replaced (or added); every
+    other line kept as it was. Checked by reading the result back: it must equal the old settings with
+    exactly these changes, else CodexMergeError (then nothing should be written)."""
+    import copy
+    import tomllib
+
+    try:
+        before = tomllib.loads(existing)
+    except tomllib.TOMLDecodeError as exc:
+        raise CodexMergeError(f"it is not valid TOML ({exc})") from None
+    lines = existing.splitlines()
+    kept: list[str] = []
+    skipped: list[str] = []
+    skipping = False
+    first_header: int | None = None
+
+    def give_back_trailing_comments() -> None:
+        # Comments (and blank lines) at the end of a removed table belong to what follows it.
+        tail: list[str] = []
+        while skipped and (not skipped[-1].strip() or skipped[-1].lstrip().startswith("#")):
+            tail.insert(0, skipped.pop())
+        kept.extend(tail)
+        skipped.clear()
+
+    for line in lines:
+        m = _HEADER.match(line)
+        if m or _ARRAY_HEADER.match(line):
+            if skipping:
+                give_back_trailing_comments()
+            skipping = bool(m) and _ours(m.group(1))
+            if not skipping and first_header is None:
+                first_header = len(kept)
+        (skipped if skipping else kept).append(line)
+    if skipping:
+        give_back_trailing_comments()
+    top_end = first_header if first_header is not None else len(kept)
+    provider_line = f"model_provider = {_toml_str(CODEX_NAME)}"
+    for i in range(top_end):
+        if _MODEL_PROVIDER.match(kept[i]):
+            kept[i] = provider_line
+            break
+    else:
+        insert = [provider_line]
+        while top_end > 0 and not kept[top_end - 1].strip():
+            top_end -= 1  # before the blank lines that separate the top level from the first table
+        kept[top_end:top_end] = insert
+    while kept and not kept[-1].strip():
+        kept.pop()
+    merged = "\n".join([*kept, *render_codex_tables(entries)]).lstrip("\n") + "\n"
+
+    expected = copy.deepcopy(before)
+    expected["model_provider"] = CODEX_NAME
+    for table in ("model_providers", "mcp_servers"):
+        section = expected.get(table)
+        if isinstance(section, dict):
+            section.pop(CODEX_NAME, None)
+        if table in entries:
+            expected.setdefault(table, {})[CODEX_NAME] = entries[table][CODEX_NAME]  # type: ignore[index]
+    try:
+        after = tomllib.loads(merged)
+    except tomllib.TOMLDecodeError as exc:
+        raise CodexMergeError(f"its layout could not be merged line by line ({exc})") from None
+    for data in (after, expected):  # a table left empty by removing ctproxy's entry may or may not remain
+        for table in ("model_providers", "mcp_servers"):
+            if data.get(table) == {}:
+                data.pop(table)
+    if after != expected:
+        raise CodexMergeError("its layout could not be merged line by line (ctproxy settings outside "
+                              f"[model_providers.{CODEX_NAME}] / [mcp_servers.{CODEX_NAME}] tables?)")
+    return merged
+
+
+def cmd_codex_config(args: argparse.Namespace) -> int:
+    from proxy.files import atomic_write_text
+    from proxy.journal.cli_views import new_task
+    from proxy.status import read_run_file
+
+    state = _state(args)
+    run = read_run_file(state)
+    notes: list[str] = []
+    proxy = args.proxy or (run or {}).get("proxy")
+    tools = None if args.no_mcp else (args.tools_url or (run or {}).get("tools"))
+    if run is None and not args.proxy:
+        proxy = DEFAULT_PROXY
+        notes.append("ctproxy is not running: using the default addresses of `ctproxy up` (--proxy/--tools-url "
+                     "to choose)")
+    if run is None and not args.tools_url and not args.no_mcp:
+        tools = DEFAULT_TOOLS
+    if run is not None and run.get("mode") == "regular" and not args.proxy:
+        notes.append("the running ctproxy is an HTTPS proxy (--mode regular): Codex would need HTTPS_PROXY "
+                     "and the CA, not a base URL; these entries assume reverse mode")
+    if run is not None and not tools and not args.no_mcp:
+        notes.append("the running ctproxy has no tool server (--no-tools): no MCP server entry")
+    if not args.agent.startswith("/"):
+        print(f"ctproxy codex-config: --agent must be an address such as /root, got {args.agent!r}",
+              file=sys.stderr)
+        return 2
+    task = args.task or new_task(state)
+    entries = codex_entries(proxy=proxy, tools=tools, token=None if args.token_env else state.token(),
+                            token_env=args.token_env, task=task, agent=args.agent, env_key=args.env_key,
+                            chatgpt=args.chatgpt)
+    for note in notes:
+        print(f"ctproxy codex-config: {note}", file=sys.stderr)
+    if args.write is None:
+        lines = [f"# Codex CLI through ctproxy (`ctproxy codex-config`): task {task}, agent {args.agent}",
+                 f"model_provider = {_toml_str(CODEX_NAME)}", *render_codex_tables(entries)]
+        print("\n".join(lines))
+        return 0
+    path = args.write.expanduser()
+    try:
+        existing = path.read_text(encoding="utf-8") if path.exists() else ""
+        merged = merge_codex_config(existing, entries)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mode = path.stat().st_mode & 0o777 if path.exists() else 0o600  # it holds the tool server's token
+        atomic_write_text(path, merged, mode=mode)
+    except CodexMergeError as exc:
+        print(f"ctproxy codex-config: left {path} unchanged: {exc}; print the entries with "
+              "`ctproxy codex-config` and add them by hand", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"ctproxy codex-config: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    what = "model_provider, [model_providers.ctproxy]" + (", [mcp_servers.ctproxy]" if tools else "")
+    print(f"wrote {what} to {path} (task {task}, agent {args.agent})")
+    return 0
+
+
 COMMANDS = {"up": cmd_up, "status": cmd_status, "replay": cmd_replay, "token": cmd_token,
-            "config": cmd_config, "tasks": cmd_tasks, "task": cmd_task}
+            "config": cmd_config, "tasks": cmd_tasks, "task": cmd_task, "codex-config": cmd_codex_config}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,8 @@ COMMANDS: list[list[str]] = [
     ["config", "set", "shell.enabled", "true"],
     ["tasks"],
     ["task", "new"],
+    ["codex-config"],
+    ["codex-config", "--no-mcp"],
 ]
 
 
