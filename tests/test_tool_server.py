@@ -15,7 +15,7 @@ async def test_rest_and_mcp_list_and_call(tool_server):
     assert "get_context_remaining" in {t.name for t in tools}
     mres = await srv.mcp("get_context_remaining", {})
     assert not mres.is_error and "unknown" in mres.text
-    assert mres.structured == {"state": "unknown"}
+    assert mres.structured == {"ok": True, "output": mres.text, "state": "unknown"}
 
 
 async def test_unknown_fields_are_errors_that_name_the_field(tool_server):

@@ -52,9 +52,12 @@ class ToolResult:
 
     def structured(self) -> dict[str, Any] | None:
         """What MCP clients get as `structuredContent`. Some (Codex CLI) hand only that to the model, so
-        an error carries its explanation too: `{"ok": false, "error": <code>, "message": <text>, ...}`."""
+        it carries the text the model is meant to read too: `{"ok": true, "output": <text>, ...details}`,
+        or for an error `{"ok": false, "error": <code>, "message": <text>, ...}`. Without it Codex showed
+        the model `history_list_items`' counts but not the items."""
         if not self.is_error:
-            return self.details or None
+            return {"ok": True, "output": self.text,
+                    **{k: v for k, v in self.details.items() if k not in ("ok", "output")}}
         return {"ok": False, "error": self.details.get("error", "tool_failed"), "message": self.text,
                 **{k: v for k, v in self.details.items() if k not in ("ok", "error", "message")}}
 
