@@ -1,11 +1,15 @@
 # The two commands of the README: `make up` (set up + run) and `make test` (set up + the whole suite).
-.PHONY: up test bench lint bootstrap
+# `make ctproxy ARGS="status"` runs the installed command (it lives in .venv/bin, not on PATH).
+.PHONY: up test bench lint bootstrap ctproxy
 
 bootstrap:
 	@./scripts/bootstrap.sh
 
 up: bootstrap
 	.venv/bin/ctproxy up $(ARGS)
+
+ctproxy: bootstrap
+	.venv/bin/ctproxy $(ARGS)
 
 test: bootstrap
 	.venv/bin/ruff check .

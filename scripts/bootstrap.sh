@@ -45,6 +45,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
   echo "$HASH" > "$STAMP"
+  echo "bootstrap: installed; the command is .venv/bin/ctproxy (not on PATH: source .venv/bin/activate, or make ctproxy ARGS=\"status\")"
 fi
 
 if [ "${CTPROXY_SKIP_CODEX:-0}" != "1" ] && [ ! -x .tools/node_modules/.bin/codex ]; then
