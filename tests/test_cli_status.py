@@ -102,4 +102,4 @@ async def test_a_tool_server_that_stopped_answering_is_reported(proxy_factory, t
     os.kill(run["tools_pid"], signal.SIGKILL)
     info, _, text = status(proxy.state_dir)
     assert info["tools_answering"] is False
-    assert "not answering" in [line for line in text.splitlines() if line.startswith("tools:")][0]
+    assert "not answering" in next(line for line in text.splitlines() if line.startswith("tools:"))

@@ -150,12 +150,12 @@ async def test_port_zero_prints_and_records_the_real_ports(emulator, tmp_path):
         assert status["proxy"]["proxy"] == proxy_url and status["proxy"]["tools"] == tools_url
 
         # Both answer on the ports that were printed.
-        client = openai.AsyncOpenAI(base_url=proxy_url + "/v1", api_key="sk-test", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=proxy_url + "/v1", api_key="sk-test", max_retries=0, timeout=60)
         answer = await client.responses.create(model="gpt-5", input="hello port zero")
         await client.close()
         assert answer.output_text
         token = (state / "token").read_text().strip()
-        async with aiohttp.ClientSession() as http, http.get(
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http, http.get(
                 tools_url + "/healthz", headers={"Authorization": f"Bearer {token}"}) as resp:
             assert resp.status == 200 and (await resp.json())["ok"] is True
     finally:
