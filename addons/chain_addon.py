@@ -36,6 +36,15 @@ def stage_name(stage: Any) -> str:
     return str(getattr(stage, "name", type(stage).__name__)).lower()
 
 
+def _mitmproxy_hooks() -> set[str]:
+    """Every event name mitmproxy dispatches (its hook registry, filled as its modules are imported)."""
+    import mitmproxy.http  # registers the HTTP hooks
+    import mitmproxy.proxy.layers  # noqa: F401  (registers the connection, TLS, TCP, UDP, DNS hooks)
+    from mitmproxy import hooks
+
+    return set(hooks.all_hooks)
+
+
 def _is_awaitable(value: object) -> bool:
     return value is not None and hasattr(value, "__await__")
 
@@ -45,6 +54,11 @@ class ChainAddon:
 
     def __init__(self, stages: Sequence[Any]):
         self.stages = tuple(stages)
+        for stage in self.stages:
+            unforwarded = sorted(h for h in _mitmproxy_hooks() - set(HOOKS) if callable(getattr(stage, h, None)))
+            if unforwarded:  # mitmproxy would call these on the stage alone; in the chain they would never run
+                raise TypeError(f"stage {stage_name(stage)!r} defines {', '.join(unforwarded)}, which the chain "
+                                "addon does not forward: add them to addons/chain_addon.HOOKS")
         self._named = {stage_name(s): s for s in self.stages}
         self._hooks: dict[str, tuple[tuple[Any, Callable[..., Any]], ...]] = {
             hook: tuple((s, fn) for s in self.stages if callable(fn := getattr(s, hook, None))) for hook in HOOKS

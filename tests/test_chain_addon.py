@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import pytest
 from mitmproxy import exceptions
@@ -92,3 +93,17 @@ async def test_mitmproxy_dispatches_to_the_chain_once_per_event() -> None:
     with taddons.context(ChainAddon([Recorder("a", log), AsyncStage("b", log)]), loadcore=False) as tctx:
         await tctx.master.addons.handle_lifecycle(HttpRequestHook(tflow.tflow()))
     assert log == ["a.request", "b.request(async)"]
+
+
+def test_a_stage_with_a_hook_the_chain_does_not_forward_is_an_error() -> None:
+    """Silently dropping it would make a stage work alone (`mitmdump -s`) and do nothing in the chain."""
+
+    class Watcher:
+        def request(self, flow: Any) -> None:
+            pass
+
+        def websocket_message(self, flow: Any) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="websocket_message"):
+        ChainAddon([Watcher()])
