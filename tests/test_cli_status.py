@@ -4,6 +4,7 @@ restart applies the change."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -99,7 +100,13 @@ async def test_a_tool_server_that_stopped_answering_is_reported(proxy_factory, t
 
     proxy = await proxy_factory(upstream="http://127.0.0.1:9")
     run = json.loads((proxy.state_dir / "run.json").read_text())
-    os.kill(run["tools_pid"], signal.SIGKILL)
+    pid = run["tools_pid"]
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(600):  # until it is gone (a zombie: ctproxy has not reaped it), at most a minute
+        stat = Path(f"/proc/{pid}/stat")
+        if not stat.exists() or stat.read_text().split()[2] == "Z":
+            break
+        await asyncio.sleep(0.1)
     info, _, text = status(proxy.state_dir)
     assert info["tools_answering"] is False
     assert "not answering" in next(line for line in text.splitlines() if line.startswith("tools:"))
