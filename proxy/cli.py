@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--tools-listen", default="127.0.0.1:8788", metavar="HOST:PORT",
                     help="tool server address (default %(default)s)")
     up.add_argument("--no-tools", action="store_true", help="do not start the tool server")
-    up.add_argument("--workspace", type=Path, default=Path.cwd(), help="root for file tools (default: cwd)")
+    up.add_argument("--workspace", type=Path, default=None,
+                    help="the directory apply_patch and exec_command may change (no default: without it they "
+                         "refuse; a client's x-ctp-cwd header may pick a directory inside it)")
     up.add_argument("--record", type=Path, metavar="FILE.mitm", help="record every flow to this file")
     up.add_argument("--server-replay", type=Path, metavar="FILE.mitm",
                     help="answer from recorded flows instead of the upstream (misses get HTTP 502)")
@@ -179,7 +181,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     opts = UpOptions(listen_host=host, listen_port=port, mode=args.mode, upstream=args.upstream,
                      trust_upstream=args.trust_upstream, tools_host=thost, tools_port=tport,
                      with_tools=not args.no_tools, state_dir=state.root, config_file=args.config,
-                     workspace=args.workspace.resolve(), record=args.record, server_replay=args.server_replay,
+                     workspace=args.workspace.resolve() if args.workspace else None, record=args.record,
+                     server_replay=args.server_replay,
                      enable=args.enable, disable=args.disable, debug=args.debug)
     try:
         return asyncio.run(run_up(opts))

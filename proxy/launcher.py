@@ -42,7 +42,7 @@ class UpOptions:
     with_tools: bool = True
     state_dir: Path | None = None
     config_file: Path | None = None
-    workspace: Path = field(default_factory=Path.cwd)
+    workspace: Path | None = None  # file and shell tools refuse without one (no surprising default)
     record: Path | None = None
     server_replay: Path | None = None
     enable: list[str] = field(default_factory=list)
@@ -118,8 +118,9 @@ class ToolServerProcess:
 
     async def _start_once(self) -> None:
         cmd = [sys.executable, "-m", "tools_server", "--listen", f"{self.opts.tools_host}:{self.port}",
-               "--state-dir", str(self.state.root), "--workspace", str(self.opts.workspace),
-               "--parent-pid", str(os.getpid())]
+               "--state-dir", str(self.state.root), "--parent-pid", str(os.getpid())]
+        if self.opts.workspace is not None:
+            cmd += ["--workspace", str(self.opts.workspace)]
         if self.config_file:
             cmd += ["--config", str(self.config_file)]
         for name in self.opts.enable:
@@ -344,6 +345,8 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
     ]
     if tools is not None:
         lines.append(f"  tool server  {tools.url}  (REST /v1/tools, MCP {tools.url}/mcp)")
+        lines.append(f"  workspace    {opts.workspace}" if opts.workspace is not None else
+                     "  workspace    none: apply_patch and exec_command refuse (start with --workspace DIR)")
     lines += [
         f"  state dir    {state.root}",
         f"  token file   {token_path}  (print it with `ctproxy token`)",
@@ -366,6 +369,7 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
                            "enable": list(opts.enable), "disable": list(opts.disable),
                            "tools": tools.url if tools is not None else None,
                            "tools_pid": tools.proc.pid if tools is not None and tools.proc is not None else None,
+                           "workspace": str(opts.workspace) if opts.workspace is not None else None,
                            "config": rt.config.model_dump(mode="json")})  # what both processes run
     print("\n".join(lines), flush=True)
     if ready is not None:

@@ -87,6 +87,8 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
             return CapabilityStatus(name, "deferred", "starts the desktop client on first use")
         if not os.environ.get("DISPLAY") or shutil.which("xdotool") is None:
             return CapabilityStatus(name, "unavailable", "needs a desktop session (DISPLAY) and xdotool")
+    if name in ("apply_patch", "shell") and run is not None and not run.get("workspace"):
+        return CapabilityStatus(name, "unavailable", "no workspace: restart ctproxy with --workspace DIR")
     if name == "image_generation":
         return CapabilityStatus(name, "deferred", "runs on first call with an official route's credentials")
     return CapabilityStatus(name, "active", what)

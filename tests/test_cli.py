@@ -66,7 +66,7 @@ def test_trust_upstream_needs_upstream(tmp_path):
 
 async def test_status_of_a_running_proxy_reflects_its_overrides_and_upstream(proxy_factory, tmp_path):
     proxy = await proxy_factory(upstream="http://127.0.0.1:9", trust_upstream=False,
-                                extra_args=["--enable", "shell", "--disable", "history"])
+                                extra_args=["--enable", "shell", "--disable", "history", "--workspace", str(tmp_path)])
     out = run("status", "--json", "--state-dir", str(proxy.state_dir))
     info = json.loads(out.stdout)
     states = {c["name"]: c for c in info["capabilities"]}
@@ -78,6 +78,16 @@ async def test_status_of_a_running_proxy_reflects_its_overrides_and_upstream(pro
     assert "+shell -history" in text and "untrusted: credentials stripped" in text
     await proxy.astop()
     assert "not running" in run("status", "--state-dir", str(proxy.state_dir)).stdout
+
+
+async def test_without_a_workspace_the_file_and_shell_tools_are_unavailable_and_status_says_how(proxy_factory):
+    proxy = await proxy_factory(upstream="http://127.0.0.1:9",
+                                extra_args=["--enable", "shell", "--enable", "apply_patch"])
+    assert "workspace    none" in proxy.log()
+    info = json.loads(run("status", "--json", "--state-dir", str(proxy.state_dir)).stdout)
+    states = {c["name"]: c for c in info["capabilities"]}
+    for name in ("shell", "apply_patch"):
+        assert states[name]["state"] == "unavailable" and "--workspace DIR" in states[name]["reason"], name
 
 
 async def test_a_busy_port_is_a_clear_error_and_leaves_no_tool_server(proxy_factory, tmp_path):

@@ -70,7 +70,8 @@ async def test_a_switch_set_while_running_is_reported_as_needing_a_restart(proxy
     await proxy.astop()
     _, caps, text = status(state)
     assert caps["shell"]["state"] == "active" and caps["shell"]["pending"] == ""  # not running: the file
-    again = await proxy_factory(upstream="http://127.0.0.1:9", state_dir=state)
+    again = await proxy_factory(upstream="http://127.0.0.1:9", state_dir=state,
+                                extra_args=["--workspace", str(state.parent)])
     _, caps, text = status(state)
     assert caps["shell"]["state"] == "active" and caps["shell"]["pending"] == ""
     assert caps["notes"]["state"] == "off" and caps["notes"]["pending"] == ""
