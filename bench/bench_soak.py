@@ -15,6 +15,11 @@
        request with the proxy idle, and the proxy's RSS before and after the big one. Goal: tiny median
        during the big one ≤ 100 ms.
 
+  stall  an upstream that goes silent (`--stalls` times mid-stream after 4 events, and as many times
+       before sending headers) behind ctproxy with `timeouts.stream_idle_seconds` = `--idle-timeout`:
+       how long the agent waits until it gets the error (SSE `error` event / 504 JSON) against the
+       configured timeout, what it got, and whether the upstream connection was closed.
+
 Everything runs on loopback against the emulator (tests/emulator) in its own process; the figures are
 printed and written to bench/results/soak.json.
 """
@@ -179,6 +184,44 @@ async def big(svc: Service, items: int, rounds: int, idle_samples: int) -> dict[
             "settled_after_s": round(settled_after, 1), "rss_after": round(rss_after, 1)}
 
 
+async def stall(procs: Processes, stalls: int, idle_timeout: float) -> dict[str, Any]:
+    from tests.emulator import Emulator, Text
+
+    config = procs.workdir / "stall-config.json"
+    config.write_text(orjson.dumps({"timeouts": {"stream_idle_seconds": idle_timeout}}).decode())
+    waits: dict[str, list[float]] = {"mid-stream": [], "before headers": []}
+    got: dict[str, set[str]] = {"mid-stream": set(), "before headers": set()}
+    closed = 0
+    async with Emulator() as emu, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        svc = procs.ctproxy(emu.url, extra_args=["--config", str(config)], with_tools=False)
+        for kind in waits:
+            for _ in range(stalls):
+                if kind == "mid-stream":
+                    emu.script(Text("hello there, world", deltas=6, stall_after=4))
+                else:
+                    emu.script(Text("never sent", stall_before_headers=True))
+                before = len(emu.responses_requests)
+                t0 = time.perf_counter()
+                async with http.post(svc.url + "/v1/responses", data=b'{"model":"gpt-5","input":"hi","stream":true}',
+                                     headers={"content-type": "application/json"}) as r:
+                    raw = await r.read()
+                waits[kind].append(time.perf_counter() - t0)
+                if r.status == 504:
+                    got[kind].add(f"{r.status} {orjson.loads(raw)['error']['code']}")
+                else:
+                    events = [orjson.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: {")]
+                    got[kind].add(f"{r.status} {events[-1].get('type')} {events[-1].get('code')}" if events else "none")
+                rec = emu.responses_requests[before]
+                deadline = time.monotonic() + 30
+                while not rec.client_disconnected and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                closed += bool(rec.client_disconnected)
+        svc.stop()
+    return {"idle_timeout_s": idle_timeout, "stalls": 2 * stalls, "upstream_closed": closed,
+            **{f"{k} wait_s": summarize(v).ms() for k, v in waits.items()},
+            **{f"{k} agent got": sorted(v) for k, v in got.items()}}
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"args": vars(args)}
     with Processes() as procs:
@@ -207,6 +250,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 ["proxy RSS before / right after MB", f"{res['rss_before']} / {res['rss_right_after']}"],
                 ["proxy idle (journal settled) after s", res["settled_after_s"]],
                 ["proxy RSS when idle MB", res["rss_after"]]])
+        if "stall" in args.only:
+            print(f"stall: {2 * args.stalls} stalled answers, idle timeout {args.idle_timeout} s …", flush=True)
+            res = out["stall"] = await stall(procs, args.stalls, args.idle_timeout)
+            rows = [["idle timeout s", res["idle_timeout_s"]],
+                    ["upstream connections closed", f"{res['upstream_closed']} of {res['stalls']}"]]
+            for kind in ("mid-stream", "before headers"):
+                w = res[f"{kind} wait_s"]
+                waited = f"{w['median'] / 1000:.2f} / {w['max'] / 1000:.2f}"
+                rows += [[f"{kind}: agent waited s (median / max)", waited],
+                         [f"{kind}: agent got", ", ".join(res[f"{kind} agent got"])]]
+            print_table(["stall", "value"], rows)
     path = write_result("soak", out)
     print(f"written: {path}")
     return out
@@ -214,7 +268,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", nargs="+", choices=["rss", "big"], default=["rss", "big"])
+    parser.add_argument("--only", nargs="+", choices=["rss", "big", "stall"], default=["rss", "big", "stall"])
+    parser.add_argument("--stalls", type=int, default=5, help="stalled answers of each kind")
+    parser.add_argument("--idle-timeout", type=float, default=2.0, help="timeouts.stream_idle_seconds for stall")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0, help="measured soak after the warm-up")
     parser.add_argument("--warmup", type=float, default=20.0)
