@@ -13,20 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-CAPABILITIES: tuple[str, ...] = (
-    "web_search",
-    "remote_compaction",
-    "context",
-    "history",
-    "notes",
-    "apply_patch",
-    "shell",
-    "code_mode",
-    "image_generation",
-    "sidecar_search",
-    "tool_discovery",
-    "computer_use",
-)
+from proxy.capabilities import NAMES
+
+CAPABILITIES: tuple[str, ...] = NAMES  # the capability table's names: each is a section below
 
 
 class _Section(BaseModel):

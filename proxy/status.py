@@ -8,7 +8,6 @@ set` while it runs is reported as it runs, with the note `config says enabled; r
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from proxy.capabilities import capability
 from proxy.config import CAPABILITIES, Config
 from proxy.state import StateDir
 
@@ -33,35 +33,11 @@ class CapabilityStatus:
     pending: str = ""  # running ctproxy only: the config file says otherwise (a restart applies it)
 
 
-# What each capability needs to exist in this build: (module that implements it, what it does).
-IMPLEMENTATION: dict[str, tuple[str, str]] = {
-    "web_search": ("addons.web_search", "native web_search injected on official routes"),
-    "remote_compaction": ("addons.compaction", "remote compaction v2 with a readable fallback"),
-    "context": ("tools_server.context", "get_context_remaining from recorded usage"),
-    "history": ("addons.history", "journal of every exchanged item + history_* tools"),
-    "notes": ("tools_server.notes", "notes_* tools over files in the state directory"),
-    "apply_patch": ("tools_server.patch", "apply_patch tool (JSON + Lark grammar)"),
-    "shell": ("tools_server.shell", "exec_command / write_stdin shell sessions"),
-    "code_mode": ("tools_server.code_mode", "exec / wait code cells"),
-    "image_generation": ("tools_server.image", "openai_generate_image"),
-    "sidecar_search": ("tools_server.sidecar_search", "openai_web_search sidecar tool"),
-    "tool_discovery": ("tools_server.discovery", "find_tools"),
-    "computer_use": ("tools_server.computer_use", "computer_use_* desktop tools"),
-}
-
-
-def _implemented(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def capability_status(config: Config, name: str, upstream_official: bool = True,
                       upstream_trusted: bool = False, run: dict | None = None) -> CapabilityStatus:
-    module, what = IMPLEMENTATION[name]
+    cap = capability(name)
+    what, built = cap.summary, cap.built
     section = getattr(config, name)
-    built = _implemented(module)
     if not section.enabled and name not in ("web_search", "remote_compaction"):
         hint = "" if built else "; not built in this version yet"
         if run and (name in (run.get("disable") or []) or "all" in (run.get("disable") or [])):
