@@ -18,6 +18,7 @@ fails too it gets the original error unchanged.
 from __future__ import annotations
 
 import inspect
+import math
 import sqlite3
 import time
 from typing import Any
@@ -33,6 +34,7 @@ from proxy.compaction import journal_link, store
 from proxy.compaction.client import compaction_target
 from proxy.compaction.decision import (
     HOLD_FRACTION,
+    TAIL_FRACTION,
     Estimate,
     LastRequest,
     UsageSnapshot,
@@ -48,8 +50,8 @@ from proxy.compaction.store import Checkpoint
 from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.sse import ResponseTap, StreamTap
-from proxy.transforms.compaction import ProjectionContext, apply_projection
-from proxy.transforms.items import client_compacts, input_items, items_bytes
+from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_input
+from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
 
 STATE_KEY = "compaction"
 # Set while the answer may still change (held stream, possible overflow). The tap and the history
@@ -57,6 +59,9 @@ STATE_KEY = "compaction"
 # once the answer is settled (and may skip their first run while this flag is set).
 SETTLING = "settling"
 READERS = ("tap", "history")
+# An overflow retry sends at most this share of the body that failed: the upstream's real window is
+# somewhere below the failed size, and one retry should not have to guess twice.
+RETRY_FRACTION = 0.5
 _HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "host"})
 
 
@@ -83,6 +88,27 @@ def _payload_bytes(payload: dict[str, Any], items: list[Any]) -> int:
     """What the estimate counts: input, instructions and tools, serialized."""
     tools = payload.get("tools") if isinstance(payload.get("tools"), list) else []
     return len(str(payload.get("instructions") or "").encode()) + items_bytes(tools) + items_bytes(items)
+
+
+def _tokens(n_bytes: int, ratio: float) -> int:
+    return math.ceil(approx_tokens_for_bytes(n_bytes) * ratio)
+
+
+def _fresh(info: FlowInfo) -> bool:
+    """New agent items since the session's last compaction (or no compaction in effect)."""
+    done = info.compacted_items
+    return done is None or info.checkpoint is None or len(info.client_items) > done
+
+
+def _grown(info: FlowInfo) -> bool:
+    """A threshold compaction right after another one helps only when the agent's items since then weigh
+    something (at least the tail's share of the window): otherwise the new bootstrap is about the old
+    one, and the session would compact on every request (openai/codex#40213, #26783)."""
+    done = info.compacted_items
+    if done is None or info.checkpoint is None or not info.window:
+        return True
+    added = approx_tokens_for_bytes(items_bytes(info.client_items[done:])) * info.estimate.ratio
+    return added >= TAIL_FRACTION * info.window
 
 
 async def _rerun_readers(flow: http.HTTPFlow) -> None:
@@ -181,12 +207,18 @@ class Compaction:
         model = payload.get("model") if isinstance(payload.get("model"), str) else ""
         req = flow.request
         fp = None
+        endpoint = normalise_endpoint(req.scheme, req.host, req.port, req.path)
         if route.kind is not None and model:
-            endpoint = normalise_endpoint(req.scheme, req.host, req.port, req.path)
             fp = fingerprint_of(route.kind, model, endpoint, header_map(flow), self._key(rt))
         mark = journal_link.request_mark(state_of(flow).extra)
-        info = FlowInfo(key, payload, items, None, False, usage.model_window(model, rt.config.model_windows),
+        window = usage.model_window(model, rt.config.model_windows)
+        learned = await self._learned_window(rt, db, model, endpoint) if route.eligible and model else None
+        if learned is not None and (window is None or learned < window):
+            window = learned  # the upstream showed a smaller window than the table says
+        info = FlowInfo(key, payload, items, None, False, window,
                         Estimate(0, "bytes", 1.0), fp, route, _credentials_allowed(flow, route), False, mark)
+        info.compacted_items = sess.compacted_items if sess is not None else None
+        info.endpoint = endpoint
 
         # A divergence is reported once: when the previous request still used the checkpoint.
         report = sess is None or checkpoint is None or sess.last.checkpoint_id == checkpoint.id
@@ -194,8 +226,8 @@ class Compaction:
         sent = _payload_bytes(projected, input_items(projected) or [])
         info.estimate = self._estimate(sent, info, sess, last_usage)
         failed_here = sess is not None and sess.failed_items == len(items)
-        want = route.eligible and info.window is not None and not failed_here and (
-            (cfg.enabled and over(info.estimate.tokens, info.window, cfg.threshold))
+        want = route.eligible and info.window is not None and not failed_here and _fresh(info) and (
+            (cfg.enabled and over(info.estimate.tokens, info.window, cfg.threshold) and _grown(info))
             or (sess is not None and sess.force_compact and cfg.recover_overflow)
         )
         if want:
@@ -203,6 +235,15 @@ class Compaction:
             projected = self._project(payload, cp, info, cfg.enabled, rt)
             sent = _payload_bytes(projected, input_items(projected) or [])
             info.estimate = self._estimate(sent, info, None, None)
+        by_bytes = _tokens(sent, info.estimate.ratio)  # the usage estimate may reflect a fitted retry
+        if info.checkpoint is not None and over(max(info.estimate.tokens, by_bytes), info.window, cfg.threshold):
+            # Still above the threshold with a checkpoint in effect (a compaction would not help, or just
+            # did not): the bootstrap gives way (retained messages, then the fallback's excerpt).
+            fitted = self._fit(projected, info, cfg.threshold * (info.window or 0))
+            if fitted is not None:
+                projected = fitted
+                sent = _payload_bytes(projected, input_items(projected) or [])
+                info.estimate = self._estimate(sent, info, None, None)
         info.hold = (cfg.recover_overflow and route.eligible
                      and over(info.estimate.tokens, info.window, HOLD_FRACTION))
         body.replace(projected, by="compaction")
@@ -213,7 +254,8 @@ class Compaction:
             _memo(rt).forget(key)
         else:  # mirror exactly what record_forwarded writes, so the next request can skip the read
             _memo(rt).put(key, info.checkpoint, store.SessionState(
-                store.LastRequest(cp_id, len(items), sent), False, sess.failed_items if sess is not None else None))
+                store.LastRequest(cp_id, len(items), sent), False, sess.failed_items if sess is not None else None,
+                info.compacted_items))
         state_of(flow).extra[STATE_KEY] = info
         debuglog.event("remote_compaction", outcome=info.outcome, estimate=info.estimate.tokens, window=info.window,
                        checkpoint=cp_id, items=len(items), stream=info.hold)
@@ -245,6 +287,48 @@ class Compaction:
         cp_id = info.checkpoint.id if info.checkpoint else None
         return estimate(sent_bytes, info.client_items, cp_id, snap, last)
 
+    @staticmethod
+    def _fit(payload: dict[str, Any], info: FlowInfo, budget_tokens: float) -> dict[str, Any] | None:
+        """The projected payload with its bootstrap trimmed so the whole estimate is within
+        `budget_tokens`; None when even the bare compaction item (or marker) and the tail do not fit."""
+        cp = info.checkpoint
+        if cp is None:
+            return None
+        items = input_items(payload) or []
+        tail = info.client_items[cp.boundary:]
+        boot_len = len(items) - len(tail)
+        if boot_len < 0 or items[boot_len:] != list(tail):
+            return None  # not a projection of this checkpoint
+        base = _payload_bytes(payload, [])
+        budget_bytes = int(budget_tokens / max(info.estimate.ratio, 0.01) * 4) - base
+        fitted = fit_input(items[:boot_len], tail, budget_bytes)
+        if fitted is None:
+            return None
+        return {**payload, "input": fitted}
+
+    async def _learned_window(self, rt: runtime.Runtime, db: dbworker.DBWorker, model: str,
+                              endpoint: str) -> int | None:
+        cache = rt.extras.setdefault("compaction_windows", {})
+        k = (model, endpoint)
+        if k not in cache:
+            cache[k] = await db.run(lambda conn: store.learned_window(conn, model, endpoint))
+        return cache[k]
+
+    def _learn(self, rt: runtime.Runtime, info: FlowInfo, tokens: int) -> None:
+        """The upstream answered context_length_exceeded at `tokens` (estimated): remember it per model
+        and endpoint, in this process and in the compaction store."""
+        model = info.fingerprint.model if info.fingerprint else str(info.payload.get("model") or "")
+        endpoint = info.endpoint
+        if not model or not endpoint or tokens <= 0:
+            return
+        cache = rt.extras.setdefault("compaction_windows", {})
+        old = cache.get((model, endpoint))
+        cache[(model, endpoint)] = tokens if old is None else min(old, tokens)
+        if info.window is None or tokens < info.window:
+            info.window = tokens
+        self._db(rt).submit(lambda conn: store.learn_window(conn, model, endpoint, tokens))
+        debuglog.event("overflow_recovery", phase="window", outcome="learned", window=cache[(model, endpoint)])
+
     def _blocked(self, info: FlowInfo, rt: runtime.Runtime) -> str | None:
         cfg = rt.config.remote_compaction
         if not cfg.enabled:
@@ -272,9 +356,11 @@ class Compaction:
         cp = await compact(plan, http_caller(self._client(), rt.config.remote_compaction.timeout_seconds))
         n = len(info.client_items)
         strategy = cp.strategy
+        info.compacted, info.compacted_items = True, n
 
         def save(conn: sqlite3.Connection) -> None:
             store.save_checkpoint(conn, cp)
+            store.record_compacted(conn, info.session_key, n)
             store.record_event(conn, info.session_key, "compaction", strategy, cp.reason, cp.id)
             if strategy == "fallback" and plan.remote_blocked is None:
                 store.mark_failed(conn, info.session_key, n)
@@ -351,6 +437,10 @@ class Compaction:
             stream(b"")
 
     async def _recover(self, flow: http.HTTPFlow, info: FlowInfo, rt: runtime.Runtime) -> bool:
+        """Compact (at most once per agent request, and only with new agent items since the last
+        compaction) and retry once with a body strictly smaller than the one that failed: at most
+        RETRY_FRACTION of it, the bootstrap giving way until it fits. The failed size is also an upper
+        bound of the upstream's real window: it is learned and remembered."""
         started = time.perf_counter()
         try:
             forwarded = orjson.loads(flow.request.get_content(strict=False) or b"")
@@ -358,21 +448,46 @@ class Compaction:
             return False
         if not isinstance(forwarded, dict):
             return False
-        cp = await self._compact(flow, info, forwarded, "overflow", rt)
-        replay = cp.strategy == "remote"
-        record = cp.record()
+        failed_bytes = _payload_bytes(forwarded, input_items(forwarded) or [])
+        self._learn(rt, info, _tokens(failed_bytes, info.estimate.ratio))
+        replay = info.replay_opaque
+        if not info.compacted and _fresh(info):
+            cp = await self._compact(flow, info, forwarded, "overflow", rt)
+            replay = cp.strategy == "remote"
+        elif info.checkpoint is not None:
+            cp = info.checkpoint  # no second compaction: the checkpoint in effect is made to fit instead
+        else:
+            self._event(rt, info, "recovery", "skipped", "no_new_items", None)
+            return False
         retry_payload = dict(forwarded)
-        retry_payload["input"] = [*record.bootstrap(replay), *info.client_items[cp.boundary:]]
+        retry_payload["input"] = [*cp.record().bootstrap(replay), *info.client_items[cp.boundary:]]
+        info.checkpoint, info.replay_opaque = cp, replay
+        budget = failed_bytes * RETRY_FRACTION
+        if _payload_bytes(retry_payload, retry_payload["input"]) > budget:
+            fitted = self._fit(retry_payload, info, _tokens(int(budget), info.estimate.ratio))
+            if fitted is None:
+                self._event(rt, info, "recovery", "not_smaller", cp.strategy, cp.id)
+                return False  # nothing smaller to send: the agent gets the original error
+            retry_payload = fitted
+        retry_bytes = _payload_bytes(retry_payload, retry_payload["input"])
         new = await self._send_retry(flow, retry_payload)
-        ok = new is not None and response_error_code(
-            new.status_code, new.headers.get("content-type", ""), new.get_content(strict=False) or b"") is None
+        code = None if new is None else response_error_code(
+            new.status_code, new.headers.get("content-type", ""), new.get_content(strict=False) or b"")
+        ok = new is not None and code is None
+        if code == CODE:
+            self._learn(rt, info, _tokens(retry_bytes, info.estimate.ratio))
         outcome = "recovered" if ok else "retry_failed"
         self._event(rt, info, "recovery", outcome, cp.strategy, cp.id)
         debuglog.event("overflow_recovery", outcome=outcome, strategy=cp.strategy, host=flow.request.host,
-                       status=new.status_code if new is not None else None,
+                       status=new.status_code if new is not None else None, bytes=retry_bytes,
                        ms=(time.perf_counter() - started) * 1000)
         if not ok or new is None:
             return False  # the agent gets the original upstream error unchanged
+        # What the upstream really answered is the retry: the next estimate calibrates against it.
+        key, n, cp_id = info.session_key, len(info.client_items), cp.id
+        _memo(rt).forget(key)
+        self._db(rt).put_latest(("forwarded", key),
+                                lambda conn: store.record_forwarded(conn, key, cp_id, n, retry_bytes))
         flow.response = new
         self._retap(flow, new)
         return True

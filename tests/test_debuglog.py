@@ -105,7 +105,9 @@ async def test_every_pipeline_path_with_debug_on_logs_no_secrets_or_texts(tmp_pa
         # 4. overflow 400 recovered (API route, SDK), web search injected
         client = AsyncOpenAI(base_url=f"{base}/v1", api_key=API_KEY, max_retries=0)
         emu.script(context_length_exceeded_400())
-        await client.responses.create(model="gpt-test-1", input=[user("final-ask-never-logged")])
+        # (with older history: the retry must be strictly smaller than what failed)
+        await client.responses.create(model="gpt-test-1", input=[user("older " + TEXT),
+                                                                 user("final-ask-never-logged")])
         # 5. web search skipped above 128k
         emu.script(Text("big", usage={"input_tokens": 130_000}))
         long_session = [user("long-session " + TEXT)]

@@ -28,6 +28,8 @@ from tests.test_compaction_harness import (
 )
 
 WINDOW = 20_000
+# Enough older history for a compaction to shrink: the retry must be strictly smaller than what failed.
+OLDER = "an older history: " + "h" * 6_000
 BIG = [user(f"part {i}: " + "y" * 8_000) for i in range(9)]  # ≈ 18,300 tokens: above 90% of the window
 
 
@@ -96,7 +98,7 @@ async def test_http_400_is_recovered_invisibly_for_the_sdk(tmp_path, monkeypatch
     async with Emulator() as emu, running_proxy(tmp_path, emu.url, config(), monkeypatch) as base:
         emu.script(context_length_exceeded_400())
         client = AsyncOpenAI(base_url=f"{base}/v1", api_key=API_KEY, max_retries=0)
-        inp = [user("a small history"), user("the question")]
+        inp = [user(OLDER), user("the question")]
         if stream:
             text = ""
             async with await client.responses.create(model="gpt-test-1", input=inp, stream=True) as events:
@@ -126,7 +128,7 @@ async def test_feature_off_recovers_with_the_readable_fallback(tmp_path, monkeyp
     async with Emulator() as emu, running_proxy(tmp_path, emu.url, config(enabled=False), monkeypatch) as base:
         emu.script(context_length_exceeded_400())
         client = AsyncOpenAI(base_url=f"{base}/v1", api_key=API_KEY, max_retries=0)
-        answer = await client.responses.create(model="gpt-test-1", input=[user("older"), user("q")])
+        answer = await client.responses.create(model="gpt-test-1", input=[user(OLDER), user("q")])
         await client.close()
         assert answer.output_text == "You said: q"
         retry = turns(emu)[-1]
@@ -140,7 +142,7 @@ async def test_when_the_retry_fails_the_agent_gets_the_original_error_unchanged(
         original = context_length_exceeded_400()
         emu.script(original, context_length_exceeded_400())
         async with aiohttp.ClientSession() as http, http.post(
-                f"{base}/v1/responses", json={"model": "gpt-test-1", "input": [user("q")]},
+                f"{base}/v1/responses", json={"model": "gpt-test-1", "input": [user("q " + OLDER)]},
                 headers={"authorization": f"Bearer {API_KEY}"}) as resp:
             body = await resp.read()
             assert resp.status == 400
@@ -149,7 +151,7 @@ async def test_when_the_retry_fails_the_agent_gets_the_original_error_unchanged(
         client = AsyncOpenAI(base_url=f"{base}/v1", api_key=API_KEY, max_retries=0)
         emu.script(context_length_exceeded_400(), context_length_exceeded_400())
         with pytest.raises(openai.BadRequestError) as exc:
-            await client.responses.create(model="gpt-test-1", input=[user("again")])
+            await client.responses.create(model="gpt-test-1", input=[user("again " + OLDER)])
         assert exc.value.code == CODE
         await client.close()
 

@@ -18,8 +18,9 @@ from proxy.compaction import remote
 from proxy.compaction.client import Target, run_compaction
 from proxy.compaction.fingerprint import Fingerprint
 from proxy.compaction.store import Checkpoint, new_checkpoint_id
+from proxy.transforms.compaction import fit_input
 from proxy.transforms.fallback import fallback_text, marker
-from proxy.transforms.items import prefix_hash
+from proxy.transforms.items import BYTES_PER_TOKEN, prefix_hash
 from proxy.transforms.retained import RETAINED_MESSAGE_TOKEN_BUDGET, retained_user_messages
 
 
@@ -46,7 +47,12 @@ def covered(plan: Plan) -> tuple[list[Any], list[Any]]:
     if plan.previous is None:
         return new, new
     rec = plan.previous.record()
-    return [*rec.bootstrap(plan.replay_opaque), *new], [*rec.bootstrap(False), *new]
+    seen = [*rec.bootstrap(plan.replay_opaque), *new]
+    if plan.window:
+        # The compaction request must fit the window itself (openai/codex#8632): the previous bootstrap
+        # gives way first (retained messages, then the fallback's excerpt), as in a forwarded request.
+        seen = fit_input(rec.bootstrap(plan.replay_opaque), new, int(plan.window * BYTES_PER_TOKEN * 0.9)) or seen
+    return seen, [*rec.bootstrap(False), *new]
 
 
 def build_request(plan: Plan, items: list[Any]) -> dict[str, Any]:
@@ -73,6 +79,8 @@ async def compact(plan: Plan, call: Caller) -> Checkpoint:
             failure = exc.category
     elif failure is None:
         failure = "no_endpoint"
+    if result is not None and result.retained is not None:
+        retained = result.retained  # the API route: the bootstrap is exactly the returned output
     boundary_hash = prefix_hash(plan.client_items, plan.boundary) or ""
     cp = Checkpoint(
         id=cp_id,

@@ -33,3 +33,6 @@ class FlowInfo:
     mark: Any = None  # the journal's RequestMark, when the history addon ran
     held_stream: Any = None  # the stream callable displaced by holding
     outcome: str = "none"
+    compacted: bool = False  # this agent request already caused a compaction (at most one per request)
+    compacted_items: int | None = None  # client items at the session's last compaction
+    endpoint: str | None = None  # the normalised endpoint, the learned window's key with the model

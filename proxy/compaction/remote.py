@@ -45,6 +45,9 @@ class RemoteResult:
     output_items: int
     usage: dict[str, Any] | None = None
     response_id: str | None = None
+    # `/responses/compact` only: the output items before the compaction item, exactly as returned. The
+    # caller passes the whole output as the next input (responses-api.md §6.1), so they are the bootstrap.
+    retained: tuple[dict[str, Any], ...] | None = None
 
 
 def trim_to_window(items: list[Any], window: int, base_bytes: int = 0) -> list[Any]:
@@ -153,10 +156,15 @@ def parse_v1(status: int, body: Any) -> RemoteResult:
         raise CompactionFailure(f"upstream_{_category(code)}" if code else f"http_{status}")
     if not isinstance(body, dict) or not isinstance(body.get("output"), list):
         raise CompactionFailure("malformed_response")
-    item = _exactly_one(body["output"])
+    output = body["output"]
+    item = _exactly_one(output)
+    at = next(i for i, x in enumerate(output) if x is item)
+    if at != len(output) - 1 or not all(isinstance(x, dict) for x in output):
+        # The contract is `retained items…, compaction item`; anything after it has no place in a bootstrap.
+        raise CompactionFailure("compaction_not_last")
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
     rid = body.get("id") if isinstance(body.get("id"), str) else None
-    return RemoteResult(item, _item_bytes(item), len(body["output"]), usage, rid)
+    return RemoteResult(item, _item_bytes(item), len(output), usage, rid, tuple(output[:at]))
 
 
 def _item_bytes(item: dict[str, Any]) -> bytes:

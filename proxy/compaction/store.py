@@ -61,6 +61,21 @@ register_schema(
         checkpoint_id TEXT
     );
     CREATE INDEX IF NOT EXISTS compaction_events_by_session ON compaction_events(session_key, at);
+    -- Client items when the session last compacted: no second compaction without new agent items.
+    CREATE TABLE IF NOT EXISTS compaction_progress (
+        session_key TEXT PRIMARY KEY,
+        compacted_items INTEGER NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    -- The effective window an upstream showed (it answered context_length_exceeded at this size, in
+    -- estimated tokens), per model and normalised endpoint, when it is below the model table's.
+    CREATE TABLE IF NOT EXISTS compaction_windows (
+        model TEXT NOT NULL,
+        endpoint TEXT NOT NULL,
+        window_tokens INTEGER NOT NULL,
+        updated_at REAL NOT NULL,
+        PRIMARY KEY (model, endpoint)
+    );
     """,
 )
 
@@ -145,14 +160,47 @@ class SessionState:
     last: LastRequest
     force_compact: bool
     failed_items: int | None
+    compacted_items: int | None = None  # client items at the session's last compaction
 
 
 def session_state(conn: sqlite3.Connection, session_key: str) -> SessionState | None:
     row = conn.execute("SELECT * FROM compaction_sessions WHERE session_key=?", (session_key,)).fetchone()
+    done = compacted_items(conn, session_key)
     if row is None:
-        return None
+        return None if done is None else SessionState(LastRequest(None, 0, 0), False, None, done)
     return SessionState(LastRequest(row["checkpoint_id"], row["client_items"], row["sent_bytes"]),
-                        bool(row["force_compact"]), row["failed_items"])
+                        bool(row["force_compact"]), row["failed_items"], done)
+
+
+def record_compacted(conn: sqlite3.Connection, session_key: str, client_items: int) -> None:
+    conn.execute(
+        "INSERT INTO compaction_progress(session_key, compacted_items, updated_at) VALUES (?,?,?)"
+        " ON CONFLICT(session_key) DO UPDATE SET compacted_items=excluded.compacted_items,"
+        " updated_at=excluded.updated_at",
+        (session_key, client_items, time.time()),
+    )
+
+
+def compacted_items(conn: sqlite3.Connection, session_key: str) -> int | None:
+    row = conn.execute("SELECT compacted_items FROM compaction_progress WHERE session_key=?",
+                       (session_key,)).fetchone()
+    return int(row[0]) if row is not None else None
+
+
+def learn_window(conn: sqlite3.Connection, model: str, endpoint: str, window_tokens: int) -> None:
+    """Remember that the upstream overflowed at `window_tokens` (kept: the smallest seen)."""
+    conn.execute(
+        "INSERT INTO compaction_windows(model, endpoint, window_tokens, updated_at) VALUES (?,?,?,?)"
+        " ON CONFLICT(model, endpoint) DO UPDATE SET window_tokens=min(window_tokens, excluded.window_tokens),"
+        " updated_at=excluded.updated_at",
+        (model, endpoint, window_tokens, time.time()),
+    )
+
+
+def learned_window(conn: sqlite3.Connection, model: str, endpoint: str) -> int | None:
+    row = conn.execute("SELECT window_tokens FROM compaction_windows WHERE model=? AND endpoint=?",
+                       (model, endpoint)).fetchone()
+    return int(row[0]) if row is not None else None
 
 
 def record_forwarded(conn: sqlite3.Connection, session_key: str, checkpoint_id: str | None, client_items: int,

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from proxy.transforms.fallback import fallback_message
-from proxy.transforms.items import input_items, prefix_hash
+from proxy.transforms.fallback import fallback_message, is_fallback_message, shrink_fallback_text
+from proxy.transforms.items import COMPACTION_ITEM_TYPES, input_items, items_bytes, prefix_hash, text_parts
 
 Outcome = Literal["remote", "fallback", "diverged", "already", "not_applicable"]
 
@@ -61,6 +61,40 @@ def apply_projection(payload: dict[str, Any], ctx: ProjectionContext) -> tuple[d
     new = dict(payload)
     new["input"] = [*bootstrap, *items[record.boundary:]]
     return new, "remote" if bootstrap and bootstrap[-1] is record.compaction_item else "fallback"
+
+
+def fit_input(bootstrap: Sequence[Any], tail: Sequence[Any], budget_bytes: int) -> list[Any] | None:
+    """`bootstrap + tail` serialized within `budget_bytes`, or None when that is impossible.
+
+    What gives way, in order: the bootstrap's retained messages, oldest first (the compaction item
+    stays), then the fallback's excerpt (its marker stays). The tail (the agent's items after the
+    boundary) is never touched.
+    """
+    boot = list(bootstrap)
+    rest = list(tail)
+
+    def size() -> int:
+        return items_bytes([*boot, *rest])
+
+    while size() > budget_bytes:
+        idx = next((i for i, it in enumerate(boot) if not _anchor(it)), None)
+        if idx is None:
+            break
+        del boot[idx]
+    for i, it in enumerate(boot):
+        excess = size() - budget_bytes
+        if excess <= 0:
+            break
+        if is_fallback_message(it):
+            text = "".join(text_parts(it))
+            boot[i] = fallback_message(shrink_fallback_text(text, len(text.encode()) - excess))
+    return [*boot, *rest] if size() <= budget_bytes else None
+
+
+def _anchor(item: Any) -> bool:
+    """What a bootstrap cannot do without: the compaction item, the fallback message."""
+    typ = item.get("type") if isinstance(item, dict) else None
+    return typ in COMPACTION_ITEM_TYPES or is_fallback_message(item)
 
 
 def project(payload: dict[str, Any], ctx: ProjectionContext) -> dict[str, Any]:

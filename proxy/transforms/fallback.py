@@ -132,6 +132,23 @@ def fallback_text(checkpoint_id: str, items: Sequence[Any]) -> str:
     return f"{marker(checkpoint_id)}\n{PREAMBLE}\n{OPEN_TAG}\n{excerpt(render_transcript(items))}\n{CLOSE_TAG}"
 
 
+def shrink_fallback_text(text: str, max_bytes: int) -> str:
+    """The same fallback (marker, preamble, tags) with its excerpt cut to fit `max_bytes` (UTF-8);
+    the excerpt may end up empty, the marker always stays."""
+    start, end = text.find(OPEN_TAG), text.rfind(CLOSE_TAG)
+    if start == -1 or end <= start or len(text.encode()) <= max_bytes:
+        return text
+    head, inner, tail = text[:start + len(OPEN_TAG)], text[start + len(OPEN_TAG):end], text[end:]
+    room = max_bytes - len(head.encode()) - len(tail.encode())
+    limit = min(len(inner), room)
+    while limit > 0:
+        cut = excerpt(inner.strip("\n"), limit) if limit >= 200 else ""
+        if len(cut.encode()) + 2 <= room:
+            return f"{head}\n{cut}\n{tail}" if cut else f"{head}\n{tail}"
+        limit = int(limit * 0.9)
+    return f"{head}\n{tail}"
+
+
 def fallback_message(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 

@@ -22,7 +22,10 @@ Queues: `script` (turns), `script_compaction` (input ends with `compaction_trigg
 reasoning + one compaction item, deterministic per input), `script_compact` (`/responses/compact`).
 `set_default(reply, route=…)` replaces the fallback; `reset()` forgets everything.
 Knobs: `token_counter` (usage.input_tokens; default bytes of input+instructions+tools / 4),
-`validate_requests` (400 on bodies that violate CreateResponse), `check_previous_response_id`.
+`validate_requests` (400 on bodies that violate CreateResponse), `check_previous_response_id`,
+`context_limit_bytes` (the real 400 `context_length_exceeded` for a `POST …/responses` body above N bytes,
+turns and compaction triggers; `/responses/compact` is not limited: an upstream whose window is smaller
+than the model table says).
 Standalone: `python -m tests.emulator --port N [--deltas 200]` from the repository root.
 """
 

@@ -23,7 +23,13 @@ from .compaction import compact_resource
 from .recording import BodyDecodeError, ReceivedRequest, decode_body, parse_json
 from .render import Plan, RenderContext, error_plan, json_plan, render
 from .replies import Compaction, Reasoning, Reply, Responder, Response, Text
-from .wire import ends_with_compaction_trigger, estimate_input_tokens, last_user_text, request_input
+from .wire import (
+    CONTEXT_LENGTH_MESSAGE,
+    ends_with_compaction_trigger,
+    estimate_input_tokens,
+    last_user_text,
+    request_input,
+)
 
 PREFIXES = ("/v1", "/backend-api/codex")
 BAD_JSON_MESSAGE = (
@@ -70,12 +76,18 @@ class Emulator:
         token_counter: Callable[[dict[str, Any]], int] | None = None,
         max_recorded: int | None = None,
         max_stored: int = 1000,
+        context_limit_bytes: int | None = None,
     ):
         self.default_deltas = default_deltas
         self.validate_requests = validate_requests  # answer 400 when a body violates CreateResponse
         self.check_previous_response_id = check_previous_response_id
         self.token_counter: Callable[[dict[str, Any]], int] = token_counter or estimate_input_tokens
         self.max_recorded = max_recorded
+        # An upstream whose real window is smaller than any model table says: a `POST …/responses` (a turn
+        # or a compaction trigger) whose decoded body exceeds this many bytes gets the real 400
+        # `context_length_exceeded`, before any script is consumed. `/responses/compact` is not limited
+        # (as in the upstream issue 11 measured). None: no limit.
+        self.context_limit_bytes = context_limit_bytes
         self.requests: list[ReceivedRequest] = []
         self.stored: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._max_stored = max_stored
@@ -231,7 +243,7 @@ class Emulator:
         body: dict[str, Any] = rec.json
         if ends_with_compaction_trigger(body):
             rec.route = "compaction"
-        error = self._check_create(body)
+        error = self._check_create(body) or self._over_limit(rec)
         if error is not None:
             return await self._send(request, rec, error)
         reply = self._next(rec.route, rec)
@@ -258,6 +270,11 @@ class Emulator:
             return error_plan(400, msg, "invalid_request_error", "previous_response_id", "previous_response_not_found")
         return None
 
+    def _over_limit(self, rec: ReceivedRequest) -> Plan | None:
+        if self.context_limit_bytes is None or len(rec.body) <= self.context_limit_bytes:
+            return None
+        return error_plan(400, CONTEXT_LENGTH_MESSAGE, "invalid_request_error", "input", "context_length_exceeded")
+
     async def _compact(self, request: web.Request) -> web.StreamResponse:
         rec, error = await self._parsed(request, "compact")
         if error is not None:
@@ -280,6 +297,7 @@ class Emulator:
                 plan.latency = reply.latency
                 plan.headers += list((reply.headers or {}).items())
             rec.response_id = resource["id"]
+            rec.extra["output"] = resource["output"]  # what a caller is meant to pass as its next input
         else:
             plan = render(reply, RenderContext.for_request({**body, "stream": False}, self.token_counter(body)))
         return await self._send(request, rec, plan)
