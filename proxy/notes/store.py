@@ -21,7 +21,6 @@ import errno
 import hashlib
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pathlib import Path
 import orjson
 from filelock import FileLock, Timeout
 
+from proxy.files import atomic_write_bytes
 from proxy.journal.addresses import address_hash
 from proxy.notes.paths import MAX_DEPTH, check_rel, check_task_id, is_valid_rel, quoted
 
@@ -255,18 +255,4 @@ class NotesStore:
     def _atomic(self, address: str, target: Path, data: bytes) -> None:
         tmpdir = self._private(address) / "tmp"
         tmpdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=tmpdir, prefix="w.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        atomic_write_bytes(target, data, 0o600, tmp_dir=tmpdir, dir_mode=0o700)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Literal
 
+from proxy.files import write_temp
 from tools_server.patch.paths import nearest_existing_dir
 from tools_server.patch.preflight import Fingerprint, Operation, Plan, fingerprint
 
@@ -26,18 +26,7 @@ class LocalFs:
     """The file-system calls commit makes; one object so tests can make a step fail."""
 
     def write_temp(self, directory: str, name: str, data: bytes, mode: int) -> str:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".ctp-patch")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, mode)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        return tmp
+        return write_temp(directory, data, mode, prefix=f".{name}.", suffix=".ctp-patch")
 
     def replace(self, src: str, dst: str) -> None:
         os.replace(src, dst)
