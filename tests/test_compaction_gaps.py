@@ -12,14 +12,25 @@ the emulator the way a user would, and checks the contract from outside.
 from __future__ import annotations
 
 import itertools
+import json
 
+import aiohttp
 import openai
+import orjson
 import pytest
 from openai import AsyncOpenAI
 
+from proxy.compaction import store
 from proxy.db import connect
 from tests.emulator import Emulator, context_length_exceeded_400
-from tests.test_compaction_harness import API_KEY, assistant, running_proxy, user
+from tests.test_compaction_harness import (
+    API_KEY,
+    assistant,
+    codex_turn,
+    completed_output_text,
+    running_proxy,
+    user,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -178,3 +189,65 @@ async def test_a_threshold_exceeded_by_every_request_does_not_compact_every_requ
         await client.close()
         compacts = len(by_route(emu, "compact"))
         assert 1 <= compacts <= 2, f"{compacts} compactions in 12 requests"
+
+
+# ---- 4. two remote compactions with a ctproxy restart between them ----------------------------------
+
+async def test_two_remote_compactions_across_a_restart_replay_exactly(emulator, proxy_factory, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "config.json").write_text(json.dumps({"remote_compaction": {"enabled": True},
+                                                   "model_windows": {"gpt-test*": WINDOW}}))
+    sent: list[list] = []  # the agent's input of every turn, in order
+    history: list = []
+
+    async def turns(base, numbers):
+        async with aiohttp.ClientSession() as http:
+            for i in numbers:
+                history.append(user(f"turn {i}: " + "x" * 5_800))
+                sent.append(list(history))
+                status, events = await codex_turn(http, base, {"model": "gpt-test-1", "input": list(history),
+                                                               "store": False})
+                assert status == 200, events
+                history.append(assistant(completed_output_text(events)))
+
+    first = await proxy_factory(upstream=emulator.url, state_dir=state, with_tools=False)
+    await turns(first.url, range(1, 14))
+    assert len(by_route(emulator, "compaction")) == 1
+    await first.astop()  # the `ctproxy up` process ends; a new one starts on the same state directory
+    second = await proxy_factory(upstream=emulator.url, state_dir=state, with_tools=False)
+    n = 14
+    while len(by_route(emulator, "compaction")) < 2 and n < 40:
+        await turns(second.url, [n])
+        n += 1
+    await turns(second.url, range(n, n + 3))  # replayed after the second compaction
+    await second.astop()
+
+    comps = by_route(emulator, "compaction")
+    assert len(comps) == 2, "the second compaction happened in the restarted process"
+    conn = connect(state / "ctproxy.db")
+    try:
+        (key,) = {r[0] for r in conn.execute("SELECT session_key FROM compaction_checkpoints")}
+        cp1, cp2 = store.checkpoints(conn, key)
+    finally:
+        conn.close()
+    assert cp1.strategy == cp2.strategy == "remote"
+    item1, item2 = orjson.loads(cp1.compaction_item), orjson.loads(cp2.compaction_item)
+    assert item1 != item2
+    received = by_route(emulator, "responses")
+    assert len(received) == len(sent)
+    replayed = {1: 0, 2: 0}
+    for agent_items, req in zip(sent, received, strict=True):
+        inp = req.json["input"]
+        if item2 in inp:
+            want, replayed[2] = [*cp2.retained, item2, *agent_items[cp2.boundary:]], replayed[2] + 1
+        elif item1 in inp:
+            want, replayed[1] = [*cp1.retained, item1, *agent_items[cp1.boundary:]], replayed[1] + 1
+        else:
+            want = agent_items
+        assert inp == want
+    assert replayed[1] >= 2 and replayed[2] >= 2  # both checkpoints replayed, the first one across the restart
+    # The second compaction's own input is the first checkpoint's exact bootstrap, then the newer items.
+    second_input = comps[1].json["input"]
+    assert second_input[:len(cp1.retained) + 1] == [*cp1.retained, item1]
+    assert second_input[-1] == {"type": "compaction_trigger"}
