@@ -79,44 +79,5 @@ class SearchContentsArgs(ToolArgs):
     window_id: str | None = None
 
 
-class NotesListArgs(ToolArgs):
-    TOOL: ClassVar[str] = "notes_list_files_by_prefix"
-    prefix: str | None = None
-    max_results: int | None = Field(None, ge=1)
-    file_order_by: Literal["name", "created_at", "updated_at"] | None = None
-    file_order: Literal["ascending", "descending"] | None = None
-
-
-class NotesReadArgs(ToolArgs):
-    TOOL: ClassVar[str] = "notes_read_file"
-    path: str
-    start_line: int | None = None
-    stop_line: int | None = None
-    offset_chars: int | None = Field(None, ge=0)
-    limit_chars: int | None = Field(None, ge=1)
-
-
-class NotesSearchArgs(ToolArgs):
-    TOOL: ClassVar[str] = "notes_search_contents"
-    max_matches_per_file: int | None = Field(None, ge=1)
-    query: str
-    recent_file_first: bool | None = None
-    max_files: int | None = Field(None, ge=1)
-    path_prefix: str | None = None
-
-
-class NotesAppendArgs(ToolArgs):
-    TOOL: ClassVar[str] = "notes_append_to_file"
-    text: str
-    path: str
-
-
-class NotesWriteArgs(ToolArgs):
-    TOOL: ClassVar[str] = "notes_write_file"
-    text: str
-    path: str
-
-
 ARGS: dict[str, type[ToolArgs]] = {m.TOOL: m for m in (
-    ListWindowsArgs, ListItemsArgs, ReadItemArgs, SearchContentsArgs, NotesListArgs, NotesReadArgs,
-    NotesSearchArgs, NotesAppendArgs, NotesWriteArgs)}
+    ListWindowsArgs, ListItemsArgs, ReadItemArgs, SearchContentsArgs)}

@@ -18,8 +18,8 @@ from proxy.notes import NoteError, NoteInfo, NotePathError, NoteRef, NotesStore,
 from proxy.notes.lines import LineRangeError, select_lines, split_lines
 from proxy.notes.store import iso
 from tools_server.history import schemas
-from tools_server.history.args import NotesAppendArgs, NotesListArgs, NotesReadArgs, NotesSearchArgs, NotesWriteArgs
 from tools_server.history.shared import Readers, caller_of, capped_lines, clamp, max_output
+from tools_server.notes.args import NotesAppendArgs, NotesListArgs, NotesReadArgs, NotesSearchArgs, NotesWriteArgs
 from tools_server.registry import CallContext, Services, Tool, ToolError, ToolResult
 
 LIST_DEFAULT, LIST_MAX = 100, 500
