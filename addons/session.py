@@ -1,8 +1,10 @@
-"""Resolves which task, agent and session a Responses request belongs to; strips `x-ctp-*` headers.
+"""Takes the `x-ctp-*` identity headers off a Responses request and keeps them for session resolution.
 
-Order of signals: x-ctp-task / x-ctp-agent, Codex session headers, prompt_cache_key,
-previous_response_id (through the journal's response aliases), else a fingerprint of the
-instructions and the first input item.
+The headers are ours: they never go upstream. This stage only moves them into the flow state; the
+session itself (task / agent / session key) is resolved lazily by `addons._flow.session_of` on first
+use, so a request no feature reads is never parsed. Its signals, in order: x-ctp-task / x-ctp-agent,
+Codex session headers, prompt_cache_key, previous_response_id (through the journal's response aliases),
+else a fingerprint of the instructions and the first input item.
 """
 
 from __future__ import annotations
