@@ -292,8 +292,8 @@ class Compaction:
         """The projected payload with its bootstrap trimmed so the whole estimate is within
         `budget_tokens`; None when even the bare compaction item (or marker) and the tail do not fit."""
         cp = info.checkpoint
-        if cp is None:
-            return None
+        if cp is None or info.outcome == "already":
+            return None  # "already": the client sent the bootstrap itself; its own items are not ours to cut
         items = input_items(payload) or []
         tail = info.client_items[cp.boundary:]
         boot_len = len(items) - len(tail)
@@ -454,6 +454,7 @@ class Compaction:
         if not info.compacted and _fresh(info):
             cp = await self._compact(flow, info, forwarded, "overflow", rt)
             replay = cp.strategy == "remote"
+            info.outcome = cp.strategy  # the retry below is a projection of this new checkpoint
         elif info.checkpoint is not None:
             cp = info.checkpoint  # no second compaction: the checkpoint in effect is made to fit instead
         else:

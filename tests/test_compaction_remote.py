@@ -236,6 +236,15 @@ def test_parse_v1():
             remote.parse_v1(status, body)
 
 
+def test_parse_v1_keeps_the_returned_items_before_the_compaction_item_as_the_bootstrap():
+    kept = {"id": "msg_1", "type": "message", "status": "completed", "role": "user",
+            "content": [{"type": "input_text", "text": "a"}]}
+    assert remote.parse_v1(200, {"output": [kept, CMP]}).retained == (kept,)
+    assert remote.parse_v1(200, {"output": [CMP]}).retained == ()
+    with pytest.raises(remote.CompactionFailure, match="compaction_not_last"):
+        remote.parse_v1(200, {"output": [CMP, kept]})
+
+
 # ---- the clients against the emulator ------------------------------------------------------------
 
 

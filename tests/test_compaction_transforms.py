@@ -267,3 +267,32 @@ def test_projection_properties(items, data):
         assert out["input"][len(out["input"]) - len(items) - len(tail) + boundary:] == [*items, *tail][boundary:]
         assert project(out, ProjectionContext(rec, replay)) is out
         validate_if_available("CreateResponse", out)
+
+
+# ---- fitting a bootstrap into a budget (issue 11) ----------------------------------------------------
+
+def test_fit_input_drops_retained_oldest_first_and_keeps_item_and_tail():
+    from proxy.transforms.compaction import fit_input
+    from proxy.transforms.items import items_bytes
+
+    retained = [user(f"r{i} " + "x" * 1_000) for i in range(5)]
+    item = {"type": "compaction", "encrypted_content": "blob"}
+    tail = [user("the newest ask")]
+    whole = [*retained, item, *tail]
+    assert fit_input([*retained, item], tail, items_bytes(whole)) == whole  # fits: unchanged
+    fitted = fit_input([*retained, item], tail, items_bytes(whole) - 1_500)
+    assert fitted == [*retained[2:], item, *tail]
+    assert fit_input([*retained, item], tail, items_bytes([item, *tail])) == [item, *tail]
+    assert fit_input([*retained, item], tail, 10) is None  # the item and the tail never give way
+
+
+def test_fit_input_shrinks_the_fallback_excerpt_but_keeps_its_marker():
+    from proxy.transforms.compaction import fit_input
+    from proxy.transforms.items import items_bytes
+
+    text = fallback_text("cp_fit", [user("y" * 20_000)])
+    fb = fallback_message(text)
+    tail = [user("ask")]
+    fitted = fit_input([fb], tail, 3_000)
+    assert fitted is not None and items_bytes(fitted) <= 3_000 and fitted[-1] == tail[0]
+    assert is_fallback_message(fitted[0]) and marker("cp_fit") in fitted[0]["content"][0]["text"]
