@@ -51,9 +51,7 @@ class Guard:
             flow, trusted=runtime.current().upstream.trusted)
         # Re-check the destination as it is now: an addon may have changed it after routing.
         req = flow.request
-        official_now = routes.is_official_destination(req.scheme, req.host, req.port, req.path) is not None
-        allowed = official_now or (route.trusted and is_reverse(flow) and route.kind is not None)
-        if allowed:
+        if routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow)):
             return
         if not is_reverse(flow) and not _looks_openai(flow):
             return

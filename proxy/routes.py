@@ -134,3 +134,13 @@ class Route:
     def eligible(self) -> bool:
         """Official-route features (native web search, remote compaction) may touch this request."""
         return self.credentials_allowed
+
+
+def may_receive_credentials(scheme: str, host: str, port: int, path: str, route: Route, reverse: bool) -> bool:
+    """The one credential rule (DESIGN §5): may a request to this destination, as it is now, carry the
+    client's credentials? Yes for the official endpoint of its kind; for another destination only when
+    the user trusted it (`--trust-upstream`), in reverse mode, on a Responses route. The guard applies it
+    to the agent's own request; ctproxy's own calls (compaction, later the bridge) to theirs."""
+    if is_official_destination(scheme, host, port, path) is not None:
+        return True
+    return route.trusted and reverse and route.kind is not None
