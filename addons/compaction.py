@@ -73,11 +73,9 @@ def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:
 
 
 def _credentials_allowed(flow: http.HTTPFlow, route: routes.Route) -> bool:
-    """The guard's rule, applied to the compaction call that goes to the same destination."""
+    """The guard's rule (the one in proxy/routes.py), for the compaction call to the same destination."""
     req = flow.request
-    if routes.is_official_destination(req.scheme, req.host, req.port, req.path) is not None:
-        return True
-    return route.trusted and route.kind is not None and is_reverse(flow)
+    return routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow))
 
 
 def _stateful(payload: dict[str, Any]) -> bool:
