@@ -53,11 +53,9 @@ from proxy.sse import ResponseTap, StreamTap
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_input
 from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
 
-STATE_KEY = "compaction"
 # Set while the answer may still change (held stream, possible overflow). The tap and the history
 # addon read answers in their `response` hooks, which run before this one; they are run again here
 # once the answer is settled (and may skip their first run while this flag is set).
-SETTLING = "settling"
 READERS = ("tap", "history")
 # An overflow retry sends at most this share of the body that failed: the upstream's real window is
 # somewhere below the failed size, and one retry should not have to guess twice.
@@ -208,7 +206,7 @@ class Compaction:
         endpoint = normalise_endpoint(req.scheme, req.host, req.port, req.path)
         if route.kind is not None and model:
             fp = fingerprint_of(route.kind, model, endpoint, header_map(flow), self._key(rt))
-        mark = journal_link.request_mark(state_of(flow).extra)
+        mark = state_of(flow).journal_mark
         window = usage.model_window(model, rt.config.model_windows)
         learned = await self._learned_window(rt, db, model, endpoint) if route.eligible and model else None
         if learned is not None and (window is None or learned < window):
@@ -254,7 +252,7 @@ class Compaction:
             _memo(rt).put(key, info.checkpoint, store.SessionState(
                 store.LastRequest(cp_id, len(items), sent), False, sess.failed_items if sess is not None else None,
                 info.compacted_items))
-        state_of(flow).extra[STATE_KEY] = info
+        state_of(flow).compaction = info
         debuglog.event("remote_compaction", outcome=info.outcome, estimate=info.estimate.tokens, window=info.window,
                        checkpoint=cp_id, items=len(items), stream=info.hold)
         commit_if_alone(flow)
@@ -386,7 +384,7 @@ class Compaction:
 
     # ------------------------------------------------------------------ response
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        info = state_of(flow).extra.get(STATE_KEY)
+        info = state_of(flow).compaction
         resp = flow.response
         if not isinstance(info, FlowInfo) or resp is None:
             return
@@ -395,12 +393,12 @@ class Compaction:
         if info.hold and resp.status_code == 200 and ctype.startswith("text/event-stream"):
             info.held_stream = resp.stream  # the tap's callable, fed once the answer is settled
             resp.stream = False  # buffer: the events are held until `response`
-            state_of(flow).extra[SETTLING] = True
+            state_of(flow).settling = True
         elif recoverable and resp.status_code == 400 and "json" in ctype:
-            state_of(flow).extra[SETTLING] = True  # maybe an overflow: the answer may still change
+            state_of(flow).settling = True  # maybe an overflow: the answer may still change
 
     async def response(self, flow: http.HTTPFlow) -> None:
-        info = state_of(flow).extra.get(STATE_KEY)
+        info = state_of(flow).compaction
         if not isinstance(info, FlowInfo) or flow.response is None:
             return
         rt = runtime.current()
@@ -423,7 +421,8 @@ class Compaction:
                 self._event(rt, info, "recovery", "missed", "streamed", None)
         if info.held_stream is not None and not recovered:
             self._release_held(flow, info)
-        if state_of(flow).extra.pop(SETTLING, False):
+        if state_of(flow).settling:
+            state_of(flow).settling = False
             await _rerun_readers(flow)
 
     def _release_held(self, flow: http.HTTPFlow, info: FlowInfo) -> None:

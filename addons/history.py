@@ -2,7 +2,7 @@
 
 `request`: resolves the task/agent/session (joining a task named by `x-ctp-task`; an unknown task
 is answered here with a 400 and never forwarded), snapshots the input and leaves a `RequestMark` in
-`state_of(flow).extra["history"]`; the journal aligns it with the session's branch when its writer
+`state_of(flow).journal_mark`; the journal aligns it with the session's branch when its writer
 next drains (rung by a loop timer one interval later), or first when the mark's ids or the session
 are read (proxy/journal/backlog.py).
 The answer is handed over when the stream's terminal event passes through the tap (before its bytes
@@ -29,8 +29,6 @@ from proxy.sse import ResponseTap, SSEDecoder
 
 log = logging.getLogger("ctproxy.history")
 
-MARK_KEY = "history"
-JOURNAL_KEY = "history.journal"
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 
 
@@ -47,7 +45,7 @@ def journal() -> Journal | None:
 
 
 def mark_of(flow: http.HTTPFlow) -> RequestMark | None:
-    mark = state_of(flow).extra.get(MARK_KEY)
+    mark = state_of(flow).journal_mark
     return mark if isinstance(mark, RequestMark) else None
 
 
@@ -146,9 +144,9 @@ class History:
             log.error("history: request not journaled (%s)", type(exc).__name__)
             return
         st = state_of(flow)
-        st.extra[MARK_KEY] = mark
-        st.extra[JOURNAL_KEY] = j  # the response side needs no runtime lookup (it is not free)
-        st.extra["agent_identity"] = (task_id, address)
+        st.journal_mark = mark
+        st.journal = j  # the response side needs no runtime lookup (it is not free)
+        st.agent_identity = (task_id, address)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         mark = mark_of(flow)
@@ -168,7 +166,7 @@ class History:
                 log.error("history: response not journaled (%s)", type(exc).__name__)
 
     def response(self, flow: http.HTTPFlow) -> None:
-        if state_of(flow).extra.get("settling"):
+        if state_of(flow).settling:
             return  # the compaction addon may still replace this answer; it runs us again when settled
         if mark_of(flow) is not None:
             tap = state_of(flow).tap
@@ -183,7 +181,7 @@ class History:
         mark = mark_of(flow)
         if mark is None or mark.response_done:
             return
-        j = state_of(flow).extra.get(JOURNAL_KEY)
+        j = state_of(flow).journal
         if not isinstance(j, Journal):
             return
         try:

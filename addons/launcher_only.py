@@ -29,7 +29,7 @@ class RecordFlows:
     def _write(self, flow: http.HTTPFlow) -> None:
         if self._writer is None or self._fh is None:
             return
-        original = state_of(flow).extra.get("client_request")
+        original = state_of(flow).client_request
         saved = flow.copy()
         if isinstance(original, bytes):
             saved.metadata["ctp.client_request"] = original

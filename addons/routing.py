@@ -37,7 +37,7 @@ class Routing:
         if flow.response is not None:
             return
         # The client's bytes, before any addon changes them (kept by reference; recorded with --record).
-        state_of(flow).extra["client_request"] = flow.request.raw_content
+        state_of(flow).client_request = flow.request.raw_content
         upstream = runtime.current().upstream
         if is_reverse(flow):
             req = flow.request

@@ -75,7 +75,7 @@ class Tap:
         tap = st.tap
         if not isinstance(tap, ResponseTap) or flow.response is None:
             return
-        if st.extra.get("settling"):
+        if st.settling:
             return  # the compaction addon may still replace this answer; it runs us again when settled
         stream = flow.response.stream
         ctype = flow.response.headers.get("content-type", "").lower()
@@ -107,13 +107,13 @@ class Tap:
             return
         if not _usage_wanted(runtime.current().config):
             return  # nobody reads usage: do not even resolve the session (that parses the request body)
-        if state_of(flow).extra.get("settling"):
+        if state_of(flow).settling:
             return  # not final yet; the compaction addon runs our response hook again when it is
         ident = session_of(flow)
         if ident is None:
             return
         task, agent = ident.task, ident.agent
-        rec = state_of(flow).extra.get("agent_identity")  # set by the journal when it knows (task, agent)
+        rec = state_of(flow).agent_identity  # set by the journal when it knows (task, agent)
         if isinstance(rec, tuple) and len(rec) == 2:
             task, agent = rec
         model, used, rid = tap.model or ident.model, dict(tap.usage), tap.response_id

@@ -18,8 +18,6 @@ from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.transforms.web_search import WebSearchSettings, decide_native, inject_web_search
 
-STATE_KEY = "web_search"
-
 
 def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:
     route = state_of(flow).route
@@ -58,7 +56,7 @@ class WebSearch:
                 else:
                     last_input = await _worker(rt).run(lambda conn: _last_input(conn, ident.session_key))
         decision = decide_native(cfg, route.eligible, last_input)
-        state_of(flow).extra[STATE_KEY] = decision.reason
+        state_of(flow).web_search = decision.reason
         if decision.apply:
             body.replace(inject_web_search(body.value, WebSearchSettings.from_config(cfg)), by="web_search")
         debuglog.event("web_search", outcome="injected" if decision.apply else "skipped", reason=decision.reason,

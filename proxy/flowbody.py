@@ -25,7 +25,6 @@ from proxy.flowstate import state_of
 log = logging.getLogger("ctproxy.body")
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-LIMIT_KEY = "body_limit"  # state_of(flow).extra[LIMIT_KEY]: "passthrough" or "refused"
 LIMIT_COUNTS: dict[str, int] = {"passthrough": 0, "refused": 0}  # this process, since start
 _CHUNK = 64 * 1024  # compressed input fed per step
 _STEP = 1024 * 1024  # output produced per step: a bomb's peak memory stays near the limit, not twice it
@@ -143,7 +142,7 @@ def max_body_bytes() -> int:
 
 
 def _over_limit(flow: http.HTTPFlow, outcome: str, encoding: str, sent: int, limit: int) -> None:
-    state_of(flow).extra[LIMIT_KEY] = outcome
+    state_of(flow).body_limit = outcome
     LIMIT_COUNTS[outcome] += 1
     if outcome == "refused":
         log.warning("ctproxy: a %d-byte %s request body inflates past limits.max_body_bytes (%d); refused with 413",
@@ -156,9 +155,9 @@ def _over_limit(flow: http.HTTPFlow, outcome: str, encoding: str, sent: int, lim
 def refuse_if_over_limit(flow: http.HTTPFlow) -> bool:
     """In the request phase: answer a body that inflated past the limit with a 413 instead of forwarding it."""
     st = state_of(flow)
-    if st.extra.get(LIMIT_KEY) != "refused" or flow.response is not None:
+    if st.body_limit != "refused" or flow.response is not None:
         return False
-    info = st.extra.get("body_limit_info") or (0, "", 0)
+    info = st.body_limit_info or (0, "", 0)
     flow.response = errors.json_response(errors.body_too_large(*info))
     return True
 
@@ -214,7 +213,7 @@ def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
         if encoding.strip().lower() in ("", "identity", "none"):
             _over_limit(flow, "passthrough", "identity", len(raw), limit)
         else:
-            state_of(flow).extra["body_limit_info"] = (limit, encoding.strip().lower(), len(raw))
+            state_of(flow).body_limit_info = (limit, encoding.strip().lower(), len(raw))
             _over_limit(flow, "refused", encoding.strip().lower(), len(raw), limit)
         return None
     except ValueError:

@@ -11,20 +11,34 @@ closing over the flow did) pins the flow, its bodies and its answer for the life
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proxy.compaction.flowinfo import FlowInfo
+    from proxy.journal import Journal, RequestMark
 
 _ATTR = "_ctp_state"  # not a field of mitmproxy's Flow: get_state()/copy() and the flow writer never see it
 
 
 @dataclass
 class FlowState:
+    """What the stages tell each other about one flow: typed fields, each written by one stage."""
+
     body: Any = None  # proxy.flowbody.ResponsesBody, or UNPARSEABLE once parsing failed / did not apply
     body_checked: bool = False
-    route: Any = None  # proxy.routes.Route
-    session: Any = None  # proxy.session.SessionIdentity
-    tap: Any = None  # proxy.sse.ResponseTap
-    identity_headers: dict[str, str] = field(default_factory=dict)  # x-ctp-* as the client sent them
-    extra: dict[str, Any] = field(default_factory=dict)  # other addons' per-flow data, by addon name
+    body_limit: str | None = None  # flowbody: "passthrough" or "refused" when the body exceeded the limit
+    body_limit_info: tuple[int, str, int] | None = None  # flowbody: (limit, encoding, compressed bytes)
+    client_request: bytes | None = None  # routing: the client's own body, for replay matching
+    route: Any = None  # proxy.routes.Route (routing)
+    session: Any = None  # proxy.session.SessionIdentity (session_of)
+    identity_headers: dict[str, str] = field(default_factory=dict)  # session: x-ctp-* as the client sent them
+    tap: Any = None  # proxy.sse.ResponseTap (tap)
+    journal: Journal | None = None  # history: the journal this request was written to
+    journal_mark: RequestMark | None = None  # history: the journal's ids of this request's items
+    agent_identity: tuple[str, str] | None = None  # history: (task, agent address) as the journal resolved it
+    compaction: FlowInfo | None = None  # compaction: what it decided for this request
+    settling: bool = False  # compaction: the answer may still be replaced (readers wait for the re-run)
+    web_search: str | None = None  # web_search: why it did (or did not) inject the tool
 
 
 def state_of(flow: Any) -> FlowState:

@@ -123,7 +123,7 @@ async def test_the_chain_answers_a_bomb_with_413_and_counts_it(tmp_path):
     assert err["code"] == "request_body_too_large" and err["type"] == "invalid_request_error"
     assert str(LIMIT) in err["message"] and "gzip" in err["message"]
     assert flow.request.raw_content is raw  # nothing was rewritten
-    assert state_of(flow).extra[flowbody.LIMIT_KEY] == "refused"
+    assert state_of(flow).body_limit == "refused"
     assert flowbody.LIMIT_COUNTS["refused"] == before["refused"] + 1
 
 
@@ -135,7 +135,7 @@ async def test_the_chain_passes_a_large_plain_body_untouched(tmp_path, caplog):
         await _run_request_hooks(flow, tmp_path, {"limits": {"max_body_bytes": LIMIT}})
     assert flow.response is None
     assert flow.request.raw_content is raw  # not parsed, not re-serialized: web search was not injected
-    assert state_of(flow).extra[flowbody.LIMIT_KEY] == "passthrough"
+    assert state_of(flow).body_limit == "passthrough"
     assert flowbody.LIMIT_COUNTS["passthrough"] == before["passthrough"] + 1
     lines = [r.getMessage() for r in caplog.records if r.name == "ctproxy.body"]
     assert len(lines) == 1 and "passed through untouched" in lines[0] and "aaaa" not in lines[0]

@@ -82,7 +82,7 @@ async def test_chain_journals_input_and_json_output(rt):
         await run_request(chain, flow)
         mark = mark_of(flow)
         assert mark is not None and mark.address == "/root" and len(mark.input_ids) == 1
-        assert state_of(flow).extra["agent_identity"] == (mark.task_id, "/root")
+        assert state_of(flow).agent_identity == (mark.task_id, "/root")
         flow.response = json_response([output_msg("hello", 1)], "resp_1")
         run_response(chain, flow)
         assert mark.response_done

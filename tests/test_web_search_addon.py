@@ -64,7 +64,7 @@ async def test_injects_on_official_routes(rt, host, path):
     body = sent(flow)
     assert body["tools"] == [{"type": "web_search"}]
     assert body["include"] == [SOURCES_INCLUDE]
-    assert state_of(flow).extra["web_search"] == "native"
+    assert state_of(flow).web_search == "native"
 
 
 @pytest.mark.parametrize(("host", "path", "scheme", "port"), [
@@ -119,7 +119,7 @@ async def test_skips_above_128k_and_records_why(rt):
     before = flow.request.raw_content
     await run(WebSearch(), flow)
     assert flow.request.raw_content == before
-    assert state_of(flow).extra["web_search"] == "input_tokens"
+    assert state_of(flow).web_search == "input_tokens"
     # another session is unaffected
     other = make_flow(body={"model": "gpt-5", "input": "fresh"})
     await run(WebSearch(), other)

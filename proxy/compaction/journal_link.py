@@ -1,8 +1,8 @@
 """Tells the history journal about compactions and recoveries, when the journal is part of the chain.
 
 The history addon leaves a `RequestMark` (journal ids of the request's input items) in the flow
-state; with it a compaction opens the session's next window at the journal id of its boundary item.
-Without it (an addon loaded alone) only the compaction tables hold the record.
+state (`FlowState.journal_mark`); with it a compaction opens the session's next window at the journal
+id of its boundary item. Without it (an addon loaded alone) only the compaction tables hold the record.
 """
 
 from __future__ import annotations
@@ -13,18 +13,6 @@ from typing import Any
 from proxy.state import StateDir
 
 log = logging.getLogger("ctproxy.compaction")
-
-
-def request_mark(extra: dict[str, Any]) -> Any | None:
-    """The journal's mark for this request, whatever key the history addon stored it under."""
-    try:
-        from proxy.journal import RequestMark
-    except ImportError:
-        return None
-    for value in extra.values():
-        if isinstance(value, RequestMark):
-            return value
-    return None
 
 
 def _journal(state: StateDir) -> Any | None:
