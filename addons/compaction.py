@@ -17,7 +17,6 @@ fails too it gets the original error unchanged.
 
 from __future__ import annotations
 
-import inspect
 import math
 import sqlite3
 import time
@@ -29,7 +28,6 @@ from mitmproxy import http
 
 from addons._flow import destination_route, header_map, is_reverse, session_of
 from proxy import dbworker, debuglog, routes, runtime, usage
-from proxy.addonlookup import find_addon
 from proxy.compaction import journal_link, store
 from proxy.compaction.client import compaction_target
 from proxy.compaction.decision import (
@@ -48,7 +46,7 @@ from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.overflow import CODE, response_error_code
 from proxy.compaction.store import Checkpoint
 from proxy.flowbody import commit_if_alone, responses_body
-from proxy.flowstate import state_of
+from proxy.flowstate import Settling, state_of
 from proxy.sse import ResponseTap, StreamTap
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_input
 from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
@@ -56,7 +54,6 @@ from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, inp
 # Set while the answer may still change (held stream, possible overflow). The tap and the history
 # addon read answers in their `response` hooks, which run before this one; they are run again here
 # once the answer is settled (and may skip their first run while this flag is set).
-READERS = ("tap", "history")
 # An overflow retry sends at most this share of the body that failed: the upstream's real window is
 # somewhere below the failed size, and one retry should not have to guess twice.
 RETRY_FRACTION = 0.5
@@ -105,18 +102,6 @@ def _grown(info: FlowInfo) -> bool:
         return True
     added = approx_tokens_for_bytes(items_bytes(info.client_items[done:])) * info.estimate.ratio
     return added >= TAIL_FRACTION * info.window
-
-
-async def _rerun_readers(flow: http.HTTPFlow) -> None:
-    """Let the addons that read answers (tap: usage; history: output items) see the settled one."""
-    for name in READERS:
-        addon = find_addon(name)  # alone, nothing else reads the answer
-        hook = getattr(addon, "response", None)
-        if hook is None:
-            continue
-        result = hook(flow)
-        if inspect.isawaitable(result):
-            await result
 
 
 def _snapshot(conn: sqlite3.Connection, key: str) -> tuple[Checkpoint | None, store.SessionState | None,
@@ -393,9 +378,9 @@ class Compaction:
         if info.hold and resp.status_code == 200 and ctype.startswith("text/event-stream"):
             info.held_stream = resp.stream  # the tap's callable, fed once the answer is settled
             resp.stream = False  # buffer: the events are held until `response`
-            state_of(flow).settling = True
+            state_of(flow).settling = Settling()
         elif recoverable and resp.status_code == 400 and "json" in ctype:
-            state_of(flow).settling = True  # maybe an overflow: the answer may still change
+            state_of(flow).settling = Settling()  # maybe an overflow: the answer may still change
 
     async def response(self, flow: http.HTTPFlow) -> None:
         info = state_of(flow).compaction
@@ -421,9 +406,10 @@ class Compaction:
                 self._event(rt, info, "recovery", "missed", "streamed", None)
         if info.held_stream is not None and not recovered:
             self._release_held(flow, info)
-        if state_of(flow).settling:
-            state_of(flow).settling = False
-            await _rerun_readers(flow)
+        st = state_of(flow)
+        if st.settling is not None:  # final now: the stages that read answers read this one
+            settling, st.settling = st.settling, None
+            settling.settled()
 
     def _release_held(self, flow: http.HTTPFlow, info: FlowInfo) -> None:
         """Feed the held answer to the tap that would have seen it streamed."""

@@ -166,8 +166,10 @@ class History:
                 log.error("history: response not journaled (%s)", type(exc).__name__)
 
     def response(self, flow: http.HTTPFlow) -> None:
-        if state_of(flow).settling:
-            return  # the compaction addon may still replace this answer; it runs us again when settled
+        st = state_of(flow)
+        if st.settling is not None:  # the answer may still be replaced: journal it once it is final
+            st.settling.when_settled(lambda: self.response(flow))
+            return
         if mark_of(flow) is not None:
             tap = state_of(flow).tap
             self._finish(flow, tap if isinstance(tap, ResponseTap) else _tap_from_body(flow))

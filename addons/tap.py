@@ -75,8 +75,9 @@ class Tap:
         tap = st.tap
         if not isinstance(tap, ResponseTap) or flow.response is None:
             return
-        if st.settling:
-            return  # the compaction addon may still replace this answer; it runs us again when settled
+        if st.settling is not None:  # the answer may still be replaced: read it once it is final
+            st.settling.when_settled(lambda: self.response(flow))
+            return
         stream = flow.response.stream
         ctype = flow.response.headers.get("content-type", "").lower()
         if isinstance(stream, StreamTap):
@@ -107,8 +108,8 @@ class Tap:
             return
         if not _usage_wanted(runtime.current().config):
             return  # nobody reads usage: do not even resolve the session (that parses the request body)
-        if state_of(flow).settling:
-            return  # not final yet; the compaction addon runs our response hook again when it is
+        if state_of(flow).settling is not None:
+            return  # not final yet; `response` records it once the answer is settled
         ident = session_of(flow)
         if ident is None:
             return

@@ -10,6 +10,7 @@ closing over the flow did) pins the flow, its bodies and its answer for the life
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,25 @@ if TYPE_CHECKING:
     from proxy.journal import Journal, RequestMark
 
 _ATTR = "_ctp_state"  # not a field of mitmproxy's Flow: get_state()/copy() and the flow writer never see it
+
+
+class Settling:
+    """A typed event: this flow's answer may still be replaced (a stage holds it, e.g. for overflow
+    recovery). Stages that read answers do not read it now: they ask to be called once it is final
+    (`when_settled`); the holding stage calls `settled()` when it is. Nobody re-runs another stage's hooks."""
+
+    __slots__ = ("_callbacks",)
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[], object]] = []
+
+    def when_settled(self, callback: Callable[[], object]) -> None:
+        self._callbacks.append(callback)
+
+    def settled(self) -> None:
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
 
 
 @dataclass
@@ -37,7 +57,7 @@ class FlowState:
     journal_mark: RequestMark | None = None  # history: the journal's ids of this request's items
     agent_identity: tuple[str, str] | None = None  # history: (task, agent address) as the journal resolved it
     compaction: FlowInfo | None = None  # compaction: what it decided for this request
-    settling: bool = False  # compaction: the answer may still be replaced (readers wait for the re-run)
+    settling: Settling | None = None  # a stage holds the answer, which may still be replaced (see Settling)
     web_search: str | None = None  # web_search: why it did (or did not) inject the tool
 
 

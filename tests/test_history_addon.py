@@ -222,3 +222,26 @@ async def test_upstream_error_is_kept_with_the_response(rt):
         assert '"code":"context_length_exceeded"' in row[0] and row[1] == 0
         mark = mark_of(flow)
         assert j.item_ids_for_session(mark.session_key) == mark.input_ids  # the input is journaled all the same
+
+
+async def test_a_held_answer_is_journaled_once_it_is_settled_and_as_it_ends(rt):
+    """While a stage holds the answer (FlowState.settling), the readers wait; `settled()` gives them
+    the final answer (a replaced one, as after overflow recovery), not the first."""
+    from proxy.flowstate import Settling
+
+    chain = [Session(), Tap(), History()]
+    with taddons.context(*chain):
+        flow = make_flow({"model": "gpt-5", "input": "hi"})
+        await run_request(chain, flow)
+        flow.response = json_response([output_msg("first try", 1)], "resp_first")
+        state_of(flow).settling = Settling()  # what the compaction stage does for a maybe-overflow
+        run_response(chain, flow)
+        mark = mark_of(flow)
+        assert not mark.response_done  # nobody read the held answer
+        flow.response = json_response([output_msg("the retry", 2)], "resp_retry")  # replaced
+        settling, state_of(flow).settling = state_of(flow).settling, None
+        settling.settled()
+        assert mark.response_done
+        j = rt.extras["journal"]
+        assert j.session_for_response("resp_retry") == mark.session_key
+        assert j.session_for_response("resp_first") is None
