@@ -48,7 +48,7 @@ def session_of(flow: http.HTTPFlow) -> SessionIdentity | None:
     headers = header_map(flow)
     headers.update(st.identity_headers)  # x-ctp-* as the client sent them (stripped from the request)
     try:
-        aliases = runtime.current().extras.get("response_aliases")
+        aliases = runtime.current().services.response_aliases
     except Exception:  # no mitmproxy context (a unit test calling a hook directly)
         aliases = None
     ident = resolve_session(headers, body.value, aliases)

@@ -110,9 +110,9 @@ def _snapshot(conn: sqlite3.Connection, key: str) -> tuple[Checkpoint | None, st
 
 
 def _memo(rt: runtime.Runtime) -> store.SessionMemo:
-    memo = rt.extras.get("compaction_memo")
+    memo = rt.services.compaction_memo
     if memo is None:
-        memo = rt.extras["compaction_memo"] = store.SessionMemo()
+        memo = rt.services.compaction_memo = store.SessionMemo()
     return memo
 
 
@@ -134,7 +134,7 @@ class Compaction:
             rt = runtime.current()
         except Exception:  # shutting down without options
             return
-        dbworker.close_shared(rt.extras)
+        dbworker.close_shared(rt.services)
 
     # ------------------------------------------------------------------ helpers
     def _client(self) -> aiohttp.ClientSession:
@@ -144,13 +144,13 @@ class Compaction:
 
     @staticmethod
     def _db(rt: runtime.Runtime) -> dbworker.DBWorker:
-        return dbworker.shared(rt.extras, rt.state.db_path)
+        return dbworker.shared(rt.services, rt.state.db_path)
 
     @staticmethod
     def _key(rt: runtime.Runtime) -> bytes:
-        key = rt.extras.get("compaction_key")
+        key = rt.services.compaction_key
         if key is None:
-            key = rt.extras["compaction_key"] = load_key(rt.state.root)
+            key = rt.services.compaction_key = load_key(rt.state.root)
         return key
 
     # ------------------------------------------------------------------ request
@@ -181,10 +181,10 @@ class Compaction:
         memo = _memo(rt).get(key)
         if memo is not None:  # this process wrote the session's last state: no database round trip
             checkpoint, sess = memo
-            last_usage = usage.cache_in(rt.extras).get(key)
+            last_usage = rt.services.usage.get(key)
         else:
             checkpoint, sess, last_usage = await db.run(lambda conn: _snapshot(conn, key))
-            last_usage = usage.newest(last_usage, usage.cache_in(rt.extras).get(key))
+            last_usage = usage.newest(last_usage, rt.services.usage.get(key))
         model = payload.get("model") if isinstance(payload.get("model"), str) else ""
         req = flow.request
         fp = None
@@ -289,7 +289,7 @@ class Compaction:
 
     async def _learned_window(self, rt: runtime.Runtime, db: dbworker.DBWorker, model: str,
                               endpoint: str) -> int | None:
-        cache = rt.extras.setdefault("compaction_windows", {})
+        cache = rt.services.compaction_windows
         k = (model, endpoint)
         if k not in cache:
             cache[k] = await db.run(lambda conn: store.learned_window(conn, model, endpoint))
@@ -302,7 +302,7 @@ class Compaction:
         endpoint = info.endpoint
         if not model or not endpoint or tokens <= 0:
             return
-        cache = rt.extras.setdefault("compaction_windows", {})
+        cache = rt.services.compaction_windows
         old = cache.get((model, endpoint))
         cache[(model, endpoint)] = tokens if old is None else min(old, tokens)
         if info.window is None or tokens < info.window:

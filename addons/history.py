@@ -37,10 +37,11 @@ def journal() -> Journal | None:
     rt = runtime.current()
     if not rt.config.enabled("history"):
         return None
-    j = rt.extras.get("journal")
+    j = rt.services.journal
     if j is None:
-        j = rt.extras["journal"] = journal_for(rt.state, rt.config.history.cache_mb << 20)
-    rt.extras.setdefault("response_aliases", j.aliases)
+        j = rt.services.journal = journal_for(rt.state, rt.config.history.cache_mb << 20)
+    if rt.services.response_aliases is None:
+        rt.services.response_aliases = j.aliases
     return j
 
 
@@ -198,7 +199,7 @@ class History:
 
     def done(self) -> None:
         rt = runtime.current()
-        j = rt.extras.get("journal")
+        j = rt.services.journal
         if isinstance(j, Journal) and not j.flush(timeout=30):
             log.error("history: the journal did not flush within 30 s")
 

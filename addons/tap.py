@@ -25,7 +25,7 @@ TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "respo
 
 def _worker() -> dbworker.DBWorker:
     rt = runtime.current()
-    return dbworker.shared(rt.extras, rt.state.db_path)
+    return dbworker.shared(rt.services, rt.state.db_path)
 
 
 def _usage_wanted(config) -> bool:
@@ -120,14 +120,14 @@ class Tap:
         model, used, rid = tap.model or ident.model, dict(tap.usage), tap.response_id
         tap.usage_recorded = True
         seen = usage.make_usage(ident.session_key, task, agent, model, used, rid)
-        usage.cache_in(runtime.current().extras).put(seen)
+        runtime.current().services.usage.put(seen)
         # Coalesced: only the session's newest usage matters, and a burst of answers shares one commit.
         _worker().put_latest(("usage", ident.session_key),
                              lambda conn: usage.record_usage(conn, ident.session_key, task, agent, model, used, rid,
                                                          seen.updated_at))
 
     def done(self) -> None:
-        dbworker.close_shared(runtime.current().extras)
+        dbworker.close_shared(runtime.current().services)
 
 
 addons = [Tap()]

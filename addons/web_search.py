@@ -27,7 +27,7 @@ def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:
 
 
 def _worker(rt: runtime.Runtime) -> dbworker.DBWorker:
-    return dbworker.shared(rt.extras, rt.state.db_path)
+    return dbworker.shared(rt.services, rt.state.db_path)
 
 
 class WebSearch:
@@ -50,7 +50,7 @@ class WebSearch:
         if cfg.enabled and cfg.backend in ("auto", "native") and route.eligible:
             ident = session_of(flow)
             if ident is not None:
-                cached = usage.cache_in(rt.extras).get(ident.session_key)
+                cached = rt.services.usage.get(ident.session_key)
                 if cached is not None:  # this process saw the session's last answer: no database trip
                     last_input = cached.input_tokens
                 else:
@@ -68,7 +68,7 @@ class WebSearch:
             rt = runtime.current()
         except Exception:  # mitmproxy is shutting down; nothing to close
             return
-        dbworker.close_shared(rt.extras)
+        dbworker.close_shared(rt.services)
 
 
 def _last_input(conn: sqlite3.Connection, session_key: str) -> int | None:

@@ -31,7 +31,6 @@ Write = Callable[[sqlite3.Connection], object]
 
 log = logging.getLogger("ctproxy.db")
 BATCH_INTERVAL = 0.02
-SHARED_KEY = "state_db"
 
 
 class DBWorker:
@@ -120,16 +119,16 @@ class DBWorker:
         self._pool.shutdown(wait=True)
 
 
-def shared(extras: dict[str, Any], path: Path) -> DBWorker:
-    """The runtime's one state worker (`runtime.current().extras`), created on first use."""
-    worker = extras.get(SHARED_KEY)
+def shared(services: Any, path: Path) -> DBWorker:
+    """The runtime's one state worker (`runtime.current().services.db`), created on first use."""
+    worker = services.db
     if worker is None:
-        worker = extras[SHARED_KEY] = DBWorker(path)
+        worker = services.db = DBWorker(path)
     return worker
 
 
-def close_shared(extras: dict[str, Any]) -> None:
+def close_shared(services: Any) -> None:
     """Every addon that used the shared worker calls this when done; the first call closes it."""
-    worker = extras.pop(SHARED_KEY, None)
+    worker, services.db = services.db, None
     if worker is not None:
         worker.close()

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.config import Config, config_path_from_env, load_config, with_overrides
 from proxy.routes import Upstream, parse_upstream
 from proxy.state import StateDir
+from proxy.usage import UsageCache
+
+if TYPE_CHECKING:
+    from proxy.compaction.store import SessionMemo
+    from proxy.dbworker import DBWorker
+    from proxy.journal import Journal
 
 log = logging.getLogger("ctproxy")
 
@@ -32,11 +38,25 @@ def declare_options(loader: Any) -> None:
 
 
 @dataclass
+class Services:
+    """What the stages of one process share, one typed field each (made on first use by the stage
+    that owns it; kept across a runtime rebuild for the same state directory)."""
+
+    journal: Journal | None = None  # history: the process's journal
+    response_aliases: Mapping[str, str] | None = None  # history: response id → session key, for session_of
+    usage: UsageCache = field(default_factory=UsageCache)  # tap: each session's newest usage
+    db: DBWorker | None = None  # the one state-database worker (proxy/dbworker.py)
+    compaction_memo: SessionMemo | None = None  # compaction: what this process last wrote per session
+    compaction_key: bytes | None = None  # compaction: the per-installation account HMAC key
+    compaction_windows: dict[tuple[str, str], int | None] = field(default_factory=dict)  # compaction: learned
+
+
+@dataclass
 class Runtime:
     config: Config
     state: StateDir
     upstream: Upstream
-    extras: dict[str, Any]
+    services: Services
 
 
 _current: Runtime | None = None
@@ -94,8 +114,8 @@ def build(state_dir: str | None = None, config_file: str | None = None, upstream
     state = StateDir.open(Path(state_dir) if state_dir else None)
     config = load_config(config_path_from_env(state.root, Path(config_file) if config_file else None))
     config = with_overrides(config, enable or [], disable or [])
-    extras = previous.extras if previous is not None and previous.state == state else {}
-    return Runtime(config, state, parse_upstream(upstream, trust_upstream), extras)
+    services = previous.services if previous is not None and previous.state == state else Services()
+    return Runtime(config, state, parse_upstream(upstream, trust_upstream), services)
 
 
 def install(rt: Runtime) -> None:

@@ -103,11 +103,6 @@ class UsageCache:
         return self._items.get(session_key)
 
 
-def cache_in(extras: dict) -> UsageCache:
-    cache = extras.get("usage_cache")
-    if cache is None:
-        cache = extras["usage_cache"] = UsageCache()
-    return cache
 
 
 def newest(a: Usage | None, b: Usage | None) -> Usage | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from proxy.db import connect
 from proxy.dbworker import DBWorker, close_shared, shared
+from proxy.runtime import Services
 
 
 def _table(path: Path) -> None:
@@ -72,9 +73,9 @@ async def test_the_batch_commits_on_its_own_after_the_interval(tmp_path: Path) -
 def test_close_commits_what_is_pending(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
     _table(db)
-    extras: dict = {}
-    worker = shared(extras, db)
-    assert shared(extras, db) is worker
+    services = Services()
+    worker = shared(services, db)
+    assert shared(services, db) is worker
     worker.put_latest("a", _put("a", 3))  # no event loop: written at once
     loop = asyncio.new_event_loop()
     try:
@@ -84,8 +85,8 @@ def test_close_commits_what_is_pending(tmp_path: Path) -> None:
         loop.run_until_complete(pending())
     finally:
         loop.close()
-    close_shared(extras)
-    close_shared(extras)  # a second addon's `done`: nothing left to close
+    close_shared(services)
+    close_shared(services)  # a second addon's `done`: nothing left to close
     reader = connect(db)
     assert _rows(reader) == {"a": 3, "b": 4}
     reader.close()

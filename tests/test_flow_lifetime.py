@@ -23,7 +23,7 @@ def rt(tmp_path):
     built = runtime.build(state_dir=str(tmp_path / "state"))
     runtime.install(built)
     yield built
-    j = built.extras.get("journal")
+    j = built.services.journal
     if j is not None:
         j.flush()
     close_all()

@@ -21,7 +21,7 @@ def rt(tmp_path):
     built = runtime.build(state_dir=str(tmp_path / "state"))
     runtime.install(built)
     yield built
-    j = built.extras.get("journal")
+    j = built.services.journal
     if j is not None:
         j.flush()
     close_all()
@@ -86,7 +86,7 @@ async def test_chain_journals_input_and_json_output(rt):
         flow.response = json_response([output_msg("hello", 1)], "resp_1")
         run_response(chain, flow)
         assert mark.response_done
-        j = rt.extras["journal"]
+        j = rt.services.journal
         assert j.flush()
         assert len(j.item_ids_for_session(mark.session_key)) == 2
         # The next turn continues the same session (resent history keeps its ids).
@@ -156,7 +156,7 @@ async def test_streamed_output_is_enqueued_before_the_last_event_is_forwarded(rt
         for a in chain:
             if hasattr(a, "response"):
                 a.response(flow)
-        j = rt.extras["journal"]
+        j = rt.services.journal
         assert len(j.item_ids_for_session(mark.session_key)) == 3
         assert j.session_for_response("resp_s") == mark.session_key
 
@@ -175,7 +175,7 @@ async def test_broken_stream_keeps_the_items_that_completed(rt):
         for a in chain:
             if hasattr(a, "error"):
                 a.error(flow)
-        j = rt.extras["journal"]
+        j = rt.services.journal
         assert j.flush()
         mark = mark_of(flow)
         assert len(j.item_ids_for_session(mark.session_key)) == 2
@@ -194,7 +194,7 @@ async def test_history_alone_resolves_strips_headers_and_reads_the_buffered_body
         flow.response = http.Response.make(200, b"".join(sse_events([output_msg("yo", 1)], "resp_a")),
                                            {"content-type": "text/event-stream"})
         addon.response(flow)
-        j = rt.extras["journal"]
+        j = rt.services.journal
         assert len(j.item_ids_for_session(mark.session_key)) == 2
 
 
@@ -216,7 +216,7 @@ async def test_upstream_error_is_kept_with_the_response(rt):
                          "type": "invalid_request_error", "param": "input", "code": "context_length_exceeded"}}
         flow.response = http.Response.make(400, orjson.dumps(err), {"content-type": "application/json"})
         run_response(chain, flow)
-        j = rt.extras["journal"]
+        j = rt.services.journal
         assert j.flush()
         row = j._read.execute("SELECT error, item_count, incomplete FROM journal_responses").fetchone()
         assert '"code":"context_length_exceeded"' in row[0] and row[1] == 0
@@ -242,6 +242,6 @@ async def test_a_held_answer_is_journaled_once_it_is_settled_and_as_it_ends(rt):
         settling, state_of(flow).settling = state_of(flow).settling, None
         settling.settled()
         assert mark.response_done
-        j = rt.extras["journal"]
+        j = rt.services.journal
         assert j.session_for_response("resp_retry") == mark.session_key
         assert j.session_for_response("resp_first") is None

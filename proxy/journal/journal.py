@@ -1,6 +1,6 @@
 """The journal: tasks, agents, sessions, windows and items of every Responses exchange.
 
-One `Journal` per proxy process (cached in `runtime.extras["journal"]`). The proxy's request path
+One `Journal` per proxy process (kept in `runtime.current().services.journal`). The proxy's request path
 (`begin_request`, `end_response`) only snapshots what passed and appends it to a backlog
 (backlog.py); `settle` aligns it with the cached branch, hashes the new items and hands their writes
 to the writer thread — on the writer's next drain, or first when anything reads a session.
