@@ -22,7 +22,6 @@ import sqlite3
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 from mitmproxy import http
 
@@ -50,6 +49,7 @@ from proxy.flowstate import Settling, state_of
 from proxy.sse import ResponseTap, StreamTap
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_input
 from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
+from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 
 # Set while the answer may still change (held stream, possible overflow). The tap and the history
 # addon read answers in their `response` hooks, which run before this one; they are run again here
@@ -57,7 +57,6 @@ from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, inp
 # An overflow retry sends at most this share of the body that failed: the upstream's real window is
 # somewhere below the failed size, and one retry should not have to guess twice.
 RETRY_FRACTION = 0.5
-_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "host"})
 
 
 def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:
@@ -117,30 +116,26 @@ def _memo(rt: runtime.Runtime) -> store.SessionMemo:
 
 
 class Compaction:
-    def __init__(self) -> None:
-        self._http: aiohttp.ClientSession | None = None
-
     def load(self, loader) -> None:
         runtime.declare_options(loader)
 
-    async def running(self) -> None:
-        self._client()
-
     async def done(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
         try:
             rt = runtime.current()
         except Exception:  # shutting down without options
             return
+        turns, rt.services.upstream = rt.services.upstream, None
+        if turns is not None:
+            await turns.close()
         dbworker.close_shared(rt.services)
 
     # ------------------------------------------------------------------ helpers
-    def _client(self) -> aiohttp.ClientSession:
-        if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
-        return self._http
+    @staticmethod
+    def _turns(rt: runtime.Runtime) -> UpstreamTurns:
+        """The upstream-turn service: every call this addon makes upstream goes through it."""
+        if rt.services.upstream is None:
+            rt.services.upstream = UpstreamTurns()
+        return rt.services.upstream
 
     @staticmethod
     def _db(rt: runtime.Runtime) -> dbworker.DBWorker:
@@ -334,7 +329,7 @@ class Compaction:
         plan = Plan(info.session_key, info.client_items, prev, info.replay_opaque, boundary, request_payload,
                     info.window, info.fingerprint, target, self._blocked(info, rt), reason,
                     retained_budget(info.window))
-        cp = await compact(plan, http_caller(self._client(), rt.config.remote_compaction.timeout_seconds))
+        cp = await compact(plan, http_caller(self._turns(rt), rt.config.remote_compaction.timeout_seconds))
         n = len(info.client_items)
         strategy = cp.strategy
         info.compacted, info.compacted_items = True, n
@@ -454,7 +449,7 @@ class Compaction:
                 return False  # nothing smaller to send: the agent gets the original error
             retry_payload = fitted
         retry_bytes = _payload_bytes(retry_payload, retry_payload["input"])
-        new = await self._send_retry(flow, retry_payload)
+        new = await self._send_retry(flow, info, retry_payload, rt)
         code = None if new is None else response_error_code(
             new.status_code, new.headers.get("content-type", ""), new.get_content(strict=False) or b"")
         ok = new is not None and code is None
@@ -476,22 +471,21 @@ class Compaction:
         self._retap(flow, new)
         return True
 
-    async def _send_retry(self, flow: http.HTTPFlow, payload: dict[str, Any]) -> http.Response | None:
+    async def _send_retry(self, flow: http.HTTPFlow, info: FlowInfo, payload: dict[str, Any],
+                          rt: runtime.Runtime) -> http.Response | None:
+        """The retry, held whole (the agent has seen nothing yet), through the upstream-turn service."""
         req = flow.request.copy()
         req.content = orjson.dumps(payload)  # re-encoded with the request's own Content-Encoding
-        headers = [(k, v) for k, v in req.headers.items(multi=True) if k.lower() not in _HOP_HEADERS]
+        turns = self._turns(rt)
+        up = turns.prepare(req.method, req.url, req.headers.items(multi=True), req.raw_content or b"",
+                           info.credentials_allowed)
         try:
-            async with self._client().request(req.method, req.url, headers=headers, data=req.raw_content,
-                                              auto_decompress=False, allow_redirects=False) as r:
-                raw = await r.read()
-                out_headers = [(k.encode(), v.encode()) for k, v in r.headers.items()
-                               if k.lower() not in _HOP_HEADERS]
-                status = r.status
-        except (aiohttp.ClientError, TimeoutError):
+            held = await turns.hold(up)
+        except (UpstreamUnavailable, UpstreamBroken):
             return None
-        resp = http.Response.make(status, b"", out_headers)
-        resp.raw_content = raw
-        resp.headers["content-length"] = str(len(raw))
+        resp = http.Response.make(held.status, b"", [(k.encode(), v.encode()) for k, v in held.headers])
+        resp.raw_content = held.body
+        resp.headers["content-length"] = str(len(held.body))
         return resp
 
     @staticmethod

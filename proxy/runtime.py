@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from proxy.compaction.store import SessionMemo
     from proxy.dbworker import DBWorker
     from proxy.journal import Journal
+    from proxy.upstream import UpstreamTurns
 
 log = logging.getLogger("ctproxy")
 
@@ -46,6 +47,7 @@ class Services:
     response_aliases: Mapping[str, str] | None = None  # history: response id → session key, for session_of
     usage: UsageCache = field(default_factory=UsageCache)  # tap: each session's newest usage
     db: DBWorker | None = None  # the one state-database worker (proxy/dbworker.py)
+    upstream: UpstreamTurns | None = None  # the upstream-turn service (proxy/upstream): ctproxy's own calls
     compaction_memo: SessionMemo | None = None  # compaction: what this process last wrote per session
     compaction_key: bytes | None = None  # compaction: the per-installation account HMAC key
     compaction_windows: dict[tuple[str, str], int | None] = field(default_factory=dict)  # compaction: learned

@@ -4,8 +4,8 @@ clients against the emulator, and one engine run per outcome."""
 from __future__ import annotations
 
 import base64
+from contextlib import asynccontextmanager
 
-import aiohttp
 import orjson
 import pytest
 
@@ -41,6 +41,7 @@ from proxy.compaction.store import (
 from proxy.db import connect
 from proxy.transforms.fallback import is_fallback_message
 from proxy.transforms.items import prefix_hash
+from proxy.upstream import UpstreamTurns
 from tests.emulator import Compaction, Emulator, FailedInStream, HttpError, Raw, Response, Text
 from tests.openapi_schema import validate_if_available
 
@@ -261,8 +262,19 @@ def test_target_sends_credentials_only_when_allowed():
     assert compaction_target("api", "https", "api.openai.com", 443, "/v1/other", headers, True) is None
 
 
+
+@asynccontextmanager
+async def _turns():
+    """The upstream-turn service over its real (aiohttp) transport, closed afterwards."""
+    turns = UpstreamTurns()
+    try:
+        yield turns
+    finally:
+        await turns.close()
+
+
 async def test_codex_v2_against_emulator():
-    async with Emulator() as emu, aiohttp.ClientSession() as http:
+    async with Emulator() as emu, _turns() as http:
         target = compaction_target("codex", "http", emu.host, emu.port, "/backend-api/codex/responses",
                                    {"authorization": "Bearer tok", "chatgpt-account-id": "acct"}, True)
         body = remote.v2_body({"model": "gpt-5", "store": False}, [user("hello"), assistant("hi")], None)
@@ -278,7 +290,7 @@ async def test_codex_v2_against_emulator():
 
 
 async def test_api_compact_against_emulator():
-    async with Emulator() as emu, aiohttp.ClientSession() as http:
+    async with Emulator() as emu, _turns() as http:
         target = compaction_target("api", "http", emu.host, emu.port, "/v1/responses", {}, True)
         result = await run_compaction(http, target, remote.v1_body({"model": "gpt-5"}, [user("q")], None), 30)
         assert result.compaction_item["type"] == "compaction"
@@ -293,7 +305,7 @@ async def test_api_compact_against_emulator():
     (Compaction(disconnect_after=2), "stream_incomplete"),
 ])
 async def test_codex_v2_failures(script, category):
-    async with Emulator() as emu, aiohttp.ClientSession() as http:
+    async with Emulator() as emu, _turns() as http:
         emu.script_compaction(script)
         target = compaction_target("codex", "http", emu.host, emu.port, "/backend-api/codex/responses", {}, True)
         with pytest.raises(remote.CompactionFailure, match=category):
@@ -301,7 +313,7 @@ async def test_codex_v2_failures(script, category):
 
 
 async def test_api_compact_failures():
-    async with Emulator() as emu, aiohttp.ClientSession() as http:
+    async with Emulator() as emu, _turns() as http:
         emu.script_compact(HttpError(502), Raw(200, {"content-type": "application/json"}, b"not json"))
         target = compaction_target("api", "http", emu.host, emu.port, "/v1/responses", {}, True)
         body = remote.v1_body({"model": "gpt-5"}, [user("q")], None)
@@ -312,7 +324,7 @@ async def test_api_compact_failures():
 
 
 async def test_connection_refused_is_a_category():
-    async with aiohttp.ClientSession() as http:
+    async with _turns() as http:
         target = compaction_target("api", "http", "127.0.0.1", 9, "/v1/responses", {}, True)
         with pytest.raises(remote.CompactionFailure, match="connection"):
             await run_compaction(http, target, {"model": "m", "input": []}, 5)
@@ -330,7 +342,7 @@ def plan(items, target, blocked=None, previous=None, replay=False, boundary=None
 
 async def test_engine_remote_then_fallback_and_store_round_trip(tmp_path):
     items = [user("q1"), assistant("a1"), user("q2")]
-    async with Emulator() as emu, aiohttp.ClientSession() as http:
+    async with Emulator() as emu, _turns() as http:
         target = compaction_target("codex", "http", emu.host, emu.port, "/backend-api/codex/responses", {}, True)
         cp = await compact(plan(items, target), http_caller(http, 30))
         assert cp.strategy == "remote" and cp.reason == "threshold"

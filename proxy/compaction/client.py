@@ -10,12 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
 from proxy.compaction.remote import BETA_HEADER, CompactionFailure, RemoteResult, V2Collector, beta_features, parse_v1
 from proxy.routes import CREDENTIAL_HEADERS
 from proxy.sse import SSEDecoder
+from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
+from proxy.upstream.transport import Answer
 
 # Request headers carried over to the compaction call besides credentials: client identity and the
 # Codex session headers that route the turn to the same backend state.
@@ -33,6 +34,7 @@ class Target:
     kind: str  # api | codex
     url: str
     headers: dict[str, str]
+    credentials_allowed: bool = False  # the destination may receive the served request's credentials
 
 
 def compaction_target(kind: str, scheme: str, host: str, port: int, path: str, request_headers: Mapping[str, str],
@@ -57,34 +59,45 @@ def compaction_target(kind: str, scheme: str, host: str, port: int, path: str, r
     else:
         headers["accept"] = "application/json"
         headers.pop(BETA_HEADER, None)
-    return Target(kind, url, headers)
+    return Target(kind, url, headers, credentials_allowed)
 
 
-async def run_compaction(http: aiohttp.ClientSession, target: Target, body: dict[str, Any],
+async def run_compaction(turns: UpstreamTurns, target: Target, body: dict[str, Any],
                          timeout: float) -> RemoteResult:
-    """One attempt, no retries (a failure goes to the readable fallback instead)."""
+    """One attempt through the upstream-turn service, no retries (a failure goes to the readable
+    fallback instead)."""
+    request = turns.prepare("POST", target.url, target.headers, orjson.dumps(body), target.credentials_allowed)
     try:
-        async with asyncio.timeout(timeout):
-            async with http.post(target.url, data=orjson.dumps(body), headers=target.headers) as resp:
-                if target.kind == "codex":
-                    return await _read_v2(resp)
-                raw = await resp.read()
-                try:
-                    parsed = orjson.loads(raw) if raw else None
-                except orjson.JSONDecodeError:
-                    category = f"http_{resp.status}" if resp.status >= 400 else "malformed_response"
-                    raise CompactionFailure(category) from None
-                return parse_v1(resp.status, parsed)
+        async with asyncio.timeout(timeout), turns.stream(request) as resp:
+            if target.kind == "codex":
+                return await _read_v2(resp)
+            try:
+                raw = await _read_all(resp)
+            except UpstreamBroken:
+                raise CompactionFailure("connection") from None
+            try:
+                parsed = orjson.loads(raw) if raw else None
+            except orjson.JSONDecodeError:
+                category = f"http_{resp.status}" if resp.status >= 400 else "malformed_response"
+                raise CompactionFailure(category) from None
+            return parse_v1(resp.status, parsed)
     except TimeoutError:
         raise CompactionFailure("timeout") from None
-    except aiohttp.ClientError:
-        raise CompactionFailure("connection") from None
+    except UpstreamUnavailable as exc:
+        raise CompactionFailure(exc.category) from None
 
 
-async def _read_v2(resp: aiohttp.ClientResponse) -> RemoteResult:
-    ctype = resp.headers.get("content-type", "").lower()
+async def _read_all(resp: Answer) -> bytes:
+    return b"".join([chunk async for chunk in resp.chunks])
+
+
+async def _read_v2(resp: Answer) -> RemoteResult:
+    ctype = resp.header("content-type").lower()
     if resp.status >= 400 or not ctype.startswith("text/event-stream"):
-        raw = await resp.read()
+        try:
+            raw = await _read_all(resp)
+        except UpstreamBroken:
+            raw = b""
         try:
             parsed = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
@@ -98,11 +111,11 @@ async def _read_v2(resp: aiohttp.ClientResponse) -> RemoteResult:
     decoder = SSEDecoder()
     collector = V2Collector()
     try:
-        async for chunk in resp.content.iter_any():
+        async for chunk in resp.chunks:
             for ev in decoder.feed(chunk):
                 if _feed(collector, ev.data):
                     return collector.result()
-    except aiohttp.ClientPayloadError:  # the stream broke off: judged like a stream that ended early
+    except UpstreamBroken:  # the stream broke off: judged like a stream that ended early
         return collector.result()
     for ev in decoder.close():
         if _feed(collector, ev.data):

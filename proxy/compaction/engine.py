@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from proxy import debuglog
 from proxy.compaction import remote
 from proxy.compaction.client import Target, run_compaction
@@ -22,6 +20,7 @@ from proxy.transforms.compaction import fit_input
 from proxy.transforms.fallback import fallback_text, marker
 from proxy.transforms.items import BYTES_PER_TOKEN, prefix_hash
 from proxy.transforms.retained import RETAINED_MESSAGE_TOKEN_BUDGET, retained_user_messages
+from proxy.upstream import UpstreamTurns
 
 
 @dataclass(frozen=True)
@@ -107,9 +106,9 @@ async def compact(plan: Plan, call: Caller) -> Checkpoint:
     return cp
 
 
-def http_caller(http: aiohttp.ClientSession, timeout: float) -> Caller:
+def http_caller(turns: UpstreamTurns, timeout: float) -> Caller:
     async def call(target: Target, body: dict[str, Any]) -> remote.RemoteResult:
-        return await run_compaction(http, target, body, timeout)
+        return await run_compaction(turns, target, body, timeout)
 
     return call
 
