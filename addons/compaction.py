@@ -28,7 +28,6 @@ from mitmproxy import http
 from addons._flow import destination_route, header_map, is_reverse, session_of
 from proxy import dbworker, debuglog, routes, runtime, usage
 from proxy.compaction import journal_link, store
-from proxy.compaction.client import compaction_target
 from proxy.compaction.decision import (
     HOLD_FRACTION,
     TAIL_FRACTION,
@@ -43,6 +42,7 @@ from proxy.compaction.engine import Plan, compact, http_caller, retained_budget
 from proxy.compaction.fingerprint import compatible, fingerprint_of, load_key, normalise_endpoint
 from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.overflow import CODE, response_error_code
+from proxy.compaction.remote import compaction_target
 from proxy.compaction.store import Checkpoint
 from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import Settling, state_of
@@ -103,7 +103,7 @@ def _grown(info: FlowInfo) -> bool:
     return added >= TAIL_FRACTION * info.window
 
 
-def _snapshot(conn: sqlite3.Connection, key: str) -> tuple[Checkpoint | None, store.SessionState | None,
+def _snapshot(conn: sqlite3.Connection, key: str) -> tuple[Checkpoint | None, store.SessionRecord | None,
                                                            usage.Usage | None]:
     return store.latest_checkpoint(conn, key), store.session_state(conn, key), usage.last_usage_for_session(conn, key)
 
@@ -191,10 +191,10 @@ class Compaction:
         learned = await self._learned_window(rt, db, model, endpoint) if route.eligible and model else None
         if learned is not None and (window is None or learned < window):
             window = learned  # the upstream showed a smaller window than the table says
-        info = FlowInfo(key, payload, items, None, False, window,
-                        Estimate(0, "bytes", 1.0), fp, route, _credentials_allowed(flow, route), False, mark)
-        info.compacted_items = sess.compacted_items if sess is not None else None
-        info.endpoint = endpoint
+        info = FlowInfo(session_key=key, payload=payload, client_items=items, checkpoint=None, replay_opaque=False,
+                        window=window, estimate=Estimate(0, "bytes", 1.0), fingerprint=fp, route=route,
+                        credentials_allowed=_credentials_allowed(flow, route), hold=False, mark=mark,
+                        compacted_items=sess.compacted_items if sess is not None else None, endpoint=endpoint)
 
         # A divergence is reported once: when the previous request still used the checkpoint.
         report = sess is None or checkpoint is None or sess.last.checkpoint_id == checkpoint.id
@@ -229,7 +229,7 @@ class Compaction:
         if want:  # a compaction wrote more than record_forwarded does: read it back next time
             _memo(rt).forget(key)
         else:  # mirror exactly what record_forwarded writes, so the next request can skip the read
-            _memo(rt).put(key, info.checkpoint, store.SessionState(
+            _memo(rt).put(key, info.checkpoint, store.SessionRecord(
                 store.LastRequest(cp_id, len(items), sent), False, sess.failed_items if sess is not None else None,
                 info.compacted_items))
         state_of(flow).compaction = info
@@ -256,7 +256,7 @@ class Compaction:
         return projected
 
     @staticmethod
-    def _estimate(sent_bytes: int, info: FlowInfo, sess: store.SessionState | None,
+    def _estimate(sent_bytes: int, info: FlowInfo, sess: store.SessionRecord | None,
                   last_usage: usage.Usage | None) -> Estimate:
         snap = UsageSnapshot(last_usage.input_tokens, last_usage.output_tokens) if last_usage else None
         last: LastRequest | None = sess.last if sess is not None else None
@@ -326,9 +326,10 @@ class Compaction:
         if info.route.kind is not None:
             target = compaction_target(info.route.kind, req.scheme, req.host, req.port, req.path,
                                        dict(req.headers.items()), info.credentials_allowed)
-        plan = Plan(info.session_key, info.client_items, prev, info.replay_opaque, boundary, request_payload,
-                    info.window, info.fingerprint, target, self._blocked(info, rt), reason,
-                    retained_budget(info.window))
+        plan = Plan(session_key=info.session_key, client_items=info.client_items, previous=prev,
+                    replay_opaque=info.replay_opaque, boundary=boundary, payload=request_payload,
+                    window=info.window, fingerprint=info.fingerprint, target=target,
+                    remote_blocked=self._blocked(info, rt), reason=reason, retained_budget=retained_budget(info.window))
         cp = await compact(plan, http_caller(self._turns(rt), rt.config.remote_compaction.timeout_seconds))
         n = len(info.client_items)
         strategy = cp.strategy

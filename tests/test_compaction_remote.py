@@ -9,8 +9,7 @@ from contextlib import asynccontextmanager
 import orjson
 import pytest
 
-from proxy.compaction import remote
-from proxy.compaction.client import compaction_target, run_compaction
+from proxy.compaction import protocol
 from proxy.compaction.decision import (
     LastRequest,
     UsageSnapshot,
@@ -29,6 +28,7 @@ from proxy.compaction.fingerprint import (
     load_key,
     normalise_endpoint,
 )
+from proxy.compaction.remote import compaction_target, run_compaction
 from proxy.compaction.store import (
     events,
     latest_checkpoint,
@@ -168,7 +168,7 @@ def test_v2_body_has_one_trailing_trigger_and_streams():
     payload = {"model": "gpt-5", "instructions": "sys", "tools": [{"type": "web_search"}], "input": "ignored",
                "previous_response_id": "resp_x", "max_output_tokens": 5, "store": False,
                "include": ["reasoning.encrypted_content"], "prompt_cache_key": "t1"}
-    body = remote.v2_body(payload, [user("a")], 272_000)
+    body = protocol.v2_body(payload, [user("a")], 272_000)
     assert body["input"] == [user("a"), {"type": "compaction_trigger"}]
     assert body["stream"] is True and body["store"] is False
     assert "previous_response_id" not in body and "max_output_tokens" not in body
@@ -179,28 +179,28 @@ def test_v2_body_has_one_trailing_trigger_and_streams():
 def test_v1_body_has_only_compact_fields():
     payload = {"model": "gpt-5", "instructions": "sys", "tools": [{"type": "web_search"}], "stream": True,
                "store": False, "include": ["x"], "prompt_cache_key": "k"}
-    body = remote.v1_body(payload, [user("a")], None)
+    body = protocol.v1_body(payload, [user("a")], None)
     assert body == {"model": "gpt-5", "instructions": "sys", "prompt_cache_key": "k", "input": [user("a")]}
 
 
 def test_trim_blanks_trailing_tool_outputs_newest_first():
     items = [user("q"), {"type": "function_call_output", "call_id": "1", "output": "a" * 4000},
              {"type": "function_call_output", "call_id": "2", "output": "b" * 4000}]
-    out = remote.trim_to_window(items, 1500)
-    assert out[2]["output"] == remote.TRUNCATED_OUTPUT
+    out = protocol.trim_to_window(items, 1500)
+    assert out[2]["output"] == protocol.TRUNCATED_OUTPUT
     assert out[1]["output"] == "a" * 4000  # the newest one was enough
     assert items[2]["output"] == "b" * 4000  # input untouched
-    assert remote.trim_to_window(items, 10**6) is items
+    assert protocol.trim_to_window(items, 10**6) is items
 
 
 def test_beta_header_merge():
-    assert remote.beta_features(None) == "remote_compaction_v2"
-    assert remote.beta_features("memories") == "memories,remote_compaction_v2"
-    assert remote.beta_features("remote_compaction_v2, memories") == "remote_compaction_v2,memories"
+    assert protocol.beta_features(None) == "remote_compaction_v2"
+    assert protocol.beta_features("memories") == "memories,remote_compaction_v2"
+    assert protocol.beta_features("remote_compaction_v2, memories") == "remote_compaction_v2,memories"
 
 
 def _collect(events_):
-    c = remote.V2Collector()
+    c = protocol.V2Collector()
     for ev in events_:
         if c.feed(ev):
             break
@@ -215,35 +215,35 @@ def test_v2_collector_needs_completed_and_exactly_one_item():
     ok = _collect([{"type": "response.output_item.done", "item": {"type": "reasoning", "summary": []}},
                    {"type": "response.output_item.done", "item": CMP}, DONE]).result()
     assert ok.compaction_item == CMP and ok.output_items == 2 and ok.usage == {"input_tokens": 5}
-    with pytest.raises(remote.CompactionFailure, match="stream_incomplete"):
+    with pytest.raises(protocol.CompactionFailure, match="stream_incomplete"):
         _collect([{"type": "response.output_item.done", "item": CMP}]).result()
-    with pytest.raises(remote.CompactionFailure, match="compaction_count"):
+    with pytest.raises(protocol.CompactionFailure, match="compaction_count"):
         _collect([{"type": "response.output_item.done", "item": CMP},
                   {"type": "response.output_item.done", "item": CMP}, DONE]).result()
-    with pytest.raises(remote.CompactionFailure, match="compaction_count"):
+    with pytest.raises(protocol.CompactionFailure, match="compaction_count"):
         _collect([DONE]).result()
-    with pytest.raises(remote.CompactionFailure, match="upstream_context_length_exceeded"):
+    with pytest.raises(protocol.CompactionFailure, match="upstream_context_length_exceeded"):
         _collect([{"type": "response.failed", "response": {"error": {"code": "context_length_exceeded"}}}]).result()
-    with pytest.raises(remote.CompactionFailure, match="malformed_item"):
+    with pytest.raises(protocol.CompactionFailure, match="malformed_item"):
         _collect([{"type": "response.output_item.done", "item": {"type": "compaction"}}, DONE]).result()
 
 
 def test_parse_v1():
-    assert remote.parse_v1(200, {"output": [user("a"), CMP]}).compaction_item == CMP
+    assert protocol.parse_v1(200, {"output": [user("a"), CMP]}).compaction_item == CMP
     for status, body, category in [(500, {"error": {"code": "server_error"}}, "upstream_server_error"),
                                    (502, None, "http_502"), (200, {"nope": 1}, "malformed_response"),
                                    (200, {"output": [user("a")]}, "compaction_count")]:
-        with pytest.raises(remote.CompactionFailure, match=category):
-            remote.parse_v1(status, body)
+        with pytest.raises(protocol.CompactionFailure, match=category):
+            protocol.parse_v1(status, body)
 
 
 def test_parse_v1_keeps_the_returned_items_before_the_compaction_item_as_the_bootstrap():
     kept = {"id": "msg_1", "type": "message", "status": "completed", "role": "user",
             "content": [{"type": "input_text", "text": "a"}]}
-    assert remote.parse_v1(200, {"output": [kept, CMP]}).retained == (kept,)
-    assert remote.parse_v1(200, {"output": [CMP]}).retained == ()
-    with pytest.raises(remote.CompactionFailure, match="compaction_not_last"):
-        remote.parse_v1(200, {"output": [CMP, kept]})
+    assert protocol.parse_v1(200, {"output": [kept, CMP]}).retained == (kept,)
+    assert protocol.parse_v1(200, {"output": [CMP]}).retained == ()
+    with pytest.raises(protocol.CompactionFailure, match="compaction_not_last"):
+        protocol.parse_v1(200, {"output": [CMP, kept]})
 
 
 # ---- the clients against the emulator ------------------------------------------------------------
@@ -277,7 +277,7 @@ async def test_codex_v2_against_emulator():
     async with Emulator() as emu, _turns() as http:
         target = compaction_target("codex", "http", emu.host, emu.port, "/backend-api/codex/responses",
                                    {"authorization": "Bearer tok", "chatgpt-account-id": "acct"}, True)
-        body = remote.v2_body({"model": "gpt-5", "store": False}, [user("hello"), assistant("hi")], None)
+        body = protocol.v2_body({"model": "gpt-5", "store": False}, [user("hello"), assistant("hi")], None)
         validate_if_available("CreateResponse", body)
         result = await run_compaction(http, target, body, 30)
         assert result.compaction_item["type"] == "compaction"
@@ -292,7 +292,7 @@ async def test_codex_v2_against_emulator():
 async def test_api_compact_against_emulator():
     async with Emulator() as emu, _turns() as http:
         target = compaction_target("api", "http", emu.host, emu.port, "/v1/responses", {}, True)
-        result = await run_compaction(http, target, remote.v1_body({"model": "gpt-5"}, [user("q")], None), 30)
+        result = await run_compaction(http, target, protocol.v1_body({"model": "gpt-5"}, [user("q")], None), 30)
         assert result.compaction_item["type"] == "compaction"
         assert emu.requests[-1].path == "/v1/responses/compact"
 
@@ -308,25 +308,25 @@ async def test_codex_v2_failures(script, category):
     async with Emulator() as emu, _turns() as http:
         emu.script_compaction(script)
         target = compaction_target("codex", "http", emu.host, emu.port, "/backend-api/codex/responses", {}, True)
-        with pytest.raises(remote.CompactionFailure, match=category):
-            await run_compaction(http, target, remote.v2_body({"model": "gpt-5"}, [user("q")], None), 30)
+        with pytest.raises(protocol.CompactionFailure, match=category):
+            await run_compaction(http, target, protocol.v2_body({"model": "gpt-5"}, [user("q")], None), 30)
 
 
 async def test_api_compact_failures():
     async with Emulator() as emu, _turns() as http:
         emu.script_compact(HttpError(502), Raw(200, {"content-type": "application/json"}, b"not json"))
         target = compaction_target("api", "http", emu.host, emu.port, "/v1/responses", {}, True)
-        body = remote.v1_body({"model": "gpt-5"}, [user("q")], None)
-        with pytest.raises(remote.CompactionFailure, match=r"http_502|upstream_"):
+        body = protocol.v1_body({"model": "gpt-5"}, [user("q")], None)
+        with pytest.raises(protocol.CompactionFailure, match=r"http_502|upstream_"):
             await run_compaction(http, target, body, 30)
-        with pytest.raises(remote.CompactionFailure, match="malformed_response"):
+        with pytest.raises(protocol.CompactionFailure, match="malformed_response"):
             await run_compaction(http, target, body, 30)
 
 
 async def test_connection_refused_is_a_category():
     async with _turns() as http:
         target = compaction_target("api", "http", "127.0.0.1", 9, "/v1/responses", {}, True)
-        with pytest.raises(remote.CompactionFailure, match="connection"):
+        with pytest.raises(protocol.CompactionFailure, match="connection"):
             await run_compaction(http, target, {"model": "m", "input": []}, 5)
 
 
@@ -336,8 +336,9 @@ FP = Fingerprint("codex", "gpt-5", "http://x/backend-api/codex", "oauth", "ab" *
 
 
 def plan(items, target, blocked=None, previous=None, replay=False, boundary=None):
-    return Plan("sess", items, previous, replay, boundary or len(items), {"model": "gpt-5"}, 272_000, FP, target,
-                blocked, "threshold")
+    return Plan(session_key="sess", client_items=items, previous=previous, replay_opaque=replay,
+                boundary=boundary or len(items), payload={"model": "gpt-5"}, window=272_000, fingerprint=FP,
+                target=target, remote_blocked=blocked, reason="threshold")
 
 
 async def test_engine_remote_then_fallback_and_store_round_trip(tmp_path):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.compaction.client import compaction_target, run_compaction
-from proxy.compaction.remote import CompactionFailure
+from proxy.compaction.protocol import CompactionFailure
+from proxy.compaction.remote import compaction_target, run_compaction
 from proxy.upstream import MemoryTransport, UpstreamTurns, UpstreamUnavailable, continue_turn
 
 HEADERS = {"Authorization": "Bearer sk-x", "chatgpt-account-id": "acct", "Cookie": "c=1", "Host": "x",

@@ -12,9 +12,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy import debuglog
-from proxy.compaction import remote
-from proxy.compaction.client import Target, run_compaction
+from proxy.compaction import protocol
 from proxy.compaction.fingerprint import Fingerprint
+from proxy.compaction.remote import Target, run_compaction
 from proxy.compaction.store import Checkpoint, new_checkpoint_id
 from proxy.transforms.compaction import fit_input
 from proxy.transforms.fallback import fallback_text, marker
@@ -23,7 +23,7 @@ from proxy.transforms.retained import RETAINED_MESSAGE_TOKEN_BUDGET, retained_us
 from proxy.upstream import UpstreamTurns
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     session_key: str
     client_items: Sequence[Any]
@@ -56,11 +56,11 @@ def covered(plan: Plan) -> tuple[list[Any], list[Any]]:
 
 def build_request(plan: Plan, items: list[Any]) -> dict[str, Any]:
     if plan.target is not None and plan.target.kind == "codex":
-        return remote.v2_body(plan.payload, items, plan.window)
-    return remote.v1_body(plan.payload, items, plan.window)
+        return protocol.v2_body(plan.payload, items, plan.window)
+    return protocol.v1_body(plan.payload, items, plan.window)
 
 
-Caller = Callable[[Target, dict[str, Any]], Awaitable[remote.RemoteResult]]
+Caller = Callable[[Target, dict[str, Any]], Awaitable[protocol.RemoteResult]]
 
 
 async def compact(plan: Plan, call: Caller) -> Checkpoint:
@@ -69,12 +69,12 @@ async def compact(plan: Plan, call: Caller) -> Checkpoint:
     seen, readable = covered(plan)
     retained = tuple(retained_user_messages(seen, plan.retained_budget))
     failure = plan.remote_blocked
-    result: remote.RemoteResult | None = None
+    result: protocol.RemoteResult | None = None
     started = time.perf_counter()
     if failure is None and plan.target is not None:
         try:
             result = await call(plan.target, build_request(plan, seen))
-        except remote.CompactionFailure as exc:
+        except protocol.CompactionFailure as exc:
             failure = exc.category
     elif failure is None:
         failure = "no_endpoint"
@@ -107,7 +107,7 @@ async def compact(plan: Plan, call: Caller) -> Checkpoint:
 
 
 def http_caller(turns: UpstreamTurns, timeout: float) -> Caller:
-    async def call(target: Target, body: dict[str, Any]) -> remote.RemoteResult:
+    async def call(target: Target, body: dict[str, Any]) -> protocol.RemoteResult:
         return await run_compaction(turns, target, body, timeout)
 
     return call

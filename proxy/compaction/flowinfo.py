@@ -15,7 +15,7 @@ from proxy.compaction.fingerprint import Fingerprint
 from proxy.compaction.store import Checkpoint
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FlowInfo:
     """What the request hook decided, for the response hooks."""
 

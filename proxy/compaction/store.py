@@ -156,19 +156,21 @@ def set_window_id(conn: sqlite3.Connection, checkpoint_id: str, window_id: str) 
 
 
 @dataclass(frozen=True)
-class SessionState:
+class SessionRecord:
+    """What compaction keeps per session (table compaction_sessions); not the journal's SessionState."""
+
     last: LastRequest
     force_compact: bool
     failed_items: int | None
     compacted_items: int | None = None  # client items at the session's last compaction
 
 
-def session_state(conn: sqlite3.Connection, session_key: str) -> SessionState | None:
+def session_state(conn: sqlite3.Connection, session_key: str) -> SessionRecord | None:
     row = conn.execute("SELECT * FROM compaction_sessions WHERE session_key=?", (session_key,)).fetchone()
     done = compacted_items(conn, session_key)
     if row is None:
-        return None if done is None else SessionState(LastRequest(None, 0, 0), False, None, done)
-    return SessionState(LastRequest(row["checkpoint_id"], row["client_items"], row["sent_bytes"]),
+        return None if done is None else SessionRecord(LastRequest(None, 0, 0), False, None, done)
+    return SessionRecord(LastRequest(row["checkpoint_id"], row["client_items"], row["sent_bytes"]),
                         bool(row["force_compact"]), row["failed_items"], done)
 
 
@@ -270,13 +272,13 @@ class SessionMemo:
     def __init__(self, capacity: int = 10_000):
         from collections import OrderedDict
 
-        self._items: OrderedDict[str, tuple[Checkpoint | None, SessionState]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[Checkpoint | None, SessionRecord]] = OrderedDict()
         self._capacity = capacity
 
-    def get(self, key: str) -> tuple[Checkpoint | None, SessionState] | None:
+    def get(self, key: str) -> tuple[Checkpoint | None, SessionRecord] | None:
         return self._items.get(key)
 
-    def put(self, key: str, checkpoint: Checkpoint | None, state: SessionState) -> None:
+    def put(self, key: str, checkpoint: Checkpoint | None, state: SessionRecord) -> None:
         self._items[key] = (checkpoint, state)
         self._items.move_to_end(key)
         while len(self._items) > self._capacity:
