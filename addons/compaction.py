@@ -222,7 +222,7 @@ class Compaction:
                 info.estimate = self._estimate(sent, info, None, None)
         info.hold = (cfg.recover_overflow and route.eligible
                      and over(info.estimate.tokens, info.window, HOLD_FRACTION))
-        body.replace(projected, by="compaction")
+        body.replace(projected)
         cp_id = info.checkpoint.id if info.checkpoint else None
         # Coalesced: the session's newest row is all that counts (this process reads its memo, not the row).
         db.put_latest(("forwarded", key), lambda conn: store.record_forwarded(conn, key, cp_id, len(items), sent))

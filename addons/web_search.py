@@ -58,7 +58,7 @@ class WebSearch:
         decision = decide_native(cfg, route.eligible, last_input)
         state_of(flow).web_search = decision.reason
         if decision.apply:
-            body.replace(inject_web_search(body.value, WebSearchSettings.from_config(cfg)), by="web_search")
+            body.replace(inject_web_search(body.value, WebSearchSettings.from_config(cfg)))
         debuglog.event("web_search", outcome="injected" if decision.apply else "skipped", reason=decision.reason,
                        route=route.kind, host=flow.request.host, tokens=last_input)
         commit_if_alone(flow)

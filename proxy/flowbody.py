@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -166,15 +166,12 @@ def refuse_if_over_limit(flow: http.HTTPFlow) -> bool:
 class ResponsesBody:
     value: dict[str, Any]
     changed: bool = False
-    notes: list[str] = field(default_factory=list)  # which addons changed it, for replay diffs
 
-    def replace(self, new: dict[str, Any], by: str = "") -> None:
+    def replace(self, new: dict[str, Any]) -> None:
         """Adopt a transform's result; a transform that did not apply returns the same object."""
         if new is not self.value:
             self.value = new
             self.changed = True
-            if by:
-                self.notes.append(by)
 
 
 def request_path(flow: http.HTTPFlow) -> str:
