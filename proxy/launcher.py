@@ -397,25 +397,29 @@ def replay_recording(path: Path, *, state_dir: Path | None = None, config_file: 
                      disable: list[str] | None = None) -> list[str]:
     """`ctproxy replay`: the chain over recorded flows, offline. A throw-away state directory unless one is
     given, so a replay never writes into the real journal."""
-    from mitmproxy.test import taddons
+    from mitmproxy import master, options
 
     import addons
     from proxy.replay import replay_flows
 
     async def run(state: Path) -> list[str]:
         chain = addons.chain()
-        with taddons.context(*chain, loadcore=False) as tctx:
-            tctx.options.update(ctp_state_dir=str(state), ctp_config=str(config_file or ""),
-                                ctp_upstream=upstream or "", ctp_trust_upstream=trust_upstream,
-                                ctp_enable=list(enable or []), ctp_disable=list(disable or []))
-            try:
-                return await replay_flows(path, chain)
-            finally:
-                for addon in chain:
-                    done = getattr(addon, "done", None)
-                    if done is not None and asyncio.iscoroutine(result := done()):
-                        await result
-                runtime.uninstall()
+        # A master of our own with only the chain's stages (no proxy server): what they need of mitmproxy
+        # is its options and its `ctx`, which the master sets up.
+        host = master.Master(options.Options())
+        for stage in chain:
+            host.addons.add(stage)
+        host.options.update(ctp_state_dir=str(state), ctp_config=str(config_file or ""),
+                            ctp_upstream=upstream or "", ctp_trust_upstream=trust_upstream,
+                            ctp_enable=list(enable or []), ctp_disable=list(disable or []))
+        try:
+            return await replay_flows(path, chain)
+        finally:
+            for addon in chain:
+                done = getattr(addon, "done", None)
+                if done is not None and asyncio.iscoroutine(result := done()):
+                    await result
+            runtime.uninstall()
 
     with tempfile.TemporaryDirectory(prefix="ctproxy-replay-") as tmp:
         return asyncio.run(run(state_dir or Path(tmp)))
