@@ -305,7 +305,7 @@ DEFAULT_TOOLS = "http://127.0.0.1:8788"
 
 
 def _toml_str(value: str) -> str:
-    return json.dumps(value)  # a JSON string (ASCII, \uXXXX escapes) is a valid TOML basic string
+    return json.dumps(value)  # a JSON string (ASCII, \u escapes) is a valid TOML basic string
 
 
 def _toml_value(value: object) -> str:
