@@ -119,3 +119,23 @@ def test_a_session_dropped_before_its_writes_commit_continues_its_branch(tmp_pat
         assert m2.input_ids[:50] == m1.input_ids
     finally:
         j.close()
+
+
+def test_known_tasks_and_agents_are_bounded_and_still_found_after_being_forgotten(tmp_path, monkeypatch):
+    """A stream of new sessions (a task each) must not grow the journal's memory without bound."""
+    monkeypatch.setattr(journal_mod, "CACHED_KNOWN", 5)
+    j = Journal(StateDir.open(tmp_path / "state"))
+    try:
+        tasks = []
+        for n in range(20):
+            task = j.create_task()
+            tasks.append(task)
+            st = j.session(f"s{n}", task, "/root", None)
+            j.begin_request(st.key, st.task_id, st.address, None, {"input": _conversation(2, f"{n} ")})
+            j.settle()
+        assert len(j._tasks) <= 5 and len(j._agents) <= 5
+        assert j.flush()
+        assert all(j.task_exists(t) for t in tasks)  # forgotten by the cache, found in the database
+        assert j.agent_exists(tasks[0], "/root")
+    finally:
+        j.close()

@@ -68,12 +68,32 @@ DEFAULT_CACHE_BYTES = 128 << 20  # config history.cache_mb: what the cached sess
 # list slot): measured with tracemalloc on 100k-item sessions (≈310 bytes), rounded up.
 ENTRY_BYTES = 320
 CACHED_ALIASES = 20_000
+CACHED_KNOWN = 20_000  # task ids and (task, agent) pairs known to exist
 CACHED_RESENDS = 64  # sessions whose last input is kept for the byte-prefix fast path
 RESEND_MAX_BYTES = 32 << 20
 BACKLOG_MAX = 4096  # requests and answers waiting for the writer's next drain
 # Inputs at least this big get their per-item work (parse, serialize, hash) done before the journal's lock
 # is taken: a 100k-item input held it for seconds, and every other request waits for it (issue 10.3).
 PREPARE_MIN_BYTES = 256 << 10
+
+
+class BoundedSet[T]:
+    """A set that forgets its least recently added members beyond `capacity` (for caches of facts)."""
+
+    def __init__(self, capacity: int):
+        self._items: OrderedDict[T, None] = OrderedDict()
+        self._capacity = capacity
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, item: T) -> None:
+        self._items[item] = None
+        while len(self._items) > self._capacity:
+            self._items.popitem(last=False)
 
 
 @dataclass(frozen=True)
@@ -150,8 +170,10 @@ class Journal:
         # database before then would see an old branch, so until the writer's barrier is passed the dropped
         # state itself is taken back.
         self._dropped: dict[str, tuple[SessionState, threading.Event]] = {}
-        self._tasks: set[str] = set()
-        self._agents: set[tuple[str, str]] = set()
+        # Known tasks and agents: caches of facts in the database (a miss reads it; EnsureTask/EnsureAgent
+        # are INSERT OR IGNORE), bounded like the other caches so a stream of new sessions cannot grow them.
+        self._tasks: BoundedSet[str] = BoundedSet(CACHED_KNOWN)
+        self._agents: BoundedSet[tuple[str, str]] = BoundedSet(CACHED_KNOWN)
         self._ordinals: dict[tuple[str, str], int] = {}
         self._aliases: OrderedDict[str, str] = OrderedDict()
         self._tails: OrderedDict[str, str | None] = OrderedDict()  # response id → its last item id
