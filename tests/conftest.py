@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from proxy import runtime
+from proxy.journal import close_all
 from tests.emulator import Emulator
 from tests.support.proxyproc import ProxyProcess
 from tests.support.toolserver import ToolServerHandle, make_services
@@ -29,6 +31,19 @@ async def tool_server(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     yield start
     for h in handles:
         await h.close()
+
+
+@pytest.fixture
+def rt(tmp_path: Path) -> Iterator[runtime.Runtime]:
+    """The addon runtime installed for in-process chain tests, on a fresh state directory; the journal
+    is flushed and closed afterwards."""
+    built = runtime.build(state_dir=str(tmp_path / "state"))
+    runtime.install(built)
+    yield built
+    if built.services.journal is not None:
+        built.services.journal.flush()
+    close_all()
+    runtime.uninstall()
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.procs import processes_mentioning
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -100,7 +102,7 @@ async def test_a_busy_port_is_a_clear_error_and_leaves_no_tool_server(proxy_fact
                                   f"127.0.0.1:{first.port}", "--tools-listen", f"127.0.0.1:{free_port()}")
     assert out.returncode == 1
     assert "could not start" in out.stderr and "address already in use" in out.stderr and "--listen" in out.stderr
-    assert not _processes_mentioning(str(tmp_path / "other"))  # its tool server was stopped
+    assert not processes_mentioning(str(tmp_path / "other"))  # its tool server was stopped
 
 
 async def test_the_tool_server_stops_when_ctproxy_is_killed(proxy_factory):
@@ -108,7 +110,7 @@ async def test_the_tool_server_stops_when_ctproxy_is_killed(proxy_factory):
     import signal
 
     proxy = await proxy_factory()
-    [child] = _processes_mentioning(str(proxy.state_dir.resolve()), "tools_server")
+    [child] = processes_mentioning(str(proxy.state_dir.resolve()), "tools_server")
     proxy.proc.send_signal(signal.SIGKILL)
     proxy.proc.wait()
     for _ in range(100):
@@ -118,18 +120,3 @@ async def test_the_tool_server_stops_when_ctproxy_is_killed(proxy_factory):
     else:
         raise AssertionError("the tool server outlived a SIGKILLed ctproxy")
 
-
-def _processes_mentioning(*needles: str) -> list[int]:
-    """Live (non-zombie) processes whose command line contains every needle."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            zombie = (proc / "stat").read_text().split()[2] == "Z"
-        except OSError:
-            continue
-        if not zombie and all(n in cmd for n in needles):
-            found.append(int(proc.name))
-    return found

@@ -15,6 +15,7 @@ import pytest
 from mitmproxy import io
 
 from tests.emulator import Text
+from tests.support.procs import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,20 +67,6 @@ def test_replay_of_a_file_that_is_not_a_flow_file_is_one_line(not_flows, tmp_pat
     assert missing.returncode == 2 and "does not exist" in _one_line(missing.stderr)
 
 
-def _processes_mentioning(needle: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            zombie = (proc / "stat").read_text().split()[2] == "Z"
-        except OSError:
-            continue
-        if not zombie and needle in cmd:
-            found.append(int(proc.name))
-    return found
-
 
 async def test_server_replay_of_a_file_that_is_not_a_flow_file_is_one_line(not_flows, tmp_path):
     state = tmp_path / "state"
@@ -90,7 +77,7 @@ async def test_server_replay_of_a_file_that_is_not_a_flow_file_is_one_line(not_f
         line = _one_line(out.stderr)
         assert "--server-replay" in line and str(path) in line
         assert "Traceback" not in out.stdout
-        assert not _processes_mentioning(str(state.resolve()))
+        assert not processes_mentioning(str(state.resolve()))
 
 
 async def test_server_replay_of_an_http_recording_needs_no_upstream(emulator, proxy_factory, tmp_path):

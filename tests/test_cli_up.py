@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from tests.support.ports import free_port
+from tests.support.procs import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,21 +95,6 @@ def _listening(port: int) -> socket.socket:
     return sock
 
 
-def _processes_mentioning(*needles: str) -> list[int]:
-    """Live (non-zombie) processes whose command line contains every needle."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            zombie = (proc / "stat").read_text().split()[2] == "Z"
-        except OSError:
-            continue
-        if not zombie and all(n in cmd for n in needles):
-            found.append(int(proc.name))
-    return found
-
 
 async def test_a_busy_tool_server_port_is_one_line_and_leaves_nothing_behind(tmp_path):
     state = tmp_path / "state"
@@ -124,7 +110,7 @@ async def test_a_busy_tool_server_port_is_one_line_and_leaves_nothing_behind(tmp
     assert len(lines) == 1, out.stderr
     assert f"127.0.0.1:{port}" in lines[0] and "already in use" in lines[0] and "--tools-listen" in lines[0]
     assert "Traceback" not in out.stdout + out.stderr
-    assert not _processes_mentioning(str(state.resolve()))
+    assert not processes_mentioning(str(state.resolve()))
     assert "not running" in cli("status", "--state-dir", str(state)).stdout
 
 

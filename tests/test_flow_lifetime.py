@@ -13,21 +13,7 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from addons import chain
 from addons.chain_addon import ChainAddon
-from proxy import runtime
-from proxy.journal import close_all
 from proxy.sse import encode_event
-
-
-@pytest.fixture
-def rt(tmp_path):
-    built = runtime.build(state_dir=str(tmp_path / "state"))
-    runtime.install(built)
-    yield built
-    j = built.services.journal
-    if j is not None:
-        j.flush()
-    close_all()
-    runtime.uninstall()
 
 
 def _flow(n: int, stream: bool) -> http.HTTPFlow:

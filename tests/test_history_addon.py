@@ -3,29 +3,14 @@
 from __future__ import annotations
 
 import orjson
-import pytest
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
 from addons.history import History, mark_of
 from addons.session import Session
 from addons.tap import Tap
-from proxy import runtime
 from proxy.flowstate import state_of
-from proxy.journal import close_all
 from proxy.sse import encode_event
-
-
-@pytest.fixture
-def rt(tmp_path):
-    built = runtime.build(state_dir=str(tmp_path / "state"))
-    runtime.install(built)
-    yield built
-    j = built.services.journal
-    if j is not None:
-        j.flush()
-    close_all()
-    runtime.uninstall()
 
 
 def make_flow(body: dict, headers: tuple = ()) -> http.HTTPFlow:
