@@ -4,15 +4,24 @@ Credentials go only to `https://api.openai.com/v1/…` (API keys) or
 `https://chatgpt.com/backend-api/codex/…` (Codex OAuth), after normalisation: https only, port 443,
 no userinfo, exact ASCII host names (no look-alikes, no trailing-dot or IDN tricks), no dot segments.
 A non-official upstream gets credentials only when the user said `--trust-upstream`.
+
+Kind matches host (seed 004 §6): an API key (any non-JWT bearer, `api-key`, `x-api-key`) goes only to
+`api.openai.com/v1/…`; ChatGPT OAuth (a JWT bearer, `chatgpt-account-id`) only to
+`chatgpt.com/backend-api/codex/…`. A request mixing both kinds goes to neither. A trusted non-official
+upstream (`--trust-upstream`: a gateway or a local emulator) keeps its documented behaviour: it gets
+whatever credentials the client sent, since the user vouched for it and it is no OpenAI host.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
 RouteKind = Literal["api", "codex"]
+CredentialKind = Literal["api_key", "chatgpt", "mixed"]
 
 API_HOST = "api.openai.com"
 CODEX_HOST = "chatgpt.com"
@@ -34,6 +43,50 @@ CREDENTIAL_HEADERS: frozenset[str] = frozenset({
     "api-key",
     "x-api-key",
 })
+
+
+# The official route each credential kind may go to.
+ROUTE_OF_KIND: dict[str, RouteKind] = {"api_key": "api", "chatgpt": "codex"}
+KIND_LABEL: dict[str, str] = {"api_key": "an OpenAI API key", "chatgpt": "a ChatGPT sign-in (OAuth) token",
+                              "mixed": "an API key together with ChatGPT account headers"}
+# header.payload.signature, base64url; every JWT's header starts with `{"` = `eyJ`.
+_JWT = re.compile(r"^eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
+
+Headers = Mapping[str, str] | Iterable[tuple[str, str]]
+
+
+def _pairs(headers: Headers) -> Iterable[tuple[str, str]]:
+    return headers.items() if isinstance(headers, Mapping) else headers
+
+
+def is_jwt(token: str) -> bool:
+    return bool(_JWT.match(token))
+
+
+def credential_kind(headers: Headers) -> CredentialKind | None:
+    """Which kind of OpenAI credential the headers carry (None: none of either kind). Only the shape is
+    looked at, never logged: a JWT bearer is ChatGPT OAuth, any other `Authorization` value an API key."""
+    api = chatgpt = False
+    for name, value in _pairs(headers):
+        low = name.lower()
+        if low == "authorization":
+            scheme, _, token = value.strip().partition(" ")
+            if scheme.lower() == "bearer" and is_jwt(token.strip()):
+                chatgpt = True
+            elif value.strip():
+                api = True
+        elif low in ("api-key", "x-api-key") and value.strip():
+            api = True
+        elif low == "chatgpt-account-id" and value.strip():
+            chatgpt = True
+    if api and chatgpt:
+        return "mixed"
+    return "chatgpt" if chatgpt else "api_key" if api else None
+
+
+def kind_matches(kind: CredentialKind | None, route: RouteKind | None) -> bool:
+    """May credentials of `kind` go to the official route `route`? (No credentials: nothing to refuse.)"""
+    return kind is None or (kind != "mixed" and ROUTE_OF_KIND.get(kind) == route)
 
 
 def kind_of_path(path: str) -> RouteKind | None:
@@ -136,11 +189,34 @@ class Route:
         return self.credentials_allowed
 
 
-def may_receive_credentials(scheme: str, host: str, port: int, path: str, route: Route, reverse: bool) -> bool:
+def may_receive_credentials(scheme: str, host: str, port: int, path: str, route: Route, reverse: bool,
+                            headers: Headers | None = None) -> bool:
     """The one credential rule (DESIGN §5): may a request to this destination, as it is now, carry the
-    client's credentials? Yes for the official endpoint of its kind; for another destination only when
-    the user trusted it (`--trust-upstream`), in reverse mode, on a Responses route. The guard applies it
-    to the agent's own request; ctproxy's own calls (compaction, later the bridge) to theirs."""
-    if is_official_destination(scheme, host, port, path) is not None:
-        return True
+    client's credentials? Yes for the official endpoint of its kind, when the credentials in `headers` are
+    of the kind that endpoint takes (API key → api.openai.com/v1, ChatGPT OAuth → chatgpt.com/backend-api/
+    codex); for another destination only when the user trusted it (`--trust-upstream`), in reverse mode, on
+    a Responses route. The guard applies it to the agent's own request; ctproxy's own calls (compaction,
+    image generation, sidecar search, the bridge) to theirs. Callers should pass `headers`: without them
+    only the destination is judged."""
+    official = is_official_destination(scheme, host, port, path)
+    if official is not None:
+        return headers is None or kind_matches(credential_kind(headers), official)
     return route.trusted and reverse and route.kind is not None
+
+
+def credential_mismatch(scheme: str, host: str, port: int, path: str, headers: Headers) -> str | None:
+    """Why credentials of the wrong kind may not go to this official endpoint (None: no mismatch), in
+    words for the client. Names the kind and the route, never a value."""
+    official = is_official_destination(scheme, host, port, path)
+    kind = credential_kind(headers)
+    if official is None or kind_matches(kind, official):
+        return None
+    assert kind is not None
+    where = "https://chatgpt.com/backend-api/codex/…" if official == "codex" else "https://api.openai.com/v1/…"
+    if kind == "mixed":
+        return (f"ctproxy refused to send {KIND_LABEL[kind]} to {where}: send either an API key (to "
+                "api.openai.com/v1) or a ChatGPT sign-in with its chatgpt-account-id "
+                "(to chatgpt.com/backend-api/codex)")
+    right = "https://api.openai.com/v1/…" if kind == "api_key" else "https://chatgpt.com/backend-api/codex/…"
+    return (f"ctproxy refused to send {KIND_LABEL[kind]} to {where}: that kind of credential goes only to "
+            f"{right}; point the client at that route or sign in with the kind this route takes")
