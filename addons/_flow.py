@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mitmproxy import http
 from mitmproxy.proxy.mode_specs import ReverseMode
 
-from proxy import routes, runtime
+from proxy import routes
 from proxy.flowbody import responses_body
 from proxy.flowstate import state_of
 from proxy.session import SessionIdentity, resolve_session
@@ -38,7 +38,7 @@ def header_map(flow: http.HTTPFlow) -> dict[str, str]:
     return out
 
 
-def session_of(flow: http.HTTPFlow) -> SessionIdentity | None:
+def session_of(flow: http.HTTPFlow, aliases: Mapping[str, str] | None) -> SessionIdentity | None:
     st = state_of(flow)
     if isinstance(st.session, SessionIdentity):
         return st.session
@@ -47,10 +47,6 @@ def session_of(flow: http.HTTPFlow) -> SessionIdentity | None:
         return None
     headers = header_map(flow)
     headers.update(st.identity_headers)  # x-ctp-* as the client sent them (stripped from the request)
-    try:
-        aliases = runtime.current().services.response_aliases
-    except Exception:  # no mitmproxy context (a unit test calling a hook directly)
-        aliases = None
     ident = resolve_session(headers, body.value, aliases)
     st.session = ident
     return ident

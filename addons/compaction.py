@@ -26,6 +26,7 @@ import orjson
 from mitmproxy import http
 
 from addons._flow import destination_route, header_map, is_reverse, session_of
+from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, runtime, usage
 from proxy.compaction import journal_link, store
 from proxy.compaction.decision import (
@@ -115,15 +116,11 @@ def _memo(rt: runtime.Runtime) -> store.SessionMemo:
     return memo
 
 
-class Compaction:
-    def load(self, loader) -> None:
-        runtime.declare_options(loader)
-
+class Compaction(Stage):
     async def done(self) -> None:
-        try:
-            rt = runtime.current()
-        except Exception:  # shutting down without options
-            return
+        rt = self._rt
+        if rt is None:
+            return  # never bound: nothing was opened
         turns, rt.services.upstream = rt.services.upstream, None
         if turns is not None:
             await turns.close()
@@ -152,7 +149,7 @@ class Compaction:
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
             return
-        rt = runtime.current()
+        rt = self.rt
         cfg = rt.config.remote_compaction
         if not cfg.enabled and not cfg.recover_overflow:
             return  # nothing to project or hold: the body need not even be parsed
@@ -167,7 +164,7 @@ class Compaction:
         if client_compacts(payload):
             debuglog.event("remote_compaction", outcome="skipped", reason="client_compacts")
             return
-        ident = session_of(flow)
+        ident = session_of(flow, rt.services.response_aliases)
         if ident is None:
             return
         route = _route(flow, rt)
@@ -369,7 +366,7 @@ class Compaction:
         resp = flow.response
         if not isinstance(info, FlowInfo) or resp is None:
             return
-        recoverable = runtime.current().config.remote_compaction.recover_overflow and info.route.eligible
+        recoverable = self.rt.config.remote_compaction.recover_overflow and info.route.eligible
         ctype = resp.headers.get("content-type", "").lower()
         if info.hold and resp.status_code == 200 and ctype.startswith("text/event-stream"):
             info.held_stream = resp.stream  # the tap's callable, fed once the answer is settled
@@ -382,7 +379,7 @@ class Compaction:
         info = state_of(flow).compaction
         if not isinstance(info, FlowInfo) or flow.response is None:
             return
-        rt = runtime.current()
+        rt = self.rt
         resp = flow.response
         streamed = bool(resp.stream) and info.held_stream is None
         code = None

@@ -4,6 +4,10 @@ Runs last before the request leaves. A request to anything but https://api.opena
 https://chatgpt.com/backend-api/codex/… loses its credential headers, unless the user trusted that
 upstream (`--trust-upstream`, reverse mode only). In regular (HTTPS proxy) mode the guard applies to
 requests that carry OpenAI credentials or OpenAI API paths; other traffic is the client's business.
+
+Kind matches host: a request to an official endpoint carrying the other kind of credential (an API key to
+chatgpt.com/backend-api/codex, a ChatGPT OAuth token to api.openai.com/v1) never leaves; the client gets
+a 403 OpenAI-style error saying which kind goes where (`credential_kind_mismatch`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import logging
 from mitmproxy import http
 
 from addons._flow import destination_route, is_reverse
-from proxy import routes, runtime
+from addons._stage import Stage
+from proxy import routes
+from proxy.errors import ProxyError
 from proxy.flowstate import state_of
 
 log = logging.getLogger("ctproxy.guard")
@@ -38,9 +44,15 @@ def strip_credentials(flow: http.HTTPFlow) -> int:
     return len(names)
 
 
-class Guard:
-    def load(self, loader) -> None:
-        runtime.declare_options(loader)
+def refuse_mismatch(flow: http.HTTPFlow, why: str) -> None:
+    """Answer locally: the request, and its credentials, never leave."""
+    err = ProxyError(403, "invalid_request_error", "credential_kind_mismatch", why)
+    flow.response = http.Response.make(err.status, err.body(), err.headers())
+    # Host and category only: never headers, paths or values.
+    log.info("guard: refused a credential of the wrong kind for %s", flow.request.host)
+
+
+class Guard(Stage):
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
@@ -48,10 +60,14 @@ class Guard:
         st_route = state_of(flow).route
         # Alone (no routing addon), trust comes straight from the options (`--set ctp_trust_upstream=true`).
         route = st_route if st_route is not None else destination_route(
-            flow, trusted=runtime.current().upstream.trusted)
+            flow, trusted=self.rt.upstream.trusted)
         # Re-check the destination as it is now: an addon may have changed it after routing.
         req = flow.request
-        if routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow)):
+        pairs = [(k, v) for k, v in req.headers.items(multi=True)]
+        if routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow), pairs):
+            return
+        if (why := routes.credential_mismatch(req.scheme, req.host, req.port, req.path, pairs)) is not None:
+            refuse_mismatch(flow, why)
             return
         if not is_reverse(flow) and not _looks_openai(flow):
             return

@@ -20,6 +20,7 @@ import orjson
 from mitmproxy import http
 
 from addons._flow import header_map, weak_listener
+from addons._stage import Stage
 from proxy import runtime
 from proxy.flowbody import responses_body
 from proxy.flowstate import state_of
@@ -32,9 +33,8 @@ log = logging.getLogger("ctproxy.history")
 _TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 
 
-def journal() -> Journal | None:
+def journal(rt: runtime.Runtime) -> Journal | None:
     """The process's journal when history is enabled; also publishes the response aliases."""
-    rt = runtime.current()
     if not rt.config.enabled("history"):
         return None
     j = rt.services.journal
@@ -102,20 +102,19 @@ def _tap_from_body(flow: http.HTTPFlow) -> ResponseTap | None:
     return tap
 
 
-class History:
-    def __init__(self) -> None:
-        # The runtime lookup reads every ctp option; cache its answer until an option changes.
-        self._journal: Journal | bool | None = False
+class History(Stage):
+    _journal: Journal | bool | None = False  # False: not looked up since the runtime was (re)bound
 
-    def load(self, loader: Any) -> None:
-        runtime.declare_options(loader)
+    def bound(self, rt: runtime.Runtime) -> None:
+        self._journal = False
 
-    def configure(self, updated: set[str]) -> None:
+    def unbind(self) -> None:
+        super().unbind()
         self._journal = False
 
     def _current(self) -> Journal | None:
         if self._journal is False:
-            self._journal = journal()
+            self._journal = journal(self.rt)
         return self._journal  # type: ignore[return-value]
 
     def running(self) -> None:
@@ -198,8 +197,9 @@ class History:
             log.error("history: response not journaled (%s)", type(exc).__name__)
 
     def done(self) -> None:
-        rt = runtime.current()
-        j = rt.services.journal
+        if self._rt is None:
+            return  # never bound: no journal was opened
+        j = self._rt.services.journal
         if isinstance(j, Journal) and not j.flush(timeout=30):
             log.error("history: the journal did not flush within 30 s")
 

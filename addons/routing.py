@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 from mitmproxy import http
 
 from addons._flow import destination_route, is_reverse
-from proxy import httpstream, routes, runtime
+from addons._stage import Stage
+from proxy import httpstream, routes
 from proxy.flowstate import state_of
 
 
@@ -28,9 +29,9 @@ def _target(origin: str) -> tuple[str, str, int, str]:
     return parts.scheme, host, port, name if port == default_port else f"{name}:{port}"
 
 
-class Routing:
+class Routing(Stage):
     def load(self, loader) -> None:
-        runtime.declare_options(loader)
+        super().load(loader)
         httpstream.install()  # JSON errors and upstream timeouts, also under a plain mitmdump
 
     def request(self, flow: http.HTTPFlow) -> None:
@@ -38,7 +39,7 @@ class Routing:
             return
         # The client's bytes, before any addon changes them (kept by reference; recorded with --record).
         state_of(flow).client_request = flow.request.raw_content
-        upstream = runtime.current().upstream
+        upstream = self.rt.upstream
         if is_reverse(flow):
             req = flow.request
             if upstream.official:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from mitmproxy import http
 
-from proxy import runtime
+from addons._stage import Stage
 from proxy.flowstate import state_of
 
 CTP_PREFIX = b"x-ctp-"
@@ -27,9 +27,7 @@ def strip_ctp_headers(flow: http.HTTPFlow) -> None:
         del flow.request.headers[name]
 
 
-class Session:
-    def load(self, loader) -> None:
-        runtime.declare_options(loader)
+class Session(Stage):
 
     def request(self, flow: http.HTTPFlow) -> None:
         # Identity headers are ours: they never go upstream. The session itself is resolved on first

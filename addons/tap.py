@@ -14,18 +14,14 @@ import orjson
 from mitmproxy import http
 
 from addons._flow import session_of, weak_listener
-from proxy import dbworker, runtime, usage
+from addons._stage import Stage
+from proxy import dbworker, usage
 from proxy.flowbody import is_compact, is_responses_create
 from proxy.flowstate import state_of
 from proxy.sse import ResponseTap, StreamTap
 
 log = logging.getLogger("ctproxy.tap")
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
-
-
-def _worker() -> dbworker.DBWorker:
-    rt = runtime.current()
-    return dbworker.shared(rt.services, rt.state.db_path)
 
 
 def _usage_wanted(config) -> bool:
@@ -41,15 +37,12 @@ def _tap_wanted(config) -> bool:
     return _usage_wanted(config) or config.history.enabled or rc.enabled or rc.recover_overflow
 
 
-class Tap:
-    def load(self, loader) -> None:
-        runtime.declare_options(loader)
-
+class Tap(Stage):
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         resp = flow.response
         if resp is None or resp.stream:
             return
-        if not (is_responses_create(flow) or is_compact(flow)) or not _tap_wanted(runtime.current().config):
+        if not (is_responses_create(flow) or is_compact(flow)) or not _tap_wanted(self.rt.config):
             # Not ours to read, or nobody reads it: pass it through as it arrives, without buffering.
             resp.stream = True
             return
@@ -106,11 +99,12 @@ class Tap:
     def _record_usage(self, flow: http.HTTPFlow, tap: ResponseTap) -> None:
         if tap.usage_recorded or not tap.usage or not is_responses_create(flow):
             return
-        if not _usage_wanted(runtime.current().config):
+        rt = self.rt
+        if not _usage_wanted(rt.config):
             return  # nobody reads usage: do not even resolve the session (that parses the request body)
         if state_of(flow).settling is not None:
             return  # not final yet; `response` records it once the answer is settled
-        ident = session_of(flow)
+        ident = session_of(flow, rt.services.response_aliases)
         if ident is None:
             return
         task, agent = ident.task, ident.agent
@@ -120,14 +114,14 @@ class Tap:
         model, used, rid = tap.model or ident.model, dict(tap.usage), tap.response_id
         tap.usage_recorded = True
         seen = usage.make_usage(ident.session_key, task, agent, model, used, rid)
-        runtime.current().services.usage.put(seen)
+        rt.services.usage.put(seen)
         # Coalesced: only the session's newest usage matters, and a burst of answers shares one commit.
-        _worker().put_latest(("usage", ident.session_key),
+        dbworker.shared(rt.services, rt.state.db_path).put_latest(("usage", ident.session_key),
                              lambda conn: usage.record_usage(conn, ident.session_key, task, agent, model, used, rid,
                                                          seen.updated_at))
 
     def done(self) -> None:
-        dbworker.close_shared(runtime.current().services)
+        dbworker.close_shared(self.rt.services)
 
 
 addons = [Tap()]

@@ -13,6 +13,7 @@ import sqlite3
 from mitmproxy import http
 
 from addons._flow import destination_route, session_of
+from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, runtime, usage
 from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of
@@ -30,14 +31,11 @@ def _worker(rt: runtime.Runtime) -> dbworker.DBWorker:
     return dbworker.shared(rt.services, rt.state.db_path)
 
 
-class WebSearch:
-    def load(self, loader) -> None:
-        runtime.declare_options(loader)
-
+class WebSearch(Stage):
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
             return
-        rt = runtime.current()
+        rt = self.rt
         cfg = rt.config.web_search
         if not cfg.enabled or cfg.backend == "off":
             return  # the body need not even be parsed
@@ -48,7 +46,7 @@ class WebSearch:
         route = _route(flow, rt)
         last_input = None
         if cfg.enabled and cfg.backend in ("auto", "native") and route.eligible:
-            ident = session_of(flow)
+            ident = session_of(flow, rt.services.response_aliases)
             if ident is not None:
                 cached = rt.services.usage.get(ident.session_key)
                 if cached is not None:  # this process saw the session's last answer: no database trip
@@ -64,11 +62,8 @@ class WebSearch:
         commit_if_alone(flow)
 
     def done(self) -> None:
-        try:
-            rt = runtime.current()
-        except Exception:  # mitmproxy is shutting down; nothing to close
-            return
-        dbworker.close_shared(rt.services)
+        if self._rt is not None:  # never bound: nothing was opened
+            dbworker.close_shared(self._rt.services)
 
 
 def _last_input(conn: sqlite3.Connection, session_key: str) -> int | None:

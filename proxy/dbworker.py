@@ -120,7 +120,7 @@ class DBWorker:
 
 
 def shared(services: Any, path: Path) -> DBWorker:
-    """The runtime's one state worker (`runtime.current().services.db`), created on first use."""
+    """The runtime's one state worker (`Runtime.services.db`), created on first use."""
     worker = services.db
     if worker is None:
         worker = services.db = DBWorker(path)

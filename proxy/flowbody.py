@@ -132,13 +132,17 @@ def decode_bounded(raw: bytes, encoding: str, limit: int) -> bytes:
     raise _Unsupported(enc)
 
 
-def max_body_bytes() -> int:
-    try:
-        from proxy import runtime
+_max_body_bytes = DEFAULT_MAX_BODY_BYTES
 
-        return runtime.current().config.limits.max_body_bytes
-    except Exception:  # no runtime (a unit test without mitmproxy context)
-        return DEFAULT_MAX_BODY_BYTES
+
+def set_max_body_bytes(limit: int) -> None:
+    """`limits.max_body_bytes`, pushed by the stages when they take their runtime (addons/_stage.py)."""
+    global _max_body_bytes
+    _max_body_bytes = limit
+
+
+def max_body_bytes() -> int:
+    return _max_body_bytes
 
 
 def _over_limit(flow: http.HTTPFlow, outcome: str, encoding: str, sent: int, limit: int) -> None:

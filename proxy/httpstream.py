@@ -124,14 +124,17 @@ def _bind(layers_http: Any) -> None:
     _PROGRESS = (ResponseHeaders, ResponseData, ResponseTrailers)
 
 
-def _settings() -> tuple[float | None, float | None]:
-    try:
-        from proxy import runtime
+_timeouts: tuple[float | None, float | None] = (DEFAULT_CONNECT_SECONDS, DEFAULT_IDLE_SECONDS)
 
-        t = runtime.current().config.timeouts
-        return t.connect_seconds, t.stream_idle_seconds
-    except Exception:  # no runtime (a bare mitmproxy test): the defaults
-        return DEFAULT_CONNECT_SECONDS, DEFAULT_IDLE_SECONDS
+
+def set_timeouts(connect_seconds: float | None, stream_idle_seconds: float | None) -> None:
+    """The `timeouts.*` config, pushed by the stages when they take their runtime (addons/_stage.py)."""
+    global _timeouts
+    _timeouts = (connect_seconds, stream_idle_seconds)
+
+
+def _settings() -> tuple[float | None, float | None]:
+    return _timeouts
 
 
 class _Watch:

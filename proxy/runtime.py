@@ -66,6 +66,7 @@ _key: tuple | None = None
 _pinned = False
 _bound: Any = None  # the options object _current was built from, until one of its ctp_ options changes
 _subscribed: list[weakref.ref[Any]] = []  # options objects we listen to (Options is not hashable)
+_stages: weakref.WeakSet[Any] = weakref.WeakSet()  # stages holding a runtime (addons/_stage.Stage)
 
 
 def _options_key(opts: Any) -> tuple:
@@ -74,7 +75,9 @@ def _options_key(opts: Any) -> tuple:
     )
 
 
-def _invalidate(updated: set[str] | None = None, **_: Any) -> None:
+def invalidate(updated: set[str] | None = None, **_: Any) -> None:
+    """A ctp_ option changed: the next `current()` re-reads the options. Stages call it from `configure`,
+    which mitmproxy may run before this module's own listener on the options."""
     global _bound
     if updated is None or any(name in OPTION_NAMES for name in updated):
         _bound = None
@@ -104,7 +107,7 @@ def current() -> Runtime:
         )
         _key = key
     if not any(ref() is opts for ref in _subscribed):
-        opts.changed.connect(_invalidate)
+        opts.changed.connect(invalidate)
         _subscribed[:] = [ref for ref in _subscribed if ref() is not None] + [weakref.ref(opts)]
     _bound = opts
     return _current
@@ -120,12 +123,25 @@ def build(state_dir: str | None = None, config_file: str | None = None, upstream
     return Runtime(config, state, parse_upstream(upstream, trust_upstream), services)
 
 
+def bind(stage: Any) -> None:
+    """`stage` keeps the runtime on itself (addons/_stage.Stage); it is told to drop it when the runtime
+    is replaced explicitly."""
+    _stages.add(stage)
+
+
+def _unbind_stages() -> None:
+    for stage in list(_stages):
+        stage.unbind()
+
+
 def install(rt: Runtime) -> None:
     """Used by tests and the launcher to set the runtime explicitly."""
     global _current, _key, _pinned
     _current, _key, _pinned = rt, None, True
+    _unbind_stages()
 
 
 def uninstall() -> None:
     global _current, _key, _pinned, _bound
     _current, _key, _pinned, _bound = None, None, False, None
+    _unbind_stages()
