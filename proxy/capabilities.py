@@ -40,7 +40,8 @@ TABLE: tuple[Capability, ...] = (
     Capability("sidecar_search", "openai_web_search sidecar tool", "tool server", False, ("openai_web_search",),
                "004 §5.1"),
     Capability("tool_discovery", "find_tools", "tool server", False, ("find_tools",), "004 §5.8"),
-    Capability("computer_use", "computer_use_* desktop tools", "tool server", False,
+    Capability("computer_use", "computer_use_* desktop tools (Linux X11 + AT-SPI; macOS app-server)", "tool server",
+               True,
                ("computer_use_list_apps", "computer_use_get_app_state", "computer_use_click",
                 "computer_use_type_text", "computer_use_press_key", "computer_use_scroll"), "004 §5.5"),
 )

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from proxy.capabilities import NAMES
 
@@ -86,7 +86,40 @@ class ToolDiscoveryConfig(_Section):
 
 
 class ComputerUseConfig(_Section):
+    """Computer Use (docs/computer_use.md): Linux X11 + AT-SPI, or macOS through ChatGPT.app's app-server."""
+
     enabled: bool = False
+    approval_mode: Literal["confirm", "always"] = Field(
+        "confirm", description="confirm: ask once per app per tool-server run (MCP elicitation); always: never ask")
+    backend: Literal["auto", "linux", "macos"] = Field("auto", description="auto: macos on macOS, else linux")
+    display: str | None = Field(None, description="X display to drive (null: $DISPLAY)")
+    dbus_address: str | None = Field(None, description="session bus of that desktop (null: $DBUS_SESSION_BUS_ADDRESS)")
+    start_xvfb: bool = Field(False, description="with no display: start a private Xvfb desktop (session bus, "
+                                                "AT-SPI bus, a window manager when installed)")
+    xvfb_screen: str = Field("1280x800x24", pattern=r"^\d{3,5}x\d{3,5}x(8|16|24)$")
+
+
+BRIDGEABLE: tuple[str, ...] = ("history", "notes", "context", "apply_patch", "shell", "code_mode", "image_generation",
+                                "sidecar_search", "tool_discovery", "computer_use")  # capabilities with tools
+
+
+class BridgeConfig(_Section):
+    """The tool bridge (docs/bridge.md): the tool families whose tools the proxy offers to every agent and runs
+    itself. Off (no family) by default: requests are then forwarded byte for byte as they came."""
+
+    families: list[str] = Field(default_factory=list, description="capabilities whose tools are bridged, e.g. "
+                                "[\"history\", \"notes\", \"context\"]")
+    max_rounds: int = Field(8, ge=1, le=64, description="rounds of bridged calls one agent request may run")
+    apply_patch_form: Literal["auto", "function", "custom"] = Field(
+        "auto", description="apply_patch as a function or the Lark custom tool; auto: custom for GPT-5 models")
+
+    @field_validator("families")
+    @classmethod
+    def _known(cls, value: list[str]) -> list[str]:
+        unknown = [v for v in value if v not in BRIDGEABLE]
+        if unknown:
+            raise ValueError(f"unknown family {', '.join(map(repr, unknown))}; choose from {', '.join(BRIDGEABLE)}")
+        return list(dict.fromkeys(value))
 
 
 class LimitsConfig(_Section):
@@ -120,6 +153,7 @@ class Config(_Section):
     sidecar_search: SidecarSearchConfig = Field(default_factory=SidecarSearchConfig)
     tool_discovery: ToolDiscoveryConfig = Field(default_factory=ToolDiscoveryConfig)
     computer_use: ComputerUseConfig = Field(default_factory=ComputerUseConfig)
+    bridge: BridgeConfig = Field(default_factory=BridgeConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     model_windows: dict[str, int] = Field(

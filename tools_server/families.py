@@ -11,6 +11,7 @@ FAMILY_MODULES: tuple[str, ...] = (
     "tools_server.patch",
     "tools_server.shell",
     "tools_server.history", "tools_server.notes",
+    "tools_server.computer_use",
 )
 
 

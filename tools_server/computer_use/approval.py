@@ -1,0 +1,49 @@
+"""Per-app approval (seed 004 §4.5): `confirm` asks once per app per server lifetime, `always` does not ask.
+
+Grants live in memory only (a set per family, i.e. per tool-server lifetime) and are never persisted.
+A caller that cannot be asked (REST, or an MCP client without elicitation) gets `approval-unavailable`
+before anything is done to the app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+Answer = Literal["accept", "decline", "cancel"]
+# Asks the human behind the calling client one yes/no question; returns their answer.
+Confirm = Callable[[str], Awaitable[Answer]]
+
+
+def confirm_from(ctx: Any) -> Confirm | None:
+    """The calling transport's way to ask the user, when it has one (`CallContext.confirm`, set by the MCP
+    endpoint for clients that declared the elicitation capability); None for REST and the bridge."""
+    return getattr(ctx, "confirm", None)
+
+
+def approval_message(app: str) -> str:
+    return (f"Allow ctproxy Computer Use to read and control the app '{app}' for the rest of this tool-server "
+            "session? It can see its window and click, type, press keys and scroll in it.")
+
+
+class Approvals:
+    def __init__(self, mode: Literal["confirm", "always"]):
+        self.mode = mode
+        self._granted: set[str] = set()
+
+    def granted(self, app: str) -> bool:
+        return self.mode == "always" or app in self._granted
+
+    def grant(self, app: str) -> None:
+        self._granted.add(app)
+
+    def clear(self) -> None:
+        self._granted.clear()
+
+
+async def mcp_confirm(session: Any, message: str) -> Answer:
+    """Ask through MCP form elicitation (an empty form: the answer is the action). A client without a
+    back channel for it raises, which the caller turns into `approval-unavailable`."""
+    result = await session.elicit_form(message, {"type": "object", "properties": {}})
+    action = getattr(result, "action", "decline")
+    return action if action in ("accept", "decline", "cancel") else "decline"

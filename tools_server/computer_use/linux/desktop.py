@@ -1,0 +1,147 @@
+"""A private headless desktop for a machine without one: Xvfb, a session bus, the AT-SPI bus, and an EWMH
+window manager when one is installed (openbox, then xfwm4). Each process is ctproxy's own child, stopped
+by its PID when the desktop is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+AT_SPI_LAUNCHERS = ("/usr/libexec/at-spi-bus-launcher", "/usr/lib/at-spi2-core/at-spi-bus-launcher")
+WINDOW_MANAGERS = (("openbox", ("--sm-disable",)), ("xfwm4", ("--compositor=off",)))
+
+
+def at_spi_launcher() -> str | None:
+    return next((p for p in AT_SPI_LAUNCHERS if os.access(p, os.X_OK)), None)
+
+
+def missing_for_private_desktop() -> list[str]:
+    """What `start_xvfb` needs that this machine lacks (Debian package names)."""
+    need = []
+    if shutil.which("Xvfb") is None:
+        need.append("xvfb")
+    if shutil.which("dbus-daemon") is None:
+        need.append("dbus")
+    if at_spi_launcher() is None:
+        need.append("at-spi2-core")
+    return need
+
+
+class DesktopError(Exception):
+    pass
+
+
+@dataclass
+class Desktop:
+    display: str
+    bus_address: str
+    window_manager: str | None
+    _procs: list[asyncio.subprocess.Process] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        """The environment an app needs to appear on this desktop (and in its accessibility tree)."""
+        return {**os.environ, "DISPLAY": self.display, "DBUS_SESSION_BUS_ADDRESS": self.bus_address,
+                "NO_AT_BRIDGE": "0", "GTK_A11Y": "atspi"}
+
+    async def close(self) -> None:
+        for proc in reversed(self._procs):
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(proc.wait(), 5)
+                except TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    await proc.wait()
+        self._procs.clear()
+
+
+async def _read_line(stream: asyncio.StreamReader | None, what: str, timeout: float) -> str:
+    assert stream is not None
+    try:
+        line = await asyncio.wait_for(stream.readline(), timeout)
+    except TimeoutError as exc:
+        raise DesktopError(f"{what} did not start within {timeout:g} s") from exc
+    if not line:
+        raise DesktopError(f"{what} exited while starting")
+    return line.decode().strip()
+
+
+async def start_desktop(screen: str = "1280x800x24", *, window_manager: bool = True,
+                        timeout: float = 30.0) -> Desktop:
+    if need := missing_for_private_desktop():
+        raise DesktopError(f"missing Debian packages: {', '.join(need)}")
+    runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
+    procs: list[asyncio.subprocess.Process] = []
+    desktop = Desktop("", "", None, procs)
+    try:
+        rfd, wfd = os.pipe()
+        try:
+            xvfb = await asyncio.create_subprocess_exec(
+                "Xvfb", "-displayfd", str(wfd), "-screen", "0", screen, "-nolisten", "tcp", "-noreset",
+                pass_fds=(wfd,), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
+        finally:
+            os.close(wfd)
+        procs.append(xvfb)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(rfd, "rb"))
+        try:
+            desktop.display = ":" + await _read_line(reader, "Xvfb", timeout)
+        finally:
+            transport.close()
+        bus = await asyncio.create_subprocess_exec(
+            "dbus-daemon", "--session", "--nofork", "--print-address=1", stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, "DISPLAY": desktop.display}, cwd=str(runtime))
+        procs.append(bus)
+        desktop.bus_address = await _read_line(bus.stdout, "dbus-daemon", timeout)
+        launcher = at_spi_launcher()
+        assert launcher is not None
+        procs.append(await asyncio.create_subprocess_exec(
+            launcher, "--launch-immediately", env=desktop.env(), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, start_new_session=True))
+        if window_manager:
+            for exe, args in WINDOW_MANAGERS:
+                if shutil.which(exe):
+                    procs.append(await asyncio.create_subprocess_exec(
+                        exe, *args, env=desktop.env(), stdin=asyncio.subprocess.DEVNULL,
+                        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+                        start_new_session=True))
+                    desktop.window_manager = exe
+                    break
+        await _wait_ready(desktop, timeout)
+        return desktop
+    except BaseException:
+        await desktop.close()
+        raise
+
+
+async def _wait_ready(desktop: Desktop, timeout: float) -> None:
+    """The AT-SPI bus answers, and the window manager (if one was started) has claimed the screen."""
+    from tools_server.computer_use.linux import x11
+    from tools_server.computer_use.linux.atspi import Atspi
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: Exception | None = None
+    while loop.time() < deadline:
+        try:
+            client = await Atspi.connect(desktop.bus_address)
+            client.close()
+            if desktop.window_manager is None or await asyncio.to_thread(
+                    lambda: x11.wm_name_of(desktop.display)) is not None:
+                return
+        except Exception as exc:  # not up yet
+            last = exc
+        await asyncio.sleep(0.1)
+    raise DesktopError(f"the private desktop did not become ready in {timeout:g} s "
+                       f"({type(last).__name__ if last else 'window manager not up'})")
