@@ -1,6 +1,10 @@
 """Run the emulator standalone, e.g. for benchmarks in another process:
 
     python -m tests.emulator --port 8900 --deltas 200      (from the repository root)
+    python -m tests.emulator --script replies.json --port 0
+
+`--script FILE` queues the replies of a JSON script (tests/emulator/script.py says the format); once they
+are used up the default echo answers.
 
 `--json-deltas N` gives non-streaming answers their own delta count (a benchmark's JSON answers need
 not pay for rendering the hundreds of events its streams carry).
@@ -17,6 +21,7 @@ import sys
 
 from .app import Emulator, echo_reply
 from .recording import ReceivedRequest
+from .script import ScriptError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,6 +34,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--validate-requests", action="store_true", help="answer 400 when a body violates CreateResponse"
     )
+    parser.add_argument("--script", default=None, help="a JSON file of scripted replies (tests/emulator/script.py)")
+    parser.add_argument(
+        "--no-check-input-items", action="store_true",
+        help="skip the real API's input rules (call/output pairs, reasoning followers, item references)",
+    )
+    parser.add_argument(
+        "--check-previous-response-id", action="store_true",
+        help="answer 400 for a previous_response_id the emulator did not store (off: bench clients may chain "
+        "ids the bounded store forgot)",
+    )
     parser.add_argument(
         "--max-recorded", type=int, default=100, help="keep at most this many requests in memory (bodies included)"
     )
@@ -40,8 +55,15 @@ async def serve(args: argparse.Namespace) -> None:
         default_deltas=args.deltas,
         validate_requests=args.validate_requests,
         max_recorded=args.max_recorded,
-        check_previous_response_id=False,  # bench clients may chain ids the trimmed store forgot
+        check_previous_response_id=args.check_previous_response_id,
+        check_input_items=not args.no_check_input_items,
     )
+    if args.script:
+        try:
+            emu.load_script(args.script)
+        except ScriptError as exc:
+            print(f"python -m tests.emulator: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
     if args.json_deltas is not None:
         def reply(rec: ReceivedRequest) -> object:
             streams = isinstance(rec.json, dict) and rec.json.get("stream") is True

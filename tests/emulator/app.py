@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -23,6 +24,8 @@ from .compaction import compact_resource
 from .recording import BodyDecodeError, ReceivedRequest, decode_body, parse_json
 from .render import Plan, RenderContext, error_plan, json_plan, render
 from .replies import Compaction, Reasoning, Reply, Responder, Response, Text
+from .script import load_script
+from .validation import Follower, InputError, followers_of, input_problem, resolve_references
 from .wire import (
     CONTEXT_LENGTH_MESSAGE,
     ends_with_compaction_trigger,
@@ -77,10 +80,15 @@ class Emulator:
         max_recorded: int | None = None,
         max_stored: int = 1000,
         context_limit_bytes: int | None = None,
+        check_input_items: bool = True,
     ):
         self.default_deltas = default_deltas
         self.validate_requests = validate_requests  # answer 400 when a body violates CreateResponse
         self.check_previous_response_id = check_previous_response_id
+        # The real API's input rules (validation.py): every call has its output, every output its call,
+        # reasoning stays before the item it preceded, references name stored items. False skips them all
+        # (for a test that must send what the API would refuse); `previous_response_id` has its own switch.
+        self.check_input_items = check_input_items
         self.token_counter: Callable[[dict[str, Any]], int] = token_counter or estimate_input_tokens
         self.max_recorded = max_recorded
         # An upstream whose real window is smaller than any model table says: a `POST …/responses` (a turn
@@ -91,6 +99,13 @@ class Emulator:
         self.requests: list[ReceivedRequest] = []
         self.stored: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._max_stored = max_stored
+        # What a stored response adds to a `previous_response_id` chain: (its previous id, its input with
+        # references resolved, its output); and the stored output items by id (for item_reference).
+        self._turns: dict[str, tuple[str | None, list[Any], list[Any]]] = {}
+        self._stored_items: dict[str, dict[str, Any]] = {}
+        # The item after each reasoning item the emulator emitted (stored or not: encrypted_content
+        # carries it for a stateless client), bounded like the store.
+        self._followers: OrderedDict[str, Follower] = OrderedDict()
         self._queues: dict[str, deque[Responder]] = {k: deque() for k in ("responses", "compaction", "compact")}
         self._defaults: dict[str, Responder | None] = {k: None for k in self._queues}
         self._arrived = asyncio.Event()
@@ -159,6 +174,16 @@ class Emulator:
         self._queues["compact"].extend(replies)
         return self
 
+    def load_script(self, source: str | Path | Mapping[str, Any] | list[Any]) -> Emulator:
+        """Queue the replies of a JSON script (a file or parsed data; see script.py)."""
+        loaded = load_script(source)
+        self.script(*loaded.responses)
+        self.script_compaction(*loaded.compaction)
+        self.script_compact(*loaded.compact)
+        if loaded.default is not None:
+            self.set_default(loaded.default)
+        return self
+
     def set_default(self, reply: Responder | None, *, route: str = "responses") -> None:
         """The answer used when the queue is empty; None restores the built-in default."""
         self._defaults[route] = reply
@@ -173,6 +198,9 @@ class Emulator:
         self._defaults = {k: None for k in self._queues}
         self.requests.clear()
         self.stored.clear()
+        self._turns.clear()
+        self._stored_items.clear()
+        self._followers.clear()
 
     def _next(self, route: str, rec: ReceivedRequest) -> Reply | None:
         queue = self._queues[route]
@@ -243,13 +271,15 @@ class Emulator:
         body: dict[str, Any] = rec.json
         if ends_with_compaction_trigger(body):
             rec.route = "compaction"
-        error = self._check_create(body) or self._over_limit(rec)
+        error = self._check_create(body) or self._check_input(body) or self._over_limit(rec)
         if error is not None:
             return await self._send(request, rec, error)
         reply = self._next(rec.route, rec)
         if reply is None:
             reply = compaction_reply(rec) if rec.route == "compaction" else echo_reply(rec, self.default_deltas)
         plan = render(reply, RenderContext.for_request(body, self.token_counter(body)))
+        if plan.response is not None:
+            self._remember_followers(plan.response.get("output") or [])
         plan.stall_after = getattr(reply, "stall_after", None)
         plan.stall_before_headers = bool(getattr(reply, "stall_before_headers", False))
         return await self._send(request, rec, plan, store=True)
@@ -269,6 +299,37 @@ class Emulator:
             msg = f"Previous response with id '{prev}' not found."
             return error_plan(400, msg, "invalid_request_error", "previous_response_id", "previous_response_not_found")
         return None
+
+    def _chain(self, prev: str | None) -> tuple[list[Any], bool]:
+        """The items of a `previous_response_id` chain, oldest first, and whether all of it is known."""
+        parts: list[list[Any]] = []
+        while prev is not None:
+            turn = self._turns.get(prev)
+            if turn is None:
+                return [x for part in reversed(parts) for x in part], False
+            prev, inputs, outputs = turn
+            parts.append(inputs + outputs)
+        return [x for part in reversed(parts) for x in part], True
+
+    def _resolved_input(self, body: dict[str, Any]) -> tuple[list[Any], InputError | None]:
+        return resolve_references(request_input(body), self._stored_items, body.get("store", True) is not False)
+
+    def _check_input(self, body: dict[str, Any]) -> Plan | None:
+        if not self.check_input_items:
+            return None
+        items, problem = self._resolved_input(body)
+        if problem is None:
+            prev = body.get("previous_response_id")
+            chain, known = self._chain(prev if isinstance(prev, str) else None)
+            problem = input_problem(chain, items, self._followers, known)
+        if problem is None:
+            return None
+        return error_plan(problem.status, problem.message, "invalid_request_error", problem.param, problem.code)
+
+    def _remember_followers(self, output: list[Any]) -> None:
+        self._followers.update(followers_of(output))
+        while len(self._followers) > 10 * self._max_stored:
+            self._followers.popitem(last=False)
 
     def _over_limit(self, rec: ReceivedRequest) -> Plan | None:
         if self.context_limit_bytes is None or len(rec.body) <= self.context_limit_bytes:
@@ -320,6 +381,7 @@ class Emulator:
         rid = request.match_info["response_id"]
         if self.stored.pop(rid, None) is None:
             return await self._send(request, rec, _not_found(rid))
+        self._turns.pop(rid, None)
         return await self._send(request, rec, json_plan({"id": rid, "object": "response", "deleted": True}))
 
     async def _other(self, request: web.Request) -> web.StreamResponse:
@@ -334,8 +396,18 @@ class Emulator:
         if body.get("store") is False:
             return  # stateless turns are not retrievable, as upstream
         self.stored[response["id"]] = response
+        prev = body.get("previous_response_id")
+        output = [i for i in response.get("output") or [] if isinstance(i, dict)]
+        self._turns[response["id"]] = (prev if isinstance(prev, str) else None, self._resolved_input(body)[0], output)
+        for item in output:
+            if isinstance(item.get("id"), str):
+                self._stored_items[item["id"]] = item
         while len(self.stored) > self._max_stored:
-            self.stored.popitem(last=False)
+            old_id, old = self.stored.popitem(last=False)
+            self._turns.pop(old_id, None)
+            for item in old.get("output") or []:
+                if isinstance(item, dict) and isinstance(item.get("id"), str):
+                    self._stored_items.pop(item["id"], None)
 
     async def _send(
         self, request: web.Request, rec: ReceivedRequest, plan: Plan, store: bool = False
