@@ -70,7 +70,14 @@ class ShellConfig(_Section):
 
 
 class CodeModeConfig(_Section):
+    """Code mode (docs/code_mode.md): JavaScript cells in V8 isolates that call the shell, patch, history and
+    notes tools. Remote code execution for whoever holds the tool server's token, like shell."""
+
     enabled: bool = False
+    memory_limit_mb: int = Field(64, ge=8, le=4096, description="hard memory limit of one cell's V8 isolate")
+    approval_mode: Literal["confirm", "always"] = Field(
+        "confirm", description="confirm: a nested apply_patch needs a person's confirmation (refused with "
+                               "approval-unavailable where nobody can be asked); always: no extra confirmation")
 
 
 class ImageGenerationConfig(_Section):
@@ -82,7 +89,15 @@ class SidecarSearchConfig(_Section):
 
 
 class ToolDiscoveryConfig(_Section):
+    """find_tools (docs/code_mode.md, "Tool discovery"): the tools named in `deferred` are held back from bridged
+    requests until the model loads them; the six Computer Use tools are listed all or none."""
+
     enabled: bool = False
+    deferred: list[str] = Field(
+        default_factory=lambda: ["openai_generate_image", "computer_use_list_apps", "computer_use_get_app_state",
+                                 "computer_use_click", "computer_use_type_text", "computer_use_press_key",
+                                 "computer_use_scroll"],
+        description="tool names held back until find_tools loads them")
 
 
 class ComputerUseConfig(_Section):

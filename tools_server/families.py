@@ -12,6 +12,8 @@ FAMILY_MODULES: tuple[str, ...] = (
     "tools_server.shell",
     "tools_server.history", "tools_server.notes",
     "tools_server.computer_use",
+    "tools_server.codemode",
+    "tools_server.discovery",
 )
 
 
@@ -24,4 +26,7 @@ def build_families(services: Services) -> list[ToolFamily]:
 
 
 def build_registry(services: Services) -> Registry:
-    return Registry(build_families(services), services.config)
+    registry = Registry(build_families(services), services.config)
+    # code mode dispatches nested calls and find_tools searches through the registry itself
+    services.extras["registry"] = registry
+    return registry

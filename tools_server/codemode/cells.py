@@ -1,0 +1,422 @@
+"""Cells and the cell manager (seed 004 §5.7): admission, nested-call accounting, limits, observation.
+
+A cell is one program in one isolate. Its driver drains the isolate's outbox (printed text, tool calls,
+the program's end), runs each admitted tool call through the `dispatch` it was given (the registry's
+own tools, see family.py), and delivers the replies. The rules that matter:
+
+- a cell completes only when its program ended *and* every nested call it started has settled; a
+  rejected tool promise that nothing observed fails the cell (never a silent success);
+- a failed or terminated cell refuses new calls, cancels the calls still waiting for a slot, and leaves
+  dispatched ones alone (a shell it started keeps running; `write_stdin` continues it): those are
+  reported as `unsettled`, never as done; code is never run twice;
+- every limit overflow is a short control error delivered to the call that overflowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tools_server.codemode.engine import Engine, EngineError, Reply
+from tools_server.codemode.limits import CellLimits
+from tools_server.registry import ToolError, ToolResult
+
+log = logging.getLogger("ctproxy.tools")
+
+CellState = Literal["running", "completed", "failed", "terminated"]
+CallState = Literal["queued", "running", "completed", "failed", "cancelled"]
+Owner = tuple[str, str]
+SHELL_TOOLS = ("exec_command", "write_stdin")
+
+
+@dataclass
+class NestedCall:
+    id: int
+    name: str
+    state: CallState = "queued"
+    task: asyncio.Task | None = None
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What the cell's nested calls did, counted when the cell ended (unsettled: still running then)."""
+
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    unsettled: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"completed": self.completed, "failed": self.failed, "cancelled": self.cancelled,
+                "unsettled": self.unsettled}
+
+    @property
+    def total(self) -> int:
+        return self.completed + self.failed + self.cancelled + self.unsettled
+
+
+@dataclass
+class OutputBuffer:
+    """Printed text: kept up to the preview budget (the rest counted, `clipped`), read once per observation."""
+
+    budget: int
+    chunks: list[str] = field(default_factory=list)
+    kept_bytes: int = 0
+    total_bytes: int = 0
+    clipped: bool = False
+    read_index: int = 0
+
+    def append(self, text: str) -> None:
+        size = len(text.encode("utf-8", "replace"))
+        self.total_bytes += size
+        room = self.budget - self.kept_bytes
+        if room <= 0:
+            self.clipped = True
+            return
+        if size > room:
+            text = text.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
+            size = len(text.encode("utf-8"))
+            self.clipped = True
+        self.chunks.append(text)
+        self.kept_bytes += size
+
+    def read_unread(self) -> str:
+        text = "".join(self.chunks[self.read_index:])
+        self.read_index = len(self.chunks)
+        return text
+
+
+Dispatch = Callable[[str, dict[str, Any], "Cell"], Awaitable[ToolResult]]
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "replace"))
+
+
+class Cell:
+    def __init__(self, cell_id: str, owner: Owner, source: str, adapters: frozenset[str], engine: Engine,
+                 dispatch: Dispatch, limits: CellLimits, slots: asyncio.Semaphore,
+                 on_terminal: Callable[[Cell], None], context: Any = None):
+        self.id = cell_id
+        self.owner = owner
+        self.source = source
+        self.adapters = adapters
+        self.engine = engine
+        self.dispatch = dispatch
+        self.limits = limits
+        self.slots = slots
+        self.context = context  # the outer exec call's CallContext (identity for nested calls)
+        self._on_terminal = on_terminal
+        self.state: CellState = "running"
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self.output = OutputBuffer(limits.output_preview_bytes)
+        self.result_json: str | None = None
+        self.error: str | None = None
+        self.error_code: str | None = None
+        self.calls: dict[int, NestedCall] = {}
+        self.args_total = 0
+        self.replies: list[Reply] = []
+        self.reply_bytes = 0
+        self.program_done = False
+        self.closed = False  # refuses new calls
+        self.effects: Effects | None = None
+        self.shells: dict[str, bool] = {}  # session id -> still running when last seen
+        self.done = asyncio.Event()
+        self.observe_lock = asyncio.Lock()
+        self.read_terminal = False
+        self.terminal_at: float | None = None
+        self._wake = asyncio.Event()
+        self._driver: asyncio.Task | None = None
+
+    # -- life --------------------------------------------------------------------------------------
+    def launch(self) -> None:
+        self._driver = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            await self.engine.boot(sorted(self.adapters))
+            await self.engine.start(self.source)
+            probed = False
+            while self.state == "running":
+                messages = await self.engine.drain()
+                for message in messages:
+                    self._handle(message)
+                if self.engine.memory_exceeded():
+                    raise EngineError("the cell exceeded its memory limit", "memory-limit")
+                if self.state != "running":
+                    break
+                if messages:
+                    probed = False
+                if self.program_done and not self._open_calls() and not self.replies:
+                    check = await self.engine.final_check()
+                    if check.get("floating"):
+                        self._fail("a nested tool call failed and nothing awaited or caught its rejection",
+                                   "unhandled-rejection")
+                    else:
+                        self._finish("completed")
+                    break
+                if not self.replies:
+                    if not probed and not self._open_calls():
+                        probed = True  # one more look: reactions may still have been running
+                        continue
+                    self._wake.clear()
+                    await self._wake.wait()
+                batch, self.replies = self.replies, []
+                released = sum(_utf8_len(r.value) for r in batch if r.ok)
+                await self.engine.deliver(batch)
+                self.reply_bytes -= released  # released at reply-received, as the seed says
+                probed = False
+        except EngineError as exc:
+            self._fail(exc.message, exc.code)
+        except asyncio.CancelledError:
+            if self.state == "running":
+                self._finish("terminated")
+            raise
+        except Exception as exc:  # a bug here must not look like success, nor leak a traceback
+            log.warning("code mode cell driver failed: %s", type(exc).__name__)
+            self._fail(f"the cell failed with an internal error ({type(exc).__name__})", "internal-error")
+        finally:
+            self.engine.close()
+
+    def terminate(self) -> bool:
+        """Stop the program now. False when it had already ended (its known result stays)."""
+        if self.state != "running":
+            return False
+        self._finish("terminated")
+        self.engine.close()
+        if self._driver is not None:
+            self._driver.cancel()
+        return True
+
+    # -- messages from the isolate -----------------------------------------------------------------
+    def _handle(self, message: dict[str, Any]) -> None:
+        kind = message.get("k")
+        if kind == "out":
+            if isinstance(message.get("s"), str):
+                self.output.append(message["s"])
+        elif kind == "call":
+            self._on_call(message)
+        elif kind == "done":
+            self.program_done = True
+            result = message.get("r")
+            self.result_json = result if isinstance(result, str) else None
+        elif kind == "fail":
+            text = str(message.get("e") or "the script failed")
+            if isinstance(message.get("line"), int):
+                text += f" (line {message['line']})"
+            code = message.get("code")
+            self._fail(text, code if isinstance(code, str) and code else "script-error")
+
+    def _control_error(self, call_id: int, code: str, message: str) -> None:
+        # control errors are short and never count against the reply budget
+        self.replies.append(Reply(call_id, False, message, code))
+        self._wake.set()
+
+    def _open_calls(self) -> int:
+        return sum(1 for c in self.calls.values() if c.state in ("queued", "running"))
+
+    def _on_call(self, message: dict[str, Any]) -> None:
+        call_id, name, args_text = message.get("id"), message.get("name"), message.get("args")
+        if not isinstance(call_id, int) or not isinstance(name, str) or not isinstance(args_text, str):
+            return
+        lim = self.limits
+        size = _utf8_len(args_text)
+        if self.closed:
+            return self._control_error(call_id, "cell-closed", f"tools.{name}: the cell has ended; nothing was run")
+        if name not in self.adapters:
+            return self._control_error(call_id, "not-declared",
+                                       f"tools.{name} is not declared in this cell's `uses`; nothing was run")
+        if size > lim.max_payload_bytes:
+            return self._control_error(call_id, "limit-exceeded",
+                                       f"tools.{name}: the arguments are {size} bytes, more than the "
+                                       f"{lim.max_payload_bytes} allowed for one argument; nothing was run")
+        if self._open_calls() >= lim.max_outstanding_calls:
+            return self._control_error(call_id, "limit-exceeded",
+                                       f"tools.{name}: {lim.max_outstanding_calls} nested calls are already "
+                                       "outstanding in this cell; await some first. Nothing was run")
+        if self.args_total + size > lim.max_cumulative_args_bytes:
+            return self._control_error(call_id, "limit-exceeded",
+                                       f"tools.{name}: this cell's nested calls would send more than "
+                                       f"{lim.max_cumulative_args_bytes} bytes of arguments in all; "
+                                       "nothing was run")
+        try:
+            args = json.loads(args_text)
+        except ValueError:
+            args = None
+        if not isinstance(args, dict):
+            return self._control_error(call_id, "invalid-arguments",
+                                       f"tools.{name} takes one object of arguments; nothing was run")
+        self.args_total += size
+        call = NestedCall(call_id, name)
+        self.calls[call_id] = call
+        call.task = asyncio.get_running_loop().create_task(self._execute(call, args))
+
+    async def _execute(self, call: NestedCall, args: dict[str, Any]) -> None:
+        try:
+            async with self.slots:
+                if self.closed:
+                    call.state = "cancelled"
+                    return
+                call.state = "running"
+                try:
+                    result = await self.dispatch(call.name, args, self)
+                except ToolError as exc:
+                    result = ToolResult.from_error(exc)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("code mode nested call failed unexpectedly: %s", type(exc).__name__)
+                    result = ToolResult.from_error(ToolError(
+                        f"{call.name} failed with an internal error ({type(exc).__name__}); its effect is unknown",
+                        code="internal_error"))
+        except asyncio.CancelledError:
+            if call.state == "queued":
+                call.state = "cancelled"
+            raise
+        call.state = "failed" if result.is_error else "completed"
+        self._note_shell(call.name, result)
+        if self.state != "running":
+            return  # the cell has ended: the reply cannot be delivered (reported as unsettled at the end)
+        self._queue_reply(call, result)
+
+    def _note_shell(self, name: str, result: ToolResult) -> None:
+        sid = result.details.get("session_id")
+        if name in SHELL_TOOLS and sid is not None:
+            self.shells[str(sid)] = "exit_code" not in result.details and not result.details.get("terminated")
+
+    def _queue_reply(self, call: NestedCall, result: ToolResult) -> None:
+        lim = self.limits
+        if result.is_error:
+            message = result.text
+            if _utf8_len(message) > lim.max_payload_bytes:
+                message = message.encode("utf-8")[:lim.error_preview_bytes].decode("utf-8", "ignore") + " …(clipped)"
+            code = str(result.details.get("error", "tool_failed"))
+            self.replies.append(Reply(call.id, False, message, code))
+            self._wake.set()
+            return
+        value = json.dumps(result.structured(), ensure_ascii=False)
+        size = _utf8_len(value)
+        if size > lim.max_payload_bytes:
+            return self._control_error(call.id, "limit-exceeded",
+                                       f"tools.{call.name} ran, but its result is {size} bytes, more than the "
+                                       f"{lim.max_payload_bytes} a cell may receive; it is not run again")
+        if self.reply_bytes + size > lim.max_queued_reply_bytes:
+            return self._control_error(call.id, "limit-exceeded",
+                                       f"tools.{call.name} ran, but the cell's queue of unread replies is full "
+                                       f"({lim.max_queued_reply_bytes} bytes); it is not run again")
+        self.reply_bytes += size
+        self.replies.append(Reply(call.id, True, value))
+        self._wake.set()
+
+    # -- endings -----------------------------------------------------------------------------------
+    def _close_calls(self) -> None:
+        self.closed = True
+        for call in self.calls.values():
+            if call.state == "queued" and call.task is not None:
+                call.task.cancel()  # still waiting for a slot: never dispatched
+
+    def _fail(self, message: str, code: str) -> None:
+        if self.state != "running":
+            return
+        self.error = message
+        self.error_code = code
+        self._finish("failed")
+
+    def _finish(self, state: CellState) -> None:
+        if self.state != "running":
+            return
+        self.state = state
+        self._close_calls()
+        self.ended = time.monotonic()
+        counts = {"completed": 0, "failed": 0, "cancelled": 0, "unsettled": 0}
+        for call in self.calls.values():
+            key = {"queued": "cancelled", "running": "unsettled"}.get(call.state, call.state)
+            counts[key] += 1
+        self.effects = Effects(**counts)
+        self.terminal_at = time.monotonic()
+        self.done.set()
+        self._on_terminal(self)
+
+    def wall_time(self) -> float:
+        return (self.ended or time.monotonic()) - self.started
+
+
+class CellManager:
+    def __init__(self, limits: CellLimits, dispatch: Dispatch, engine_factory: Callable[[], Engine]):
+        self.limits = limits
+        self.dispatch = dispatch
+        self.engine_factory = engine_factory
+        self.cells: dict[str, Cell] = {}
+        self.slots = asyncio.Semaphore(limits.adapter_slots)
+        self.closed = False
+
+    def running(self) -> int:
+        return sum(1 for c in self.cells.values() if c.state == "running")
+
+    def _prune(self) -> None:
+        now = time.monotonic()
+        for cid, cell in list(self.cells.items()):
+            if cell.state != "running" and cell.terminal_at is not None and \
+                    now - cell.terminal_at > self.limits.terminal_ttl_s:
+                del self.cells[cid]
+
+    def _on_terminal(self, cell: Cell) -> None:
+        unread = [c for c in self.cells.values() if c.state != "running" and c is not cell]
+        unread.append(cell)
+        while len(unread) > self.limits.max_unread_terminal:
+            oldest = min(unread, key=lambda c: c.terminal_at or 0.0)
+            unread.remove(oldest)
+            self.cells.pop(oldest.id, None)
+
+    def start(self, owner: Owner, source: str, adapters: frozenset[str], context: Any = None) -> Cell:
+        self._prune()
+        if self.closed:
+            raise ToolError("exec: code mode is shutting down; nothing was run", code="closed")
+        if self.running() >= self.limits.max_running_cells:
+            raise ToolError(f"exec: {self.limits.max_running_cells} cells are already running; finish one with "
+                            "`wait` (or stop it with wait terminate) first. Nothing was run",
+                            code="too-many-cells")
+        cell_id = secrets.token_hex(4)
+        while cell_id in self.cells:
+            cell_id = secrets.token_hex(4)
+        try:
+            engine = self.engine_factory()
+        except Exception as exc:
+            log.warning("code mode could not create an isolate: %s", type(exc).__name__)
+            raise ToolError(f"exec: the JavaScript engine could not start ({type(exc).__name__}); nothing was run",
+                            code="engine-unavailable") from None
+        cell = Cell(cell_id, owner, source, adapters, engine, self.dispatch, self.limits, self.slots,
+                    self._on_terminal, context)
+        self.cells[cell_id] = cell
+        cell.launch()
+        return cell
+
+    def lookup(self, owner: Owner, cell_id: str) -> Cell | None:
+        self._prune()
+        cell = self.cells.get(cell_id)
+        if cell is None or cell.owner != owner:
+            return None
+        return cell
+
+    def mark_read(self, cell: Cell) -> None:
+        """A terminal result is delivered once; after that the ID is unknown."""
+        if cell.state != "running":
+            self.cells.pop(cell.id, None)
+
+    async def close(self) -> None:
+        self.closed = True
+        for cell in list(self.cells.values()):
+            cell.terminate()
+        for cell in list(self.cells.values()):
+            if cell._driver is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await cell._driver
+        self.cells.clear()

@@ -1,0 +1,229 @@
+"""The code-mode family: `exec` starts a JavaScript cell in a fresh V8 isolate, `wait` continues or stops it.
+
+A cell may call, as `await tools.<name>(args)`, the seed's adapters (`exec_command`, `write_stdin`,
+`apply_patch`) and the read-only history and notes tools. Each nested call goes through the registry's
+own tool (the same schema validation, shell manager, patch executor and path queue as a direct call),
+looked up again when it is dispatched, so a tool switched off later is refused inside a running cell
+too. Off by default (`code_mode.enabled`): it is remote code execution for whoever holds the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tools_server.codemode.cells import Cell, CellManager, Owner
+from tools_server.codemode.engine import V8Engine
+from tools_server.codemode.limits import CellLimits
+from tools_server.codemode.pragma import PragmaError, parse_pragma
+from tools_server.codemode.render import render
+from tools_server.registry import CallContext, Registry, Services, Tool, ToolError, ToolResult, clip
+from tools_server.shell import limits as shell_limits
+
+SEED_ADAPTERS = ("exec_command", "write_stdin", "apply_patch")
+READ_ONLY_FAMILIES = ("history", "notes")
+REGISTRY_KEY = "registry"  # services.extras: the registry, set by tools_server.families once built
+
+EXEC_DESCRIPTION = """Runs JavaScript in a fresh V8 isolate (an async function body: top-level await and \
+return work) and returns what it printed. No fetch, require, process, import() or timers; variables do \
+not survive between cells. `print(...)`, `console.log/warn/error(...)` and `text(value)` write output; \
+`return value` adds it as the cell's result (JSON). Nested tools, each returning a Promise of \
+{ok, output, ...details} or rejecting with an Error that has .code:
+- tools.exec_command({cmd, workdir?, yield_time_ms?, max_output_tokens?}): run a shell command
+- tools.write_stdin({session_id, chars?, yield_time_ms?, max_output_tokens?, closeStdin?, terminate?})
+- tools.apply_patch({patch}): apply a Codex-format patch (may need confirmation)
+- tools.history_list_windows / history_list_items / history_read_item / history_search_contents and
+  tools.notes_list_files_by_prefix / notes_read_file / notes_search_contents: the read-only history and
+  notes tools, with their own arguments
+`uses` lists the tools the cell may call (omitted: every one enabled now; []: none). A first line
+`// @exec: {"yield_time_ms": N, "max_output_tokens": M}` sets the yield and output budget. If the cell \
+is still running after yield_time_ms (default 10000) the answer carries its cell ID: continue with \
+`wait`. Per cell: at most 16 nested calls outstanding, 256 KiB of arguments in all."""
+
+WAIT_DESCRIPTION = ("Waits for a running exec cell (by cell_id) up to yield_time_ms and returns what it "
+                    "printed since the last look; terminate: true stops it. A finished cell's result is "
+                    "returned once.")
+
+GRAMMAR = r"""start: pragma? source
+pragma: /[ \t]*\/\/[ \t]*@exec:[^\n]*\n/
+source: /[\s\S]+/
+"""
+
+EXEC_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string", "description": "JavaScript source (an async function body)."},
+        "uses": {"type": "array", "items": {"type": "string"},
+                 "description": "Tools the cell may call; omitted: all enabled ones; []: none."},
+        "yield_time_ms": {"type": "integer", "description": "How long to wait before yielding (250-30000, "
+                                                            "default 10000)."},
+        "max_output_tokens": {"type": "integer", "description": "Output budget (4 bytes per token; default 10000)."},
+    },
+    "required": ["code"],
+    "additionalProperties": False,
+}
+WAIT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "cell_id": {"type": "string", "description": "The cell ID an exec answer named."},
+        "yield_time_ms": {"type": "integer", "description": "How long to wait (250-30000, default 10000)."},
+        "max_tokens": {"type": "integer", "description": "Output budget (4 bytes per token; default 10000)."},
+        "terminate": {"type": "boolean", "description": "Stop the cell."},
+    },
+    "required": ["cell_id"],
+    "additionalProperties": False,
+}
+
+
+class ExecArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    code: str
+    uses: list[str] | None = None
+    yield_time_ms: int | None = Field(None, ge=0)
+    max_output_tokens: int | None = Field(None, ge=0)
+
+
+class WaitArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cell_id: str = Field(max_length=64)
+    yield_time_ms: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=0)
+    terminate: bool = False
+
+
+def owner_of(ctx: CallContext) -> Owner:
+    return (ctx.task or "", ctx.agent or "")
+
+
+def is_adapter(tool: Tool) -> bool:
+    return tool.name in SEED_ADAPTERS or (tool.family in READ_ONLY_FAMILIES and tool.read_only)
+
+
+def _yield_seconds(value: int | None) -> float:
+    ms = shell_limits.EXEC_YIELD_DEFAULT_MS if value is None else value
+    return min(max(ms, shell_limits.EXEC_YIELD_MIN_MS), shell_limits.EXEC_YIELD_MAX_MS) / 1000
+
+
+def _budget(tokens: int | None) -> int:
+    return (shell_limits.DEFAULT_MAX_OUTPUT_TOKENS if tokens is None else tokens) * shell_limits.BYTES_PER_TOKEN
+
+
+class CodeModeFamily:
+    name = "code_mode"
+
+    def __init__(self, services: Services, limits: CellLimits | None = None):
+        self.services = services
+        cfg = services.config.code_mode
+        self.limits = limits or CellLimits(memory_limit_bytes=cfg.memory_limit_mb * 1024 * 1024)
+        self.manager = CellManager(self.limits, self.dispatch, lambda: V8Engine(self.limits.memory_limit_bytes))
+
+    # -- the registry, as it is now ---------------------------------------------------------------
+    def _registry(self) -> Registry:
+        registry = self.services.extras.get(REGISTRY_KEY)
+        if registry is None:
+            raise ToolError("code mode has no tool registry", code="internal_error")
+        return registry
+
+    def admitted(self) -> list[str]:
+        """The adapters a cell started now may call: the adapter tools enabled now."""
+        return sorted(t.name for t in self._registry().enabled_tools() if is_adapter(t))
+
+    def adapter_names(self) -> list[str]:
+        return sorted(t.name for t in self._registry().all_tools() if is_adapter(t))
+
+    # -- nested dispatch ----------------------------------------------------------------------------
+    async def dispatch(self, name: str, args: dict[str, Any], cell: Cell) -> ToolResult:
+        tool = self._registry().get(name)  # again at dispatch: a tool switched off since is refused
+        if tool is None or not is_adapter(tool):
+            raise ToolError(f"tools.{name} is not enabled any more; nothing was run", code="unavailable")
+        if name == "apply_patch" and self.services.config.code_mode.approval_mode == "confirm":
+            # validate first (a wrong patch is an argument error, not a question for the user) ...
+            tool.validate(args)
+            # ... then ask. No transport of this server can ask a person yet (MCP elicitation is not wired),
+            # so `confirm` refuses before any change.
+            raise ToolError("apply_patch inside a code cell needs confirmation (code_mode.approval_mode is "
+                            "'confirm') and this client cannot be asked; nothing was changed. Call apply_patch "
+                            "directly, or set code_mode.approval_mode to 'always'.", code="approval-unavailable")
+        outer: CallContext | None = cell.context
+        ctx = CallContext(services=self.services, task=outer.task if outer else None,
+                          agent=outer.agent if outer else None, session=outer.session if outer else None,
+                          window=outer.window if outer else None, cwd=outer.cwd if outer else None,
+                          call_id=f"{cell.id}/{len(cell.calls)}",
+                          transport=outer.transport if outer else "direct")
+        return await tool.call(args, ctx)
+
+    # -- executors ----------------------------------------------------------------------------------
+    async def exec_(self, args: ExecArgs, ctx: CallContext) -> ToolResult:
+        try:
+            pragma = parse_pragma(args.code, args.yield_time_ms, args.max_output_tokens)
+        except PragmaError as exc:
+            raise ToolError(f"exec: {exc}; nothing was run", code="invalid-pragma") from None
+        if len(pragma.source.encode("utf-8", "replace")) > self.limits.max_code_bytes:
+            raise ToolError(f"exec: the code is longer than {self.limits.max_code_bytes} bytes; nothing was run",
+                            code="too_large")
+        if not pragma.source.strip():
+            raise ToolError("exec: there is no code to run", code="invalid_arguments")
+        admitted = self.admitted()
+        if args.uses is None:
+            adapters = frozenset(admitted)
+        else:
+            known = set(self.adapter_names())
+            if unknown := [n for n in args.uses if n not in known]:
+                raise ToolError(f"exec: `uses` names {', '.join(clip(n, 60) for n in unknown[:5])}, which a cell "
+                                f"cannot call; a cell may call: {', '.join(sorted(known))}. Nothing was run",
+                                code="unknown-adapter")
+            if off := [n for n in args.uses if n not in admitted]:
+                raise ToolError(f"exec: `uses` names {', '.join(off[:5])}, which is not enabled now; "
+                                "nothing was run", code="unavailable")
+            adapters = frozenset(args.uses)
+        cell = self.manager.start(owner_of(ctx), pragma.source, adapters, ctx)
+        try:
+            return await self._observe(cell, _yield_seconds(pragma.yield_time_ms), _budget(pragma.max_output_tokens))
+        except asyncio.CancelledError:
+            cell.terminate()  # nobody learnt the cell's ID: stop it
+            raise
+
+    async def wait(self, args: WaitArgs, ctx: CallContext) -> ToolResult:
+        cell = self.manager.lookup(owner_of(ctx), args.cell_id)
+        if cell is None:
+            raise ToolError(f"wait: no running or unread cell has the ID {clip(args.cell_id, 64)!r} (a finished "
+                            "cell's result is returned once, and an unread one is dropped after five minutes)",
+                            code="unknown-cell")
+        if args.terminate:
+            cell.terminate()
+            return await self._observe(cell, 0.0, _budget(args.max_tokens))
+        return await self._observe(cell, _yield_seconds(args.yield_time_ms), _budget(args.max_tokens))
+
+    async def _observe(self, cell: Cell, yield_s: float, budget: int) -> ToolResult:
+        async with cell.observe_lock:  # one observer at a time; one of them gets the terminal result
+            if cell.state == "running" and yield_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(cell.done.wait(), yield_s)
+            if cell.id not in self.manager.cells:
+                raise ToolError(f"wait: cell {cell.id}'s result was already returned", code="unknown-cell")
+            text, details = render(cell, budget)
+            if cell.state != "running":
+                self.manager.mark_read(cell)
+            return ToolResult(text=text, details=details, is_error=cell.state == "failed")
+
+    def tools(self) -> Iterable[Tool]:
+        return [
+            Tool(name="exec", description=EXEC_DESCRIPTION, family=self.name, capability="code_mode",
+                 args_model=ExecArgs, execute=self.exec_, parameters=EXEC_SCHEMA, parallel=True,
+                 custom_format={"type": "grammar", "syntax": "lark", "definition": GRAMMAR}),
+            Tool(name="wait", description=WAIT_DESCRIPTION, family=self.name, capability="code_mode",
+                 args_model=WaitArgs, execute=self.wait, parameters=WAIT_SCHEMA, parallel=True),
+        ]
+
+    async def close(self) -> None:
+        await self.manager.close()
+
+
+def create_family(services: Services) -> CodeModeFamily:
+    return CodeModeFamily(services)

@@ -1,0 +1,75 @@
+"""Codex's code-mode output (research/codex-protocol.md §4.5) for one observation of a cell.
+
+    Script completed | Script failed | Script running with cell ID <id> | Script terminated
+    Wall time 1.2 seconds
+    Output:
+    <text printed since the last observation>
+    [Result:\n<the returned value, compact JSON>]
+    [Script error:\n<message>]
+
+Status and uncertainty (nested calls left unsettled, shells still running) come before anything
+clipped; each preview has its own budget and `clipping` says which one cut.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tools_server.codemode.cells import Cell
+
+
+def _clip(text: str, budget: int) -> tuple[str, bool]:
+    data = text.encode("utf-8", "replace")
+    if len(data) <= budget:
+        return text, False
+    kept = data[:max(0, budget)].decode("utf-8", "ignore")
+    return kept + f"\n…[{len(data) - len(kept.encode('utf-8'))} more bytes not shown]", True
+
+
+def status_line(cell: Cell) -> str:
+    return {"running": f"Script running with cell ID {cell.id}", "completed": "Script completed",
+            "failed": "Script failed", "terminated": "Script terminated"}[cell.state]
+
+
+def render(cell: Cell, max_bytes: int) -> tuple[str, dict[str, Any]]:
+    lim = cell.limits
+    budget = max(0, min(max_bytes, lim.final_text_bytes))
+    head = [status_line(cell), f"Wall time {cell.wall_time():.1f} seconds"]
+    notes: list[str] = []
+    effects = cell.effects
+    if effects is not None and effects.unsettled:
+        notes.append(f"Unknown outcome: {effects.unsettled} nested call(s) were still running when the cell "
+                     "ended; their effects are unknown (nothing is run again).")
+    live = sorted(sid for sid, running in cell.shells.items() if running)
+    if live and cell.state != "running":
+        notes.append(f"Shells still running: {', '.join(live)} (continue them with write_stdin session_id).")
+    output, out_clipped = _clip(cell.output.read_unread(), budget)
+    text = "\n".join(head) + "\n" + "".join(n + "\n" for n in notes) + "Output:\n" + output
+    details: dict[str, Any] = {"cell_id": cell.id, "status": cell.state,
+                               "wall_time_seconds": round(cell.wall_time(), 3),
+                               "output_bytes": cell.output.total_bytes}
+    clipping = {"output": out_clipped or cell.output.clipped, "result": False, "error": False}
+    if cell.state == "completed" and cell.result_json is not None:
+        result, clipping["result"] = _clip(cell.result_json, lim.result_preview_bytes)
+        text += ("" if text.endswith("\n") else "\n") + "Result:\n" + result
+        if not clipping["result"]:
+            try:
+                details["result"] = json.loads(cell.result_json)
+            except ValueError:
+                pass
+    if cell.state == "failed":
+        error, clipping["error"] = _clip(cell.error or "the script failed", lim.error_preview_bytes)
+        text += ("" if text.endswith("\n") else "\n") + "Script error:\n" + error
+        details["error"] = cell.error_code or "script-error"
+    if effects is not None:
+        details["calls"] = effects.as_dict()
+        if cell.state != "completed" and effects.total:
+            e = effects
+            text += (f"\nNested calls: {e.completed} completed, {e.failed} failed, {e.cancelled} cancelled, "
+                     f"{e.unsettled} unsettled")
+    if cell.shells:
+        details["shells"] = [{"session_id": sid, "running": running} for sid, running in sorted(cell.shells.items())]
+    details["clipping"] = clipping
+    final, _ = _clip(text, lim.final_text_bytes)
+    return final, details
