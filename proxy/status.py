@@ -59,15 +59,57 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
         return CapabilityStatus(name, *status(rc.enabled, rc.threshold, rc.recover_overflow, upstream_official,
                                               upstream_trusted))
     if name == "computer_use":
-        if sys.platform == "darwin":
-            return CapabilityStatus(name, "deferred", "starts the desktop client on first use")
-        if not os.environ.get("DISPLAY") or shutil.which("xdotool") is None:
-            return CapabilityStatus(name, "unavailable", "needs a desktop session (DISPLAY) and xdotool")
+        return CapabilityStatus(name, *computer_use_status(config))
     if name in ("apply_patch", "shell") and run is not None and not run.get("workspace"):
         return CapabilityStatus(name, "unavailable", "no workspace: restart ctproxy with --workspace DIR")
     if name == "image_generation":
         return CapabilityStatus(name, "deferred", "runs on first call with an official route's credentials")
     return CapabilityStatus(name, "active", what)
+
+
+def computer_use_status(config: Config) -> tuple[str, str]:
+    """What this machine lacks for Computer Use, named exactly (Debian packages, Python modules, the display,
+    the session bus); `deferred` when nothing is missing (the backend starts on first use)."""
+    import importlib.util
+
+    cu = config.computer_use
+    backend = cu.backend if cu.backend != "auto" else ("macos" if sys.platform == "darwin" else "linux")
+    if backend == "macos":
+        if sys.platform != "darwin":
+            return "unavailable", ("macOS backend: macOS only (ChatGPT.app's bundled Codex app-server); "
+                                   f"this is {sys.platform}")
+        res = "/Applications/ChatGPT.app/Contents/Resources"
+        home = os.environ.get("CODEX_HOME") or os.path.expanduser("~/.codex")
+        for path in (f"{res}/codex", f"{res}/cua_node/bin/node_repl"):
+            if not os.access(path, os.X_OK):
+                return "unavailable", f"ChatGPT.app's bundled runtime is missing ({path})"
+        if not os.path.exists(f"{home}/computer-use/Codex Computer Use.app"):
+            return "unavailable", f"the Codex Computer Use helper is not installed ({home}/computer-use)"
+        return "deferred", f"starts ChatGPT.app's app-server on first use (approval: {cu.approval_mode})"
+    missing = [pkg for exe, pkg in (("xdotool", "xdotool"),) if shutil.which(exe) is None]
+    display = cu.display or os.environ.get("DISPLAY")
+    bus = cu.dbus_address or os.environ.get("DBUS_SESSION_BUS_ADDRESS")
+    private = not display and cu.start_xvfb
+    if private:
+        missing += [pkg for exe, pkg in (("Xvfb", "xvfb"), ("dbus-daemon", "dbus")) if shutil.which(exe) is None]
+        if not any(os.access(p, os.X_OK) for p in ("/usr/libexec/at-spi-bus-launcher",
+                                                   "/usr/lib/at-spi2-core/at-spi-bus-launcher")):
+            missing.append("at-spi2-core")
+    modules = [mod for mod, pip in (("dbus_fast", "dbus-fast"), ("Xlib", "python-xlib"), ("mss", "mss"),
+                                    ("PIL", "pillow")) if importlib.util.find_spec(mod) is None]
+    problems = []
+    if missing:
+        problems.append(f"missing Debian packages: {', '.join(missing)} (scripts/bootstrap.sh installs them)")
+    if modules:
+        problems.append(f"missing Python modules: {', '.join(modules)} (pip install -e .)")
+    if not display and not private:
+        problems.append("no X display (set DISPLAY or computer_use.display, or computer_use.start_xvfb true)")
+    elif not private and not bus:
+        problems.append("no session bus for the AT-SPI bus (set DBUS_SESSION_BUS_ADDRESS or computer_use.dbus_address)")
+    if problems:
+        return "unavailable", "; ".join(problems)
+    where = "a private Xvfb desktop, started on first use" if private else f"display {display}"
+    return "deferred", f"X11 + AT-SPI on {where} (approval: {cu.approval_mode})"
 
 
 def all_statuses(config: Config, run: dict | None = None, file_config: Config | None = None) -> list[CapabilityStatus]:

@@ -55,6 +55,9 @@ class Atspi:
         self.bus = bus
         self._session = session
         self._role_names: dict[int, str] = {}
+        # dbus-fast fails the whole connection when the socket's send buffer fills (EAGAIN), which a
+        # tree walk's burst of calls can do: keep the calls in flight bounded
+        self._in_flight = asyncio.Semaphore(24)
 
     @classmethod
     async def connect(cls, session_address: str | None) -> Atspi:
@@ -89,9 +92,12 @@ class Atspi:
         msg = Message(destination=ref.bus, path=ref.path, interface=interface, member=member,
                       signature=signature, body=body or [])
         try:
-            reply = await asyncio.wait_for(self.bus.call(msg), timeout)
+            async with self._in_flight:
+                reply = await asyncio.wait_for(self.bus.call(msg), timeout)
         except TimeoutError as exc:
             raise AtspiError(f"{member} did not answer in {timeout:g} s") from exc
+        except (OSError, EOFError) as exc:  # the connection broke; the next call reconnects
+            raise AtspiError(f"the accessibility bus connection broke ({type(exc).__name__})") from exc
         if reply is None or reply.message_type == MessageType.ERROR:
             raise AtspiError(reply.error_name if reply is not None else "no reply")
         return reply.body
