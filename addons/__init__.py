@@ -8,6 +8,7 @@ from typing import Any
 def chain() -> list[Any]:
     from addons.body import BodyWriter
     from addons.compaction import Compaction
+    from addons.context import Context
     from addons.guard import Guard
     from addons.history import History
     from addons.routing import Routing
@@ -20,8 +21,9 @@ def chain() -> list[Any]:
         Session(),  # 1 task / agent / session
         Tap(),  # streams answers through; decodes a copy for the later addons
         History(),  # 2 journal the new input items and the answer's output items
-        Compaction(),  # remote compaction v2 / readable fallback projection, overflow recovery
-        # 3 context, 4 tools join here
+        Compaction(),  # remote compaction v2 / readable fallback: decides, opens windows, overflow recovery
+        Context(),  # 3 applies the session's current window (the journal's): bootstrap before its boundary
+        # 4 tools join here
         WebSearch(),  # 5 native web_search on official routes
         Guard(),  # 6 credentials only to official endpoints
         BodyWriter(),  # the body is serialized once, at the end

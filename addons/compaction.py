@@ -1,9 +1,12 @@
 """Remote compaction v2 with a readable fallback, and overflow recovery (seed 004 §5.2, DESIGN §3.3).
 
-request: projects the session's latest checkpoint onto the client's items (retained user messages →
-the opaque compaction item when model, endpoint, account and auth kind match; the readable fallback
-otherwise), then estimates the request; above the threshold it compacts before forwarding. Requests
-that compact by themselves, or chain with `previous_response_id` / `conversation`, are left alone.
+request: decides on the projection of the checkpoint in effect (the session's current journal window
+of strategy remote/fallback, ADR 0006): retained user messages → the opaque compaction item when
+model, endpoint, account and auth kind match, the readable fallback otherwise. It estimates that
+request; above the threshold it compacts before forwarding, which opens the session's next window.
+The context stage (addons/context.py) then applies the window to the body; this stage never writes
+the body. Requests that compact by themselves, or chain with `previous_response_id` / `conversation`,
+are left alone.
 
 Overflow recovery: an HTTP 400 `context_length_exceeded` is buffered by mitmproxy anyway, so the
 `response` hook can compact, retry once and swap in the retry's answer. Streams are different: once
@@ -17,6 +20,7 @@ fails too it gets the original error unchanged.
 
 from __future__ import annotations
 
+import logging
 import math
 import sqlite3
 import time
@@ -45,12 +49,14 @@ from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.overflow import CODE, response_error_code
 from proxy.compaction.remote import compaction_target
 from proxy.compaction.store import Checkpoint
-from proxy.flowbody import commit_if_alone, responses_body
+from proxy.flowbody import responses_body
 from proxy.flowstate import Settling, state_of
 from proxy.sse import ResponseTap, StreamTap
-from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_input
+from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
+
+log = logging.getLogger("ctproxy.compaction")
 
 # Set while the answer may still change (held stream, possible overflow). The tap and the history
 # addon read answers in their `response` hooks, which run before this one; they are run again here
@@ -104,9 +110,8 @@ def _grown(info: FlowInfo) -> bool:
     return added >= TAIL_FRACTION * info.window
 
 
-def _snapshot(conn: sqlite3.Connection, key: str) -> tuple[Checkpoint | None, store.SessionRecord | None,
-                                                           usage.Usage | None]:
-    return store.latest_checkpoint(conn, key), store.session_state(conn, key), usage.last_usage_for_session(conn, key)
+def _snapshot(conn: sqlite3.Connection, key: str) -> tuple[store.SessionRecord | None, usage.Usage | None]:
+    return store.session_state(conn, key), usage.last_usage_for_session(conn, key)
 
 
 def _memo(rt: runtime.Runtime) -> store.SessionMemo:
@@ -125,6 +130,8 @@ class Compaction(Stage):
         if turns is not None:
             await turns.close()
         dbworker.close_shared(rt.services)
+        if rt.services.journal is not None:  # the windows opened without the history stage, too
+            rt.services.journal.flush(timeout=30)
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -170,20 +177,25 @@ class Compaction(Stage):
         route = _route(flow, rt)
         db = self._db(rt)
         key = ident.session_key
-        memo = _memo(rt).get(key)
-        if memo is not None:  # this process wrote the session's last state: no database round trip
-            checkpoint, sess = memo
+        sess = _memo(rt).get(key)
+        if sess is not None:  # this process wrote the session's last state: no database round trip
             last_usage = rt.services.usage.get(key)
         else:
-            checkpoint, sess, last_usage = await db.run(lambda conn: _snapshot(conn, key))
+            sess, last_usage = await db.run(lambda conn: _snapshot(conn, key))
             last_usage = usage.newest(last_usage, rt.services.usage.get(key))
+        headers = header_map(flow)
+        st = state_of(flow)
+        mark = st.journal_mark
+        # The checkpoint in effect is the journal session's current window (the journal caches it).
+        windows = journal_link.window_session(rt, st.journal, mark, ident, {**headers, **st.identity_headers},
+                                              payload)
+        checkpoint = journal_link.current_checkpoint(windows)
         model = payload.get("model") if isinstance(payload.get("model"), str) else ""
         req = flow.request
         fp = None
         endpoint = normalise_endpoint(req.scheme, req.host, req.port, req.path)
         if route.kind is not None and model:
-            fp = fingerprint_of(route.kind, model, endpoint, header_map(flow), self._key(rt))
-        mark = state_of(flow).journal_mark
+            fp = fingerprint_of(route.kind, model, endpoint, headers, self._key(rt))
         window = usage.model_window(model, rt.config.model_windows)
         learned = await self._learned_window(rt, db, model, endpoint) if route.eligible and model else None
         if learned is not None and (window is None or learned < window):
@@ -191,7 +203,8 @@ class Compaction(Stage):
         info = FlowInfo(session_key=key, payload=payload, client_items=items, checkpoint=None, replay_opaque=False,
                         window=window, estimate=Estimate(0, "bytes", 1.0), fingerprint=fp, route=route,
                         credentials_allowed=_credentials_allowed(flow, route), hold=False, mark=mark,
-                        compacted_items=sess.compacted_items if sess is not None else None, endpoint=endpoint)
+                        compacted_items=sess.compacted_items if sess is not None else None, endpoint=endpoint,
+                        windows=windows)
 
         # A divergence is reported once: when the previous request still used the checkpoint.
         report = sess is None or checkpoint is None or sess.last.checkpoint_id == checkpoint.id
@@ -214,25 +227,26 @@ class Compaction(Stage):
             # did not): the bootstrap gives way (retained messages, then the fallback's excerpt).
             fitted = self._fit(projected, info, cfg.threshold * (info.window or 0))
             if fitted is not None:
-                projected = fitted
+                projected, info.fit_budget = fitted
                 sent = _payload_bytes(projected, input_items(projected) or [])
                 info.estimate = self._estimate(sent, info, None, None)
         info.hold = (cfg.recover_overflow and route.eligible
                      and over(info.estimate.tokens, info.window, HOLD_FRACTION))
-        body.replace(projected)
+        # The context stage (addons/context.py) applies the checkpoint in effect to the body: compaction only
+        # decides, on the projection that stage will send (the same pure transform).
+        info.boundary_checked = info.checkpoint is not None
         cp_id = info.checkpoint.id if info.checkpoint else None
         # Coalesced: the session's newest row is all that counts (this process reads its memo, not the row).
         db.put_latest(("forwarded", key), lambda conn: store.record_forwarded(conn, key, cp_id, len(items), sent))
         if want:  # a compaction wrote more than record_forwarded does: read it back next time
             _memo(rt).forget(key)
         else:  # mirror exactly what record_forwarded writes, so the next request can skip the read
-            _memo(rt).put(key, info.checkpoint, store.SessionRecord(
+            _memo(rt).put(key, store.SessionRecord(
                 store.LastRequest(cp_id, len(items), sent), False, sess.failed_items if sess is not None else None,
                 info.compacted_items))
-        state_of(flow).compaction = info
+        st.compaction = info
         debuglog.event("remote_compaction", outcome=info.outcome, estimate=info.estimate.tokens, window=info.window,
                        checkpoint=cp_id, items=len(items), stream=info.hold)
-        commit_if_alone(flow)
 
     def _project(self, payload: dict[str, Any], cp: Checkpoint | None, info: FlowInfo, enabled: bool,
                  rt: runtime.Runtime, report_divergence: bool = True) -> dict[str, Any]:
@@ -261,23 +275,16 @@ class Compaction(Stage):
         return estimate(sent_bytes, info.client_items, cp_id, snap, last)
 
     @staticmethod
-    def _fit(payload: dict[str, Any], info: FlowInfo, budget_tokens: float) -> dict[str, Any] | None:
+    def _fit(payload: dict[str, Any], info: FlowInfo, budget_tokens: float) -> tuple[dict[str, Any], int] | None:
         """The projected payload with its bootstrap trimmed so the whole estimate is within
-        `budget_tokens`; None when even the bare compaction item (or marker) and the tail do not fit."""
+        `budget_tokens`, and the input-bytes budget that took; None when even the bare compaction item
+        (or marker) and the tail do not fit."""
         cp = info.checkpoint
         if cp is None or info.outcome == "already":
             return None  # "already": the client sent the bootstrap itself; its own items are not ours to cut
-        items = input_items(payload) or []
-        tail = info.client_items[cp.boundary:]
-        boot_len = len(items) - len(tail)
-        if boot_len < 0 or items[boot_len:] != list(tail):
-            return None  # not a projection of this checkpoint
-        base = _payload_bytes(payload, [])
-        budget_bytes = int(budget_tokens / max(info.estimate.ratio, 0.01) * 4) - base
-        fitted = fit_input(items[:boot_len], tail, budget_bytes)
-        if fitted is None:
-            return None
-        return {**payload, "input": fitted}
+        budget_bytes = int(budget_tokens / max(info.estimate.ratio, 0.01) * 4) - _payload_bytes(payload, [])
+        fitted = fit_projection(payload, info.client_items[cp.boundary:], budget_bytes)
+        return None if fitted is None else (fitted, budget_bytes)
 
     async def _learned_window(self, rt: runtime.Runtime, db: dbworker.DBWorker, model: str,
                               endpoint: str) -> int | None:
@@ -323,7 +330,8 @@ class Compaction(Stage):
         if info.route.kind is not None:
             target = compaction_target(info.route.kind, req.scheme, req.host, req.port, req.path,
                                        dict(req.headers.items()), info.credentials_allowed)
-        plan = Plan(session_key=info.session_key, client_items=info.client_items, previous=prev,
+        window_key = info.windows.key if info.windows is not None else info.session_key
+        plan = Plan(session_key=window_key, client_items=info.client_items, previous=prev,
                     replay_opaque=info.replay_opaque, boundary=boundary, payload=request_payload,
                     window=info.window, fingerprint=info.fingerprint, target=target,
                     remote_blocked=self._blocked(info, rt), reason=reason, retained_budget=retained_budget(info.window))
@@ -332,8 +340,13 @@ class Compaction(Stage):
         strategy = cp.strategy
         info.compacted, info.compacted_items = True, n
 
+        if info.windows is not None:
+            try:  # the window is the checkpoint's only record (ADR 0006)
+                cp = journal_link.open_window(info.windows, cp)
+            except Exception as exc:
+                log.error("compaction: the window was not journaled (%s)", type(exc).__name__)
+
         def save(conn: sqlite3.Connection) -> None:
-            store.save_checkpoint(conn, cp)
             store.record_compacted(conn, info.session_key, n)
             store.record_event(conn, info.session_key, "compaction", strategy, cp.reason, cp.id)
             if strategy == "fallback" and plan.remote_blocked is None:
@@ -341,23 +354,16 @@ class Compaction(Stage):
 
         _memo(rt).forget(info.session_key)
         await self._db(rt).run(save)
-        window_id = journal_link.start_window(
-            rt.state, info.mark, boundary, strategy,
-            {"checkpoint_id": cp.id, "marker": cp.marker, "retained": len(cp.retained), "reason": cp.reason})
-        journal_link.record_event(rt.state, info.mark, "compaction",
+        journal_link.record_event(info.windows, "compaction",
                                   {"checkpoint_id": cp.id, "strategy": strategy, "reason": cp.reason,
-                                   "boundary": boundary, "window_id": window_id})
-        if window_id:
-            _memo(rt).forget(info.session_key)
-            await self._db(rt).run(lambda conn: store.set_window_id(conn, cp.id, window_id))
+                                   "boundary": boundary, "window_id": cp.window_id})
         return cp
 
     def _event(self, rt: runtime.Runtime, info: FlowInfo, kind: str, outcome: str, reason: str | None,
                cp_id: str | None) -> None:
         key = info.session_key
         self._db(rt).submit(lambda conn: store.record_event(conn, key, kind, outcome, reason, cp_id))
-        journal_link.record_event(rt.state, info.mark, kind, {"outcome": outcome, "reason": reason,
-                                                               "checkpoint_id": cp_id})
+        journal_link.record_event(info.windows, kind, {"outcome": outcome, "reason": reason, "checkpoint_id": cp_id})
         debuglog.event("remote_compaction", phase=kind, outcome=outcome, reason=reason, checkpoint=cp_id)
 
     # ------------------------------------------------------------------ response
@@ -445,7 +451,7 @@ class Compaction(Stage):
             if fitted is None:
                 self._event(rt, info, "recovery", "not_smaller", cp.strategy, cp.id)
                 return False  # nothing smaller to send: the agent gets the original error
-            retry_payload = fitted
+            retry_payload = fitted[0]
         retry_bytes = _payload_bytes(retry_payload, retry_payload["input"])
         new = await self._send_retry(flow, info, retry_payload, rt)
         code = None if new is None else response_error_code(

@@ -21,6 +21,7 @@ from tests.test_compaction_harness import (
     completed_output_text,
     running_proxy,
     user,
+    wait_for_checkpoints,
     wait_for_events,
 )
 
@@ -75,7 +76,7 @@ async def test_codex_session_compacts_once_then_replays_then_falls_back_on_model
 
         # The compaction item as the emulator produced it (from its SSE), byte for byte in the store.
         conn = connect(tmp_path / "state" / "ctproxy.db")
-        (cp,) = store.checkpoints(conn, _session_key(conn))
+        (cp,) = await wait_for_checkpoints(tmp_path / "state" / "ctproxy.db")
         assert cp.strategy == "remote" and cp.reason == "threshold"
         assert cp.window_id and cp.window_id.startswith("w")  # the journal opened the window at the boundary
         item = orjson.loads(cp.compaction_item)
@@ -111,11 +112,6 @@ async def test_codex_session_compacts_once_then_replays_then_falls_back_on_model
         conn.close()
 
 
-def _session_key(conn):
-    row = conn.execute("SELECT session_key FROM compaction_checkpoints LIMIT 1").fetchone()
-    return row[0]
-
-
 async def test_failing_compaction_degrades_to_fallback_and_is_not_retried(tmp_path, monkeypatch):
     async with Emulator() as emu, running_proxy(tmp_path, emu.url, CONFIG, monkeypatch) as base, \
             aiohttp.ClientSession() as http:
@@ -131,7 +127,7 @@ async def test_failing_compaction_degrades_to_fallback_and_is_not_retried(tmp_pa
         await drive_codex_session(http, base, emu, range(13, 15), history=history)
         assert len(compaction_requests(emu)) == 1
         conn = connect(tmp_path / "state" / "ctproxy.db")
-        cps = store.checkpoints(conn, _session_key(conn))
+        cps = await wait_for_checkpoints(tmp_path / "state" / "ctproxy.db")
         assert [c.strategy for c in cps] == ["fallback"]
         assert cps[0].reason == "threshold:http_500" and cps[0].compaction_item is None
         events = [(e.kind, e.outcome, e.reason) for e in store.events(conn)]

@@ -112,6 +112,25 @@ def assistant(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "assistant", "content": text}
 
 
+async def wait_for_checkpoints(db_path: Path, predicate: Any = bool, timeout: float = 30.0) -> list[Any]:
+    """Every session's checkpoints (remote/fallback journal windows), oldest first, once
+    `predicate(checkpoints)` holds: the journal's writer commits them a moment after they were opened."""
+    from proxy.compaction import store
+    from proxy.db import connect
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        conn = connect(db_path)
+        try:
+            cps = [cp for key in store.sessions_with_checkpoints(conn) for cp in store.checkpoints(conn, key)]
+        finally:
+            conn.close()
+        if predicate(cps) or loop.time() > deadline:
+            return cps
+        await asyncio.sleep(0.05)
+
+
 async def wait_for_events(db_path: Path, predicate: Any, timeout: float = 10.0) -> list[tuple[str, str]]:
     """The (kind, outcome) compaction events once `predicate(events)` holds: the proxy writes them
     in a background thread, after the answer may already have reached the client."""

@@ -4,6 +4,7 @@ clients against the emulator, and one engine run per outcome."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 from contextlib import asynccontextmanager
 
 import orjson
@@ -28,17 +29,21 @@ from proxy.compaction.fingerprint import (
     load_key,
     normalise_endpoint,
 )
+from proxy.compaction.journal_link import WindowSession, open_window
 from proxy.compaction.remote import compaction_target, run_compaction
 from proxy.compaction.store import (
+    checkpoints,
     events,
     latest_checkpoint,
     mark_force_compact,
     record_event,
     record_forwarded,
-    save_checkpoint,
     session_state,
 )
 from proxy.db import connect
+from proxy.journal import Journal
+from proxy.journal.canonical import session_root
+from proxy.state import StateDir
 from proxy.transforms.fallback import is_fallback_message
 from proxy.transforms.items import prefix_hash
 from proxy.upstream import UpstreamTurns
@@ -348,7 +353,7 @@ async def test_engine_remote_then_fallback_and_store_round_trip(tmp_path):
         cp = await compact(plan(items, target), http_caller(http, 30))
         assert cp.strategy == "remote" and cp.reason == "threshold"
         assert cp.retained == (user("q1"), user("q2"))
-        assert cp.boundary_hash == prefix_hash(items, 3)
+        assert cp.boundary_hash == prefix_hash(items, 3, session_root("sess"))  # the one chain, the session's root
         assert is_fallback_message({"role": "user", "content": cp.fallback_text})
         more = [*items, assistant("a2"), user("q3")]
         emu.script_compaction(HttpError(500))
@@ -361,12 +366,21 @@ async def test_engine_remote_then_fallback_and_store_round_trip(tmp_path):
         blocked = await compact(plan(items, target, blocked="custom_instructions"), http_caller(http, 30))
         assert blocked.strategy == "fallback" and blocked.reason == "threshold:custom_instructions"
         assert len(emu.requests) == 2  # a blocked compaction calls nothing
-    conn = connect(tmp_path / "db.sqlite")
-    save_checkpoint(conn, cp)
-    assert latest_checkpoint(conn, "sess") == cp
-    save_checkpoint(conn, cp2)
-    assert latest_checkpoint(conn, "sess").id == cp2.id
+    # A checkpoint is a journal window: opened through the journal, read back as the same checkpoint.
+    state = StateDir.open(tmp_path / "state")
+    journal = Journal(state)
+    ws = WindowSession(journal, "sess", "task_1", "/root", None, None)
+    journal.session("sess", "task_1", "/root")
+    saved = open_window(ws, cp)
+    assert journal.window_of("sess").strategy == "remote"
+    saved2 = open_window(ws, cp2)
+    journal.flush()
+    conn = connect(state.db_path)
+    assert latest_checkpoint(conn, "sess") == saved2
+    assert checkpoints(conn, "sess") == [saved, saved2]
+    assert saved == dataclasses.replace(cp, window_id=saved.window_id, created_at=saved.created_at)
     assert latest_checkpoint(conn, "sess").record().compaction_item is None
+    journal.close()
     record_forwarded(conn, "sess", cp2.id, 5, 1234)
     mark_force_compact(conn, "sess")
     st = session_state(conn, "sess")

@@ -147,5 +147,5 @@ async def test_every_pipeline_path_with_debug_on_logs_no_secrets_or_texts(tmp_pa
 
 
 def _all_checkpoints(conn):
-    keys = [r[0] for r in conn.execute("SELECT DISTINCT session_key FROM compaction_checkpoints")]
+    keys = store.sessions_with_checkpoints(conn)
     return [cp for k in keys for cp in store.checkpoints(conn, k)]

@@ -16,6 +16,7 @@ from proxy.compaction import protocol
 from proxy.compaction.fingerprint import Fingerprint
 from proxy.compaction.remote import Target, run_compaction
 from proxy.compaction.store import Checkpoint, new_checkpoint_id
+from proxy.journal.canonical import session_root
 from proxy.transforms.compaction import fit_input
 from proxy.transforms.fallback import fallback_text, marker
 from proxy.transforms.items import BYTES_PER_TOKEN, prefix_hash
@@ -25,7 +26,7 @@ from proxy.upstream import UpstreamTurns
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    session_key: str
+    session_key: str  # the journal session the new window belongs to (its chain's root)
     client_items: Sequence[Any]
     previous: Checkpoint | None
     replay_opaque: bool  # the previous checkpoint's opaque item is what the model currently sees
@@ -80,7 +81,7 @@ async def compact(plan: Plan, call: Caller) -> Checkpoint:
         failure = "no_endpoint"
     if result is not None and result.retained is not None:
         retained = result.retained  # the API route: the bootstrap is exactly the returned output
-    boundary_hash = prefix_hash(plan.client_items, plan.boundary) or ""
+    boundary_hash = prefix_hash(plan.client_items, plan.boundary, session_root(plan.session_key)) or ""
     cp = Checkpoint(
         id=cp_id,
         session_key=plan.session_key,

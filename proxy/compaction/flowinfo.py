@@ -12,6 +12,7 @@ from typing import Any
 from proxy import routes
 from proxy.compaction.decision import Estimate
 from proxy.compaction.fingerprint import Fingerprint
+from proxy.compaction.journal_link import WindowSession
 from proxy.compaction.store import Checkpoint
 
 
@@ -36,3 +37,8 @@ class FlowInfo:
     compacted: bool = False  # this agent request already caused a compaction (at most one per request)
     compacted_items: int | None = None  # client items at the session's last compaction
     endpoint: str | None = None  # the normalised endpoint, the learned window's key with the model
+    windows: WindowSession | None = None  # the journal session whose windows this request reads and opens
+    # For the context stage (addons/context.py), which applies `checkpoint`: the boundary was verified for
+    # these very items, and the input-bytes budget its bootstrap must give way to (None: as it is).
+    boundary_checked: bool = False
+    fit_budget: int | None = None

@@ -1,52 +1,88 @@
-"""Tells the history journal about compactions and recoveries, when the journal is part of the chain.
+"""Compaction's windows, in the journal: the only place windows live (ADR 0006).
 
-The history addon leaves a `RequestMark` (journal ids of the request's input items) in the flow
-state (`FlowState.journal_mark`); with it a compaction opens the session's next window at the journal
-id of its boundary item. Without it (an addon loaded alone) only the compaction tables hold the record.
+A checkpoint is a journal window with strategy `remote` or `fallback`. The window belongs to the
+journal session of the request: the one the history stage resolved (its `RequestMark`), or, when
+history is not in the chain, the one the journal resolves the same way (the journal then holds the
+session and its windows, without items). The journal also gets the compaction and recovery events.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from proxy.state import StateDir
+from proxy import runtime
+from proxy.compaction.store import Checkpoint
+from proxy.journal import JoinError, Journal, RequestMark, journal_for
+from proxy.session import SessionIdentity
 
 log = logging.getLogger("ctproxy.compaction")
 
 
-def _journal(state: StateDir) -> Any | None:
+@dataclass(frozen=True)
+class WindowSession:
+    """The journal session whose windows a request's compaction reads and opens."""
+
+    journal: Journal
+    key: str  # the journal session key: the root of its one hash chain
+    task_id: str
+    address: str
+    source: str | None
+    mark: RequestMark | None  # the history stage's mark of this request, when it ran
+
+
+def _journal(rt: runtime.Runtime, from_history: Journal | None) -> Journal:
+    if isinstance(from_history, Journal):
+        return from_history
+    j = rt.services.journal
+    if j is None:  # history is not in the chain: the journal keeps the windows all the same
+        j = rt.services.journal = journal_for(rt.state, rt.config.history.cache_mb << 20)
+    return j
+
+
+def window_session(rt: runtime.Runtime, from_history: Journal | None, mark: RequestMark | None,
+                   ident: SessionIdentity, headers: Mapping[str, str],
+                   payload: Mapping[str, Any]) -> WindowSession | None:
+    j = _journal(rt, from_history)
+    if isinstance(mark, RequestMark):
+        return WindowSession(j, mark.session_key, mark.task_id, mark.address, ident.source, mark)
     try:
-        from proxy.journal import journal_for
-    except ImportError:
+        key, task_id, address = j.resolve(ident, headers, payload)
+    except JoinError:
+        return None  # a request the history stage would refuse: no window of its own either
+    return WindowSession(j, key, task_id, address, ident.source, None)
+
+
+def current_checkpoint(ws: WindowSession | None) -> Checkpoint | None:
+    """The checkpoint in effect: the session's current window, when it is a remote/fallback one."""
+    if ws is None:
         return None
-    return journal_for(state)
+    w = ws.mark.state.window if ws.mark is not None and ws.mark.state is not None else ws.journal.window_of(ws.key)
+    return Checkpoint.from_window(w) if w is not None else None
 
 
-def record_event(state: StateDir, mark: Any | None, kind: str, detail: dict[str, Any]) -> None:
+def open_window(ws: WindowSession, cp: Checkpoint) -> Checkpoint:
+    """Open the session's next window for `cp` (its boundary after `cp.boundary` agent items); returns
+    the checkpoint as the window records it."""
+    j = ws.journal
+    j.session(ws.key, ws.task_id, ws.address, ws.source)  # created when history is not in the chain
+    boundary_item = None
+    mark = ws.mark
+    if mark is not None and 0 < cp.boundary <= len(mark.input_ids):
+        boundary_item = mark.input_ids[cp.boundary - 1] or None  # the journal's own id of that item
+    w = j.start_window(ws.key, boundary_item, cp.strategy, cp.bootstrap(), boundary_pos=cp.boundary,
+                       boundary_hash=cp.boundary_hash, reason=cp.reason, opaque=cp.compaction_item)
+    return dataclasses.replace(cp, window_id=w.window_id, created_at=w.created_at)
+
+
+def record_event(ws: WindowSession | None, kind: str, detail: dict[str, Any]) -> None:
     """`detail` holds categories, counts and ids only."""
-    if mark is None:
-        return
-    journal = _journal(state)
-    if journal is None:
+    if ws is None:
         return
     try:
-        journal.record_event(mark.session_key, kind, detail)
+        ws.journal.record_event(ws.key, kind, detail)
     except Exception:  # the journal is a record, never a reason to fail a request
         log.warning("journal: could not record a %s event", kind)
-
-
-def start_window(state: StateDir, mark: Any | None, boundary: int, strategy: str,
-                 bootstrap: dict[str, Any]) -> str | None:
-    """Open the window that starts after the `boundary` client items; returns its id."""
-    if mark is None or boundary <= 0 or boundary > len(mark.input_ids):
-        return None
-    journal = _journal(state)
-    if journal is None:
-        return None
-    try:
-        return journal.start_window(mark.session_key, mark.input_ids[boundary - 1] or None, strategy,
-                                    bootstrap).window_id
-    except (KeyError, ValueError):
-        log.warning("journal: the compaction boundary is not on the session's branch; no window opened")
-        return None

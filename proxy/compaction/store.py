@@ -1,13 +1,17 @@
-"""The dual representation of a compaction checkpoint (seed 004 §5.2), in the shared SQLite database.
+"""What compaction keeps in the shared SQLite database, and its view of its windows.
 
-A checkpoint holds the readable side (unique marker + transcript excerpt) and, separately, the
+A compaction checkpoint (seed 004 §5.2) is a journal window with strategy `remote` or `fallback`
+(ADR 0006): the window row holds the boundary, the readable side (marker + transcript excerpt), the
 opaque compaction item byte for byte, the retained user messages, the fingerprint and the usage.
-Also per session: what was forwarded last (for the estimate) and the compaction/recovery events
-(for `ctproxy tasks`, next to the journal's own records).
+`Checkpoint` is a typed view of such a window; it is written through the journal
+(`Journal.start_window`). Kept here per session: what was forwarded last (for the estimate), a pending
+forced compaction, the item count at the last compaction, the compaction/recovery events (for
+`ctproxy tasks`, next to the journal's own records), and the effective context size an upstream showed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import time
 import uuid
@@ -19,29 +23,15 @@ import orjson
 from proxy.compaction.decision import LastRequest
 from proxy.compaction.fingerprint import Fingerprint
 from proxy.db import register_schema
+from proxy.journal import Window, migrate
+from proxy.journal.canonical import session_root
+from proxy.journal.journal import window_from_row
+from proxy.journal.migrate import checkpoint_bootstrap
 from proxy.transforms.compaction import CompactionRecord
 
 register_schema(
     "compaction",
     """
-    CREATE TABLE IF NOT EXISTS compaction_checkpoints (
-        id TEXT PRIMARY KEY,
-        session_key TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        strategy TEXT NOT NULL,            -- remote | fallback
-        reason TEXT NOT NULL,              -- threshold | overflow; a fallback also names its failure
-        boundary INTEGER NOT NULL,         -- client items covered
-        boundary_hash TEXT NOT NULL,       -- hash chain of those items
-        marker TEXT NOT NULL,
-        fallback_text TEXT NOT NULL,       -- marker + excerpt (<= 12,000 chars of excerpt)
-        compaction_item BLOB,              -- the opaque item as received; NULL for fallback-only
-        retained_json BLOB NOT NULL,       -- retained real user messages, JSON array
-        provider_kind TEXT, model TEXT, endpoint TEXT, auth_kind TEXT, account_hash TEXT,
-        usage_json BLOB,
-        window_id TEXT
-    );
-    CREATE INDEX IF NOT EXISTS compaction_checkpoints_by_session
-        ON compaction_checkpoints(session_key, created_at);
     CREATE TABLE IF NOT EXISTS compaction_sessions (
         session_key TEXT PRIMARY KEY,
         checkpoint_id TEXT,
@@ -80,15 +70,20 @@ register_schema(
 )
 
 
+COMPACTION_STRATEGIES = frozenset({"remote", "fallback"})
+
+
 @dataclass(frozen=True)
 class Checkpoint:
-    id: str
-    session_key: str
+    """A remote/fallback window, typed (see `from_window`)."""
+
+    id: str  # the checkpoint id (cp_…): named by its marker and its events
+    session_key: str  # the journal session whose window it is
     created_at: float
     strategy: str
     reason: str
     boundary: int
-    boundary_hash: str
+    boundary_hash: str  # one-chain id of the boundary item (proxy.journal.canonical.chain_at)
     marker: str
     fallback_text: str
     compaction_item: bytes | None
@@ -97,62 +92,65 @@ class Checkpoint:
     usage: dict[str, Any] | None
     window_id: str | None = None
 
+    @property
+    def root(self) -> str:
+        """Where the boundary's chain starts: the journal session's root."""
+        return session_root(self.session_key)
+
     def record(self) -> CompactionRecord:
         item = orjson.loads(self.compaction_item) if self.compaction_item is not None else None
-        return CompactionRecord(self.id, self.boundary, self.boundary_hash, self.retained, item, self.fallback_text)
+        return CompactionRecord(self.id, self.boundary, self.boundary_hash, self.retained, item, self.fallback_text,
+                                self.root)
+
+    def bootstrap(self) -> dict[str, Any]:
+        """What the window row's `bootstrap` holds (the opaque item is its own column)."""
+        fp = self.fingerprint
+        return checkpoint_bootstrap(self.id, self.marker, self.fallback_text, list(self.retained),
+                                    dataclasses.asdict(fp) if fp is not None else None, self.usage)
+
+    @staticmethod
+    def from_window(w: Window) -> Checkpoint | None:
+        """The checkpoint a window is, or None for a window of another strategy."""
+        if w.strategy not in COMPACTION_STRATEGIES or w.boundary_pos is None:
+            return None
+        b = w.bootstrap
+        fp = b.get("fingerprint")
+        return Checkpoint(
+            id=str(b.get("checkpoint_id") or w.window_id), session_key=w.session_key, created_at=w.created_at,
+            strategy=w.strategy, reason=w.reason or "", boundary=w.boundary_pos, boundary_hash=w.boundary_hash or "",
+            marker=str(b.get("marker") or ""), fallback_text=str(b.get("fallback_text") or ""),
+            compaction_item=w.opaque, retained=tuple(b.get("retained") or ()),
+            fingerprint=Fingerprint(**fp) if isinstance(fp, dict) else None, usage=b.get("usage"),
+            window_id=w.window_id)
 
 
 def new_checkpoint_id() -> str:
     return "cp_" + uuid.uuid4().hex[:20]
 
 
-def save_checkpoint(conn: sqlite3.Connection, cp: Checkpoint) -> None:
-    fp = cp.fingerprint
-    conn.execute(
-        "INSERT INTO compaction_checkpoints(id, session_key, created_at, strategy, reason, boundary, boundary_hash,"
-        " marker, fallback_text, compaction_item, retained_json, provider_kind, model, endpoint, auth_kind,"
-        " account_hash, usage_json, window_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-        (cp.id, cp.session_key, cp.created_at, cp.strategy, cp.reason, cp.boundary, cp.boundary_hash, cp.marker,
-         cp.fallback_text, cp.compaction_item, orjson.dumps(list(cp.retained)),
-         fp.provider_kind if fp else None, fp.model if fp else None, fp.endpoint if fp else None,
-         fp.auth_kind if fp else None, fp.account_hash if fp else None,
-         orjson.dumps(cp.usage) if cp.usage is not None else None, cp.window_id),
-    )
-
-
-def _checkpoint(row: sqlite3.Row) -> Checkpoint:
-    fp = None
-    if row["provider_kind"] is not None:
-        fp = Fingerprint(row["provider_kind"], row["model"] or "", row["endpoint"] or "", row["auth_kind"] or "none",
-                         row["account_hash"] or "")
-    return Checkpoint(
-        id=row["id"], session_key=row["session_key"], created_at=row["created_at"], strategy=row["strategy"],
-        reason=row["reason"], boundary=row["boundary"], boundary_hash=row["boundary_hash"], marker=row["marker"],
-        fallback_text=row["fallback_text"],
-        compaction_item=bytes(row["compaction_item"]) if row["compaction_item"] is not None else None,
-        retained=tuple(orjson.loads(row["retained_json"])), fingerprint=fp,
-        usage=orjson.loads(row["usage_json"]) if row["usage_json"] is not None else None,
-        window_id=row["window_id"],
-    )
+def _windows(conn: sqlite3.Connection, session_key: str, newest_only: bool) -> list[Window]:
+    migrate.ensure(conn)
+    sql = "SELECT * FROM journal_windows WHERE session_key=? ORDER BY ordinal"
+    sql += " DESC LIMIT 1" if newest_only else ""
+    return [window_from_row(r) for r in conn.execute(sql, (session_key,)).fetchall()]
 
 
 def latest_checkpoint(conn: sqlite3.Connection, session_key: str) -> Checkpoint | None:
-    row = conn.execute(
-        "SELECT * FROM compaction_checkpoints WHERE session_key=? ORDER BY created_at DESC, rowid DESC LIMIT 1",
-        (session_key,),
-    ).fetchone()
-    return _checkpoint(row) if row is not None else None
+    """The checkpoint in effect: the session's current window, when it is one (a newer window of another
+    strategy supersedes it)."""
+    found = _windows(conn, session_key, True)
+    return Checkpoint.from_window(found[0]) if found else None
 
 
 def checkpoints(conn: sqlite3.Connection, session_key: str) -> list[Checkpoint]:
-    rows = conn.execute(
-        "SELECT * FROM compaction_checkpoints WHERE session_key=? ORDER BY created_at, rowid", (session_key,)
-    ).fetchall()
-    return [_checkpoint(r) for r in rows]
+    """Every checkpoint of a session, oldest first (committed windows only)."""
+    return [cp for w in _windows(conn, session_key, False) if (cp := Checkpoint.from_window(w)) is not None]
 
 
-def set_window_id(conn: sqlite3.Connection, checkpoint_id: str, window_id: str) -> None:
-    conn.execute("UPDATE compaction_checkpoints SET window_id=? WHERE id=?", (window_id, checkpoint_id))
+def sessions_with_checkpoints(conn: sqlite3.Connection) -> list[str]:
+    migrate.ensure(conn)
+    return [r[0] for r in conn.execute(
+        "SELECT DISTINCT session_key FROM journal_windows WHERE strategy IN ('remote', 'fallback') ORDER BY 1")]
 
 
 @dataclass(frozen=True)
@@ -265,21 +263,22 @@ def events(conn: sqlite3.Connection, session_key: str | None = None, limit: int 
 
 
 class SessionMemo:
-    """This process's last known (checkpoint, session state) per session, kept in step with what the
-    compaction addon itself writes; any other write forgets the session, and the next request reads
-    the database again. Bounded; a session served by two proxy processes at once is not supported."""
+    """This process's last known session state per session, kept in step with what the compaction addon
+    itself writes; any other write forgets the session, and the next request reads the database again.
+    (The checkpoint in effect is the journal's current window, cached by the journal.) Bounded; a session
+    served by two proxy processes at once is not supported."""
 
     def __init__(self, capacity: int = 10_000):
         from collections import OrderedDict
 
-        self._items: OrderedDict[str, tuple[Checkpoint | None, SessionRecord]] = OrderedDict()
+        self._items: OrderedDict[str, SessionRecord] = OrderedDict()
         self._capacity = capacity
 
-    def get(self, key: str) -> tuple[Checkpoint | None, SessionRecord] | None:
+    def get(self, key: str) -> SessionRecord | None:
         return self._items.get(key)
 
-    def put(self, key: str, checkpoint: Checkpoint | None, state: SessionRecord) -> None:
-        self._items[key] = (checkpoint, state)
+    def put(self, key: str, state: SessionRecord) -> None:
+        self._items[key] = state
         self._items.move_to_end(key)
         while len(self._items) > self._capacity:
             self._items.popitem(last=False)

@@ -7,11 +7,21 @@ and any real edit (text, arguments, call ids, images) changes it.
 
 id(item) = "it_" + sha256(parent id | session root, canonical hash)[:16] — the same item under the
 same parent in the same session always gets the same id; an edit gets a new id from that point on.
+
+This is the one canonical form and the one hash chain of the proxy (ADR 0006): the journal's item ids
+and branch detection, and a window's boundary (`chain_ids`, checked by the context projection,
+`proxy/transforms/window.py`) are the same function, so they cannot disagree about an item. Decided:
+- `id` and `status` (and the other `_VOLATILE_ITEM_KEYS`) never count: an agent that resends items
+  without upstream ids or statuses still matches; two items that differ only there are the same item.
+- `encrypted_content` of a `reasoning` item does not count (clients keep or drop it with `include`;
+  the summary is what the item says). Of any other item it counts: for a `compaction` item it is the
+  whole content, and a different opaque blob is a different item.
+- string content and a list of text parts are the same message; part annotations/logprobs never count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -107,6 +117,44 @@ def session_root(session_key: str) -> str:
 def chain_id(parent: str, canon: str) -> str:
     """The id of an item with canonical hash `canon` under `parent` (an item id or a session root)."""
     return "it_" + sha256(f"{parent}\x00{canon}".encode()).hexdigest()[:16]
+
+
+def chain_ids(items: Sequence[Any], root: str, upto: int | None = None) -> list[str]:
+    """The chain ids of the first `upto` items (all by default) hanging from `root` (a session root or
+    an item id): the ids the journal gives them when it journals them there, in that order."""
+    n = len(items) if upto is None else min(upto, len(items))
+    out: list[str] = []
+    parent = root
+    for i in range(n):
+        parent = chain_id(parent, canonical_hash(items[i]))
+        out.append(parent)
+    return out
+
+
+def chain_at(items: Sequence[Any], root: str, n: int) -> str | None:
+    """The chain id of item n-1 (what a boundary after n items is checked against); None when n == 0 or
+    there are fewer items."""
+    if n <= 0 or n > len(items):
+        return None
+    return chain_ids(items, root, n)[-1]
+
+
+LEGACY_PREFIX = "v1:"
+
+
+def legacy_chain_hash(items: Sequence[Any], n: int) -> str | None:
+    """The hash chain compaction checkpoints used before the one window model (ids and status dropped,
+    nothing else canonical), prefixed `v1:`. Kept only for a window migrated from a checkpoint whose
+    items were not in the journal (history was off): its boundary can be checked no other way."""
+    if n <= 0 or n > len(items):
+        return None
+    prev = b""
+    for i in range(n):
+        item = items[i]
+        if isinstance(item, dict) and ("id" in item or "status" in item):
+            item = {k: v for k, v in item.items() if k not in ("id", "status")}
+        prev = sha256(prev + orjson.dumps(item, option=orjson.OPT_SORT_KEYS)).digest()
+    return LEGACY_PREFIX + prev.hex()
 
 
 def fingerprint(raw: bytes) -> tuple[int, int]:

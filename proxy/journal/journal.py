@@ -1,6 +1,6 @@
 """The journal: tasks, agents, sessions, windows and items of every Responses exchange.
 
-One `Journal` per proxy process (kept in `runtime.current().services.journal`). The proxy's request path
+One `Journal` per proxy process (kept in the runtime's `services.journal`). The proxy's request path
 (`begin_request`, `end_response`) only snapshots what passed and appends it to a backlog
 (backlog.py); `settle` aligns it with the cached branch, hashes the new items and hands their writes
 to the writer thread — on the writer's next drain, or first when anything reads a session.
@@ -8,7 +8,7 @@ to the writer thread — on the writer's next drain, or first when anything read
 first time in this process is loaded from the database once.
 
 Windows API for the context/compaction work (see docs/history.md):
-`current_window`, `start_window`, `windows`, `item_ids_for_session`, `chain_head`,
+`current_window`, `window_of`, `start_window`, `windows`, `item_ids_for_session`, `chain_head`,
 `branch_position`, `alias_response`, `session_for_response`, `record_event`.
 """
 
@@ -30,6 +30,7 @@ import orjson
 
 from proxy import memory
 from proxy.db import connect
+from proxy.journal import migrate
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
 from proxy.journal.backlog import Pending, PendingRequest, PendingResponse, Prepared, RequestMark
 from proxy.journal.branch import (
@@ -103,10 +104,16 @@ class Window:
     session_key: str
     task_id: str
     address: str
-    boundary_item_id: str | None  # last item the window's bootstrap replaces (None: nothing)
+    boundary_item_id: str | None  # last journal item (on the branch) the bootstrap replaces (None: nothing)
     strategy: str  # start | notes | remote | fallback | client_compaction | …
     bootstrap: dict[str, Any]
     created_at: float
+    # A window that replaces agent items when a request is forwarded (remote, fallback, notes): how many
+    # of the agent's items, and the one-chain id of the last of them (canonical.chain_at).
+    boundary_pos: int | None = None
+    boundary_hash: str | None = None
+    reason: str | None = None  # a category, never content
+    opaque: bytes | None = None  # remote: the compaction item exactly as received
 
 
 @dataclass
@@ -160,6 +167,7 @@ class Journal:
         self.state = state
         self.cache_bytes = cache_bytes  # the caches are bounded in bytes too, not only by count (issue 10.3)
         self._read = connect_retrying(state.db_path)  # first: applies the schema before the writer starts
+        migrate.ensure(self._read)  # an older state directory: its windows and checkpoints, once
         self.writer = writer or JournalWriter(state.db_path)
         self._lock = threading.RLock()  # the sessions' states, the read connection, the backlog's settling
         # The caches of aliases, tails and resends: held for a few dict operations only, so the request path
@@ -309,7 +317,7 @@ class Journal:
         if win is None:
             window = self._new_window(session_key, task_id, address, None, "start", {})
         else:
-            window = _window_from_row(win)
+            window = window_from_row(win)
         return SessionState(session_key, task_id, address, row["source"], entries, window)
 
     def _create(self, session_key: str, task_id: str, address: str, source: str | None) -> SessionState:
@@ -336,12 +344,14 @@ class Journal:
         return self._ordinals[key]
 
     def _new_window(self, session_key: str, task_id: str, address: str, boundary: str | None,
-                    strategy: str, bootstrap: dict[str, Any]) -> Window:
+                    strategy: str, bootstrap: dict[str, Any], boundary_pos: int | None = None,
+                    boundary_hash: str | None = None, reason: str | None = None,
+                    opaque: bytes | None = None) -> Window:
         ordinal = self._next_ordinal(task_id, address)
         w = Window(f"w{ordinal}", ordinal, session_key, task_id, address, boundary, strategy, bootstrap,
-                   time.time())
+                   time.time(), boundary_pos, boundary_hash, reason, opaque)
         self._submit([PutWindow(task_id, address, w.window_id, ordinal, session_key, boundary, strategy,
-                                bootstrap, w.created_at)])
+                                bootstrap, w.created_at, boundary_pos, boundary_hash, reason, opaque)])
         return w
 
     # ------------------------------------------------------------------ windows API
@@ -349,25 +359,50 @@ class Journal:
         return self.session(session_key).window
 
     def start_window(self, session_key: str, boundary_item_id: str | None, strategy: str,
-                     bootstrap: dict[str, Any]) -> Window:
+                     bootstrap: dict[str, Any], *, boundary_pos: int | None = None,
+                     boundary_hash: str | None = None, reason: str | None = None,
+                     opaque: bytes | None = None) -> Window:
         """Open the session's next window. `boundary_item_id` is the last item (on the current branch)
-        that the window's bootstrap replaces; None replaces nothing."""
+        that the window's bootstrap replaces; None replaces nothing.
+
+        A window that the context projection applies names its boundary in the agent's items instead:
+        `boundary_pos` items, the last with one-chain id `boundary_hash`. It is the only record of that
+        window, so it is opened even when the journal's branch does not hold that item (history off, or
+        the agent left out an item the journal keeps): then `boundary_item_id` is None and an event says so.
+        """
         with self._lock:
             st = self.session(session_key)
-            if boundary_item_id is not None and self._position(st, boundary_item_id) is None:
-                raise ValueError(f"boundary {boundary_item_id!r} is not on the session's current branch")
+            if boundary_pos is None:
+                if boundary_item_id is not None and self._position(st, boundary_item_id) is None:
+                    raise ValueError(f"boundary {boundary_item_id!r} is not on the session's current branch")
+            else:
+                if boundary_item_id is None or self._position(st, boundary_item_id) is None:
+                    on_branch = boundary_hash is not None and self._position(st, boundary_hash) is not None
+                    boundary_item_id = boundary_hash if on_branch else None
+                if boundary_item_id is None and st.entries:
+                    self.record_event(session_key, "window_boundary", {"outcome": "off_branch",
+                                                                       "boundary_pos": boundary_pos})
             st.window = self._new_window(session_key, st.task_id, st.address, boundary_item_id, strategy,
-                                         dict(bootstrap))
+                                         dict(bootstrap), boundary_pos, boundary_hash, reason, opaque)
             self.record_event(session_key, "window", {"window_id": st.window.window_id, "strategy": strategy,
                                                       "boundary_item_id": boundary_item_id})
             return st.window
+
+    def window_of(self, session_key: str) -> Window | None:
+        """The session's current window as this process knows it, without settling the backlog (the
+        request path: windows are opened synchronously, never by the backlog's alignment, except the
+        client's own compaction); None for a session the journal does not know."""
+        try:
+            return self._session(session_key).window
+        except KeyError:
+            return None
 
     def windows(self, session_key: str) -> list[Window]:
         """Committed windows of a session, oldest first (call `flush()` first to include recent ones)."""
         with self._lock:
             rows = self._read.execute("SELECT * FROM journal_windows WHERE session_key=? ORDER BY ordinal",
                                       (session_key,)).fetchall()
-        return [_window_from_row(r) for r in rows]
+        return [window_from_row(r) for r in rows]
 
     def item_ids_for_session(self, session_key: str) -> list[str]:
         """The current branch, oldest first: the session's item hash chain."""
@@ -714,6 +749,9 @@ def _common_prefix(a: Sequence[Entry], b: Sequence[Entry]) -> int:
     return i
 
 
-def _window_from_row(row: Any) -> Window:
+def window_from_row(row: Any) -> Window:
+    opaque = row["opaque"]
     return Window(row["window_id"], row["ordinal"], row["session_key"], row["task_id"], row["address"],
-                  row["boundary_item_id"], row["strategy"], orjson.loads(row["bootstrap"]), row["created_at"])
+                  row["boundary_item_id"], row["strategy"], orjson.loads(row["bootstrap"]), row["created_at"],
+                  row["boundary_pos"], row["boundary_hash"], row["reason"],
+                  bytes(opaque) if opaque is not None else None)

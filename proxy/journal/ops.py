@@ -40,6 +40,10 @@ class PutWindow(NamedTuple):
     strategy: str
     bootstrap: dict[str, Any]
     created_at: float
+    boundary_pos: int | None = None
+    boundary_hash: str | None = None
+    reason: str | None = None
+    opaque: bytes | None = None
 
 
 class PutItem(NamedTuple):

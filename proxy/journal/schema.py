@@ -7,6 +7,11 @@ current branch; items of other branches stay in `journal_items` (their heads in
 search verifies every candidate against the text itself. The writer indexes items in bulk, a few
 hundred at a time or a couple of seconds after they were journaled (store.index_text):
 `journal_fts_state.indexed_seq` says how far the index goes, and search scans the few items after it.
+
+A window is the only form of a context window or compaction checkpoint (ADR 0006): `journal_windows`
+rows carry the strategy, the boundary (position in the agent's items + hash in the one chain) and the
+bootstrap. Databases made before that are migrated once (proxy/journal/migrate.py, versioned in
+`ctp_schema_versions`).
 """
 
 from __future__ import annotations
@@ -39,12 +44,20 @@ CREATE TABLE IF NOT EXISTS journal_windows (
     window_id TEXT NOT NULL,
     ordinal INTEGER NOT NULL,
     session_key TEXT NOT NULL,
-    boundary_item_id TEXT,
-    strategy TEXT NOT NULL,
-    bootstrap TEXT NOT NULL,
+    boundary_item_id TEXT,           -- the journal item (on the branch) the bootstrap replaces up to
+    strategy TEXT NOT NULL,          -- start | client_compaction | remote | fallback | notes | ...
+    bootstrap TEXT NOT NULL,         -- JSON: what replaces the items before the boundary (per strategy)
     created_at REAL NOT NULL,
+    boundary_pos INTEGER,            -- agent items the bootstrap replaces (NULL: a journal-only window)
+    boundary_hash TEXT,              -- one-chain id of item boundary_pos-1 (proxy/journal/canonical.py)
+    reason TEXT,                     -- why the window was opened (a category, never content)
+    opaque BLOB,                     -- the remote strategy's compaction item, byte for byte as received
     PRIMARY KEY (task_id, address, window_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ctp_schema_versions (
+    name TEXT PRIMARY KEY,
+    version INTEGER NOT NULL
+);
 CREATE INDEX IF NOT EXISTS journal_windows_by_session ON journal_windows(session_key, ordinal);
 CREATE TABLE IF NOT EXISTS journal_items (
     seq INTEGER PRIMARY KEY,

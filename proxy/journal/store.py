@@ -174,9 +174,11 @@ def apply_op(conn: sqlite3.Connection, ctx: BatchContext, op: Op) -> None:
         case PutWindow():
             conn.execute(
                 "INSERT OR IGNORE INTO journal_windows(task_id, address, window_id, ordinal, session_key,"
-                " boundary_item_id, strategy, bootstrap, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                " boundary_item_id, strategy, bootstrap, created_at, boundary_pos, boundary_hash, reason, opaque)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (op.task_id, op.address, op.window_id, op.ordinal, op.session_key, op.boundary_item_id,
-                 op.strategy, _dumps(op.bootstrap), op.created_at))
+                 op.strategy, _dumps(op.bootstrap), op.created_at, op.boundary_pos, op.boundary_hash, op.reason,
+                 op.opaque))
         case PutResponse():
             conn.execute(
                 "INSERT OR REPLACE INTO journal_responses(response_id, session_key, model, status, usage, error,"

@@ -1,11 +1,11 @@
-"""The compaction projection (DESIGN §3.3, seed 004 §5.2): replace the client's items before a
-compacted boundary by the checkpoint's bootstrap.
+"""The compaction strategies' bootstraps (DESIGN §3.3, seed 004 §5.2), on the one window projection
+(proxy/transforms/window.py).
 
 Remote bootstrap (fingerprint compatible): retained real user messages → the one opaque compaction
 item. Readable bootstrap (anything else): the fallback message (marker + transcript excerpt). The
-client's items after the boundary follow unchanged. The boundary is checked against the hash chain
-of the client's items: when the client's history no longer starts with the compacted items, nothing
-is replaced (`diverged`).
+client's items after the boundary follow unchanged. The boundary is checked against the one hash
+chain of the client's items: when the client's history no longer starts with the compacted items,
+nothing is replaced (`diverged`).
 """
 
 from __future__ import annotations
@@ -15,26 +15,35 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.transforms.fallback import fallback_message, is_fallback_message, shrink_fallback_text
-from proxy.transforms.items import COMPACTION_ITEM_TYPES, input_items, items_bytes, prefix_hash, text_parts
+from proxy.transforms.items import COMPACTION_ITEM_TYPES, items_bytes, text_parts
+from proxy.transforms.window import WindowProjection, apply_window
+from proxy.transforms.window import boundary_matches as _window_boundary_matches
 
 Outcome = Literal["remote", "fallback", "diverged", "already", "not_applicable"]
 
 
 @dataclass(frozen=True)
 class CompactionRecord:
-    """What a checkpoint contributes to a projection (the stored dual representation)."""
+    """What a checkpoint (a remote/fallback window) contributes to a projection."""
 
     checkpoint_id: str
     boundary: int  # how many of the client's items the checkpoint covers
-    boundary_hash: str  # chain hash of those items (proxy.transforms.items.chain_hashes)
+    boundary_hash: str  # one-chain id of the boundary item (proxy.journal.canonical.chain_at from `root`)
     retained: tuple[dict[str, Any], ...]  # retained real user messages, chronological
     compaction_item: dict[str, Any] | None  # the opaque item; None for a fallback-only checkpoint
     fallback_text: str  # marker + excerpt
+    root: str = ""  # the chain's root: the journal session's root (session_root(key))
 
     def bootstrap(self, replay_opaque: bool) -> list[dict[str, Any]]:
         if replay_opaque and self.compaction_item is not None:
             return [*self.retained, self.compaction_item]
         return [fallback_message(self.fallback_text)]
+
+    def projection(self, replay_opaque: bool) -> WindowProjection:
+        boot = tuple(self.bootstrap(replay_opaque))
+        other = tuple(self.bootstrap(not replay_opaque))
+        return WindowProjection(self.checkpoint_id, self.boundary, self.boundary_hash, self.root, boot,
+                                (other,) if other != boot else ())
 
 
 @dataclass(frozen=True)
@@ -44,23 +53,31 @@ class ProjectionContext:
 
 
 def boundary_matches(items: Sequence[Any], record: CompactionRecord) -> bool:
-    return prefix_hash(items, record.boundary) == record.boundary_hash
+    return _window_boundary_matches(items, record.projection(False))
 
 
-def apply_projection(payload: dict[str, Any], ctx: ProjectionContext) -> tuple[dict[str, Any], Outcome]:
+def apply_projection(payload: dict[str, Any], ctx: ProjectionContext,
+                     checked: bool = False) -> tuple[dict[str, Any], Outcome]:
     """The projected payload (or `payload` itself) and what happened."""
-    items = input_items(payload)
-    if items is None:
-        return payload, "not_applicable"
     record = ctx.record
-    bootstrap = record.bootstrap(ctx.replay_opaque)
-    if _starts_with_bootstrap(items, record):
-        return payload, "already"
-    if not boundary_matches(items, record):
-        return payload, "diverged"
-    new = dict(payload)
-    new["input"] = [*bootstrap, *items[record.boundary:]]
-    return new, "remote" if bootstrap and bootstrap[-1] is record.compaction_item else "fallback"
+    proj = record.projection(ctx.replay_opaque)
+    out, outcome = apply_window(payload, proj, checked)
+    if outcome != "applied":
+        return out, outcome
+    return out, "remote" if ctx.replay_opaque and record.compaction_item is not None else "fallback"
+
+
+def fit_projection(projected: dict[str, Any], tail: Sequence[Any], budget_bytes: int) -> dict[str, Any] | None:
+    """A projected payload whose input ends with `tail` (the agent's items after the boundary), with its
+    bootstrap trimmed (fit_input) so the input is within `budget_bytes`; None when it cannot be."""
+    items = projected.get("input")
+    if not isinstance(items, list):
+        return None
+    boot_len = len(items) - len(tail)
+    if boot_len < 0 or items[boot_len:] != list(tail):
+        return None  # not a projection with this tail
+    fitted = fit_input(items[:boot_len], tail, budget_bytes)
+    return None if fitted is None else {**projected, "input": fitted}
 
 
 def fit_input(bootstrap: Sequence[Any], tail: Sequence[Any], budget_bytes: int) -> list[Any] | None:
@@ -100,11 +117,3 @@ def _anchor(item: Any) -> bool:
 def project(payload: dict[str, Any], ctx: ProjectionContext) -> dict[str, Any]:
     """The transform form: `(payload, ctx) -> payload`."""
     return apply_projection(payload, ctx)[0]
-
-
-def _starts_with_bootstrap(items: Sequence[Any], record: CompactionRecord) -> bool:
-    for replay in (True, False):
-        boot = record.bootstrap(replay)
-        if boot and len(items) >= len(boot) and list(items[: len(boot)]) == boot:
-            return True
-    return False

@@ -1,15 +1,17 @@
-"""Helpers over Responses input items: roles and text, byte-based token estimates, the item hash chain.
+"""Helpers over Responses input items: roles and text, byte-based token estimates, the item hash chain
+(the one chain of proxy/journal/canonical.py, ADR 0006).
 
 Pure functions; nothing here mutates an item.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
+
+from proxy.journal.canonical import chain_at, chain_ids, legacy_chain_hash
 
 Item = dict[str, Any]
 
@@ -91,26 +93,17 @@ def client_compacts(payload: dict[str, Any]) -> bool:
     return any(isinstance(i, dict) and i.get("type") in CLIENT_COMPACTION_TYPES for i in items)
 
 
-def _canonical(item: Any) -> bytes:
-    # Ids and status may be dropped or added by clients between turns; the content identifies the item.
-    if isinstance(item, dict) and ("id" in item or "status" in item):
-        item = {k: v for k, v in item.items() if k not in ("id", "status")}
-    return orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
+def chain_hashes(items: Sequence[Any], upto: int | None = None, root: str = "") -> list[str]:
+    """The one hash chain (proxy.journal.canonical.chain_ids) of the items from `root`; with a session's
+    root (`session_root(key)`) these are the journal's item ids."""
+    return chain_ids(items, root, upto)
 
 
-def chain_hashes(items: Sequence[Any], upto: int | None = None) -> list[str]:
-    """The hash chain of the items: h[i] = sha256(h[i-1] + canonical(item i)), hex."""
-    n = len(items) if upto is None else min(upto, len(items))
-    out: list[str] = []
-    prev = b""
-    for i in range(n):
-        prev = hashlib.sha256(prev + _canonical(items[i])).digest()
-        out.append(prev.hex())
-    return out
+def prefix_hash(items: Sequence[Any], n: int, root: str = "") -> str | None:
+    """The chain id after the first n items, or None when there are fewer (or n == 0)."""
+    return chain_at(items, root, n)
 
 
-def prefix_hash(items: Sequence[Any], n: int) -> str | None:
-    """The chain hash after the first n items, or None when there are fewer (or n == 0)."""
-    if n <= 0 or n > len(items):
-        return None
-    return chain_hashes(items, n)[-1]
+def legacy_prefix_hash(items: Sequence[Any], n: int) -> str | None:
+    """The pre-ADR-0006 chain, only for windows migrated without their items (canonical.legacy_chain_hash)."""
+    return legacy_chain_hash(items, n)

@@ -1,0 +1,65 @@
+"""The context projection (DESIGN §3.3, ADR 0006): a session's current window applied to a request.
+
+A window names a boundary in the agent's own items (how many, and the one-chain id of the last one,
+proxy/journal/canonical.chain_at under the session's root) and a bootstrap: the items the model sees
+instead of those before the boundary. Applying it is `bootstrap + items[boundary:]`, when the agent's
+items still start with what the window covers; when they do not (the history was edited or branched)
+nothing is replaced (`diverged`) and the caller says so in the journal. A request that already starts
+with one of the window's bootstraps (the agent resent what it was given) is left alone (`already`).
+
+Every strategy (remote, fallback, notes, …) reduces to a `WindowProjection`; this module knows none of
+them. Pure: dicts in, dicts out, unknown fields kept, idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from proxy.journal.canonical import LEGACY_PREFIX, chain_at, legacy_chain_hash
+from proxy.transforms.items import input_items
+
+Outcome = Literal["applied", "already", "diverged", "not_applicable"]
+
+
+@dataclass(frozen=True)
+class WindowProjection:
+    window_id: str
+    boundary: int  # agent items the bootstrap replaces
+    boundary_hash: str  # one-chain id of item boundary-1 (or a migrated `v1:` hash)
+    root: str  # the chain's root: proxy.journal.canonical.session_root(session key)
+    bootstrap: tuple[Any, ...]  # what the model sees instead of items[:boundary]
+    # Other bootstraps of the same window that a request may already start with (e.g. the readable form
+    # of a remote window): such a request is not projected twice.
+    alternatives: tuple[tuple[Any, ...], ...] = ()
+
+
+def boundary_matches(items: Sequence[Any], proj: WindowProjection) -> bool:
+    """The agent's first `boundary` items are the ones the window covers (the one chain)."""
+    if proj.boundary_hash.startswith(LEGACY_PREFIX):
+        return legacy_chain_hash(items, proj.boundary) == proj.boundary_hash
+    return chain_at(items, proj.root, proj.boundary) == proj.boundary_hash
+
+
+def starts_with_bootstrap(items: Sequence[Any], proj: WindowProjection) -> bool:
+    for boot in (proj.bootstrap, *proj.alternatives):
+        if boot and len(items) >= len(boot) and list(items[: len(boot)]) == list(boot):
+            return True
+    return False
+
+
+def apply_window(payload: dict[str, Any], proj: WindowProjection,
+                 checked: bool = False) -> tuple[dict[str, Any], Outcome]:
+    """The projected payload (or `payload` itself) and what happened. `checked`: the caller has verified
+    the boundary for these very items already (the hash is not computed twice for one request)."""
+    items = input_items(payload)
+    if items is None:
+        return payload, "not_applicable"
+    if starts_with_bootstrap(items, proj):
+        return payload, "already"
+    if not checked and not boundary_matches(items, proj):
+        return payload, "diverged"
+    new = dict(payload)
+    new["input"] = [*proj.bootstrap, *items[proj.boundary:]]
+    return new, "applied"
