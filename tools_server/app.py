@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy import __version__
+from tools_server.bridge import add_routes as add_bridge_routes
 from tools_server.families import build_registry
 from tools_server.mcp_endpoint import mount_mcp
 from tools_server.registry import Services, ToolError
@@ -98,6 +99,7 @@ def create_app(services: Services, *, token: str, listen_host: str = "127.0.0.1"
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/tools", list_tools)
     app.router.add_post("/v1/tools/{name}", call_tool)
+    add_bridge_routes(app, lambda a: (a[SERVICE_KEY].registry, a[SERVICE_KEY].services))  # the proxy's bridge
     mount_mcp(app, service)
 
     async def close_registry(_: web.Application) -> None:

@@ -79,6 +79,20 @@ class Services:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class UpstreamAccess:
+    """The route and credentials of the agent request a bridged call came from (tools that call an upstream
+    themselves: image generation, sidecar search). Held in memory for that one call only; never logged
+    (`repr` hides the headers). `headers` is empty unless the route may receive credentials
+    (proxy.routes.may_receive_credentials, decided by the proxy)."""
+
+    base_url: str  # where the agent's request went, up to and including the API prefix (…/v1, …/codex)
+    route_kind: str | None  # proxy.routes.Route.kind: "api" | "codex" | None
+    official: bool
+    credentials_allowed: bool
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+
+
 @dataclass
 class CallContext:
     """Who is calling and from where. `task`/`agent` come from x-ctp-task / x-ctp-agent."""
@@ -92,6 +106,7 @@ class CallContext:
     cwd: Path | None = None
     transport: Literal["rest", "mcp", "bridge", "direct"] = "direct"
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    upstream: UpstreamAccess | None = field(default=None, repr=False)  # bridge only: see UpstreamAccess
 
     @property
     def workspace(self) -> Path | None:
