@@ -58,3 +58,24 @@ if [ "${CTPROXY_SKIP_CODEX:-0}" != "1" ] && [ ! -x .tools/node_modules/.bin/code
     echo "bootstrap: warning: npm not found; the Codex CLI test needs it" >&2
   fi
 fi
+
+# Computer Use on Linux and its tests: an X server, input, the AT-SPI bus, a window manager, and GTK for the
+# test app (tests/apps/cu_app.py). One dpkg-query when all are there; apt-get only for what is missing.
+CU_DEBS="xvfb xdotool openbox at-spi2-core dbus-daemon dbus-session-bus-common python3-gi gir1.2-gtk-3.0"
+if [ "${CTPROXY_SKIP_DESKTOP:-0}" != "1" ] && command -v dpkg-query >/dev/null 2>&1; then
+  # shellcheck disable=SC2086
+  CU_MISSING="$(dpkg-query -W -f='${Package} ${db:Status-Abbrev}\n' $CU_DEBS 2>/dev/null | awk '$2 == "ii" {print $1}' \
+    | sort | comm -13 - <(tr ' ' '\n' <<<"$CU_DEBS" | sort) | tr '\n' ' ')"
+  if [ -n "${CU_MISSING// /}" ]; then
+    APT=""
+    if [ "$(id -u)" = "0" ]; then APT="apt-get"; elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then APT="sudo apt-get"; fi
+    if [ -n "$APT" ] && command -v apt-get >/dev/null 2>&1; then
+      echo "bootstrap: installing Debian packages for Computer Use: $CU_MISSING"
+      # shellcheck disable=SC2086
+      { $APT update -qq && DEBIAN_FRONTEND=noninteractive $APT install -y -qq --no-install-recommends $CU_MISSING; } \
+        >/dev/null 2>&1 || echo "bootstrap: warning: could not install $CU_MISSING; the Computer Use desktop tests will be skipped" >&2
+    else
+      echo "bootstrap: warning: missing Debian packages $CU_MISSING and apt-get is not usable here; the Computer Use desktop tests will be skipped" >&2
+    fi
+  fi
+fi
