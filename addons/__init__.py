@@ -7,6 +7,7 @@ from typing import Any
 
 def chain() -> list[Any]:
     from addons.body import BodyWriter
+    from addons.bridge import Bridge
     from addons.compaction import Compaction
     from addons.context import Context
     from addons.guard import Guard
@@ -23,7 +24,7 @@ def chain() -> list[Any]:
         History(),  # 2 journal the new input items and the answer's output items
         Compaction(),  # remote compaction v2 / readable fallback: decides, opens windows, overflow recovery
         Context(),  # 3 applies the session's current window (the journal's): bootstrap before its boundary
-        # 4 tools join here
+        Bridge(),  # 4 tools: bridged tool specs; a request offered them is answered by the bridge's endpoint
         WebSearch(),  # 5 native web_search on official routes
         Guard(),  # 6 credentials only to official endpoints
         BodyWriter(),  # the body is serialized once, at the end

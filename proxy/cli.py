@@ -44,6 +44,17 @@ def _common(p: argparse.ArgumentParser, top: bool = False) -> None:
                    help="config file (default: $CTPROXY_CONFIG or <state dir>/config.json)")
 
 
+def _families(value: str) -> list[str]:
+    """`--bridge history,notes,context`: names checked against the bridgeable capabilities."""
+    from proxy.config import BRIDGEABLE
+
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in BRIDGEABLE]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown family {', '.join(unknown)}; choose from {', '.join(BRIDGEABLE)}")
+    return list(dict.fromkeys(names))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctproxy", description="A transparent proxy and tool server for the OpenAI Responses API.",
@@ -78,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--disable", action="append", default=[], metavar="NAME", choices=(*CAPABILITIES, "all"),
                     help="disable a capability for this run (repeatable; 'all' = a plain pass-through proxy; "
                     "remote_compaction includes overflow recovery)")
+    up.add_argument("--bridge", metavar="FAMILIES", default=None, type=_families,
+                    help="for this run, bridge these tool families (comma-separated, e.g. history,notes,context): "
+                    "every agent gets their tools and ctproxy runs the calls (docs/bridge.md); '' = none")
     up.add_argument("--debug", action="store_true", help="log categories, counts and timings (never content)")
 
     st = sub.add_parser("status", help="show every capability: active, deferred, unavailable or off, and why")
@@ -183,7 +197,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                      with_tools=not args.no_tools, state_dir=state.root, config_file=args.config,
                      workspace=args.workspace.resolve() if args.workspace else None, record=args.record,
                      server_replay=args.server_replay,
-                     enable=args.enable, disable=args.disable, debug=args.debug)
+                     enable=args.enable, disable=args.disable, debug=args.debug, bridge=args.bridge)
     try:
         return asyncio.run(run_up(opts))
     except KeyboardInterrupt:

@@ -48,6 +48,7 @@ class UpOptions:
     enable: list[str] = field(default_factory=list)
     disable: list[str] = field(default_factory=list)
     debug: bool = False
+    bridge: list[str] | None = None  # --bridge: bridge.families for this run (None: as configured)
 
 
 def split_hostport(value: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -250,6 +251,8 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     rt = runtime.build(str(state.root), str(opts.config_file) if opts.config_file else None, opts.upstream,
                        opts.trust_upstream, opts.enable, opts.disable)
     rt.config.debug = rt.config.debug or opts.debug
+    if opts.bridge is not None:
+        rt.config.bridge.families = list(opts.bridge)  # validated by the model (validate_assignment)
     state.token()
 
     from proxy.status import write_run_config
@@ -302,6 +305,7 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
         ctp_state_dir=str(state.root), ctp_config=str(opts.config_file or ""), ctp_upstream=opts.upstream or "",
         ctp_trust_upstream=opts.trust_upstream, ctp_enable=list(opts.enable), ctp_disable=list(opts.disable),
         store_streamed_bodies=bool(opts.record), connection_strategy="lazy",
+        ctp_tools_url=tools.url if tools is not None else "",  # addons/codex_backend.py: Codex's backend calls
     )
     tmp = tempfile.TemporaryDirectory(prefix="ctproxy-")
     if opts.server_replay:

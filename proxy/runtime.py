@@ -19,6 +19,7 @@ from proxy.state import StateDir
 from proxy.usage import UsageCache
 
 if TYPE_CHECKING:
+    from proxy.bridge.server import BridgeService
     from proxy.compaction.store import SessionMemo
     from proxy.dbworker import DBWorker
     from proxy.journal import Journal
@@ -48,6 +49,7 @@ class Services:
     usage: UsageCache = field(default_factory=UsageCache)  # tap: each session's newest usage
     db: DBWorker | None = None  # the one state-database worker (proxy/dbworker.py)
     upstream: UpstreamTurns | None = None  # the upstream-turn service (proxy/upstream): ctproxy's own calls
+    bridge: BridgeService | None = None  # bridge: its loopback endpoint, tool-server client and memory
     compaction_memo: SessionMemo | None = None  # compaction: what this process last wrote per session
     compaction_key: bytes | None = None  # compaction: the per-installation account HMAC key
     compaction_windows: dict[tuple[str, str], int | None] = field(default_factory=dict)  # compaction: learned

@@ -1,0 +1,130 @@
+"""The tool bridge stage ("4 tools"): offers the tool server's tools to any agent and has the proxy run the
+model's calls to them (issue 12, docs/bridge.md, ADR 0006).
+
+With `bridge.families` empty (the default) it returns before parsing anything: requests pass byte for
+byte. Otherwise, on a Responses create request it
+1. makes the request valid upstream again (`proxy.bridge.items.repair_request`: ctproxy's `mcp_call`
+   items back into calls + outputs, dropped ones spliced back, the merged response id mapped to the
+   upstream's last one);
+2. appends the bridged specs after the agent's own tools (`proxy.bridge.specs`), an agent tool of the
+   same name winning;
+3. re-routes the request to the bridge's loopback endpoint (`proxy.bridge.server`) under a one-time job
+   that keeps, in memory, the real destination, the credential headers (taken off the request here, so
+   nothing but the job holds them) with the one credential rule's verdict, and the caller's identity.
+   The endpoint sends it upstream through the upstream-turn service and streams the merged answer back.
+Loads alone: `mitmdump -s addons/bridge.py` (with `--set ctp_tools_url=…`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from mitmproxy import ctx, http
+
+from addons._flow import destination_route, is_reverse, session_of
+from addons._stage import Stage
+from proxy import routes, runtime
+from proxy.bridge.items import repair_request
+from proxy.bridge.server import BridgeService
+from proxy.bridge.specs import append_specs, select
+from proxy.bridge.turn import BridgeJob
+from proxy.flowbody import commit_if_alone, is_responses_create, responses_body
+from proxy.flowstate import state_of
+from proxy.toolclient import CallerUpstream, ToolClient
+from proxy.upstream import UpstreamTurns
+
+log = logging.getLogger("ctproxy.bridge")
+
+
+def base_url(url: str, kind: str | None) -> str:
+    """The API root of a request URL: …/v1 or …/backend-api/codex."""
+    for marker in ("/backend-api/codex/", "/v1/"):
+        at = url.find(marker)
+        if at >= 0:
+            return url[: at + len(marker) - 1]
+    return url.rsplit("/", 1)[0]
+
+
+class Bridge(Stage):
+    def load(self, loader) -> None:
+        super().load(loader)
+        if "ctp_tools_url" not in loader.master.options:  # also declared by codex_backend: one declaration
+            loader.add_option("ctp_tools_url", str, "", "the tool server's URL (set by `ctproxy up`)")
+
+    def _service(self, rt: runtime.Runtime) -> BridgeService | None:
+        svc = rt.services.bridge
+        if svc is None:
+            try:
+                url = str(getattr(ctx.options, "ctp_tools_url", "") or "")
+            except AttributeError:  # no mitmproxy master (a unit test): nothing to call
+                url = ""
+            if not url:
+                return None
+
+            def turns() -> UpstreamTurns:
+                if rt.services.upstream is None:
+                    rt.services.upstream = UpstreamTurns()
+                return rt.services.upstream
+
+            svc = rt.services.bridge = BridgeService(ToolClient(url, rt.state.token()), turns)
+        return svc
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None:
+            return
+        rt = self.rt
+        cfg = rt.config.bridge
+        if not cfg.families or not is_responses_create(flow):
+            return  # bridge off: the body need not even be parsed
+        body = responses_body(flow)
+        if body is None:
+            return
+        svc = self._service(rt)
+        if svc is None:
+            return
+        body.replace(repair_request(body.value, svc.memory))
+        specs = await svc.tool_specs()
+        offer = select(specs or [], cfg.families, body.value, cfg.apply_patch_form)
+        if not offer.tools:
+            commit_if_alone(flow)
+            return
+        body.replace(append_specs(body.value, offer))
+        req = flow.request
+        st = state_of(flow)
+        route = st.route if isinstance(st.route, routes.Route) else destination_route(flow, rt.upstream.trusted)
+        pairs = list(req.headers.items(multi=True))
+        if routes.credential_mismatch(req.scheme, req.host, req.port, req.path, pairs) is not None:
+            commit_if_alone(flow)
+            return  # not bridged: the guard refuses it with its 403
+        allowed = routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
+                                                 pairs)
+        creds = tuple((k, v) for k, v in pairs if k.lower() in routes.CREDENTIAL_HEADERS)
+        task = agent = session = None
+        ident = session_of(flow, rt.services.response_aliases)
+        if ident is not None:
+            task, agent, session = ident.task, ident.agent, ident.session_key
+        if isinstance(st.agent_identity, tuple) and len(st.agent_identity) == 2:
+            task, agent = st.agent_identity  # as the journal resolved them
+        url = req.url
+        job = BridgeJob(url=url, credentials=creds, credentials_allowed=allowed, offer=offer,
+                        caller=CallerUpstream(base_url(url, route.kind), route.kind, route.official, allowed,
+                                              dict(creds) if allowed else {}),
+                        task=task, agent=agent, session=session, max_rounds=cfg.max_rounds,
+                        timeout=rt.config.timeouts.stream_idle_seconds)
+        port = await svc.start()
+        path = svc.register(job, req.path)
+        for name in {k for k, _ in creds}:
+            del req.headers[name]  # the job holds them; the request to the loopback endpoint carries none
+        req.scheme, req.host, req.port, req.path = "http", "127.0.0.1", port, path
+        req.host_header = f"127.0.0.1:{port}"
+        log.debug("bridge: offered %d tool(s), left out %d", len(offer.tools), len(offer.left_out))
+        commit_if_alone(flow)
+
+    async def done(self) -> None:
+        rt = self._rt
+        if rt is not None and rt.services.bridge is not None:
+            svc, rt.services.bridge = rt.services.bridge, None
+            await svc.close()
+
+
+addons = [Bridge()]

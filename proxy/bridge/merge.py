@@ -1,0 +1,234 @@
+"""One response lifecycle out of several upstream rounds (pure; the floor is LiteLLM's fix for the same
+problem, BerriAI/litellm#40118 / PR #40121).
+
+Streaming (`MergedStream`, fed the upstream's events round by round):
+- one `response.created` / `in_progress` (the first round's); later rounds' are dropped, and every
+  round's terminal event is held back until the turn is over;
+- `output_index` shifted so it keeps counting across rounds; `sequence_number` renumbered strictly
+  increasing; the response id stays the first round's (the `openai` SDK refuses a lifecycle whose id
+  changes: the agent's id is mapped to the upstream's last one in `items.BridgeMemory.aliases`);
+- a bridged call is shown as an `mcp_call` item (added → arguments → in_progress → completed/failed →
+  done), never as a call the agent should run;
+- one final terminal event whose `output` lists every round's items and whose `usage` is the sum.
+A first round without a bridged call passes through event for event (only re-framed).
+
+Not streaming: `merge_responses` builds the same merged `Response` object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.bridge.items import CALL_TYPES, mcp_arguments, mcp_id, mcp_item
+from proxy.sse import SSEEvent
+
+START_EVENTS = frozenset({"response.created", "response.in_progress", "response.queued"})
+HELD_TERMINALS = frozenset({"response.completed", "response.incomplete"})
+FAIL_TERMINALS = frozenset({"response.failed", "error"})
+# Output items an agent acts on: a round with one of these ends the turn (a mixed round).
+AGENT_ACTION_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call", "shell_call", "computer_call",
+                                "apply_patch_call", "mcp_approval_request"})
+
+
+def frame(typ: str, data: str | bytes) -> bytes:
+    body = data.encode() if isinstance(data, str) else data
+    return b"event: " + typ.encode() + b"\ndata: " + body + b"\n\n"
+
+
+def sum_usage(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Every number added, nested details too; whatever only one side has is kept."""
+    if not a:
+        return dict(b) if b else None
+    if not b:
+        return dict(a)
+    out: dict[str, Any] = dict(a)
+    for k, v in b.items():
+        mine = out.get(k)
+        if isinstance(v, bool) or isinstance(mine, bool):
+            out[k] = v
+        elif isinstance(v, int | float) and isinstance(mine, int | float):
+            out[k] = mine + v
+        elif isinstance(v, Mapping) and isinstance(mine, Mapping):
+            out[k] = sum_usage(mine, v)
+        elif mine is None:
+            out[k] = v
+    return out
+
+
+def is_bridged(item: Mapping[str, Any], names: frozenset[str]) -> bool:
+    return item.get("type") in CALL_TYPES and item.get("name") in names and not item.get("namespace")
+
+
+@dataclass
+class PendingCall:
+    """A bridged call of the current round."""
+
+    shown_index: int
+    item: dict[str, Any]  # the model's item (complete once `done`)
+    done: bool = False
+
+    @property
+    def kind(self) -> str:
+        return CALL_TYPES[str(self.item["type"])]
+
+    @property
+    def key(self) -> str:
+        return mcp_id(self.kind, str(self.item.get("call_id", "")))
+
+
+@dataclass
+class RoundEnd:
+    terminal: str  # response.completed | response.incomplete | response.failed | error | eof
+    response: dict[str, Any] | None
+    calls: list[PendingCall]
+    agent_action: bool  # the round also has items the agent must act on
+    data: str = ""  # the terminal event's data as received
+
+
+@dataclass
+class MergedStream:
+    bridged: frozenset[str]
+    on_call_ready: Callable[[PendingCall], None] = lambda _c: None
+    seq: int = 0  # the next sequence_number
+    round: int = 0
+    offset: int = 0  # output_index shift of the current round
+    response_id: str | None = None  # the first round's: the one the agent sees throughout
+    shown: dict[int, dict[str, Any]] = field(default_factory=dict)  # output_index -> finished item (agent view)
+    usage: dict[str, Any] | None = None
+    end: RoundEnd | None = None  # set when the current round's terminal event arrived
+    _calls: dict[int, PendingCall] = field(default_factory=dict)  # the round's upstream output_index -> call
+    _action: bool = False
+    _max_index: int = -1
+
+    # ---- one upstream event -----------------------------------------------------------------------
+
+    def event(self, ev: SSEEvent) -> list[bytes]:
+        try:
+            data = orjson.loads(ev.data)
+        except orjson.JSONDecodeError:
+            return [] if ev.data.strip() == "[DONE]" else [frame(ev.event or "message", ev.data)]
+        if not isinstance(data, dict):
+            return []
+        typ = str(data.get("type") or ev.event or "")
+        if typ in START_EVENTS:
+            if self.round > 0:
+                return []
+            resp = data.get("response")
+            if isinstance(resp, dict) and self.response_id is None:
+                self.response_id = resp.get("id")
+            return [self._emit(typ, data, ev.data)]
+        if typ in HELD_TERMINALS or typ in FAIL_TERMINALS:
+            resp = data.get("response") if isinstance(data.get("response"), dict) else None
+            if resp is not None:
+                self.usage = sum_usage(self.usage, resp.get("usage"))
+            self.end = RoundEnd(typ, resp, list(self._calls.values()), self._action, ev.data)
+            return []
+        idx = data.get("output_index")
+        call = self._calls.get(idx) if isinstance(idx, int) else None
+        if typ == "response.output_item.added" and isinstance(data.get("item"), dict) and isinstance(idx, int):
+            item = data["item"]
+            shown = idx + self.offset
+            self._max_index = max(self._max_index, shown)
+            if is_bridged(item, self.bridged):
+                call = self._calls[idx] = PendingCall(shown, dict(item))
+                return [self._emit(typ, {**data, "output_index": shown, "item": mcp_item(item, "in_progress")})]
+            if item.get("type") in AGENT_ACTION_TYPES:
+                self._action = True
+            return [self._emit(typ, self._shift(data), ev.data)]
+        if call is not None:
+            return self._call_event(typ, data, call)
+        if typ == "response.output_item.done" and isinstance(data.get("item"), dict) and isinstance(idx, int):
+            self.shown[idx + self.offset] = data["item"]
+        return [self._emit(typ, self._shift(data), ev.data)]
+
+    def _call_event(self, typ: str, data: dict[str, Any], call: PendingCall) -> list[bytes]:
+        base = {"item_id": call.key, "output_index": call.shown_index}
+        if typ == "response.function_call_arguments.delta":
+            return [self._emit("response.mcp_call_arguments.delta", {**base, "delta": data.get("delta", "")})]
+        if typ == "response.function_call_arguments.done":
+            return [self._emit("response.mcp_call_arguments.done", {**base, "arguments": data.get("arguments", "")})]
+        if typ == "response.custom_tool_call_input.done":
+            args = mcp_arguments("custom", str(data.get("input", "")))
+            return [self._emit("response.mcp_call_arguments.done", {**base, "arguments": args})]
+        if typ == "response.output_item.done" and isinstance(data.get("item"), dict):
+            call.item, call.done = dict(data["item"]), True
+            self.on_call_ready(call)
+            return [self._emit("response.mcp_call.in_progress", base)]
+        return []  # custom input deltas and anything else of the call: the mcp_call has no such events
+
+    # ---- the driver's steps -----------------------------------------------------------------------
+
+    def call_finished(self, call: PendingCall, output: str | None, error: str | None) -> list[bytes]:
+        item = mcp_item(call.item, "failed" if error is not None else "completed", output, error)
+        self.shown[call.shown_index] = item
+        base = {"item_id": call.key, "output_index": call.shown_index}
+        done = "response.mcp_call.failed" if error is not None else "response.mcp_call.completed"
+        return [self._emit(done, base),
+                self._emit("response.output_item.done", {"output_index": call.shown_index, "item": item})]
+
+    def next_round(self) -> None:
+        self.round += 1
+        self.offset = self._max_index + 1
+        self.end = None
+        self._calls, self._action = {}, False
+
+    def output(self) -> list[dict[str, Any]]:
+        return [self.shown[i] for i in sorted(self.shown)]
+
+    def final(self, end: RoundEnd) -> bytes:
+        """The one terminal event of the agent's response: every round's items, the summed usage."""
+        resp = dict(end.response or {})
+        resp["id"] = self.response_id or resp.get("id")
+        resp["output"] = self.output()
+        if self.usage is not None:
+            resp["usage"] = self.usage
+        return self._emit(end.terminal if end.terminal != "eof" else "response.completed",
+                          {"type": end.terminal, "response": resp})
+
+    def passthrough_final(self, end: RoundEnd) -> bytes:
+        """The first round had no bridged call: its terminal event as it came (renumbered if needed)."""
+        return self._emit(end.terminal, orjson.loads(end.data), end.data)
+
+    def failure(self, end: RoundEnd) -> bytes:
+        if end.terminal == "error" or end.response is None:
+            return self._emit(end.terminal, orjson.loads(end.data), end.data)
+        resp = {**end.response, "id": self.response_id or end.response.get("id"), "output": self.output()}
+        if self.usage is not None:
+            resp["usage"] = self.usage
+        return self._emit(end.terminal, {"type": end.terminal, "response": resp})
+
+    def error_event(self, code: str, message: str, param: str | None = None) -> bytes:
+        return self._emit("error", {"type": "error", "code": code, "message": message, "param": param})
+
+    # ---- framing ----------------------------------------------------------------------------------
+
+    def _shift(self, data: dict[str, Any]) -> dict[str, Any]:
+        idx = data.get("output_index")
+        return data if not self.offset or not isinstance(idx, int) else {**data, "output_index": idx + self.offset}
+
+    def _emit(self, typ: str, data: dict[str, Any], raw: str | None = None) -> bytes:
+        seq = self.seq
+        self.seq += 1
+        if raw is not None and data.get("sequence_number") == seq and data.get("type") == typ \
+                and (not self.offset or "output_index" not in data):
+            return frame(typ, raw)  # unchanged: the upstream's own bytes
+        data = {**data, "type": typ, "sequence_number": seq}
+        return frame(typ, orjson.dumps(data))
+
+
+def merge_responses(first_id: str | None, rounds: Sequence[Mapping[str, Any]],
+                    output: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The non-streaming merged Response: the last round's object with the first id, all items, summed usage."""
+    last = dict(rounds[-1])
+    usage: dict[str, Any] | None = None
+    for r in rounds:
+        usage = sum_usage(usage, r.get("usage"))
+    last["id"] = first_id or last.get("id")
+    last["output"] = list(output)
+    if usage is not None:
+        last["usage"] = usage
+    return last

@@ -1,0 +1,154 @@
+"""The loopback endpoint mitmproxy streams a bridged answer from (ADR 0006).
+
+A mitmproxy stream callable is synchronous and cannot wait for a tool, so a request the bridge offered
+tools to is re-routed by the bridge stage to this endpoint, inside the proxy process, on 127.0.0.1 and
+a random port, under a one-time job id. The handler sends the request upstream through the
+upstream-turn service and answers with the merged lifecycle as it is produced; mitmproxy streams it to
+the agent as it would any upstream (so the tap and the journal see what the agent sees). The job
+(destination, credentials, identity, offer) never leaves memory; a job unclaimed for a minute is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import orjson
+from aiohttp import web
+
+from proxy.bridge.items import BridgeMemory
+from proxy.bridge.turn import BridgedTurn, BridgeJob, TurnStats
+from proxy.toolclient import BridgeTool, ToolClient, ToolServerUnreachable
+from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
+
+log = logging.getLogger("ctproxy.bridge")
+
+PATH_PREFIX = "/ctp-bridge/"
+JOB_TTL = 60.0
+# Not forwarded upstream: hop-by-hop, framing, and what the endpoint's own connection added.
+DROP_REQUEST = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
+                          "accept-encoding", "proxy-connection", "te", "upgrade"})
+DROP_RESPONSE = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding",
+                           "date", "server"})
+
+
+@dataclass
+class BridgeService:
+    """The proxy's bridge: its endpoint, its tool-server client, what it remembers (Services.bridge)."""
+
+    tools: ToolClient
+    turns_of: Callable[[], UpstreamTurns]
+    memory: BridgeMemory = field(default_factory=BridgeMemory)
+    specs: list[BridgeTool] | None = None  # the registry as the tool server serves it (fetched once)
+    specs_error: str = ""
+    port: int = 0
+    stats: TurnStats = field(default_factory=TurnStats)  # totals of this process: rounds, bridged calls
+    _jobs: OrderedDict[str, tuple[float, BridgeJob]] = field(default_factory=OrderedDict)
+    _runner: web.AppRunner | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def tool_specs(self) -> list[BridgeTool] | None:
+        if self.specs is None:
+            async with self._lock:
+                if self.specs is None:
+                    try:
+                        self.specs = await self.tools.specs()
+                        self.specs_error = ""
+                    except ToolServerUnreachable as exc:
+                        self.specs_error = f"the tool server did not answer ({exc})"
+                        return None
+        return self.specs
+
+    async def start(self) -> int:
+        if self._runner is None:
+            async with self._lock:
+                if self._runner is None:
+                    app = web.Application(client_max_size=1024 * 1024 * 1024)
+                    app.router.add_post(PATH_PREFIX + "{job}/{rest:.*}", self._handle)
+                    # The agent hanging up (mitmproxy closes this connection) cancels the turn and its calls.
+                    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+                    await runner.setup()
+                    site = web.TCPSite(runner, "127.0.0.1", 0)
+                    await site.start()
+                    self.port = runner.addresses[0][1]
+                    self._runner = runner
+        return self.port
+
+    def register(self, job: BridgeJob, path: str) -> str:
+        """The path to re-route the agent's request to: the job's key, then the request's own path (so
+        every stage still sees a Responses request: `…/v1/responses`)."""
+        now = time.monotonic()
+        while self._jobs and next(iter(self._jobs.values()))[0] < now - JOB_TTL:
+            self._jobs.popitem(last=False)
+        key = secrets.token_urlsafe(18)
+        self._jobs[key] = (now, job)
+        return PATH_PREFIX + key + (path if path.startswith("/") else "/" + path)
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.tools.close()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        entry = self._jobs.pop(request.match_info["job"], None)
+        if entry is None:
+            return _json_error(404, "unknown_bridge_job", "no such bridged request (it expired or was used)")
+        job = entry[1]
+        body = await request.read()
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROP_REQUEST]
+        headers.append(("Accept-Encoding", "identity"))  # the merger reads the events
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            payload = None
+        turn = BridgedTurn(job, self.turns_of(), self.tools, self.memory, headers, body,
+                           payload if isinstance(payload, dict) else {})
+        streaming = isinstance(payload, dict) and payload.get("stream") is True
+        try:
+            async with turn.turns.stream(turn.request(body), job.timeout) as answer:
+                ctype = answer.header("content-type").lower()
+                usable = answer.status == 200 and isinstance(payload, dict) and (
+                    ctype.startswith("text/event-stream") if streaming else "json" in ctype)
+                resp = web.StreamResponse(status=answer.status, headers=_response_headers(answer.headers))
+                if not usable:  # an error, or nothing the bridge reads: as it came
+                    await resp.prepare(request)
+                    async for chunk in answer.chunks:
+                        await resp.write(chunk)
+                    await resp.write_eof()
+                    return resp
+                if streaming:
+                    await resp.prepare(request)
+                    async for out in turn.stream(answer):
+                        await resp.write(out)
+                    await resp.write_eof()
+                    return resp
+                first = b"".join([c async for c in answer.chunks])
+            status, out = await turn.hold(first)
+            return web.Response(status=status, body=out, content_type="application/json")
+        except UpstreamUnavailable as exc:
+            code = 504 if exc.category == "timeout" else 502
+            return _json_error(code, "upstream_unavailable", f"the upstream could not be reached ({exc.category})")
+        except UpstreamBroken:
+            return _json_error(502, "upstream_broken", "the upstream's answer broke off")
+        except (ConnectionResetError, asyncio.CancelledError):
+            log.info("bridge: the agent hung up; the turn was stopped after %d round(s)", turn.stats.rounds)
+            raise
+        finally:
+            self.stats.rounds += turn.stats.rounds
+            self.stats.bridged_calls += turn.stats.bridged_calls
+
+
+def _response_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in headers if k.lower() not in DROP_RESPONSE]
+
+
+def _json_error(status: int, code: str, message: str) -> web.Response:
+    return web.Response(status=status, content_type="application/json",
+                        body=orjson.dumps({"error": {"message": message, "type": "ctproxy_bridge", "code": code,
+                                                     "param": None}}))

@@ -1,0 +1,107 @@
+"""Which bridged tools a request gets, in which form, and how they are appended (pure).
+
+- Only the families the user bridged (`bridge.families`), only tools that can run (capability on, a
+  workspace where needed); an agent's own tool of the same name always wins and the bridged one is left out.
+- `apply_patch` is offered as the Lark `custom` tool to the models trained on it (GPT-5 family, what Codex
+  offers them), else as a function; `bridge.apply_patch_form` overrides.
+- The specs go after the agent's own tools, in the registry's order, each spec's keys sorted: consecutive
+  requests of a session serialize to the same bytes, so their prompt-cache prefix is shared.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from proxy.toolclient import BridgeTool
+
+Form = Literal["function", "custom"]
+CUSTOM_PATCH_MODELS = ("gpt-5*", "codex-*")
+
+
+@dataclass(frozen=True)
+class Offer:
+    tools: tuple[BridgeTool, ...]  # offered on this request, in order
+    forms: Mapping[str, Form]  # name -> the form it was offered in
+    specs: tuple[Mapping[str, Any], ...]  # the spec dicts appended
+    left_out: tuple[tuple[str, str], ...]  # (name, why)
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.tools)
+
+    def tool(self, name: str) -> BridgeTool | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+
+def canonical(value: Any) -> Any:
+    """The same JSON value with every object's keys sorted: one byte form, whatever the source's order."""
+    if isinstance(value, Mapping):
+        return {k: canonical(value[k]) for k in sorted(value)}
+    if isinstance(value, list | tuple):
+        return [canonical(v) for v in value]
+    return value
+
+
+def agent_tool_names(tools: Any) -> set[str]:
+    names: set[str] = set()
+    for t in tools if isinstance(tools, list) else []:
+        if not isinstance(t, Mapping):
+            continue
+        if isinstance(t.get("name"), str):
+            names.add(t["name"])
+        if t.get("type") == "apply_patch":  # the hosted apply_patch tool type
+            names.add("apply_patch")
+        if t.get("type") == "namespace" and isinstance(t.get("tools"), list):
+            names |= agent_tool_names(t["tools"])
+    return names
+
+
+def patch_form(model: Any, setting: str) -> Form:
+    if setting in ("function", "custom"):
+        return setting  # type: ignore[return-value]
+    name = model if isinstance(model, str) else ""
+    return "custom" if any(fnmatch.fnmatch(name, g) for g in CUSTOM_PATCH_MODELS) else "function"
+
+
+def select(tools: Sequence[BridgeTool], families: Sequence[str], payload: Mapping[str, Any],
+           apply_patch_form: str = "auto", ours: Sequence[Mapping[str, Any]] = ()) -> Offer:
+    """`ours`: specs this transform already appended (idempotence: they are not the agent's tools)."""
+    agent_tools = [t for t in payload.get("tools") or [] if t not in ours] \
+        if isinstance(payload.get("tools"), list) else []
+    taken = agent_tool_names(agent_tools)
+    offered: list[BridgeTool] = []
+    forms: dict[str, Form] = {}
+    specs: list[Mapping[str, Any]] = []
+    left: list[tuple[str, str]] = []
+    wanted = set(families)
+    for tool in tools:
+        if tool.capability not in wanted and tool.family not in wanted:
+            continue
+        if not tool.available:
+            left.append((tool.name, tool.reason or "cannot run here"))
+            continue
+        if tool.name in taken:
+            left.append((tool.name, "the agent has its own tool of that name"))
+            continue
+        form: Form = "function"
+        if tool.custom is not None and patch_form(payload.get("model"), apply_patch_form) == "custom":
+            form = "custom"
+        offered.append(tool)
+        forms[tool.name] = form
+        specs.append(canonical(tool.custom if form == "custom" else tool.function))
+    return Offer(tuple(offered), forms, tuple(specs), tuple(left))
+
+
+def append_specs(payload: dict[str, Any], offer: Offer) -> dict[str, Any]:
+    """The payload with the offer's specs after the agent's own tools; the same object when there is
+    nothing to add or they are already there."""
+    if not offer.specs:
+        return payload
+    tools = payload.get("tools")
+    own = list(tools) if isinstance(tools, list) else []
+    if own[len(own) - len(offer.specs):] == list(offer.specs):
+        return payload
+    return {**payload, "tools": [*own, *offer.specs]}

@@ -1,0 +1,342 @@
+"""A bridged turn: the agent's request upstream, the bridged calls run on the tool server, the next rounds
+sent through the upstream-turn service, and one merged answer back (streaming or not).
+
+- Calls start as soon as the model finished writing them; parallel tools run concurrently, sequential
+  ones (notes writes, apply_patch, shell input) one at a time in the order the model wrote them.
+- A failing tool's error is the call's output (the model can react); nothing is retried; a tool server
+  that cannot be reached makes the output say the effect is unknown.
+- A round with the agent's own calls too (mixed) ends the turn: the bridged outputs go upstream with the
+  agent's next request (`BridgeMemory.pending`, or the resent `mcp_call` items).
+- After `max_rounds` rounds of bridged calls, further calls are not run: their output tells the model
+  so, and one last round (`tool_choice: "none"`) lets it answer.
+- The agent hanging up cancels the running calls (the handler is cancelled) and no further round is sent;
+  a round that fails upstream ends the agent's response with that error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.bridge.items import (
+    CALL_TYPES,
+    BridgeMemory,
+    ExecutedCall,
+    call_text,
+    mcp_item,
+    output_item,
+    parse_mcp_id,
+    upstream_call,
+)
+from proxy.bridge.merge import AGENT_ACTION_TYPES, MergedStream, PendingCall, RoundEnd, is_bridged, merge_responses
+from proxy.bridge.specs import Offer
+from proxy.sse import SSEDecoder
+from proxy.toolclient import CallerUpstream, CallOutcome, ToolCall, ToolClient, ToolServerUnreachable
+from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable, continue_turn
+
+log = logging.getLogger("ctproxy.bridge")
+
+LIMIT_MESSAGE = ("ctproxy did not run this call: this request already used its {n} rounds of ctproxy tool calls "
+                 "(bridge.max_rounds). Answer with what you have now, without calling more ctproxy tools.")
+UNREACHABLE_MESSAGE = ("ctproxy could not reach its tool server for {name}; whether the call changed anything is "
+                       "unknown: check before calling it again")
+
+
+@dataclass
+class BridgeJob:
+    """What the bridge stage knew about the agent's request when it re-routed it (in memory only)."""
+
+    url: str  # the upstream URL the agent's request was going to
+    credentials: tuple[tuple[str, str], ...] = field(repr=False)  # taken off the flow; sent only if allowed
+    credentials_allowed: bool  # proxy.routes.may_receive_credentials for `url`
+    offer: Offer
+    caller: CallerUpstream | None = field(default=None, repr=False)  # for tools that call an upstream
+    task: str | None = None
+    agent: str | None = None
+    session: str | None = None
+    max_rounds: int = 8
+    timeout: float | None = 300.0  # until the upstream's headers, per round
+
+
+@dataclass
+class TurnStats:
+    rounds: int = 0  # upstream round trips of this turn
+    bridged_calls: int = 0
+
+
+class CallRunner:
+    """Runs a round's bridged calls on the tool server: parallel ones at once, sequential ones in order."""
+
+    def __init__(self, tools: ToolClient, job: BridgeJob):
+        self.tools, self.job = tools, job
+        self._sequential = asyncio.Lock()  # FIFO: sequential calls run in the order they were started
+        self.tasks: dict[str, asyncio.Task[CallOutcome]] = {}
+
+    def start(self, call: PendingCall) -> None:
+        if call.key not in self.tasks:
+            self.tasks[call.key] = asyncio.ensure_future(self._run(call))
+
+    async def _run(self, call: PendingCall) -> CallOutcome:
+        tool = self.job.offer.tool(str(call.item.get("name")))
+        if tool is not None and not tool.parallel:
+            async with self._sequential:
+                return await self._call(call)
+        return await self._call(call)
+
+    async def _call(self, call: PendingCall) -> CallOutcome:
+        name = str(call.item.get("name"))
+        req = ToolCall(name=name, kind=call.kind, text=call_text(call.item), call_id=call.item.get("call_id"),
+                       task=self.job.task, agent=self.job.agent, session=self.job.session, upstream=self.job.caller)
+        try:
+            return await self.tools.call(req)
+        except ToolServerUnreachable:
+            return CallOutcome(UNREACHABLE_MESSAGE.format(name=name), True, "tool_server_unreachable")
+
+    async def result(self, call: PendingCall) -> CallOutcome:
+        self.start(call)
+        return await self.tasks[call.key]
+
+    def cancel(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+
+
+def _strip_call_ids(items: Sequence[Any], store: Any) -> list[Any]:
+    """A round's output as the next round's input: call items without their item id when the upstream did
+    not store them (`store: false`); everything else as received (reasoning keeps id + encrypted_content)."""
+    if store is not False:
+        return list(items)
+    return [upstream_call(i) if isinstance(i, Mapping) and i.get("type") in CALL_TYPES else i for i in items]
+
+
+def _limit_outputs(calls: Sequence[PendingCall], n: int) -> list[dict[str, Any]]:
+    return [output_item(c.kind, str(c.item.get("call_id", "")), LIMIT_MESSAGE.format(n=n)) for c in calls]
+
+
+def remember(memory: BridgeMemory, shown: Sequence[Mapping[str, Any]], executed: Mapping[str, ExecutedCall]) -> None:
+    """Every executed call, anchored to the shown item just before its run of calls (or just after)."""
+    prev_id: str | None = None
+    run: list[str] = []
+    for item in [*shown, None]:
+        iid = item.get("id") if isinstance(item, Mapping) else None
+        if item is not None and parse_mcp_id(iid) is not None and iid in executed:
+            run.append(str(iid))
+            continue
+        for key in run:
+            ex = executed[key]
+            ex.after_id = prev_id
+            memory.remember_call(ex)
+            if prev_id is None and isinstance(iid, str):
+                memory.set_before(key, iid)
+        run = []
+        if item is not None:
+            prev_id = iid if isinstance(iid, str) else None
+
+
+class BridgedTurn:
+    def __init__(self, job: BridgeJob, turns: UpstreamTurns, tools: ToolClient, memory: BridgeMemory,
+                 headers: Sequence[tuple[str, str]], body: bytes, payload: dict[str, Any]):
+        self.job, self.turns, self.tools, self.memory = job, turns, tools, memory
+        self.headers = [*headers, *job.credentials]
+        self.body, self.payload = body, payload
+        self.stats = TurnStats()
+        self.executed: dict[str, ExecutedCall] = {}
+
+    def request(self, body: bytes) -> Any:
+        return self.turns.prepare("POST", self.job.url, self.headers, body, self.job.credentials_allowed)
+
+    def _next_payload(self, payload: dict[str, Any], end_response: Mapping[str, Any], outputs: list[dict[str, Any]],
+                      last: bool) -> dict[str, Any]:
+        out = _strip_call_ids(end_response.get("output") or [], payload.get("store"))
+        nxt = continue_turn(payload, out, outputs, end_response.get("id"))
+        if last:
+            nxt["tool_choice"] = "none"
+        return nxt
+
+    def _record(self, call: PendingCall, outcome: CallOutcome) -> dict[str, Any]:
+        out = output_item(call.kind, str(call.item.get("call_id", "")), outcome.output)
+        self.executed[call.key] = ExecutedCall(dict(call.item), out, None)
+        self.stats.bridged_calls += 1
+        return out
+
+    def _finish(self, shown_id: str | None, last_id: str | None, shown: Sequence[Mapping[str, Any]],
+                pending: list[dict[str, Any]]) -> None:
+        remember(self.memory, shown, self.executed)
+        if shown_id and last_id:
+            self.memory.remember_turn(shown_id, last_id, pending)
+
+    # ---- streaming --------------------------------------------------------------------------------
+
+    async def stream(self, first: Any) -> AsyncIterator[bytes]:
+        """The merged lifecycle, given the first round's answer (200, event stream) already open (the caller
+        owns that one; later rounds' answers are opened and closed here)."""
+        runner = CallRunner(self.tools, self.job)
+        merged = MergedStream(self.job.offer.names, on_call_ready=runner.start)
+        payload = self.payload
+        executed_rounds = 0
+        stack = contextlib.AsyncExitStack()
+        answer = first
+        try:
+            while True:
+                self.stats.rounds += 1
+                try:
+                    async for out in _read_round(merged, answer.chunks):
+                        yield out
+                except UpstreamBroken:
+                    yield merged.error_event("upstream_broken", "the upstream's answer broke off")
+                    return
+                finally:
+                    await stack.aclose()  # this round's upstream answer (a later round's)
+                end = merged.end or RoundEnd("eof", None, [], False)
+                if end.terminal in ("response.failed", "error"):
+                    yield merged.failure(end)
+                    return
+                if end.terminal == "eof":
+                    yield merged.error_event("upstream_broken", "the upstream's answer ended without a terminal event")
+                    return
+                resp = end.response or {}
+                if not end.calls:
+                    if merged.round == 0:
+                        yield merged.passthrough_final(end)
+                    else:
+                        yield merged.final(end)
+                        self._finish(merged.response_id, resp.get("id"), merged.output(), [])
+                    return
+                over = executed_rounds >= self.job.max_rounds
+                outputs: list[dict[str, Any]] = []
+                for call in end.calls:
+                    outcome = CallOutcome(LIMIT_MESSAGE.format(n=self.job.max_rounds), True, "round_limit") if over \
+                        else await runner.result(call)
+                    outputs.append(self._record(call, outcome))
+                    for out in merged.call_finished(call, None if outcome.is_error else outcome.output,
+                                                    outcome.output if outcome.is_error else None):
+                        yield out
+                if not over:
+                    executed_rounds += 1
+                if end.agent_action or (over and merged.round > self.job.max_rounds):
+                    # a mixed round (or the last round ignored tool_choice): the agent takes it from here
+                    yield merged.final(end)
+                    self._finish(merged.response_id, resp.get("id"), merged.output(), outputs)
+                    return
+                payload = self._next_payload(payload, resp, outputs, last=over)
+                merged.next_round()
+                try:
+                    answer = await stack.enter_async_context(
+                        self.turns.stream(self.request(orjson.dumps(payload)), self.job.timeout))
+                except UpstreamUnavailable as exc:
+                    yield merged.error_event("upstream_unavailable", f"the upstream could not be reached for round "
+                                             f"{merged.round + 1} ({exc.category})")
+                    self._finish(merged.response_id, resp.get("id"), merged.output(), outputs)
+                    return
+                if answer.status != 200:
+                    try:
+                        raw = b"".join([c async for c in answer.chunks])
+                    except UpstreamBroken:
+                        raw = b""
+                    yield merged.error_event(*_error_of(raw, answer.status))
+                    self._finish(merged.response_id, resp.get("id"), merged.output(), outputs)
+                    return
+        finally:
+            runner.cancel()
+            await stack.aclose()
+
+    # ---- not streaming ----------------------------------------------------------------------------
+
+    async def hold(self, first_body: bytes) -> tuple[int, bytes]:
+        """The merged Response object (status, body), given the first round's 200 JSON body."""
+        runner = CallRunner(self.tools, self.job)
+        names = self.job.offer.names
+        payload = self.payload
+        rounds: list[dict[str, Any]] = []
+        shown: list[dict[str, Any]] = []
+        body = first_body
+        executed_rounds = 0
+        try:
+            while True:
+                self.stats.rounds += 1
+                try:
+                    resp = orjson.loads(body)
+                except orjson.JSONDecodeError:
+                    return 502, _error_json("upstream_invalid", "the upstream's answer was not JSON")
+                rounds.append(resp)
+                items = [i for i in resp.get("output") or [] if isinstance(i, dict)]
+                calls = [PendingCall(0, dict(i), True) for i in items if is_bridged(i, names)]
+                if not calls:
+                    if len(rounds) == 1:
+                        return 200, body
+                    shown.extend(items)
+                    merged = merge_responses(rounds[0].get("id"), rounds, shown)
+                    self._finish(merged.get("id"), resp.get("id"), shown, [])
+                    return 200, orjson.dumps(merged)
+                over = executed_rounds >= self.job.max_rounds
+                if not over:
+                    for c in calls:
+                        runner.start(c)
+                outputs: list[dict[str, Any]] = []
+                for item in items:
+                    call = next((c for c in calls if c.item is item or c.item == item), None)
+                    if call is None:
+                        shown.append(item)
+                        continue
+                    outcome = CallOutcome(LIMIT_MESSAGE.format(n=self.job.max_rounds), True, "round_limit") if over \
+                        else await runner.result(call)
+                    outputs.append(self._record(call, outcome))
+                    shown.append(mcp_item(call.item, "failed" if outcome.is_error else "completed",
+                                          None if outcome.is_error else outcome.output,
+                                          outcome.output if outcome.is_error else None))
+                executed_rounds += 0 if over else 1
+                action = any(i.get("type") in AGENT_ACTION_TYPES and not is_bridged(i, names) for i in items)
+                if action or (over and len(rounds) > self.job.max_rounds + 1):
+                    merged = merge_responses(rounds[0].get("id"), rounds, shown)
+                    self._finish(merged.get("id"), resp.get("id"), shown, outputs)
+                    return 200, orjson.dumps(merged)
+                payload = self._next_payload(payload, resp, outputs, last=over)
+                try:
+                    held = await self.turns.hold(self.request(orjson.dumps(payload)), self.job.timeout)
+                except (UpstreamUnavailable, UpstreamBroken):
+                    self._finish(rounds[0].get("id"), resp.get("id"), shown, outputs)
+                    return 502, _error_json("upstream_unavailable",
+                                            f"the upstream could not be reached for round {len(rounds) + 1}")
+                if held.status != 200:
+                    self._finish(rounds[0].get("id"), resp.get("id"), shown, outputs)
+                    return held.status, held.body
+                body = held.body
+        finally:
+            runner.cancel()
+
+
+async def _read_round(merged: MergedStream, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """One round's events through the merger, up to its terminal event (held back by the merger)."""
+    decoder = SSEDecoder()
+    async for chunk in chunks:
+        for ev in decoder.feed(chunk):
+            for out in merged.event(ev):
+                yield out
+            if merged.end is not None:
+                return
+    for ev in decoder.close():
+        for out in merged.event(ev):
+            yield out
+
+
+def _error_of(raw: bytes, status: int) -> tuple[str, str, str | None]:
+    try:
+        err = orjson.loads(raw).get("error") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        err = {}
+    code = str(err.get("code") or err.get("type") or f"http_{status}")
+    message = str(err.get("message") or f"the upstream answered HTTP {status}")
+    return code, message, err.get("param")
+
+
+def _error_json(code: str, message: str) -> bytes:
+    return orjson.dumps({"error": {"message": message, "type": "ctproxy_bridge", "code": code, "param": None}})
+
+
+Writer = Callable[[bytes], Awaitable[None]]
