@@ -99,6 +99,16 @@ class ToolDiscoveryConfig(_Section):
                                  "computer_use_scroll"],
         description="tool names held back until find_tools loads them")
 
+    @field_validator("deferred")
+    @classmethod
+    def _computer_use_all_or_none(cls, names: list[str]) -> list[str]:
+        group = {n for n in names if n.startswith("computer_use_")}
+        if group and len(group) != 6:
+            raise ValueError("list all six computer_use_* tools or none of them (they load together)")
+        if "find_tools" in names:
+            raise ValueError("find_tools itself cannot be deferred")
+        return names
+
 
 class ComputerUseConfig(_Section):
     """Computer Use (docs/computer_use.md): Linux X11 + AT-SPI, or macOS through ChatGPT.app's app-server."""

@@ -62,9 +62,37 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
         return CapabilityStatus(name, *computer_use_status(config))
     if name in ("apply_patch", "shell") and run is not None and not run.get("workspace"):
         return CapabilityStatus(name, "unavailable", "no workspace: restart ctproxy with --workspace DIR")
+    if (held := _held_by_discovery(config, cap.tools)) is not None:
+        return CapabilityStatus(name, "deferred", held)
+    if name == "code_mode":
+        return CapabilityStatus(name, "active", f"{what}, memory limit {config.code_mode.memory_limit_mb} MiB "
+                                f"each, nested apply_patch approval {config.code_mode.approval_mode}; remote code "
+                                "execution for whoever holds the tool server's token")
+    if name == "tool_discovery":
+        return CapabilityStatus(name, *_discovery_status(config))
     if name == "image_generation":
         return CapabilityStatus(name, "deferred", "runs on first call with an official route's credentials")
     return CapabilityStatus(name, "active", what)
+
+
+COMPUTER_USE_TOOLS = capability("computer_use").tools
+
+
+def _held_by_discovery(config: Config, tools: tuple[str, ...]) -> str | None:
+    """`deferred` (seed 004 §5.8): the capability would be active, but discovery holds back all its tools."""
+    td = config.tool_discovery
+    if not td.enabled or not tools or not set(tools) <= set(td.deferred):
+        return None
+    return "held back by tool discovery until the model loads it with find_tools (tool_discovery.deferred)"
+
+
+def _discovery_status(config: Config) -> tuple[str, str]:
+    deferred = set(config.tool_discovery.deferred)
+    group = deferred & set(COMPUTER_USE_TOOLS)
+    if group and group != set(COMPUTER_USE_TOOLS):
+        return "unavailable", "tool_discovery.deferred must list all six Computer Use tools or none of them"
+    return "active", (f"find_tools over the tool server's registry; {len(deferred)} tool(s) held back until "
+                      "loaded, per session, never persisted")
 
 
 def computer_use_status(config: Config) -> tuple[str, str]:
