@@ -207,3 +207,44 @@ async def test_on_linux_the_real_backend_is_unavailable_with_the_reason(tmp_path
     if sys.platform != "darwin":
         assert "macOS only" in res.text
     await family.close()
+
+
+async def test_confirm_through_mcp_elicitation_with_the_official_client(harness: Any) -> None:
+    """The chain Sky → app-server → our client → MCP form elicitation → the official `mcp` client's callback,
+    with the Confirm that `approval.mcp_confirm_for` builds from the MCP request (the tool server's endpoint
+    sets it for clients that can be asked)."""
+    import mcp_types as types
+    from mcp.client.client import Client
+    from mcp.server.lowlevel import Server
+
+    from tools_server.computer_use.approval import mcp_confirm_for
+
+    h = harness()
+    asked: list[str] = []
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[types.Tool(name=n, input_schema=t.json_schema())
+                                            for n, t in h.tools.items()])
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        call_ctx = CallContext(services=h.services, transport="mcp")
+        call_ctx.confirm = mcp_confirm_for(ctx)  # type: ignore[attr-defined]
+        result = await h.tools[params.name].call(dict(params.arguments or {}), call_ctx)
+        return types.CallToolResult(content=[types.TextContent(type="text", text=result.text)],
+                                    structured_content=result.structured(), is_error=result.is_error)
+
+    async def answer(ctx: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept" if len(asked) == 1 else "decline", content={})
+
+    server = Server("cu-test", on_list_tools=list_tools, on_call_tool=call_tool)
+    async with Client(server, elicitation_callback=answer, mode="legacy") as client:
+        first = await client.call_tool(STATE, {"app": "Calculator"})
+        assert not first.is_error and len(asked) == 1 and "Calculator" in asked[0]
+        second = await client.call_tool(STATE, {"app": "Calculator"})
+        assert not second.is_error and len(asked) == 1  # approved once for this server's lifetime
+        other = await client.call_tool(STATE, {"app": "Notes"})
+        assert other.is_error and other.structured_content["error"] == "approval-declined" and len(asked) == 2
+    async with Client(server, mode="legacy") as client:  # a client without elicitation cannot be asked
+        res = await client.call_tool(STATE, {"app": "Notes"})
+        assert res.is_error and res.structured_content["error"] == "approval-unavailable"

@@ -41,9 +41,22 @@ class Approvals:
         self._granted.clear()
 
 
-async def mcp_confirm(session: Any, message: str) -> Answer:
-    """Ask through MCP form elicitation (an empty form: the answer is the action). A client without a
-    back channel for it raises, which the caller turns into `approval-unavailable`."""
-    result = await session.elicit_form(message, {"type": "object", "properties": {}})
-    action = getattr(result, "action", "decline")
-    return action if action in ("accept", "decline", "cancel") else "decline"
+def mcp_confirm_for(request_ctx: Any) -> Confirm | None:
+    """The Confirm for one MCP tool call: asks through form elicitation when the client declared the
+    capability and this request's channel can carry a server-initiated request (streamable HTTP with SSE
+    answers; not the JSON-only answer mode). None otherwise, so the caller reports approval-unavailable.
+    The MCP endpoint sets `CallContext.confirm` from this."""
+    session = getattr(request_ctx, "session", None)
+    caps = getattr(session, "client_capabilities", None)
+    if session is None or caps is None or getattr(caps, "elicitation", None) is None:
+        return None
+    if not getattr(session, "can_send_request", False):
+        return None
+    related = getattr(request_ctx, "request_id", None)
+
+    async def confirm(message: str) -> Answer:
+        result = await session.elicit_form(message, {"type": "object", "properties": {}}, related_request_id=related)
+        action = getattr(result, "action", "decline")
+        return action if action in ("accept", "decline", "cancel") else "decline"
+
+    return confirm
