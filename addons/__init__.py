@@ -13,6 +13,7 @@ def chain() -> list[Any]:
     from addons.guard import Guard
     from addons.history import History
     from addons.routing import Routing
+    from addons.requestlog import RequestLog
     from addons.session import Session
     from addons.tap import Tap
     from addons.web_search import WebSearch
@@ -29,3 +30,4 @@ def chain() -> list[Any]:
         Guard(),  # 6 credentials only to official endpoints
         BodyWriter(),  # the body is serialized once, at the end
     ]
+        RequestLog(),  # answers only: one log line, the metrics and the dashboard's feed, once the answer is final

@@ -92,7 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--bridge", metavar="FAMILIES", default=None, type=_families,
                     help="for this run, bridge these tool families (comma-separated, e.g. history,notes,context): "
                     "every agent gets their tools and ctproxy runs the calls (docs/bridge.md); '' = none")
-    up.add_argument("--debug", action="store_true", help="log categories, counts and timings (never content)")
+    up.add_argument("--debug", action="store_true",
+                    help="ctproxy's own loggers at debug: categories, counts and timings (never content)")
+    up.add_argument("--quiet", action="store_true",
+                    help="no request log (by default one line per request: method, path, status, ms, stages)")
+    up.add_argument("--no-metrics", action="store_true",
+                    help="no Prometheus metrics and no live requests on the dashboard (the tool server's /metrics "
+                    "then shows only its own)")
 
     st = sub.add_parser("status", help="show every capability: active, deferred, unavailable or off, and why")
     _common(st)
@@ -100,11 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="run the addon chain over recorded flows and show what each addon changed")
     _common(rp)
-    rp.add_argument("file", type=Path, metavar="FILE.mitm")
-    rp.add_argument("--enable", action="append", default=[], metavar="NAME", choices=CAPABILITIES)
-    rp.add_argument("--disable", action="append", default=[], metavar="NAME", choices=(*CAPABILITIES, "all"))
-    rp.add_argument("--upstream", metavar="URL", help="the upstream the flows were recorded against")
-    rp.add_argument("--trust-upstream", action="store_true")
+    rp.add_argument("file", type=Path, metavar="FILE.mitm", help="flows recorded with `ctproxy up --record`")
+    rp.add_argument("--enable", action="append", default=[], metavar="NAME", choices=CAPABILITIES,
+                    help="enable a capability for the replay (repeatable), as `ctproxy up --enable`")
+    rp.add_argument("--disable", action="append", default=[], metavar="NAME", choices=(*CAPABILITIES, "all"),
+                    help="disable a capability for the replay (repeatable; 'all' = pass-through)")
+    rp.add_argument("--upstream", metavar="URL",
+                    help="the upstream the flows were recorded against (default: the one the recording names)")
+    rp.add_argument("--trust-upstream", action="store_true",
+                    help="treat --upstream as trusted with credentials, as `ctproxy up --trust-upstream` did")
 
     tk = sub.add_parser("token", help="print the tool server's bearer token (created if needed)")
     _common(tk)
@@ -121,8 +131,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("key")
     s.add_argument("value")
 
-    ts = sub.add_parser("tasks", help="list tasks, agents, windows, items, compactions")
+    ts = sub.add_parser("tasks", help="list tasks, newest first: label, agents, sessions, windows, counts",
+                        description="Tasks from the journal, newest activity first. Each has a label (its first "
+                        "user words and its agents), its agents' sessions and each session's windows.")
     _common(ts)
+    ts.add_argument("--json", action="store_true", help="machine-readable output")
+    ts.add_argument("--limit", type=int, default=None, metavar="N", help="only the N newest tasks")
+    sh = sub.add_parser("show", help="one session or task: windows and items (role, type, preview)",
+                        description="A session (or each session of a task): its windows with strategy and "
+                        "bootstrap, and its items with role, type and a preview of the text. A unique prefix of "
+                        "the id is enough. `--item ID` prints one item's JSON as first seen.")
+    _common(sh)
+    sh.add_argument("ref", metavar="SESSION|TASK", help="a session key or a task id (or a unique prefix)")
+    sh.add_argument("--item", metavar="ID", help="print this item whole (its JSON)")
+    sh.add_argument("--limit", type=int, default=None, metavar="N", help="only the last N items of each session")
+    sh.add_argument("--json", action="store_true", help="machine-readable output")
+    db = sub.add_parser("dashboard", help="print a new one-time login link for the dashboard (the tool server's /ui/)",
+                        description="Asks the running tool server for a fresh one-time login link (valid 10 "
+                        "minutes). Opening it sets an HttpOnly cookie; the page URLs carry no token after that.")
+    _common(db)
     t = sub.add_parser("task", help="task helpers")
     _common(t)
     tsub = t.add_subparsers(dest="task_command", metavar="ACTION", required=True)
@@ -197,7 +224,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                      with_tools=not args.no_tools, state_dir=state.root, config_file=args.config,
                      workspace=args.workspace.resolve() if args.workspace else None, record=args.record,
                      server_replay=args.server_replay,
-                     enable=args.enable, disable=args.disable, debug=args.debug, bridge=args.bridge)
+                     enable=args.enable, disable=args.disable, debug=args.debug, quiet=args.quiet,
+                     metrics=not args.no_metrics, bridge=args.bridge)
     try:
         return asyncio.run(run_up(opts))
     except KeyboardInterrupt:
@@ -295,12 +323,86 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from proxy import sessionview
+
+    if args.limit is not None and args.limit < 1:
+        print("ctproxy tasks: --limit must be at least 1", file=sys.stderr)
+        return 2
+    conn = sessionview.open_db(_state(args))
     try:
-        from proxy.journal.cli_views import tasks_report
-    except ImportError:
-        print("ctproxy tasks: the journal is not part of this build", file=sys.stderr)
+        tasks = sessionview.list_tasks(conn, args.limit)
+    finally:
+        conn.close()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(t) | {"sessions": t.sessions, "items": t.items} for t in tasks],
+                         indent=2))
+    else:
+        print(sessionview.render_tasks(tasks))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from proxy import sessionview
+
+    conn = sessionview.open_db(_state(args))
+    try:
+        if args.item:
+            found = sessionview.item_raw(conn, args.item)
+            if found is None:
+                print(f"ctproxy show: no item {args.item!r} in the journal", file=sys.stderr)
+                return 1
+            view, raw = found
+            print(json.dumps({"item": dataclasses.asdict(view), "raw": raw}, indent=2) if args.json
+                  else sessionview.render_item(view, raw))
+            return 0
+        ref = sessionview.resolve(conn, args.ref)
+        if ref is None:
+            print(f"ctproxy show: no session or task {args.ref!r} (or the prefix is not unique); "
+                  "`ctproxy tasks` lists them", file=sys.stderr)
+            return 1
+        kind, key = ref
+        if kind == "session":
+            found_session = sessionview.find_session(conn, key)
+            sessions = [found_session] if found_session is not None else []
+        else:
+            sessions = [s for t in sessionview.list_tasks(conn, task_id=key) for a in t.agents for s in a.sessions]
+        shown = [(s, sessionview.session_items(conn, s.session_key, args.limit)) for s in sessions]
+    finally:
+        conn.close()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(s) | {"item_list": [dataclasses.asdict(i) for i in items]}
+                          for s, items in shown], indent=2))
+    elif not shown:
+        print(f"task {key}: no sessions yet")
+    else:
+        print("\n\n".join(sessionview.render_session(s, items) for s, items in shown))
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    from proxy.status import read_run_file
+
+    state = _state(args)
+    run = read_run_file(state)
+    tools = (run or {}).get("tools")
+    if not tools:
+        print("ctproxy dashboard: no running tool server (start `ctproxy up`, without --no-tools)", file=sys.stderr)
         return 1
-    print(tasks_report(_state(args)))
+    req = urllib.request.Request(tools.rstrip("/") + "/ui/login-codes", method="POST", data=b"",
+                                 headers={"Authorization": f"Bearer {state.token()}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            print(json.loads(resp.read())["url"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        print(f"ctproxy dashboard: the tool server at {tools} did not give a link ({exc})", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -515,7 +617,8 @@ def cmd_codex_config(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"up": cmd_up, "status": cmd_status, "replay": cmd_replay, "token": cmd_token,
-            "config": cmd_config, "tasks": cmd_tasks, "task": cmd_task, "codex-config": cmd_codex_config}
+            "config": cmd_config, "tasks": cmd_tasks, "task": cmd_task, "codex-config": cmd_codex_config,
+            "show": cmd_show, "dashboard": cmd_dashboard}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -105,3 +105,31 @@ def item_types(items: object) -> str:
                 typ = "message" if isinstance(item, dict) and "role" in item else "other"
             counts[typ] = counts.get(typ, 0) + 1
     return ",".join(f"{k}:{v}" for k, v in sorted(counts.items())) or "none"
+
+
+def configure_logging(*, debug: bool, request_log: bool, stream: TextIO | None = None) -> None:
+    """ctproxy's own loggers to stderr, and only those (issue 17): warnings always; the request log
+    (`ctproxy.requests`, one line per request) at info unless `--quiet`; with `--debug` every `ctproxy.*`
+    logger at debug and mitmproxy's warnings, never the DEBUG chatter of asyncio, filelock or mcp."""
+    import logging
+
+    set_enabled(debug)
+    ours = logging.getLogger("ctproxy")
+    handler = next((h for h in ours.handlers if getattr(h, "_ctp_stderr", False)), None)
+    if handler is None:
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
+        handler._ctp_stderr = True  # type: ignore[attr-defined]
+        ours.addHandler(handler)
+    for h in ours.handlers:  # mitm_master's warnings handler would print the same lines twice
+        if getattr(h, "_ctp_warnings", False):
+            ours.removeHandler(h)
+    handler.setLevel(logging.DEBUG)
+    ours.setLevel(logging.DEBUG if debug else logging.WARNING)
+    ours.propagate = False  # mitmproxy's terminal log (mitmdump) must not print them a second time
+    logging.getLogger("ctproxy.requests").setLevel(logging.INFO if request_log or debug else logging.WARNING)
+    mitm = logging.getLogger("mitmproxy")
+    if debug and handler not in mitm.handlers:
+        mitm.addHandler(handler)
+        if mitm.level == logging.NOTSET or mitm.level < logging.WARNING:
+            mitm.setLevel(logging.WARNING)

@@ -49,6 +49,8 @@ class UpOptions:
     disable: list[str] = field(default_factory=list)
     debug: bool = False
     bridge: list[str] | None = None  # --bridge: bridge.families for this run (None: as configured)
+    quiet: bool = False  # no request log line (issue 17)
+    metrics: bool = True  # Prometheus metrics and the dashboard's request feed (proxy/telemetry.py)
 
 
 def split_hostport(value: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -71,6 +73,8 @@ class ToolServerPortBusy(RuntimeError):
 
 # The line the tool server prints once it listens (tools_server/server.py): how it reports its port back.
 _LISTENING = re.compile(rb"listening on http://(?:\[[^\]]*\]|[^\s:/]+):(\d+)")
+# Its one-time dashboard login link (tools_server/ui): printed by `ctproxy up`, never logged elsewhere.
+_LOGIN = re.compile(rb"dashboard login (http://\S+/ui/login\?code=[A-Za-z0-9_-]+)")
 
 
 def _free_port(host: str) -> int:
@@ -91,8 +95,11 @@ class ToolServerProcess:
     afterwards its stderr goes to ours. With `--tools-listen HOST:0` the OS picks the port here and the child
     gets it (it needs its port for the Host-header check); if something takes it in between, another is tried."""
 
-    def __init__(self, opts: UpOptions, state: StateDir, config_file: Path | None = None):
+    def __init__(self, opts: UpOptions, state: StateDir, config_file: Path | None = None,
+                 telemetry_url: str | None = None):
         self.opts = opts
+        self.telemetry_url = telemetry_url  # the proxy's loopback telemetry (proxy/telemetry.py)
+        self.login_url: str | None = None
         self.state = state
         self.config_file = config_file or opts.config_file  # the config the tool server runs
         self.proc: subprocess.Popen[bytes] | None = None
@@ -130,13 +137,15 @@ class ToolServerProcess:
             cmd += ["--disable", name]
         if self.opts.debug:
             cmd.append("--debug")
+        if self.telemetry_url:
+            cmd += ["--proxy-telemetry", self.telemetry_url]
         # Its own process group, so a Ctrl-C on the terminal reaches us first and we stop it in order.
         self._early_stderr, self._live = [], False
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True)
         loop = asyncio.get_running_loop()
         listening: asyncio.Future[int | None] = loop.create_future()
-        threading.Thread(target=self._read_stdout, args=(self.proc, loop, listening), daemon=True,
+        threading.Thread(target=self._read_stdout, args=(self, self.proc, loop, listening), daemon=True,
                          name="tool-server-stdout").start()
         threading.Thread(target=self._read_stderr, args=(self.proc,), daemon=True,
                          name="tool-server-stderr").start()
@@ -147,10 +156,12 @@ class ToolServerProcess:
             raise
 
     @staticmethod
-    def _read_stdout(proc: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop,
+    def _read_stdout(owner: ToolServerProcess, proc: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop,
                      listening: asyncio.Future[int | None]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:  # read to the end, so the child never blocks on a full pipe
+            if owner.login_url is None and (login := _LOGIN.search(line)):
+                owner.login_url = login[1].decode()  # printed before the listening line
             if not listening.done() and (m := _LISTENING.search(line)):
                 with contextlib.suppress(RuntimeError):  # the loop may be gone
                     loop.call_soon_threadsafe(_settle, listening, int(m[1]))
@@ -260,7 +271,10 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     # One config snapshot for both processes, taken once: the tool server runs exactly what the proxy runs,
     # and `ctproxy status` (run.json) reports that, not the file, which may change while they run.
     snapshot = write_run_config(state, rt.config) if opts.with_tools else None
-    tools = ToolServerProcess(opts, state, config_file=snapshot) if opts.with_tools else None
+    telemetry = _start_telemetry(state, rt) if opts.metrics else None
+    telemetry_url = telemetry.url if telemetry is not None else None
+    tools = (ToolServerProcess(opts, state, config_file=snapshot, telemetry_url=telemetry_url)
+             if opts.with_tools else None)
     try:
         if tools is not None:
             await tools.start()
@@ -270,7 +284,23 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
             await tools.stop()  # never leave the tool server behind, whatever happened
         if snapshot is not None:
             snapshot.unlink(missing_ok=True)
+        if telemetry is not None:
+            telemetry.stop()
         runtime.uninstall()
+
+
+def _start_telemetry(state: StateDir, rt: runtime.Runtime):  # -> proxy.telemetry.TelemetryServer
+    """The proxy's metrics and recent requests on a loopback port for the tool server (proxy/telemetry.py)."""
+    from proxy.metrics import proxy_metrics
+    from proxy.telemetry import TelemetryServer, request_feed
+
+    def backlog() -> int:
+        journal = rt.services.journal
+        return journal.writer.pending() if journal is not None else 0
+
+    metrics = proxy_metrics()
+    metrics.watch_journal_backlog(backlog)
+    return TelemetryServer(state.token(), metrics, request_feed()).start()
 
 
 async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tools: ToolServerProcess | None,
@@ -286,7 +316,10 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
     token_path = state.token_path
     mopts = options.Options(mode=[_mitm_mode(opts)], listen_host=opts.listen_host, listen_port=opts.listen_port,
                             confdir=str(state.confdir))
-    master = build_master(mopts, with_termlog=opts.debug)
+    master = build_master(mopts, with_termlog=False)  # --debug: ctproxy's own loggers only (issue 17)
+    from proxy import debuglog
+
+    debuglog.configure_logging(debug=opts.debug, request_log=not opts.quiet)
     # Not mitmproxy's ErrorCheck: it calls sys.exit() from inside the event loop when startup logs an error
     # (e.g. "address already in use"), which would skip our cleanup; collect those errors ourselves.
     startup_errors = ErrorCheckHandler()
@@ -305,6 +338,7 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
         ctp_state_dir=str(state.root), ctp_config=str(opts.config_file or ""), ctp_upstream=opts.upstream or "",
         ctp_trust_upstream=opts.trust_upstream, ctp_enable=list(opts.enable), ctp_disable=list(opts.disable),
         store_streamed_bodies=bool(opts.record), connection_strategy="lazy",
+        ctp_request_log=not opts.quiet, ctp_metrics=opts.metrics,
         ctp_tools_url=tools.url if tools is not None else "",  # addons/codex_backend.py: Codex's backend calls
     )
     tmp = tempfile.TemporaryDirectory(prefix="ctproxy-")
@@ -348,7 +382,10 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
         f"  proxy        {scheme_url}  mode={opts.mode}  upstream={upstream_desc}",
     ]
     if tools is not None:
-        lines.append(f"  tool server  {tools.url}  (REST /v1/tools, MCP {tools.url}/mcp)")
+        lines.append(f"  tool server  {tools.url}  (REST /v1/tools, MCP {tools.url}/mcp, metrics {tools.url}/metrics)")
+        if tools.login_url:
+            lines.append(f"  dashboard    {tools.login_url}  (one-time login link; `ctproxy dashboard` makes "
+                         "another)")
         lines.append(f"  workspace    {opts.workspace}" if opts.workspace is not None else
                      "  workspace    none: apply_patch and exec_command refuse (start with --workspace DIR)")
     lines += [

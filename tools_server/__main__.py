@@ -13,25 +13,40 @@ from tools_server.server import serve
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m tools_server", description="ctproxy's tool server")
-    parser.add_argument("--listen", default="127.0.0.1:8788")
-    parser.add_argument("--state-dir", type=Path)
-    parser.add_argument("--config", type=Path)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools_server",
+        description="ctproxy's tool server: REST /v1/tools, MCP /mcp, the bridge, /metrics and the dashboard /ui/. "
+        "`ctproxy up` starts it; run it alone to serve the tools without the proxy.")
+    parser.add_argument("--listen", default="127.0.0.1:8788", metavar="HOST:PORT",
+                        help="address to listen on (default %(default)s; keep it on loopback)")
+    parser.add_argument("--state-dir", type=Path, metavar="DIR",
+                        help="state directory: journal, notes, token (default: $CTPROXY_HOME or "
+                        "~/.local/state/ctproxy)")
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="config file (default: $CTPROXY_CONFIG or <state dir>/config.json)")
     parser.add_argument("--workspace", type=Path, default=None,
                         help="the directory apply_patch and exec_command may change (no default: without it "
                         "they refuse; x-ctp-cwd may then pick a directory inside it)")
-    parser.add_argument("--enable", action="append", default=[])
-    parser.add_argument("--disable", action="append", default=[])
-    parser.add_argument("--debug", action="store_true")
-    parser.add_argument("--parent-pid", type=int, help="stop when this process is gone (set by `ctproxy up`)")
+    parser.add_argument("--enable", action="append", default=[], metavar="NAME",
+                        help="enable a capability for this run (repeatable)")
+    parser.add_argument("--disable", action="append", default=[], metavar="NAME",
+                        help="disable a capability for this run (repeatable; 'all' disables every one)")
+    parser.add_argument("--debug", action="store_true",
+                        help="ctproxy's own loggers at debug (tool names, outcomes, timings; never arguments)")
+    parser.add_argument("--proxy-telemetry", metavar="URL",
+                        help="the proxy's loopback telemetry (set by `ctproxy up`): its metrics join /metrics and "
+                        "its requests the dashboard")
+    parser.add_argument("--parent-pid", type=int, metavar="PID",
+                        help="stop when this process is gone (set by `ctproxy up`)")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # Only ctproxy's loggers go to debug: asyncio, filelock, mcp and aiohttp stay at warning (issue 17).
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("ctproxy").setLevel(logging.DEBUG if args.debug else logging.WARNING)
     state = StateDir.open(args.state_dir)
     config = with_overrides(load_config(config_path_from_env(state.root, args.config)), args.enable, args.disable)
     host, _, port = args.listen.rpartition(":")
     asyncio.run(serve(config, state, args.workspace, host.strip("[]") or "127.0.0.1", int(port),
-                      parent_pid=args.parent_pid))
+                      parent_pid=args.parent_pid, proxy_telemetry=args.proxy_telemetry))
 
 
 if __name__ == "__main__":

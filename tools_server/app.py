@@ -15,6 +15,7 @@ from tools_server.families import build_registry
 from tools_server.mcp_endpoint import mount_mcp
 from tools_server.registry import Services, ToolError
 from tools_server.security import security_middleware
+from tools_server.metrics_endpoint import InstrumentedToolService, ProxyTelemetry, ToolMetrics, mount_metrics
 from tools_server.service import ToolService
 
 SERVICE_KEY = web.AppKey("tool_service", ToolService)
@@ -87,17 +88,28 @@ async def call_tool(request: web.Request) -> web.Response:
 
 
 def create_app(services: Services, *, token: str, listen_host: str = "127.0.0.1",
-               port: int | None = None) -> web.Application:
+               port: int | None = None, proxy_telemetry: str | None = None) -> web.Application:
     """With `port=None` (a test server on a random port) call `bind_port` once the port is known;
-    until then any loopback Host is accepted."""
+    until then any loopback Host is accepted. `proxy_telemetry`: the proxy's loopback telemetry URL
+    (proxy/telemetry.py), for `/metrics` and the dashboard's live requests."""
+    from tools_server.ui import UISessions, mount_ui, ui_gate
+
     port_box: list[int | None] = [port]
-    app = web.Application(middlewares=[json_errors, security_middleware(token, listen_host, lambda: port_box[0])],
+    security = security_middleware(token, listen_host, lambda: port_box[0])
+    ui_sessions = UISessions()
+    # /ui/ (the dashboard) gets the loopback rules with a cookie session instead of a bearer on each request.
+    app = web.Application(middlewares=[json_errors, ui_gate(security, ui_sessions, token, listen_host,
+                                                            lambda: port_box[0])],
                           client_max_size=64 * 1024 * 1024)
     app[PORT_KEY] = port_box
-    service = ToolService(services, build_registry(services))
+    registry = build_registry(services)
+    metrics = ToolMetrics(lambda: {t.name for t in registry.enabled_tools()})
+    service = InstrumentedToolService(services, registry, metrics=metrics)  # counts REST and MCP calls
     app[SERVICE_KEY] = service
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/tools", list_tools)
+    mount_metrics(app, metrics, ProxyTelemetry(proxy_telemetry, token))
+    mount_ui(app, ui_sessions, services)
     app.router.add_post("/v1/tools/{name}", call_tool)
     add_bridge_routes(app, lambda a: (a[SERVICE_KEY].registry, a[SERVICE_KEY].services))  # the proxy's bridge
     mount_mcp(app, service)

@@ -32,10 +32,10 @@ async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
 
 async def serve(config: Config, state: StateDir, workspace: Path | None, host: str, port: int,
                 ready: asyncio.Event | None = None, stop: asyncio.Event | None = None,
-                parent_pid: int | None = None) -> None:
+                parent_pid: int | None = None, proxy_telemetry: str | None = None) -> None:
     """`workspace=None`: no file or shell tool may touch a directory (they say how to set one)."""
     services = Services(config=config, state=state, workspace=workspace.resolve() if workspace else None)
-    app = create_app(services, token=state.token(), listen_host=host, port=port)
+    app = create_app(services, token=state.token(), listen_host=host, port=port, proxy_telemetry=proxy_telemetry)
     # A REST client that hangs up cancels its call (a shell command it started is stopped, seed 004 §5.6).
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
@@ -49,6 +49,10 @@ async def serve(config: Config, state: StateDir, workspace: Path | None, host: s
     watcher = asyncio.create_task(_watch_parent(parent_pid, stop)) if parent_pid else None
     if ready is not None:
         ready.set()
+    from tools_server.ui import login_url
+
+    # The dashboard's one-time login link, before the listening line: `ctproxy up` prints it (launcher.py).
+    print(f"ctproxy tool server dashboard login {login_url(app, host, port)}", flush=True)
     print(f"ctproxy tool server listening on http://{host}:{port}", flush=True)
     try:
         await stop.wait()

@@ -1,0 +1,234 @@
+"""One line per request at info level, the proxy's metrics, and the dashboard's live feed (issue 17).
+
+The last stage of the chain: it reads what the others wrote into the flow's typed state
+(`proxy/flowstate.FlowState`) once the answer is final and turns it into a `RequestRecord`
+(`proxy/telemetry.py`): method, path (never the query), status, duration, time to first byte, bytes,
+whether the answer streamed, model, session, and the stages applied (web_search, window:<strategy>,
+compaction:<strategy>, held, body:<limit>). The record goes to the `ctproxy.requests` logger, to the
+process's Prometheus metrics (`proxy/metrics.py`) and to the request feed the tool server relays.
+Nothing in it can carry a header, a prompt, a tool argument or a result: values are categories, counts,
+ids and timings, and strings pass `debuglog.safe_value`.
+
+Options: `ctp_request_log` (the log line; `ctproxy up --quiet` turns it off) and `ctp_metrics` (metrics
+and feed; `--no-metrics`). Loads alone: `mitmdump -s addons/requestlog.py` (the line then goes through
+mitmproxy's own log).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from typing import Any
+
+from mitmproxy import ctx, http
+
+from addons._stage import Stage
+from proxy import debuglog
+from proxy.flowbody import ResponsesBody
+from proxy.flowstate import FlowState, state_of
+from proxy.metrics import Observed, ProxyMetrics, proxy_metrics, route_label
+from proxy.session import SessionIdentity
+from proxy.sse import StreamTap
+from proxy.telemetry import RequestFeed, RequestRecord, request_feed
+
+log = logging.getLogger("ctproxy.requests")
+
+
+class _Counted:
+    """Counts the bytes of a stream mitmproxy passes through untouched (`stream = True`)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, chunk: bytes) -> bytes:
+        self.n += len(chunk)
+        return chunk
+
+
+class _CountedTap(StreamTap):
+    """The tap's StreamTap, counting bytes: it shares the original's state (`__dict__`), so it *is* that
+    tap for everyone who reads it (`isinstance(..., StreamTap)`, `finish()`), at one more call per chunk."""
+
+    def __call__(self, chunk: bytes) -> bytes:
+        self.__dict__["_ctp_bytes"] = self.__dict__.get("_ctp_bytes", 0) + len(chunk)
+        return super().__call__(chunk)
+
+
+def _counted(tap: StreamTap) -> _CountedTap:
+    twin = _CountedTap.__new__(_CountedTap)
+    twin.__dict__ = tap.__dict__
+    return twin
+
+
+def _stream_bytes(stream: Any) -> int | None:
+    if isinstance(stream, _Counted):
+        return stream.n
+    if isinstance(stream, _CountedTap):
+        return int(stream.__dict__.get("_ctp_bytes", 0))
+    return None
+
+
+def stages_of(st: FlowState) -> list[str]:
+    """What the chain did to this request, read from the typed per-flow state (categories only)."""
+    out: list[str] = []
+    if st.web_search == "native":
+        out.append("web_search")
+    info = st.compaction
+    if info is not None:
+        cp = info.checkpoint
+        if info.outcome == "diverged":
+            out.append("window:diverged")
+        elif cp is not None:
+            out.append(f"window:{cp.strategy}")  # the request went out with a checkpoint's bootstrap
+        if info.compacted and cp is not None:
+            out.append(f"compaction:{cp.strategy}:{cp.reason.split(':', 1)[0]}")
+        if info.hold:
+            out.append("held")  # near the window: buffered for a possible overflow recovery
+    if st.body_limit:
+        out.append(f"body:{st.body_limit}")
+    return [s if isinstance(debuglog.safe_value(s), str) and s != "?" else "other" for s in out]
+
+
+def _identity(st: FlowState) -> tuple[str | None, str | None, str | None]:
+    ident = st.session
+    if not isinstance(ident, SessionIdentity):
+        return None, None, None
+    task, agent = ident.task, ident.agent
+    if isinstance(st.agent_identity, tuple) and len(st.agent_identity) == 2:
+        task, agent = st.agent_identity
+    return ident.session_key, task, agent
+
+
+def _model(st: FlowState) -> str | None:
+    tap = st.tap
+    model = getattr(tap, "model", None)
+    if not model and isinstance(st.body, ResponsesBody):
+        model = st.body.value.get("model")
+    return model if isinstance(model, str) else None
+
+
+def _str(value: Any) -> str | None:
+    v = debuglog.safe_value(value)
+    return v if isinstance(v, str) and v != "?" else None
+
+
+def format_line(r: RequestRecord) -> str:
+    parts = [r.method, r.path, str(r.status) if r.status is not None else (r.error or "error"), f"{r.ms:.0f}ms"]
+    if r.ttfb_ms is not None:
+        parts.append(f"ttfb={r.ttfb_ms:.0f}ms")
+    parts.append("stream" if r.stream else "buffered")
+    if r.model:
+        parts.append(f"model={r.model}")
+    parts.append(f"in={r.bytes_in}B")
+    if r.bytes_out is not None:
+        parts.append(f"out={r.bytes_out}B")
+    parts.append("stages=" + (",".join(r.stages) or "none"))
+    if r.session:
+        parts.append(f"session={r.session}")
+    return "ctproxy-request " + " ".join(parts)
+
+
+class RequestLog(Stage):
+    def __init__(self) -> None:
+        self.log_lines = True
+        self.observe = True
+        self._done: weakref.WeakSet[http.HTTPFlow] = weakref.WeakSet()
+        self._metrics: ProxyMetrics | None = None
+        self._feed: RequestFeed | None = None
+
+    def load(self, loader: Any) -> None:
+        super().load(loader)
+        loader.add_option("ctp_request_log", bool, True, "one info line per request (ctproxy up --quiet: off)")
+        loader.add_option("ctp_metrics", bool, True, "Prometheus metrics and the dashboard's request feed")
+
+    def configure(self, updated: set[str]) -> None:
+        super().configure(updated)
+        opts = ctx.options
+        self.log_lines = bool(getattr(opts, "ctp_request_log", True))
+        self.observe = bool(getattr(opts, "ctp_metrics", True))
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        resp = flow.response
+        if resp is None or not self.observe:
+            return
+        if resp.stream is True:
+            resp.stream = _Counted()
+        elif type(resp.stream) is StreamTap:
+            resp.stream = _counted(resp.stream)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        st = state_of(flow)
+        if st.settling is not None:  # the answer may still be replaced: log the final one
+            st.settling.when_settled(lambda: self._finish(flow, None))
+            return
+        self._finish(flow, None)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._finish(flow, "client_disconnected" if flow.response is not None else "upstream_failed")
+
+    def _finish(self, flow: http.HTTPFlow, error: str | None) -> None:
+        if not (self.log_lines or self.observe) or flow in self._done:
+            return
+        self._done.add(flow)
+        try:
+            record = self._record(flow, error)
+        except Exception as exc:  # observing must never break a request
+            log.warning("request log: record failed (%s)", type(exc).__name__)
+            return
+        if self.observe:
+            if self._metrics is None:
+                self._metrics, self._feed = proxy_metrics(), request_feed()
+            self._observe(self._metrics, record, state_of(flow))
+            assert self._feed is not None
+            self._feed.publish(record)
+        if self.log_lines:
+            log.info(format_line(record))
+
+    def _record(self, flow: http.HTTPFlow, error: str | None) -> RequestRecord:
+        req, resp = flow.request, flow.response
+        st = state_of(flow)
+        start = req.timestamp_start
+        end = (resp.timestamp_end if resp is not None else None) or time.time()
+        ttfb = (resp.timestamp_start - start) * 1000 if resp is not None and resp.timestamp_start else None
+        sent = st.client_request if st.client_request is not None else req.raw_content
+        bytes_out: int | None = None
+        stream = False
+        if resp is not None:
+            stream = resp.headers.get("content-type", "").lower().startswith("text/event-stream")
+            counted = _stream_bytes(resp.stream)
+            if counted is not None:
+                bytes_out = counted
+            elif resp.raw_content is not None:
+                bytes_out = len(resp.raw_content)
+            elif (cl := resp.headers.get("content-length", "")).isdigit():
+                bytes_out = int(cl)
+        session, task, agent = _identity(st)
+        path = req.path.split("?", 1)[0]
+        feed = self._feed or request_feed()
+        return RequestRecord(
+            id=feed.next_id(), at=start, method=_str(req.method) or "OTHER", path=_str(path[:200]) or "?",
+            route=route_label(path), status=resp.status_code if resp is not None and error is None else None,
+            ms=round((end - start) * 1000, 2), ttfb_ms=round(ttfb, 2) if ttfb is not None else None,
+            bytes_in=len(sent) if sent is not None else 0, bytes_out=bytes_out, stream=stream,
+            model=_str(_model(st)), session=_str(session), task=_str(task), agent=_str(agent),
+            stages=stages_of(st), error=error)
+
+    @staticmethod
+    def _observe(m: ProxyMetrics, r: RequestRecord, st: FlowState) -> None:
+        m.observe_request(Observed(route=r.route, method=r.method, status=r.status, seconds=r.ms / 1000,
+                                   ttfb_seconds=r.ttfb_ms / 1000 if r.ttfb_ms is not None else None,
+                                   bytes_in=r.bytes_in, bytes_out=r.bytes_out))
+        info = st.compaction
+        if info is not None and info.compacted and info.checkpoint is not None:
+            trigger = info.checkpoint.reason.split(":", 1)[0]
+            m.compaction(info.checkpoint.strategy, trigger)
+            if trigger == "overflow":
+                # An overflow compaction is followed by exactly one retry; the agent gets its answer only if it
+                # succeeded. (Recoveries that made no compaction are the compaction stage's to report.)
+                m.overflow_recovery("recovered" if r.status is not None and r.status < 400 else "retry_failed")
+
+
+addons = [RequestLog()]

@@ -1,0 +1,162 @@
+"""The proxy's Prometheus metrics, one typed object per process (`proxy_metrics()`).
+
+Names follow the Prometheus conventions (`ctproxy_` prefix, `_total` counters, `_seconds` histograms,
+base units). Labels are closed sets or bounded names (route kinds, status codes, strategies), never ids,
+paths or anything a client chooses freely, so the series count stays small.
+
+Who counts what: the request log stage (`addons/requestlog.py`) observes every request; the stages that
+compact, roll a window over, recover an overflow or run a bridged round call the matching method here
+(`compaction`, `rollover`, `overflow_recovery`, `bridged_round`) — they never touch the collectors.
+The registry is the process's own (not prometheus_client's global one): a test or a second runtime in
+one process gets fresh numbers, and nothing registered by a library leaks in.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Seconds. Latency of an LLM request runs from milliseconds (a refused body) to minutes (a long stream).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+ROUTES = ("responses", "compact", "other")  # the `route` label: what the request was, by path
+
+
+def route_label(path: str) -> str:
+    """`responses` (POST …/responses), `compact` (…/responses/compact), `other`: a closed set."""
+    bare = path.split("?", 1)[0].rstrip("/")
+    if bare.endswith("/responses/compact"):
+        return "compact"
+    if bare.endswith("/responses"):
+        return "responses"
+    return "other"
+
+
+def status_label(status: int | None) -> str:
+    return str(status) if status is not None and 100 <= status <= 599 else "error"
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """One finished request, as the metrics need it (the request log stage builds it)."""
+
+    route: str
+    method: str
+    status: int | None  # None: no answer (the upstream failed or the client left)
+    seconds: float
+    ttfb_seconds: float | None
+    bytes_in: int
+    bytes_out: int | None
+
+
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self._requests = Counter("ctproxy_requests", "Requests through the proxy, by route, method and status",
+                                 ["route", "method", "status"], registry=r)
+        self._errors = Counter("ctproxy_request_errors", "Requests answered with a status >= 400 or not "
+                               "answered at all (status=error)", ["route", "status"], registry=r)
+        self._latency = Histogram("ctproxy_request_duration_seconds", "From the request's first byte to the "
+                                  "answer's last byte", ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self._ttfb = Histogram("ctproxy_request_ttfb_seconds", "From the request's first byte to the upstream "
+                               "answer's headers", ["route"], buckets=TTFB_BUCKETS, registry=r)
+        self._bytes = Counter("ctproxy_request_bytes", "Body bytes: in = the client's request as received, "
+                              "out = the answer as sent", ["route", "direction"], registry=r)
+        self._compactions = Counter("ctproxy_compactions", "Compactions made, by strategy (remote, fallback) "
+                                    "and trigger (threshold, overflow)", ["strategy", "trigger"], registry=r)
+        self._rollovers = Counter("ctproxy_rollovers", "New context windows opened, by strategy",
+                                  ["strategy"], registry=r)
+        self._recoveries = Counter("ctproxy_overflow_recoveries", "context_length_exceeded answers handled, by "
+                                   "outcome (recovered, retry_failed, not_smaller, skipped, missed)",
+                                   ["outcome"], registry=r)
+        self._bridged = Counter("ctproxy_bridged_rounds", "Bridged tool rounds the proxy ran upstream, by outcome",
+                                ["outcome"], registry=r)
+        self._backlog = Gauge("ctproxy_journal_writer_backlog", "Journal writes waiting for the writer thread",
+                              registry=r)
+        self._backlog_of: Callable[[], int] | None = None
+        self._backlog.set_function(self._read_backlog)
+
+    # ---- the request path -------------------------------------------------------------------------
+
+    def observe_request(self, o: Observed) -> None:
+        route = o.route if o.route in ROUTES else "other"
+        method = o.method if o.method in _METHODS else "OTHER"
+        status = status_label(o.status)
+        self._requests.labels(route, method, status).inc()
+        if o.status is None or o.status >= 400:
+            self._errors.labels(route, status).inc()
+        self._latency.labels(route).observe(max(o.seconds, 0.0))
+        if o.ttfb_seconds is not None:
+            self._ttfb.labels(route).observe(max(o.ttfb_seconds, 0.0))
+        if o.bytes_in:
+            self._bytes.labels(route, "in").inc(o.bytes_in)
+        if o.bytes_out:
+            self._bytes.labels(route, "out").inc(o.bytes_out)
+
+    # ---- what other stages report -----------------------------------------------------------------
+
+    def compaction(self, strategy: str, trigger: str) -> None:
+        self._compactions.labels(_short(strategy), _short(trigger)).inc()
+
+    def rollover(self, strategy: str) -> None:
+        self._rollovers.labels(_short(strategy)).inc()
+
+    def overflow_recovery(self, outcome: str) -> None:
+        self._recoveries.labels(_short(outcome)).inc()
+
+    def bridged_round(self, outcome: str = "ok") -> None:
+        self._bridged.labels(_short(outcome)).inc()
+
+    def watch_journal_backlog(self, read: Callable[[], int] | None) -> None:
+        """`read()` is called at scrape time (it must be cheap and thread-safe)."""
+        self._backlog_of = read
+
+    def _read_backlog(self) -> float:
+        read = self._backlog_of
+        if read is None:
+            return 0.0
+        try:
+            return float(read())
+        except Exception:  # a closing journal must not break a scrape
+            return 0.0
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition format (version 0.0.4)."""
+        return generate_latest(self.registry)
+
+
+def _short(value: str) -> str:
+    """A label value from a stage: an identifier-like word, else `other` (labels are not free text)."""
+    v = str(value)
+    return v if 0 < len(v) <= 40 and v.replace("_", "").replace("-", "").isalnum() else "other"
+
+
+_lock = threading.Lock()
+_current: ProxyMetrics | None = None
+
+
+def proxy_metrics() -> ProxyMetrics:
+    """The process's metrics (made on first use)."""
+    global _current
+    m = _current
+    if m is None:
+        with _lock:
+            if _current is None:
+                _current = ProxyMetrics()
+            m = _current
+    return m
+
+
+def reset() -> ProxyMetrics:
+    """Fresh numbers (tests)."""
+    global _current
+    with _lock:
+        _current = ProxyMetrics()
+        return _current

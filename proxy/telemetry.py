@@ -1,0 +1,193 @@
+"""What the proxy process tells the tool server: its recent requests and its metrics, on loopback.
+
+The proxy and the tool server are two processes (launcher.py); the dashboard and `/metrics` live on the
+tool server. So the proxy keeps the last `FEED_SIZE` request records in memory (`RequestFeed`) and serves
+them, with its Prometheus registry, on a loopback port of its own (`TelemetryServer`, chosen by the OS,
+handed to the tool server as `--proxy-telemetry URL`). The tool server pulls: `/metrics` on scrape,
+`/requests?after=ID&wait=S` as a long poll it relays to the dashboard's SSE stream.
+
+The same rules as the tool server: a loopback Host only (DNS rebinding), no browser Origin, the state
+directory's bearer token. It is a stdlib WSGI server on its own threads: nothing of it runs on the
+proxy's event loop, and the request path only appends a record under a lock.
+
+A record holds categories, counts, ids and timings only: never a header, a query string, a prompt, a
+tool argument or a result.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socketserver
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import orjson
+
+from proxy.metrics import ProxyMetrics
+
+FEED_SIZE = 500
+MAX_WAIT_SECONDS = 25.0
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request as the log line, the metrics and the dashboard see it."""
+
+    id: int
+    at: float  # when the request arrived (epoch seconds)
+    method: str
+    path: str  # without the query string
+    route: str  # proxy.metrics.route_label
+    status: int | None  # None: no answer (error says why)
+    ms: float
+    ttfb_ms: float | None
+    bytes_in: int
+    bytes_out: int | None
+    stream: bool  # the answer was an SSE stream
+    model: str | None = None
+    session: str | None = None
+    task: str | None = None
+    agent: str | None = None
+    stages: list[str] = field(default_factory=list)  # what the chain did: web_search, compaction:remote, …
+    error: str | None = None  # a category (e.g. upstream_unreachable), never a message
+
+
+class RequestFeed:
+    """The last FEED_SIZE records, with a long poll for new ones. Thread-safe; `publish` is cheap."""
+
+    def __init__(self, size: int = FEED_SIZE):
+        self._records: deque[RequestRecord] = deque(maxlen=size)
+        self._cond = threading.Condition()
+        self._next = 1
+
+    def next_id(self) -> int:
+        with self._cond:
+            n = self._next
+            self._next += 1
+            return n
+
+    def publish(self, record: RequestRecord) -> None:
+        with self._cond:
+            self._records.append(record)
+            self._cond.notify_all()
+
+    def since(self, after: int = 0, wait: float = 0.0, limit: int = FEED_SIZE) -> list[RequestRecord]:
+        """Records with an id above `after`, oldest first; waits up to `wait` seconds for one."""
+        deadline = time.monotonic() + max(0.0, min(wait, MAX_WAIT_SECONDS))
+        with self._cond:
+            while True:
+                found = [r for r in self._records if r.id > after]
+                remaining = deadline - time.monotonic()
+                if found or remaining <= 0:
+                    return found[-limit:]
+                self._cond.wait(remaining)
+
+
+_feed: RequestFeed | None = None
+_feed_lock = threading.Lock()
+
+
+def request_feed() -> RequestFeed:
+    global _feed
+    if _feed is None:
+        with _feed_lock:
+            if _feed is None:
+                _feed = RequestFeed()
+    return _feed
+
+
+def records_json(records: list[RequestRecord]) -> bytes:
+    return orjson.dumps({"object": "list", "data": records})
+
+
+# ---- the loopback server ------------------------------------------------------------------------------
+
+_LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+
+def _host_ok(host: str, port: int) -> bool:
+    value = host.strip().lower()
+    if value.startswith("["):
+        name, _, rest = value.partition("]")
+        name, port_part = name + "]", rest[1:] if rest.startswith(":") else ""
+    else:
+        name, _, port_part = value.partition(":")
+    return name in _LOOPBACK and port_part == str(port)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # no access log
+        pass
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a long poll never keeps the process from stopping
+    allow_reuse_address = True
+
+
+class TelemetryServer:
+    """`GET /metrics` (Prometheus text), `GET /requests?after=ID&wait=S` (JSON), bearer token required."""
+
+    def __init__(self, token: str, metrics: ProxyMetrics, feed: RequestFeed, host: str = "127.0.0.1"):
+        self._expected = f"Bearer {token}".encode()
+        self.metrics = metrics
+        self.feed = feed
+        self.host = host
+        self._server: _ThreadingServer | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> TelemetryServer:
+        self._server = make_server(self.host, 0, self._app, server_class=_ThreadingServer,
+                                   handler_class=_QuietHandler)
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
+                                        name="ctproxy-telemetry", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def _app(self, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        def answer(status: str, body: bytes, ctype: str = "application/json") -> list[bytes]:
+            start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body))),
+                                    ("Cache-Control", "no-store")])
+            return [body]
+
+        def error(status: str, code: str, message: str) -> list[bytes]:
+            return answer(status, orjson.dumps({"error": {"code": code, "message": message}}))
+
+        if not _host_ok(environ.get("HTTP_HOST", ""), self.port):
+            return error("403 Forbidden", "forbidden_host", "Host header is not this server's loopback address")
+        if "HTTP_ORIGIN" in environ:
+            return error("403 Forbidden", "forbidden_origin", "browser origins are refused")
+        if not hmac.compare_digest(environ.get("HTTP_AUTHORIZATION", "").encode(), self._expected):
+            return error("401 Unauthorized", "unauthorized", "missing or wrong bearer token (see `ctproxy token`)")
+        if environ.get("REQUEST_METHOD") != "GET":
+            return error("405 Method Not Allowed", "method_not_allowed", "only GET")
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return answer("200 OK", self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+        if path == "/requests":
+            q = parse_qs(environ.get("QUERY_STRING", ""))
+            try:
+                after = int(q.get("after", ["0"])[0])
+                wait = float(q.get("wait", ["0"])[0])
+                limit = max(1, min(int(q.get("limit", [str(FEED_SIZE)])[0]), FEED_SIZE))
+            except ValueError:
+                return error("400 Bad Request", "invalid_query", "after, wait and limit are numbers")
+            return answer("200 OK", records_json(self.feed.since(after, wait, limit)))
+        return error("404 Not Found", "not_found", "GET /metrics or /requests")
