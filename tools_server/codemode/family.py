@@ -21,6 +21,8 @@ from tools_server.codemode.engine import V8Engine
 from tools_server.codemode.limits import CellLimits
 from tools_server.codemode.pragma import PragmaError, parse_pragma
 from tools_server.codemode.render import render
+from tools_server.patch.model import PatchError
+from tools_server.patch.parser import parse_patch
 from tools_server.registry import CallContext, Registry, Services, Tool, ToolError, ToolResult, clip
 from tools_server.shell import limits as shell_limits
 
@@ -144,7 +146,11 @@ class CodeModeFamily:
             raise ToolError(f"tools.{name} is not enabled any more; nothing was run", code="unavailable")
         if name == "apply_patch" and self.services.config.code_mode.approval_mode == "confirm":
             # validate first (a wrong patch is an argument error, not a question for the user) ...
-            tool.validate(args)
+            parsed = tool.validate(args)
+            try:
+                parse_patch(getattr(parsed, "text", ""))
+            except PatchError as exc:
+                raise ToolError(f"apply_patch: {exc}; nothing was changed", code="invalid_patch") from None
             # ... then ask. No transport of this server can ask a person yet (MCP elicitation is not wired),
             # so `confirm` refuses before any change.
             raise ToolError("apply_patch inside a code cell needs confirmation (code_mode.approval_mode is "

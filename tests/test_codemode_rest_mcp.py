@@ -1,0 +1,192 @@
+"""exec / wait end to end: real isolates, real shells and the real patch executor, through the tool server's
+REST endpoint (aiohttp client) and MCP (the official `mcp` client over streamable HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+ON = {"code_mode.enabled": True, "shell.enabled": True, "apply_patch.enabled": True}
+PATCH = "*** Begin Patch\n*** Add File: made.txt\n+made by a cell\n*** End Patch\n"
+
+
+async def test_off_by_default_and_listed_when_on(tool_server: Any) -> None:
+    off = await tool_server()
+    assert not {"exec", "wait"} & {s["name"] for s in await off.list_rest()}
+    res = await off.rest("exec", {"code": "1"})
+    assert res.status == 404
+    on = await tool_server(ON)
+    specs = {s["name"]: s for s in await on.list_rest()}
+    assert specs["exec"]["parameters"]["required"] == ["code"] and "tools.exec_command" in specs["exec"]["description"]
+    custom = {s["name"]: s for s in await on.list_rest("custom")}
+    assert custom["exec"]["type"] == "custom" and custom["exec"]["format"]["syntax"] == "lark"
+    assert specs["wait"]["parameters"]["required"] == ["cell_id"]
+
+
+async def test_rest_cell_runs_shell_commands_concurrently(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(ON, workspace=tmp_path)
+    code = ("const rs = await Promise.all(['echo one', 'echo two'].map((cmd) => tools.exec_command({cmd})));\n"
+            "for (const r of rs) print(r.stdout.text.trim(), r.exit_code);\nreturn rs.length")
+    res = await srv.rest("exec", {"code": code}, task="t", agent="/root")
+    assert res.ok, res.body
+    assert res.text.startswith("Script completed\nWall time ") and "Output:\none 0\ntwo 0\n" in res.text
+    assert res.text.endswith("Result:\n2") and res.details["calls"]["completed"] == 2 and res.details["result"] == 2
+
+
+async def test_shell_started_by_a_failed_cell_keeps_running_and_write_stdin_continues_it(
+        tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(ON, workspace=tmp_path)
+    code = ("const r = await tools.exec_command({cmd: 'cat', yield_time_ms: 250});\n"
+            "print('session', r.session_id);\nthrow new Error('after starting a shell')")
+    res = await srv.rest("exec", {"code": code}, task="t", agent="/root")
+    assert not res.ok and res.text.startswith("Script failed")
+    assert "Script error:\nError: after starting a shell (line 3)" in res.text
+    sid = res.details["shells"][0]["session_id"]
+    assert res.details["shells"][0]["running"] and f"Shells still running: {sid}" in res.text
+    more = await srv.rest("write_stdin", {"session_id": sid, "chars": "still here\n", "closeStdin": True,
+                                          "yield_time_ms": 3000}, task="t", agent="/root")
+    assert more.ok and more.details["stdout"]["text"] == "still here\n" and more.details["exit_code"] == 0
+
+
+async def test_nested_apply_patch_needs_confirmation_and_headless_refuses_before_any_change(
+        tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(ON, workspace=tmp_path)
+    code = f"try {{ await tools.apply_patch({{patch: {json.dumps(PATCH)}}}) }} catch (e) {{ print(e.code) }}"
+    res = await srv.rest("exec", {"code": code})
+    assert res.ok and "Output:\napproval-unavailable\n" in res.text
+    assert not (tmp_path / "made.txt").exists()
+    bad = await srv.rest("exec", {"code": "try { await tools.apply_patch({patch: 'nonsense'}) } "
+                                          "catch (e) { print(e.code) }"})
+    assert "approval-unavailable" not in bad.text  # a wrong patch is an argument error, asked nothing
+    always = await tool_server({**ON, "code_mode.approval_mode": "always"}, workspace=tmp_path / "w2")
+    res = await always.rest("exec", {"code": f"const r = await tools.apply_patch({{patch: {json.dumps(PATCH)}}});\n"
+                                             "print(r.ok)"})
+    assert res.ok and "Output:\ntrue\n" in res.text
+    assert (tmp_path / "w2" / "made.txt").read_text() == "made by a cell\n"
+
+
+async def test_nested_calls_are_validated_against_the_direct_tools_schemas(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(ON, workspace=tmp_path)
+    res = await srv.rest("exec", {"code": "try { await tools.exec_command({cmd: 'touch x', bogus: 1}) } "
+                                          "catch (e) { print(e.code, e.message) }"})
+    assert res.ok and "unknown field" in res.text and not (tmp_path / "x").exists()
+
+
+async def test_uses_rules(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server({**ON, "apply_patch.enabled": False}, workspace=tmp_path)
+    unknown = await srv.rest("exec", {"code": "print(1)", "uses": ["exec_command", "rm_rf"]})
+    assert not unknown.ok and unknown.body["details"]["error"] == "unknown-adapter" and "rm_rf" in unknown.text
+    off = await srv.rest("exec", {"code": "print(1)", "uses": ["apply_patch"]})
+    assert not off.ok and off.body["details"]["error"] == "unavailable"
+    none = await srv.rest("exec", {"code": "print(Object.keys(tools).length)", "uses": []})
+    assert none.ok and "Output:\n0\n" in none.text
+    snapshot = await srv.rest("exec", {"code": "print(Object.keys(tools).sort().join(','))"})
+    names = snapshot.text.split("Output:\n")[1].strip().split(",")
+    assert "exec_command" in names and "notes_read_file" in names and "history_search_contents" in names
+    assert "apply_patch" not in names and "notes_write_file" not in names and "exec" not in names
+
+
+async def test_read_only_notes_tool_from_a_cell(tool_server: Any, tmp_path: Path) -> None:
+    from proxy.journal.cli_views import new_task
+
+    srv = await tool_server(ON, workspace=tmp_path)
+    task = new_task(srv.services.state)
+    written = await srv.rest("notes_write_file", {"path": "plan.md", "text": "step one\n"}, task=task,
+                             agent="/root")
+    assert written.ok, written.body
+    code = ("const list = await tools.notes_list_files_by_prefix({});\n"
+            "const hit = await tools.notes_search_contents({query: 'step'});\nprint(list.ok, hit.ok);\n"
+            "print(hit.output.includes('plan.md'))")
+    res = await srv.rest("exec", {"code": code}, task=task, agent="/root")
+    assert res.ok and "Output:\ntrue true\ntrue\n" in res.text, res.text
+
+
+async def test_pragma_errors_before_start_and_pragma_yield(tool_server: Any) -> None:
+    srv = await tool_server(ON)
+    bad = await srv.rest("exec", {"code": '// @exec: {"nope": 1}\nprint(1)'})
+    assert not bad.ok and bad.body["details"]["error"] == "invalid-pragma" and "got `nope`" in bad.text
+    conflict = await srv.rest("exec", {"code": '// @exec: {"yield_time_ms": 300}\nprint(1)', "yield_time_ms": 400})
+    assert not conflict.ok and "conflicts" in conflict.text
+    spin = await srv.rest("exec", {"code": '// @exec: {"yield_time_ms": 300}\nprint("up");\nwhile (true) {}'})
+    assert spin.ok and spin.text.startswith(f"Script running with cell ID {spin.details['cell_id']}\n")
+    stopped = await srv.rest("wait", {"cell_id": spin.details["cell_id"], "terminate": True})
+    assert stopped.text.startswith("Script terminated")
+
+
+async def test_a_spinning_cell_does_not_block_the_server_and_wait_terminate_stops_it(tool_server: Any) -> None:
+    srv = await tool_server(ON)
+    spin = await srv.rest("exec", {"code": "while (true) {}", "yield_time_ms": 250})
+    cell_id = spin.details["cell_id"]
+    assert spin.ok and spin.details["status"] == "running" and spin.text.endswith("Output:\n")
+    # while it spins, the server answers other calls: another cell runs to its end
+    other = await srv.rest("exec", {"code": "return 6 * 7"})
+    assert other.ok and other.details["result"] == 42
+    still = await srv.rest("wait", {"cell_id": cell_id, "yield_time_ms": 250})
+    assert still.details["status"] == "running" and still.text.endswith("Output:\n")
+    stopped = await srv.rest("wait", {"cell_id": cell_id, "terminate": True})
+    assert stopped.ok and stopped.text.startswith("Script terminated\nWall time ")
+    gone = await srv.rest("wait", {"cell_id": cell_id})
+    assert not gone.ok and gone.body["details"]["error"] == "unknown-cell"
+
+
+async def test_cells_belong_to_their_caller(tool_server: Any) -> None:
+    srv = await tool_server(ON)
+    spin = await srv.rest("exec", {"code": "while (true) {}", "yield_time_ms": 250}, task="a", agent="/root")
+    other = await srv.rest("wait", {"cell_id": spin.details["cell_id"], "terminate": True}, task="b", agent="/root")
+    assert not other.ok and other.body["details"]["error"] == "unknown-cell"
+    mine = await srv.rest("wait", {"cell_id": spin.details["cell_id"], "terminate": True}, task="a", agent="/root")
+    assert mine.text.startswith("Script terminated")
+
+
+async def test_wait_returns_the_result_once(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(ON, workspace=tmp_path)
+    res = await srv.rest("exec", {"code": "const r = await tools.exec_command({cmd: 'sleep 1; echo late'});\n"
+                                          "print(r.stdout.text)", "yield_time_ms": 250})
+    assert res.details["status"] == "running"
+    done = await srv.rest("wait", {"cell_id": res.details["cell_id"], "yield_time_ms": 10000})
+    assert done.ok and done.text.startswith("Script completed") and "late" in done.text
+    again = await srv.rest("wait", {"cell_id": res.details["cell_id"]})
+    assert not again.ok and again.body["details"]["error"] == "unknown-cell"
+
+
+async def test_rest_client_hanging_up_on_exec_stops_the_cell(tool_server: Any) -> None:
+    srv = await tool_server(ON)
+    async with aiohttp.ClientSession() as http:
+        task = asyncio.ensure_future(http.post(f"{srv.url}/v1/tools/exec", headers=srv.headers(),
+                                               data=json.dumps({"code": "while (true) {}", "yield_time_ms": 30000})))
+        registry = srv.services.extras["registry"]
+        manager = next(f for f in registry.families if f.name == "code_mode").manager
+
+        async def running() -> None:
+            while manager.running() != 1:
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(running(), 20)
+        task.cancel()
+
+        async def stopped() -> None:
+            while manager.running() != 0:
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(stopped(), 20)
+
+
+async def test_mcp_exec_and_wait(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(ON, workspace=tmp_path)
+    tools = {t.name: t for t in await srv.mcp_list()}
+    assert {"exec", "wait"} <= set(tools)
+    res = await srv.mcp("exec", {"code": "const r = await tools.exec_command({cmd: 'printf mcp'});\n"
+                                         "print(r.stdout.text);\nreturn {n: 1}"}, task="t", agent="/root")
+    assert not res.is_error and res.text.startswith("Script completed") and "Output:\nmcp\n" in res.text
+    assert res.structured is not None and res.structured["result"] == {"n": 1}
+    spin = await srv.mcp("exec", {"code": "while (true) {}", "yield_time_ms": 250}, task="t", agent="/root")
+    cell_id = spin.structured["cell_id"] if spin.structured else ""
+    stop = await srv.mcp("wait", {"cell_id": cell_id, "terminate": True}, task="t", agent="/root")
+    assert stop.text.startswith("Script terminated")
+    failed = await srv.mcp("exec", {"code": "null.x"})
+    assert failed.is_error and "Script error:\nTypeError" in failed.text and "Traceback" not in failed.text
