@@ -8,19 +8,26 @@ requests that carry OpenAI credentials or OpenAI API paths; other traffic is the
 Kind matches host: a request to an official endpoint carrying the other kind of credential (an API key to
 chatgpt.com/backend-api/codex, a ChatGPT OAuth token to api.openai.com/v1) never leaves; the client gets
 a 403 OpenAI-style error saying which kind goes where (`credential_kind_mismatch`).
+
+A Responses request let through with its credentials is offered to the credential relay
+(`proxy/upstream/relay.py`): the tool server's image generation and sidecar search, called over MCP or
+REST with the same x-ctp-task/x-ctp-agent, use that session's most recent credentials, toward the same
+destination. Needs the tool server's URL (`ctp_tools_url`, set by `ctproxy up`); alone, nothing is relayed.
 """
 
 from __future__ import annotations
 
 import logging
 
-from mitmproxy import http
+from mitmproxy import ctx, http
 
 from addons._flow import destination_route, is_reverse
 from addons._stage import Stage
 from proxy import routes
 from proxy.errors import ProxyError
 from proxy.flowstate import state_of
+from proxy.session import AGENT_HEADER, TASK_HEADER
+from proxy.upstream.relay import CredentialRelay, offer_of
 
 log = logging.getLogger("ctproxy.guard")
 
@@ -53,6 +60,32 @@ def refuse_mismatch(flow: http.HTTPFlow, why: str) -> None:
 
 
 class Guard(Stage):
+    _relay: CredentialRelay | None = None
+
+    def bound(self, rt) -> None:
+        self._relay = None  # another state directory (token) or tool server: made again on next use
+
+    def relay(self) -> CredentialRelay | None:
+        if self._relay is None:
+            url = str(getattr(ctx.options, "ctp_tools_url", "") or "") if hasattr(ctx, "options") else ""
+            if not url:
+                return None
+            self._relay = CredentialRelay(url, self.rt.state.token())
+        return self._relay
+
+    def _offer(self, flow: http.HTTPFlow, official: bool) -> None:
+        req = flow.request
+        if req.method != "POST" or "/responses" not in req.path.split("?", 1)[0]:
+            return  # only the agent's model turns (never, e.g., a call redirected to the tool server)
+        ident = state_of(flow).identity_headers or {}
+        task = ident.get(TASK_HEADER) or req.headers.get(TASK_HEADER)
+        agent = ident.get(AGENT_HEADER) or req.headers.get(AGENT_HEADER)
+        offer = offer_of(task, agent, req.scheme, req.host, req.port, req.path, req.headers, official)
+        if offer is not None and (relay := self.relay()) is not None:
+            relay.offer(offer)
+
+    def done(self) -> None:
+        self._relay = None  # its hand-overs in flight end with the loop
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
@@ -65,6 +98,9 @@ class Guard(Stage):
         req = flow.request
         pairs = [(k, v) for k, v in req.headers.items(multi=True)]
         if routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow), pairs):
+            official = routes.is_official_destination(req.scheme, req.host, req.port, req.path) is not None
+            if official or route.trusted:
+                self._offer(flow, official)
             return
         if (why := routes.credential_mismatch(req.scheme, req.host, req.port, req.path, pairs)) is not None:
             refuse_mismatch(flow, why)

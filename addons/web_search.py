@@ -3,7 +3,9 @@
 Native only: with backend `auto` or `native` and an official (or trusted) route, the request gets
 `{"type": "web_search"}` unless the client already has a web search tool, and
 `web_search_call.action.sources` in `include`. Skipped (and recorded why) when the session's last
-input was above the hosted tool's 128k limit. Loads alone: `mitmdump -s addons/web_search.py`.
+input was above the hosted tool's 128k limit, when the request says `tool_choice: "none"` (the tool could
+never be used, only cost tokens), and, with backend `auto`, when the request already offers the sidecar
+`openai_web_search` tool (one search path per turn). Loads alone: `mitmdump -s addons/web_search.py`.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class WebSearch(Stage):
                     last_input = cached.input_tokens
                 else:
                     last_input = await _worker(rt).run(lambda conn: _last_input(conn, ident.session_key))
-        decision = decide_native(cfg, route.eligible, last_input)
+        decision = decide_native(cfg, route.eligible, last_input, body.value)
         state_of(flow).web_search = decision.reason
         if decision.apply:
             body.replace(inject_web_search(body.value, WebSearchSettings.from_config(cfg)))

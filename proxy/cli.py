@@ -250,7 +250,15 @@ def _already_running(state: StateDir) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     """Not running: what `ctproxy up` would do with the file. Running: what the processes do (the config
     snapshot they started with, from run.json), with a note where the file now says otherwise."""
-    from proxy.status import all_statuses, other_drift, read_run_file, render, running_config, tools_answering
+    from proxy.status import (
+        all_statuses,
+        bridge_report,
+        other_drift,
+        read_run_file,
+        render,
+        running_config,
+        tools_answering,
+    )
 
     state = _state(args)
     path = _config_path(args, state)
@@ -268,7 +276,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({"state_dir": str(state.root), "config": str(path), "proxy": run,
                           "tools_answering": answering,
                           "pending": other_drift(config, file_config) if file_config is not None else [],
-                          "capabilities": [s.__dict__ for s in all_statuses(config, run, file_config)]}, indent=2))
+                          "capabilities": [s.__dict__ for s in all_statuses(config, run, file_config)],
+                          "bridge": [{**s.__dict__, "tools": list(s.tools)} for s in bridge_report(config, run)]},
+                         indent=2))
     else:
         print(render(config, state, path, run, file_config, answering))
     return 0

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from proxy.capabilities import NAMES
 
@@ -23,11 +23,24 @@ class _Section(BaseModel):
 
 
 class WebSearchConfig(_Section):
+    """One capability, two paths (seed 004 §5.1): `native` injects the hosted tool into the agent's request;
+    `sidecar` exposes the `openai_web_search` tool, run by its own executor model. `auto` decides before the
+    request: native on an eligible route, else the sidecar when an executor is configured; never a fallback
+    after an error, and at most one path per turn."""
+
     enabled: bool = True
     backend: Literal["off", "auto", "native", "sidecar"] = "auto"
     mode: Literal["live", "cached"] = "live"
     context_size: Literal["low", "medium", "high"] | None = None
     max_input_tokens: int = Field(128_000, ge=1)
+    sidecar_model: str | None = Field(None, min_length=1, description="the sidecar's executor model (an official "
+                                      "OpenAI/Codex Responses model); unset: no sidecar")
+    sidecar_effort: Literal["auto", "none", "minimal", "low", "medium", "high", "xhigh"] = Field(
+        "auto", description="the executor's reasoning effort, independent of the agent's ('auto': not sent)")
+
+    def sidecar_exposed(self) -> bool:
+        """Whether the `openai_web_search` tool is offered (backend sidecar, or auto, with an executor)."""
+        return self.enabled and self.sidecar_model is not None and self.backend in ("sidecar", "auto")
 
 
 class RemoteCompactionConfig(_Section):
@@ -85,7 +98,8 @@ class ImageGenerationConfig(_Section):
 
 
 class SidecarSearchConfig(_Section):
-    enabled: bool = False
+    """Folded into `web_search.backend` (issue 15): the `sidecar_search` capability is on when
+    `web_search.sidecar_exposed()`. An old file's `sidecar_search.enabled: true` reads as backend `sidecar`."""
 
 
 class ToolDiscoveryConfig(_Section):
@@ -188,7 +202,21 @@ class Config(_Section):
     debug: bool = False
 
     def enabled(self, capability: str) -> bool:
+        if capability == "sidecar_search":
+            return self.web_search.sidecar_exposed()
         return bool(getattr(self, capability).enabled)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_sidecar_switch(cls, data: Any) -> Any:
+        """`sidecar_search.enabled` (before issue 15) → `web_search.backend`."""
+        if isinstance(data, dict) and isinstance(side := data.get("sidecar_search"), dict) and "enabled" in side:
+            data = {**data, "sidecar_search": {k: v for k, v in side.items() if k != "enabled"}}
+            ws = dict(data.get("web_search") or {})
+            if side["enabled"] is True and "backend" not in ws:
+                ws["backend"] = "sidecar"
+            data["web_search"] = ws
+        return data
 
 
 # Context windows of current OpenAI models (tokens). Globs; more specific first.
@@ -288,8 +316,16 @@ def with_overrides(config: Config, enable: list[str], disable: list[str]) -> Con
         if name not in CAPABILITIES:
             raise ConfigError(f"unknown capability '{name}'; choose from: {', '.join(CAPABILITIES)}")
     for name in enable:
+        if name == "sidecar_search":  # folded into web_search.backend
+            config = set_key(config, "web_search.backend", '"sidecar"')
+            continue
         config = set_key(config, f"{name}.enabled", "true")
     for name in disable:
+        if name == "sidecar_search":
+            if config.web_search.backend in ("sidecar", "auto"):
+                config = set_key(config, "web_search.backend", '"native"' if config.web_search.backend == "auto"
+                                 else '"off"')
+            continue
         config = set_key(config, f"{name}.enabled", "false")
         if name == "remote_compaction":
             config = set_key(config, "remote_compaction.recover_overflow", "false")

@@ -249,4 +249,21 @@ def render(config: Config, state: StateDir, config_path: Path, run: dict | None 
     for st in all_statuses(config, run, file_config):
         note = f"  ({st.pending})" if st.pending else ""
         lines.append(f"  {st.name:<{width}}  {st.state:<11}  {st.reason}{note}")
+    from proxy.bridge.status import render_lines
+
+    lines += render_lines(bridge_report(config, run), config.bridge.max_rounds)
     return "\n".join(lines)
+
+
+def bridge_report(config: Config, run: dict | None = None) -> list:
+    """The tool bridge, family by family: bridged or not, and why (proxy/bridge/status.py)."""
+    from proxy.bridge.status import bridge_statuses
+
+    official = bool(run.get("upstream_official", True)) if run else True
+    trusted = bool(run.get("upstream_trusted", False)) if run else False
+
+    def state_of(name: str) -> tuple[str, str]:
+        st = capability_status(config, name, official, trusted, run)
+        return st.state, st.reason
+
+    return bridge_statuses(config, run, state_of)

@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from tests.emulator import FunctionCall, Response, Text
+from tests.emulator import FunctionCall, Text
 
 pytestmark = pytest.mark.timeout(120)
 

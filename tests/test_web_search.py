@@ -136,7 +136,7 @@ def test_decision(cfg, eligible, last, apply, reason):
 def test_status_wording():
     assert native_status(WebSearchConfig(), True, False)[0] == "active"
     state, why = native_status(WebSearchConfig(), False, False)
-    assert state == "deferred" and "sidecar" in why
+    assert state == "unavailable" and "sidecar" in why  # issue 15: `deferred` is for tool discovery only
     assert native_status(WebSearchConfig(backend="native"), False, False)[0] == "unavailable"
     assert native_status(WebSearchConfig(backend="native"), False, True)[0] == "active"
     assert native_status(WebSearchConfig(backend="off"), True, False)[0] == "off"

@@ -17,6 +17,8 @@ from pydantic import BaseModel, ValidationError
 
 from proxy.config import Config
 from proxy.state import StateDir
+from proxy.upstream import UpstreamTurns
+from tools_server.credentials import SessionCredentials
 
 log = logging.getLogger("ctproxy.tools")
 
@@ -77,6 +79,10 @@ class Services:
     state: StateDir
     workspace: Path | None
     extras: dict[str, Any] = field(default_factory=dict)
+    # Image generation and sidecar search: each session's latest credentials as the proxy handed them over
+    # (memory only, tools_server/credentials.py), and the upstream-turn service they send through.
+    session_credentials: SessionCredentials = field(default_factory=SessionCredentials, repr=False)
+    upstream_turns: UpstreamTurns = field(default_factory=UpstreamTurns, repr=False)
 
 
 @dataclass(frozen=True)

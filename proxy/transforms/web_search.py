@@ -1,7 +1,9 @@
 """Native web search (seed 004 §5.1): add the hosted `web_search` tool and ask for its sources.
 
 `decide_native` says whether a request may get the tool (structural conditions only, no model
-allowlist); `inject_web_search` is the pure payload transform.
+allowlist); `inject_web_search` is the pure payload transform. `web_search.backend` picks the path before
+the request (`search_path`): `auto` is native on an eligible route, else the sidecar `openai_web_search`
+tool when an executor is configured; at most one path per turn, never a fallback after an error.
 """
 
 from __future__ import annotations
@@ -35,10 +37,44 @@ class WebSearchSettings:
         return spec
 
 
+SIDECAR_TOOL = "openai_web_search"
+
+
 @dataclass(frozen=True)
 class Decision:
     apply: bool
-    reason: str  # a category: native | off | sidecar | route | input_tokens | not_responses
+    reason: str  # a category: native | off | sidecar | route | input_tokens | tool_choice_none | not_responses
+
+
+def search_path(cfg: WebSearchConfig, route_eligible: bool) -> Literal["native", "sidecar", "off"]:
+    """The one search path of a turn, decided before the request (the bridge offers the sidecar tool only
+    when this says `sidecar`)."""
+    if not cfg.enabled or cfg.backend == "off":
+        return "off"
+    if cfg.backend == "native":
+        return "native" if route_eligible else "off"
+    if cfg.backend == "sidecar":
+        return "sidecar" if cfg.sidecar_exposed() else "off"
+    if route_eligible:
+        return "native"
+    return "sidecar" if cfg.sidecar_exposed() else "off"
+
+
+def has_sidecar_tool(payload: dict[str, Any]) -> bool:
+    """The request already offers the sidecar tool (over MCP a name may carry a namespace prefix)."""
+    tools = payload.get("tools")
+    if not isinstance(tools, list):
+        return False
+    for t in tools:
+        if isinstance(t, dict) and t.get("type") in ("function", None) and isinstance(name := t.get("name"), str) \
+                and (name == SIDECAR_TOOL or name.endswith("__" + SIDECAR_TOOL) or name.endswith("." + SIDECAR_TOOL)):
+            return True
+    return False
+
+
+def tool_choice_none(payload: dict[str, Any]) -> bool:
+    """`tool_choice: "none"`: the model may call no tool, so a hosted tool could only cost tokens."""
+    return payload.get("tool_choice") == "none"
 
 
 def is_web_search_tool(tool: Any) -> bool:
@@ -47,14 +83,20 @@ def is_web_search_tool(tool: Any) -> bool:
     )
 
 
-def decide_native(cfg: WebSearchConfig, route_eligible: bool, last_input_tokens: int | None) -> Decision:
-    """Whether this request gets native search. `auto` means native on an official route only."""
+def decide_native(cfg: WebSearchConfig, route_eligible: bool, last_input_tokens: int | None,
+                  payload: dict[str, Any] | None = None) -> Decision:
+    """Whether this request gets native search. `auto` means native on an eligible route only, unless the
+    request already offers the sidecar tool (its turn has its search path: one per turn)."""
     if not cfg.enabled or cfg.backend == "off":
         return Decision(False, "off")
     if cfg.backend == "sidecar":
         return Decision(False, "sidecar")
     if not route_eligible:
         return Decision(False, "route")
+    if payload is not None and tool_choice_none(payload):
+        return Decision(False, "tool_choice_none")
+    if payload is not None and cfg.backend == "auto" and has_sidecar_tool(payload):
+        return Decision(False, "sidecar")
     # Hosted search accepts at most 128k input tokens; over it the request would fail upstream.
     if last_input_tokens is not None and last_input_tokens > cfg.max_input_tokens:
         return Decision(False, "input_tokens")
@@ -87,13 +129,50 @@ def inject_web_search(payload: dict[str, Any], settings: WebSearchSettings) -> d
 
 
 def native_status(cfg: WebSearchConfig, upstream_official: bool, upstream_trusted: bool) -> tuple[str, str]:
-    """(`active`|`deferred`|`unavailable`|`off`, reason) for `ctproxy status`."""
+    """(`active`|`unavailable`|`off`, reason) for `ctproxy status`: what really happens on this upstream."""
     if not cfg.enabled or cfg.backend == "off":
         return "off", "web_search.backend is off"
     if cfg.backend == "sidecar":
-        return "deferred", "backend 'sidecar': the sidecar tool is not available in this version"
+        return "off", "backend 'sidecar': no native injection (see sidecar_search)"
+    where = ("official routes (api.openai.com/v1, chatgpt.com/backend-api/codex)" if upstream_official else
+             "the trusted non-official upstream (--trust-upstream): injected there as on an official route; it "
+             "must serve hosted web_search itself")
     if upstream_official or upstream_trusted:
-        return "active", f"native search on official routes (mode {cfg.mode})"
+        also = "; requests that offer openai_web_search use the sidecar instead" if cfg.sidecar_exposed() else ""
+        return "active", f"backend {cfg.backend}: native search injected on {where} (mode {cfg.mode}; not with " \
+                         f"tool_choice none; skipped above {cfg.max_input_tokens} input tokens){also}"
     if cfg.backend == "native":
         return "unavailable", "backend 'native' needs an official (or --trust-upstream) route"
-    return "deferred", "auto: this upstream is not official; search there is the sidecar's job (not yet available)"
+    if cfg.sidecar_exposed():
+        return "active", "auto: this upstream is not official, so no native injection; the sidecar tool searches"
+    return "unavailable", ("auto: this upstream is not official and no sidecar executor is set "
+                           "(ctproxy config set web_search.sidecar_model MODEL)")
+
+
+def credentials_statement(upstream_official: bool, upstream_trusted: bool, endpoint: str) -> str:
+    """Which credentials and backend a credentialed tool (image, sidecar) would use, for `ctproxy status`."""
+    if upstream_official:
+        return (f"credentials: the calling session's latest through ctproxy (API key → api.openai.com/v1/{endpoint}, "
+                f"ChatGPT sign-in → chatgpt.com/backend-api/codex/{endpoint}), else OPENAI_API_KEY (API key)")
+    if upstream_trusted:
+        return (f"credentials: the calling session's latest through ctproxy, sent to the trusted upstream's "
+                f"…/{endpoint}, else OPENAI_API_KEY (api.openai.com/v1)")
+    return ("credentials: OPENAI_API_KEY only (api.openai.com/v1): a session's credentials are never taken "
+            "from requests to an untrusted upstream")
+
+
+def sidecar_status(cfg: WebSearchConfig, upstream_official: bool, upstream_trusted: bool) -> tuple[str, str]:
+    """The sidecar path's line in `ctproxy status` (its switch is web_search.backend)."""
+    if not cfg.enabled or cfg.backend in ("off", "native"):
+        return "off", f"web_search.backend is {cfg.backend if cfg.enabled else 'off (web_search disabled)'}"
+    if cfg.sidecar_model is None:
+        if cfg.backend == "sidecar":
+            return "unavailable", ("backend 'sidecar' needs an executor: "
+                                   "ctproxy config set web_search.sidecar_model MODEL")
+        return "off", "auto without an executor (set web_search.sidecar_model to offer openai_web_search)"
+    effort = "" if cfg.sidecar_effort == "auto" else f", effort {cfg.sidecar_effort}"
+    when = "" if cfg.backend == "sidecar" else " (auto: for agents off an official route; an agent that has it " \
+                                               "gets no native injection)"
+    return "active", (f"openai_web_search via {cfg.sidecar_model}{effort}{when}; each call is a separate billed "
+                      "request with hosted search; " + credentials_statement(upstream_official, upstream_trusted,
+                                                                            "responses"))

@@ -123,6 +123,9 @@ class Emulator:
             app.router.add_post(f"{prefix}/responses/input_tokens", self._input_tokens)
             app.router.add_get(f"{prefix}/responses/{{response_id}}", self._retrieve)
             app.router.add_delete(f"{prefix}/responses/{{response_id}}", self._delete)
+        from .images import add_routes as add_image_routes  # POST …/images/generations (tests/emulator/images.py)
+
+        add_image_routes(app, self)
         app.router.add_route("*", "/{tail:.*}", self._other)
         # auto_decompress=False keeps raw request bytes; we decode a copy ourselves.
         self._runner = web.AppRunner(
