@@ -8,16 +8,19 @@ page; images of the page come back as real image content only there.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Iterable
 from typing import Any
 
 import orjson
 
-from proxy.journal.excerpt import page, preview, regions
+from proxy.journal.excerpt import page, regions
 from proxy.journal.query import HistoryReader, ItemFilter, ItemRow
 from proxy.journal.render import render_item
 from tools_server.history import schemas
 from tools_server.history.args import ListItemsArgs, ListWindowsArgs, ReadItemArgs, SearchContentsArgs
+from tools_server.history.current_call import current_call_id
 from tools_server.history.shared import (
     PREVIEW_CHARS,
     Readers,
@@ -31,6 +34,7 @@ from tools_server.history.shared import (
 from tools_server.registry import CallContext, ImageContent, Services, Tool, ToolError, ToolResult
 
 LIST_DEFAULT = 50
+_BAD_IMAGES_NOTE = 80  # room for the "image(s) left out" line
 SEARCH_DEFAULT = 20
 LIMIT_MAX = 200
 _NARROW_ITEMS = "narrow with window_id, role, tool_namespace/tool_name or a smaller limit; recent_first reverses"
@@ -40,13 +44,47 @@ def _line(obj: dict[str, Any]) -> str:
     return orjson.dumps({k: v for k, v in obj.items() if v is not None}).decode()
 
 
+_SHORT_ESCAPES = frozenset('"\\\b\f\n\r\t')
+
+
+def _json_chars(ch: str) -> int:
+    """How many characters `ch` takes inside a JSON string as orjson writes it."""
+    if ch in _SHORT_ESCAPES:
+        return 2
+    return 6 if ch < " " else 1
+
+
+def json_preview(text: str, limit: int) -> str:
+    """`preview`, but measured in the JSON line the model gets: a text of quotes or backslashes takes
+    twice its length there, so the cut is made where the escaped preview reaches `limit`."""
+    if len(text) * 6 <= limit or sum(map(_json_chars, text)) <= limit:
+        return text
+    used, end = 1, 0  # one for the ellipsis
+    for ch in text:
+        width = _json_chars(ch)
+        if used + width > limit:
+            break
+        used += width
+        end += 1
+    return text[:end] + "…"
+
+
 def _item_meta(row: ItemRow) -> dict[str, Any]:
     return {"item_id": row.item_id, "window_id": row.window_id, "role": row.role, "type": row.type,
             "tool": row.tool, "chars": row.chars, "images": row.images or None}
 
 
-def _filter(args: ListItemsArgs | SearchContentsArgs, ctx: CallContext) -> ItemFilter:
-    return ItemFilter(args.window_id, args.role, args.tool_namespace, args.tool_name, ctx.call_id)
+def _filter(args: ListItemsArgs | SearchContentsArgs, call_id: str | None) -> ItemFilter:
+    return ItemFilter(args.window_id, args.role, args.tool_namespace, args.tool_name, call_id)
+
+
+def _own_call(r: HistoryReader, ctx: CallContext, task: str, caller: str, tool: str,
+              args: ListItemsArgs | SearchContentsArgs) -> str | None:
+    """The call being executed: named by REST (`x-ctp-call-id`) and the bridge; found in the journal
+    for MCP, whose clients send only the name and arguments (tools_server/history/current_call.py)."""
+    if ctx.call_id is not None:
+        return ctx.call_id
+    return current_call_id(r, task, caller, tool, args.model_dump(exclude_none=True))
 
 
 def _order(recent_first: bool | None) -> str:
@@ -55,6 +93,18 @@ def _order(recent_first: bool | None) -> str:
 
 def _clamp_note(clamped: bool, name: str, maximum: int) -> str:
     return f"; {name} clamped to {maximum}" if clamped else ""
+
+
+def _image_content(img: Any) -> ImageContent | None:
+    """The image as tool content when its data is real base64 of an image/* type; else None."""
+    data, mime = img.data_base64 or "", (img.mime or "image/png").lower()
+    if not data or not mime.startswith("image/"):
+        return None
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return ImageContent(data, mime)
 
 
 class HistoryFamily:
@@ -88,16 +138,16 @@ class HistoryFamily:
         cap = index_cap(self.services)
         per_item_max = max(cap - 400, 1)  # one item's line always fits the output cap
         chars, chars_clamped = clamp(args.max_chars_per_item, PREVIEW_CHARS, per_item_max)
-        flt = _filter(args, ctx)
 
         def run(r: HistoryReader) -> ToolResult:
             task, caller = caller_of(ctx, r)
             agent = target_agent(r, task, caller, args.agent_name)
+            flt = _filter(args, _own_call(r, ctx, task, caller, "history_list_items", args))
             rows, more = r.list_items(task, agent, flt, limit, bool(args.recent_first), chars)
             header = (f"history items of {agent}: {len(rows)}{'+' if more else ''} ({_order(args.recent_first)})"
                       f"{_clamp_note(clamped, 'limit', LIMIT_MAX)}"
                       f"{_clamp_note(chars_clamped, 'max_chars_per_item', per_item_max)}")
-            lines = [_line({**_item_meta(row), "preview": preview(row.text, chars)}) for row in rows]
+            lines = [_line({**_item_meta(row), "preview": json_preview(row.text, chars)}) for row in rows]
             text, shown = capped_lines(header, lines, cap, more, _NARROW_ITEMS)
             return ToolResult(text, {"agent": agent, "items": shown, "more": more or shown < len(rows)})
 
@@ -137,18 +187,25 @@ class HistoryFamily:
         total = row.chars
         wide = max(total, 1)
         # Reserve the header first, sized for the widest numbers it can hold.
+        rendered = render_item(orjson.loads(raw)).images
+        any_bad = any(img.kind == "data" and _image_content(img) is None for img in rendered)
         reserve = len(self._read_header(row, agent, wide, wide, wide * 10 + 9, on_branch, 99))
+        reserve += _BAD_IMAGES_NOTE if any_bad else 0
         room = max(budget - reserve, 1)
         pg = page(row.text, offset, min(limit or room, room))
-        item = orjson.loads(raw)
-        images = [img for n, img in enumerate(render_item(item).images, 1)
-                  if img.kind == "data" and f"[image #{n}:" in pg.text]
+        on_page = [img for n, img in enumerate(rendered, 1)
+                   if img.kind == "data" and f"[image #{n}:" in pg.text]
+        images = [c for c in map(_image_content, on_page) if c is not None]
+        bad = len(on_page) - len(images)
         header = self._read_header(row, agent, pg.offset, pg.end, total, on_branch, len(images))
+        if bad:  # recorded data that is not an image: say so instead of handing a client broken bytes
+            header += f"[{bad} image(s) left out: the recorded data is not valid base64 image data]\n"
         details: dict[str, Any] = {"item_id": row.item_id, "window_id": row.window_id, "offset_chars": pg.offset,
                                    "end_chars": pg.end, "total_chars": total, "next_offset_chars": pg.next_offset,
                                    "images": len(images)}
-        return ToolResult(header + pg.text, details,
-                          images=[ImageContent(i.data_base64 or "", i.mime or "image/png") for i in images])
+        if bad:
+            details["invalid_images"] = bad
+        return ToolResult(header + pg.text, details, images=images)
 
     # ---------------------------------------------------------------- search_contents
     async def search_contents(self, args: SearchContentsArgs, ctx: CallContext) -> ToolResult:
@@ -157,11 +214,11 @@ class HistoryFamily:
         if "\x00" in args.query:  # the full-text index cannot take one (SQLite FTS5: "unterminated string")
             raise ToolError("query must not contain a NUL character: search for the text around it instead")
         limit, clamped = clamp(args.limit, SEARCH_DEFAULT, LIMIT_MAX)
-        flt = _filter(args, ctx)
 
         def run(r: HistoryReader) -> ToolResult:
             task, caller = caller_of(ctx, r)
             agent = target_agent(r, task, caller, args.agent_name)
+            flt = _filter(args, _own_call(r, ctx, task, caller, "history_search_contents", args))
             hits, more = r.search(task, agent, args.query, flt, limit, bool(args.recent_first))
             header = (f"history search in {agent}: {len(hits)}{'+' if more else ''} item(s) "
                       f"({_order(args.recent_first)}){_clamp_note(clamped, 'limit', LIMIT_MAX)}")

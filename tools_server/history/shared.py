@@ -20,17 +20,17 @@ INDEX_OUTPUT_CAP = 6_000  # list/search: min(max tool output, 6000)
 PREVIEW_CHARS = 400  # historyItemPreviewChars
 
 
-def max_output(services: Services) -> int:
-    """The configured max tool output (a `max_tool_output_chars` config field when it exists)."""
-    for section in ("history", "notes"):
-        value = getattr(getattr(services.config, section, None), "max_tool_output_chars", None)
-        if isinstance(value, int) and value > 0:
-            return value
+def max_output(services: Services, section: str = "history") -> int:
+    """The configured max tool output of one family (`history.max_tool_output_chars` or
+    `notes.max_tool_output_chars`): each family reads its own section, never the other's."""
+    value = getattr(getattr(services.config, section, None), "max_tool_output_chars", None)
+    if isinstance(value, int) and value > 0:
+        return value
     return MAX_TOOL_OUTPUT_CHARS
 
 
-def index_cap(services: Services) -> int:
-    return min(max_output(services), INDEX_OUTPUT_CAP)
+def index_cap(services: Services, section: str = "history") -> int:
+    return min(max_output(services, section), INDEX_OUTPUT_CAP)
 
 
 def clamp(value: int | None, default: int, maximum: int) -> tuple[int, bool]:
@@ -71,7 +71,8 @@ class Readers:
 
 
 def caller_of(ctx: CallContext, reader: HistoryReader) -> tuple[str, str]:
-    """(task id, agent address) of the calling agent; the task must exist."""
+    """(task id, agent address) of the calling agent; the task must exist and a caller other than its
+    root must be registered in it. A relative x-ctp-agent (`reviewer`) is under /root."""
     if not ctx.task:
         raise ToolError("this call names no task: send the x-ctp-task header (and x-ctp-agent) of the "
                         "calling agent", code="no_task")
@@ -82,6 +83,12 @@ def caller_of(ctx: CallContext, reader: HistoryReader) -> tuple[str, str]:
     if not reader.task_exists(ctx.task):
         raise ToolError(f"unknown task {ctx.task!r}: use the task id the proxy assigned (or `ctproxy task new`)",
                         code="unknown_task")
+    if address != ROOT and not reader.agent_exists(ctx.task, address):
+        # Only agents the task registered may act in it (seed 000): a made-up address would get notes
+        # of its own and see everyone else's. The task's root is its owner, registered or not yet.
+        raise ToolError(f"x-ctp-agent {address!r} is not registered in task {ctx.task!r}: an agent joins a task "
+                        "by sending a request through the proxy with x-ctp-task and x-ctp-agent",
+                        code="unregistered_agent")
     return ctx.task, address
 
 

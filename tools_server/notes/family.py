@@ -93,7 +93,7 @@ class NotesFamily:
                       f"(by {order_by}, {order}){'; max_results clamped to 500' if clamped else ''}")
             lines = [orjson.dumps({"path": ref.shown(n.rel), "bytes": n.bytes, "created_at": iso(n.created_at),
                                    "updated_at": iso(n.updated_at)}).decode() for n in shown_files]
-            text, shown = capped_lines(header, lines, max_output(self.services), len(files) > limit,
+            text, shown = capped_lines(header, lines, max_output(self.services, "notes"), len(files) > limit,
                                        "use a longer prefix or a smaller max_results")
             return ToolResult(text, {"agent": ref.address, "files": shown, "total": len(files)})
 
@@ -101,7 +101,7 @@ class NotesFamily:
 
     # ---------------------------------------------------------------- read
     async def read_file(self, args: NotesReadArgs, ctx: CallContext) -> ToolResult:
-        budget = max_output(self.services)
+        budget = max_output(self.services, "notes")
 
         def run(r: HistoryReader) -> ToolResult:
             store, ref = self._resolve(r, ctx, args.path, prefix=False)
@@ -167,7 +167,7 @@ class NotesFamily:
                      + ("; max_matches_per_file clamped to 100" if per_clamped else ""))
             header = (f"notes search in {ref.address} under {ref.rel!r}: {matched_files}{'+' if more else ''} "
                       f"file(s) ({'newest created first' if args.recent_file_first else 'by name'}){notes}")
-            text, _ = capped_lines(header, lines, max_output(self.services), more,
+            text, _ = capped_lines(header, lines, max_output(self.services, "notes"), more,
                                    "use a longer path_prefix, a longer query or smaller max_* values")
             return ToolResult(text, {"agent": ref.address, "files": matched_files, "more": more})
 
