@@ -8,18 +8,20 @@ from typing import Any
 def chain() -> list[Any]:
     from addons.body import BodyWriter
     from addons.bridge import Bridge
+    from addons.codex_backend import CodexBackend
     from addons.compaction import Compaction
     from addons.context import Context
     from addons.guard import Guard
     from addons.history import History
-    from addons.routing import Routing
     from addons.requestlog import RequestLog
+    from addons.routing import Routing
     from addons.session import Session
     from addons.tap import Tap
     from addons.web_search import WebSearch
 
     return [
         Routing(),  # where the request goes, and its route
+        CodexBackend(),  # Codex's alpha/history|notes backend calls → the tool server
         Session(),  # 1 task / agent / session
         Tap(),  # streams answers through; decodes a copy for the later addons
         History(),  # 2 journal the new input items and the answer's output items
@@ -29,5 +31,5 @@ def chain() -> list[Any]:
         WebSearch(),  # 5 native web_search on official routes
         Guard(),  # 6 credentials only to official endpoints
         BodyWriter(),  # the body is serialized once, at the end
-    ]
         RequestLog(),  # answers only: one log line, the metrics and the dashboard's feed, once the answer is final
+    ]
