@@ -1,0 +1,91 @@
+"""find_tools through the tool server (REST via aiohttp, MCP via the official client): query, load, reload,
+errors before any change, per-session loads, and what the bridge would carry for each session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+ON = {"tool_discovery.enabled": True, "tool_discovery.deferred": ["apply_patch"], "apply_patch.enabled": True,
+      "shell.enabled": True}
+
+
+async def test_off_by_default(tool_server: Any) -> None:
+    srv = await tool_server()
+    assert "find_tools" not in {s["name"] for s in await srv.list_rest()}
+    assert (await srv.rest("find_tools", {"query": "patch"})).status == 404
+
+
+async def test_query_load_reload_and_a_new_session(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(ON, workspace=tmp_path)
+    family = srv.services.extras["discovery.family"]
+    found = await srv.rest("find_tools", {"query": "patch"}, task="a", agent="/root")
+    assert found.ok and found.details["hits"][0] == {
+        "name": "apply_patch", "status": "eligible", "summary": found.details["hits"][0]["summary"]}
+    assert "apply_patch [eligible]" in found.text
+    assert "apply_patch" not in family.carried_tool_names("agent:a//root")
+    assert "find_tools" in family.carried_tool_names("agent:a//root")
+
+    loaded = await srv.rest("find_tools", {"load": ["apply_patch", "no_such_tool", "exec_command"]},
+                            task="a", agent="/root")
+    assert loaded.ok and loaded.details["loaded"] == ["apply_patch"]
+    assert loaded.details["already_active"] == ["exec_command"]
+    assert loaded.details["rejected"] == [{"name": "no_such_tool",
+                                           "reason": "not one of ctproxy's tools on this server"}]
+    assert "apply_patch" in family.carried_tool_names("agent:a//root")
+
+    again = await srv.rest("find_tools", {"load": ["apply_patch"], "query": "apply_patch"}, task="a", agent="/root")
+    assert again.details["loaded"] == [] and again.details["already_active"] == ["apply_patch"]
+    assert again.details["hits"][0]["status"] == "active"
+
+    other = await srv.rest("find_tools", {"query": "apply_patch"}, task="b", agent="/root")
+    assert other.details["hits"][0]["status"] == "eligible"  # a new session sees it held back again
+    assert "apply_patch" not in family.carried_tool_names("agent:b//root")
+
+
+async def test_errors_before_any_change(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(ON, workspace=tmp_path)
+    family = srv.services.extras["discovery.family"]
+    neither = await srv.rest("find_tools", {}, task="a")
+    assert neither.status == 400 and "give `query`" in neither.body["error"]["message"]
+    malformed = await srv.rest("find_tools", {"load": "apply_patch"}, task="a")
+    assert malformed.status == 400
+    mixed = await srv.rest("find_tools", {"load": ["apply_patch", 3]}, task="a")
+    assert mixed.status == 400
+    assert family.loads("agent:a/") == frozenset()
+
+
+async def test_unavailable_status_names_the_switch(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server({**ON, "shell.enabled": False, "tool_discovery.deferred": ["exec_command",
+                                                                                       "write_stdin"]},
+                            workspace=tmp_path)
+    res = await srv.rest("find_tools", {"query": "exec_command", "load": ["exec_command"]}, task="a")
+    assert res.details["hits"][0]["status"].startswith("unavailable: shell is off")
+    assert res.details["loaded"] == [] and res.details["rejected"][0]["name"] == "exec_command"
+
+
+async def test_switching_discovery_off_forgets_loads(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(ON, workspace=tmp_path)
+    family = srv.services.extras["discovery.family"]
+    await srv.rest("find_tools", {"load": ["apply_patch"]}, task="a", agent="/root")
+    assert family.loads("agent:a//root") == {"apply_patch"}
+    srv.services.config.tool_discovery.enabled = False
+    assert "apply_patch" in family.carried_tool_names("agent:a//root")  # off: nothing is held back
+    assert "find_tools" not in family.carried_tool_names("agent:a//root")
+    srv.services.config.tool_discovery.enabled = True
+    assert family.loads("agent:a//root") == frozenset()  # re-enabled: held back again
+
+
+async def test_mcp_find_tools(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(ON, workspace=tmp_path)
+    assert "find_tools" in {t.name for t in await srv.mcp_list()}
+    res = await srv.mcp("find_tools", {"query": "shell"}, task="a", agent="/root")
+    assert not res.is_error and res.structured is not None
+    names = [h["name"] for h in res.structured["hits"]]
+    assert "exec_command" in names and len(names) <= 8
+    bad = await srv.mcp("find_tools", {})
+    assert bad.is_error
