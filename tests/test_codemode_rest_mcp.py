@@ -190,3 +190,20 @@ async def test_mcp_exec_and_wait(tool_server: Any, tmp_path: Path) -> None:
     assert stop.text.startswith("Script terminated")
     failed = await srv.mcp("exec", {"code": "null.x"})
     assert failed.is_error and "Script error:\nTypeError" in failed.text and "Traceback" not in failed.text
+
+
+async def test_a_tool_switched_off_after_the_cell_started_is_refused_at_dispatch(tool_server: Any,
+                                                                                   tmp_path: Path) -> None:
+    srv = await tool_server(ON, workspace=tmp_path)
+    manager = next(f for f in srv.services.extras["registry"].families if f.name == "code_mode").manager
+    code = ("const first = await tools.exec_command({cmd: 'sleep 1', yield_time_ms: 250});\n"
+            "try { await tools.exec_command({cmd: 'touch second'}) } catch (e) { print(e.code) }")
+    call = asyncio.ensure_future(srv.rest("exec", {"code": code}, task="t", agent="/root"))
+
+    async def first_call_running() -> None:
+        while not any(c.calls and c.calls[min(c.calls)].state == "running" for c in manager.cells.values()):
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(first_call_running(), 20)
+    srv.services.config.shell.enabled = False
+    res = await call
+    assert res.ok and "Output:\nunavailable\n" in res.text and not (tmp_path / "second").exists()
