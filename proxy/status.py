@@ -37,6 +37,10 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
                       upstream_trusted: bool = False, run: dict | None = None) -> CapabilityStatus:
     cap = capability(name)
     what, built = cap.summary, cap.built
+    if name == "sidecar_search":  # its switch is web_search.backend (issue 15)
+        from proxy.transforms.web_search import sidecar_status
+
+        return CapabilityStatus(name, *sidecar_status(config.web_search, upstream_official, upstream_trusted))
     section = getattr(config, name)
     if not section.enabled and name not in ("web_search", "remote_compaction"):
         hint = "" if built else "; not built in this version yet"
@@ -71,7 +75,10 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
     if name == "tool_discovery":
         return CapabilityStatus(name, *_discovery_status(config))
     if name == "image_generation":
-        return CapabilityStatus(name, "deferred", "runs on first call with an official route's credentials")
+        from proxy.transforms.web_search import credentials_statement
+
+        return CapabilityStatus(name, "active", "gpt-image-2, one image per call, saved under artifacts/; "
+                                + credentials_statement(upstream_official, upstream_trusted, "images/generations"))
     return CapabilityStatus(name, "active", what)
 
 
