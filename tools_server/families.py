@@ -12,7 +12,6 @@ FAMILY_MODULES: tuple[str, ...] = (
     "tools_server.shell",
     "tools_server.history", "tools_server.notes",
     "tools_server.image", "tools_server.search",
-    "tools_server.image", "tools_server.search",
     "tools_server.computer_use",
     "tools_server.codemode",
     "tools_server.discovery",
