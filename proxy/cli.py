@@ -125,11 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common(cfs.add_parser("show", help="print the effective configuration"))
     g = cfs.add_parser("get", help="print one key")
     _common(g)
-    g.add_argument("key")
+    g.add_argument("key", help="a dotted key, e.g. web_search.backend")
     s = cfs.add_parser("set", help="set one key (value parsed as JSON, else a string)")
     _common(s)
-    s.add_argument("key")
-    s.add_argument("value")
+    s.add_argument("key", help="a dotted key, e.g. web_search.backend")
+    s.add_argument("value", help="the new value: JSON (true, 0.8, [\"a\"]) or else a plain string")
 
     ts = sub.add_parser("tasks", help="list tasks, newest first: label, agents, sessions, windows, counts",
                         description="Tasks from the journal, newest activity first. Each has a label (its first "
