@@ -125,6 +125,11 @@ class Context(Stage):
             body.replace(projected)
             commit_if_alone(flow)
 
+    def done(self) -> None:
+        rt = self._rt
+        if rt is not None and rt.services.journal is not None:  # the divergences recorded, loaded alone too
+            rt.services.journal.flush(timeout=30)
+
     def _report(self, ws: journal_link.WindowSession, w: Window) -> None:
         """The agent's items no longer start with what the window covers: said once per window."""
         key = f"{ws.key}\x00{w.window_id}"
