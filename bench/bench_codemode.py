@@ -1,0 +1,210 @@
+"""Code mode and tool discovery: cell start-up, a tool round trip from a cell against the direct REST call,
+an isolate's memory, and the tool-definition bytes a model receives. All ratios are measured in one run.
+
+    .venv/bin/python bench/bench_codemode.py [--rounds 60] [--quick]
+
+Against the tool server app started in-process on a loopback port (aiohttp runner, keep-alive client):
+1. Cell start-up: `POST /v1/tools/exec {"code": "return 1"}` (a fresh V8 isolate booted, run, closed) against
+   `POST /v1/tools/get_context_remaining` (the cheapest direct tool) on the same server.
+2. Start-to-first-dispatch: from the exec request to the moment the cell's first nested call reaches its tool
+   (timed inside the server), median.
+3. Round trips: one `notes_list_files_by_prefix` call over REST, against one `exec` whose cell makes that call;
+   and ten sequential calls over REST against one cell making the ten calls (per-call cost inside a cell).
+4. Memory: V8 heap used by one booted isolate, and the process RSS growth per live isolate (16 isolates).
+5. Tool-definition bytes (JSON of the function specs) with every family enabled: all tools, discovery on with
+   the default deferred set (a new session), and code mode (`exec` + `wait` only).
+Absolute figures depend on the machine; compare the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import aiohttp
+from aiohttp import web
+
+from bench.common import print_table, ratio, summarize, write_result
+from proxy.capabilities import TABLE
+from proxy.config import Config
+from proxy.journal.cli_views import new_task
+from proxy.state import StateDir
+from tools_server.app import SERVICE_KEY, bind_port, create_app
+from tools_server.codemode.engine import V8Engine
+from tools_server.registry import Services
+
+
+def _services(root: Path, everything: bool = False) -> Services:
+    config = Config()
+    config.code_mode.enabled = True
+    if everything:
+        for cap in TABLE:
+            section = getattr(config, cap.name)
+            if "enabled" in type(section).model_fields:
+                section.enabled = True
+    workspace = root / "ws"
+    workspace.mkdir(parents=True, exist_ok=True)
+    return Services(config=config, state=StateDir.open(root / "state"), workspace=workspace)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def _serve(services: Services) -> tuple[web.AppRunner, str, str, web.Application]:
+    token = services.state.token()
+    app = create_app(services, token=token, listen_host="127.0.0.1", port=None)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    bind_port(app, port)
+    return runner, f"http://127.0.0.1:{port}", token, app
+
+
+async def _timed(http: aiohttp.ClientSession, url: str, headers: dict[str, str], name: str,
+                 args: dict[str, Any]) -> float:
+    started = time.perf_counter()
+    async with http.post(f"{url}/v1/tools/{name}", data=json.dumps(args), headers=headers) as resp:
+        body = await resp.json()
+    elapsed = time.perf_counter() - started
+    if resp.status != 200 or not body.get("ok"):
+        raise RuntimeError(f"{name} failed: {str(body)[:300]}")
+    return elapsed
+
+
+def _spec_bytes(specs: list[dict[str, Any]]) -> int:
+    return len(json.dumps(specs, separators=(",", ":")).encode())
+
+
+async def definition_bytes(root: Path) -> dict[str, Any]:
+    services = _services(root / "defs", everything=True)
+    services.config.tool_discovery.enabled = True
+    runner, _, _, app = await _serve(services)
+    try:
+        registry = app[SERVICE_KEY].registry
+        specs = {t.name: t.function_spec() for t in registry.enabled_tools()}
+        all_tools = [s for n, s in specs.items() if n != "find_tools"]
+        discovery = services.extras["discovery.family"]
+        carried = [specs[n] for n in discovery.carried_tool_names("session:bench-new")]
+        code_only = [registry.get("exec").custom_spec() or specs["exec"], specs["wait"]]  # type: ignore[union-attr]
+        return {"tools_all": len(all_tools), "bytes_all": _spec_bytes(all_tools),
+                "tools_discovery": len(carried), "bytes_discovery": _spec_bytes(carried),
+                "bytes_code_mode": _spec_bytes(code_only)}
+    finally:
+        await runner.cleanup()
+
+
+async def memory() -> dict[str, Any]:
+    probe = V8Engine(64 * 1024 * 1024)
+    await probe.boot(["exec_command"])
+    heap = probe.heap_used()
+    probe.close()
+    before = _rss_bytes()
+    engines = []
+    for _ in range(16):
+        engine = V8Engine(64 * 1024 * 1024)
+        await engine.boot(["exec_command"])
+        engines.append(engine)
+    grown = _rss_bytes() - before
+    for engine in engines:
+        engine.close()
+    return {"heap_used_bytes": heap, "rss_per_isolate_bytes": grown // 16}
+
+
+async def run(rounds: int) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="ctp-bench-codemode-"))
+    services = _services(root / "main")
+    runner, url, token, app = await _serve(services)
+    task = new_task(services.state)
+    headers = {"Authorization": f"Bearer {token}", "x-ctp-task": task, "x-ctp-agent": "/root"}
+    family = next(f for f in app[SERVICE_KEY].registry.families if f.name == "code_mode")
+    first_dispatch: list[float] = []
+    real_dispatch = family.manager.dispatch
+
+    async def timing_dispatch(name: str, args: dict[str, Any], cell: Any) -> Any:
+        if not cell.calls or min(cell.calls) == max(cell.calls):
+            first_dispatch.append(time.perf_counter())
+        return await real_dispatch(name, args, cell)
+
+    family.manager.dispatch = timing_dispatch
+    one_call = {"code": "await tools.notes_list_files_by_prefix({}); return 1"}
+    ten_calls = {"code": "for (let i = 0; i < 10; i++) await tools.notes_list_files_by_prefix({});\nreturn 10"}
+    samples: dict[str, list[float]] = {k: [] for k in ("exec_empty", "direct_cheapest", "rest_one", "cell_one",
+                                                        "rest_ten", "cell_ten", "to_first_dispatch")}
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(5):  # warm up: the first isolate in a process costs more
+                await _timed(http, url, headers, "exec", {"code": "return 1"})
+            for r in range(rounds):
+                order = ["exec_empty", "direct_cheapest", "rest_one", "cell_one", "rest_ten", "cell_ten"]
+                shift = r % len(order)
+                for key in order[shift:] + order[:shift]:
+                    if key == "exec_empty":
+                        samples[key].append(await _timed(http, url, headers, "exec", {"code": "return 1"}))
+                    elif key == "direct_cheapest":
+                        samples[key].append(await _timed(http, url, headers, "get_context_remaining", {}))
+                    elif key == "rest_one":
+                        samples[key].append(await _timed(http, url, headers, "notes_list_files_by_prefix", {}))
+                    elif key == "rest_ten":
+                        started = time.perf_counter()
+                        for _ in range(10):
+                            await _timed(http, url, headers, "notes_list_files_by_prefix", {})
+                        samples[key].append(time.perf_counter() - started)
+                    else:
+                        first_dispatch.clear()
+                        started = time.perf_counter()
+                        await _timed(http, url, headers, "exec", one_call if key == "cell_one" else ten_calls)
+                        samples[key].append(time.perf_counter() - started)
+                        if key == "cell_one" and first_dispatch:
+                            samples["to_first_dispatch"].append(first_dispatch[0] - started)
+    finally:
+        await runner.cleanup()
+    stats = {k: summarize(v) for k, v in samples.items()}
+    med = {k: s.median for k, s in stats.items()}
+    return {
+        "rounds": rounds,
+        "latency_ms": {k: s.ms() for k, s in stats.items()},
+        "ratios": {
+            "exec_empty_vs_direct_cheapest": round(ratio(med["exec_empty"], med["direct_cheapest"]), 2),
+            "cell_one_call_vs_rest_one_call": round(ratio(med["cell_one"], med["rest_one"]), 2),
+            "cell_ten_calls_vs_rest_ten_calls": round(ratio(med["cell_ten"], med["rest_ten"]), 2),
+        },
+        "memory": await memory(),
+        "tool_definitions": await definition_bytes(root),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--quick", action="store_true", help="10 rounds")
+    args = parser.parse_args()
+    result = asyncio.run(run(10 if args.quick else args.rounds))
+    lat = result["latency_ms"]
+    print_table(["path", "n", "median ms", "p99 ms"],
+                [[k, v["n"], v["median"], v["p99"]] for k, v in lat.items()])
+    print()
+    print_table(["ratio", "value"], [[k, v] for k, v in result["ratios"].items()])
+    print()
+    mem, defs = result["memory"], result["tool_definitions"]
+    print(f"isolate: V8 heap used {mem['heap_used_bytes']} B, RSS per live isolate {mem['rss_per_isolate_bytes']} B")
+    print(f"tool definitions: all {defs['tools_all']} tools {defs['bytes_all']} B; discovery on "
+          f"{defs['tools_discovery']} tools {defs['bytes_discovery']} B; code mode (exec + wait) "
+          f"{defs['bytes_code_mode']} B")
+    print(f"written to {write_result('codemode', result)}")
+
+
+if __name__ == "__main__":
+    main()
