@@ -291,8 +291,9 @@ def session_plot(conn: sqlite3.Connection, key: str, config: Config) -> SessionP
         points.append(PlotPoint(at=r["created_at"], input_tokens=usage["input_tokens"],
                                 output_tokens=int(usage.get("output_tokens") or 0), model=r["model"],
                                 window_id=r["window_id"]))
+    windows = _windows(conn, [key]).get(key, [])
     markers = [PlotMarker(at=w.created_at, kind="window", label=f"{w.window_id} {w.strategy}")
-               for w in _windows(conn, [key]).get(key, []) if w.ordinal > 0]
+               for w in windows[1:]]  # every window after the session's first: rollovers, compactions, …
     if _has_table(conn, "compaction_events"):
         for r in conn.execute("SELECT at, kind, outcome FROM compaction_events WHERE session_key = ? ORDER BY at",
                               (key,)):

@@ -126,8 +126,8 @@ def test_tools_server_help_is_complete():
     for option in ("--listen", "--state-dir", "--config", "--workspace", "--enable", "--disable", "--debug",
                    "--proxy-telemetry", "--parent-pid"):
         assert option in out, option
-    entries = [e for e in out.split("\n  -")[1:]]
+    entries = out.split("\n  -")[1:]
     assert len(entries) >= 9
     for entry in entries:
-        flags, _, rest = entry.partition("  ")
+        _flags, _, rest = entry.partition("  ")
         assert rest.strip() or "\n" in entry.strip(), f"-{entry!r} has no help"

@@ -89,10 +89,10 @@ async def test_debug_is_ctproxy_only_and_right_about_streaming(emulator, proxy_f
     async for _ in stream:
         pass
     token = (proxy.state_dir / "token").read_text().strip()
-    async with aiohttp.ClientSession() as http:
-        async with http.post(proxy.tools_url + "/v1/tools/get_context_remaining", json={"note": TOOL_ARG},
-                             headers={"Authorization": f"Bearer {token}"}) as r:
-            await r.read()
+    async with aiohttp.ClientSession() as http, http.post(
+            proxy.tools_url + "/v1/tools/get_context_remaining", json={"note": TOOL_ARG},
+            headers={"Authorization": f"Bearer {token}"}) as r:
+        await r.read()
     lines = await _wait_lines(proxy, 1)
     assert " stream " in lines[0]["rest"]
     await proxy.astop()

@@ -24,7 +24,8 @@ function markerPlugin(markers) {
           ctx.stroke();
           ctx.fillStyle = ctx.strokeStyle;
           ctx.font = `${11 * devicePixelRatio}px system-ui`;
-          ctx.fillText(m.label, x + 4, u.bbox.top + 12 * devicePixelRatio);
+          const row = m.kind === "window" ? 1 : 2;  // a compaction and its window share a moment
+          ctx.fillText(m.label, x + 4, u.bbox.top + 12 * row * devicePixelRatio);
         }
         ctx.restore();
       }],
