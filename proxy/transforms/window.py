@@ -8,16 +8,20 @@ nothing is replaced (`diverged`) and the caller says so in the journal. A reques
 with one of the window's bootstraps (the agent resent what it was given) is left alone (`already`).
 
 Every strategy (remote, fallback, notes, …) reduces to a `WindowProjection`; this module knows none of
-them. Pure: dicts in, dicts out, unknown fields kept, idempotent.
+them. Pure: dicts in, dicts out, unknown fields kept, idempotent (a verified boundary is remembered
+by the fingerprint of its prefix's bytes: a cache of facts, never a different answer).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from proxy.journal.canonical import LEGACY_PREFIX, chain_at, legacy_chain_hash
+import orjson
+
+from proxy.journal.canonical import LEGACY_PREFIX, chain_at, fingerprint, legacy_chain_hash
 from proxy.transforms.items import input_items
 
 Outcome = Literal["applied", "already", "diverged", "not_applicable"]
@@ -35,11 +39,31 @@ class WindowProjection:
     alternatives: tuple[tuple[Any, ...], ...] = ()
 
 
+# Boundaries this process verified, with the fingerprint of the prefix's bytes then: an agent resends the
+# same prefix every turn, and one serialization (≈0.4 ms for 750 kB) is much cheaper than canonicalising and
+# hashing every item again (≈14 ms); the journal's resend fast path uses the same fingerprint. A cache of
+# facts: the answer is the same with or without it.
+VERIFIED_BOUNDARIES = 1024
+_verified: OrderedDict[tuple[str, str, int], tuple[int, int]] = OrderedDict()
+
+
 def boundary_matches(items: Sequence[Any], proj: WindowProjection) -> bool:
     """The agent's first `boundary` items are the ones the window covers (the one chain)."""
     if proj.boundary_hash.startswith(LEGACY_PREFIX):
         return legacy_chain_hash(items, proj.boundary) == proj.boundary_hash
-    return chain_at(items, proj.root, proj.boundary) == proj.boundary_hash
+    if proj.boundary <= 0 or proj.boundary > len(items):
+        return False
+    key = (proj.root, proj.boundary_hash, proj.boundary)
+    fp = fingerprint(orjson.dumps(list(items[: proj.boundary])))
+    if _verified.get(key) == fp:
+        return True
+    if chain_at(items, proj.root, proj.boundary) != proj.boundary_hash:
+        return False
+    _verified[key] = fp
+    _verified.move_to_end(key)
+    while len(_verified) > VERIFIED_BOUNDARIES:
+        _verified.popitem(last=False)
+    return True
 
 
 def starts_with_bootstrap(items: Sequence[Any], proj: WindowProjection) -> bool:
