@@ -79,3 +79,17 @@ if [ "${CTPROXY_SKIP_DESKTOP:-0}" != "1" ] && command -v dpkg-query >/dev/null 2
     fi
   fi
 fi
+
+# The dashboard's browser test (tests/test_dashboard.py): Debian's chromium, driven by Playwright for Python
+# (installed with the test extra, without Playwright's own browser downloads).
+if [ "${CTPROXY_SKIP_BROWSER:-0}" != "1" ] && [ ! -x /usr/bin/chromium ]; then
+  APT=""
+  if [ "$(id -u)" = "0" ]; then APT="apt-get"; elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then APT="sudo apt-get"; fi
+  if [ -n "$APT" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: installing Debian's chromium (the dashboard's browser test)"
+    { $APT update -qq && DEBIAN_FRONTEND=noninteractive $APT install -y -qq --no-install-recommends chromium; } \
+      >/dev/null 2>&1 || echo "bootstrap: warning: could not install chromium; the dashboard browser test will fail" >&2
+  else
+    echo "bootstrap: warning: /usr/bin/chromium is missing and apt-get is not usable here; the dashboard browser test will fail" >&2
+  fi
+fi
