@@ -112,6 +112,19 @@ def test_window_projection_is_pure_and_idempotent():
     assert not boundary_matches(diverged["input"], proj)
 
 
+def test_a_remembered_boundary_still_sees_an_edit():
+    """The verified-boundary memo only skips work: an edited prefix after a verified one diverges."""
+    items = [user(f"q{i}") for i in range(6)]
+    root = session_root("memo")
+    proj = WindowProjection("w9", 4, chain_at(items, root, 4) or "", root, (fallback_message("[m] x"),))
+    assert boundary_matches(items, proj)
+    assert boundary_matches(orjson.loads(orjson.dumps(items)), proj)  # resent: other objects, same bytes
+    edited = [*items[:2], user("Q2"), *items[3:]]
+    assert not boundary_matches(edited, proj)
+    assert apply_window({"input": edited}, proj)[1] == "diverged"
+    assert apply_window({"input": items}, proj)[1] == "applied"
+
+
 # ---- migration of a database made by the code before the one window model ----------------------------
 
 # The tables as the previous code created them (journal_windows without boundary columns, and the
