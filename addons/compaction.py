@@ -209,7 +209,12 @@ class Compaction(Stage):
         # A divergence is reported once: when the previous request still used the checkpoint.
         report = sess is None or checkpoint is None or sess.last.checkpoint_id == checkpoint.id
         projected = self._project(payload, checkpoint, info, cfg.enabled, rt, report)
-        sent = _payload_bytes(projected, input_items(projected) or [])
+        if projected is payload and not body.changed and body.source_bytes:
+            # The client's own body goes on: its size is known (the fields beyond input, instructions and
+            # tools are a rounding error), and serializing 1.5 MB again would cost more than parsing it.
+            sent = body.source_bytes
+        else:
+            sent = _payload_bytes(projected, input_items(projected) or [])
         info.estimate = self._estimate(sent, info, sess, last_usage)
         failed_here = sess is not None and sess.failed_items == len(items)
         want = route.eligible and info.window is not None and not failed_here and _fresh(info) and (

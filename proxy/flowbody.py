@@ -170,6 +170,7 @@ def refuse_if_over_limit(flow: http.HTTPFlow) -> bool:
 class ResponsesBody:
     value: dict[str, Any]
     changed: bool = False
+    source_bytes: int = 0  # the client's body as parsed (decoded): its size, without serializing it again
 
     def replace(self, new: dict[str, Any]) -> None:
         """Adopt a transform's result; a transform that did not apply returns the same object."""
@@ -225,7 +226,7 @@ def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
         return None
     if not isinstance(value, dict):
         return None
-    st.body = ResponsesBody(value)
+    st.body = ResponsesBody(value, source_bytes=len(content or b""))
     return st.body
 
 
