@@ -207,3 +207,23 @@ async def test_a_tool_switched_off_after_the_cell_started_is_refused_at_dispatch
     srv.services.config.shell.enabled = False
     res = await call
     assert res.ok and "Output:\nunavailable\n" in res.text and not (tmp_path / "second").exists()
+
+
+async def test_bridge_endpoint_runs_a_freeform_exec_call(tool_server: Any, tmp_path: Path) -> None:
+    """What the proxy's tool bridge sends for a custom `exec` call: the raw JavaScript as `input`."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    source = '// @exec: {"yield_time_ms": 5000}\nconst r = await tools.exec_command({cmd: "echo bridged"});\n' \
+             "print(r.stdout.text.trim())"
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{srv.url}/v1/bridge/call", headers=srv.headers(),
+            data=json.dumps({"name": "exec", "kind": "custom", "input": source, "task": "t",
+                             "agent": "/root"})) as resp:
+        body = await resp.json()
+    assert resp.status == 200 and not body["is_error"], body
+    assert body["output"].startswith("Script completed\nWall time ") and body["output"].endswith("Output:\nbridged\n")
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{srv.url}/v1/bridge/call", headers=srv.headers(),
+            data=json.dumps({"name": "exec", "kind": "function",
+                             "arguments": json.dumps({"code": "null.x"})})) as resp:
+        failed = await resp.json()
+    assert failed["is_error"] and "Script failed" in failed["output"] and "Traceback" not in failed["output"]

@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tools_server.codemode.cells import Cell, CellManager, Owner
 from tools_server.codemode.engine import V8Engine
@@ -82,12 +82,26 @@ WAIT_SCHEMA: dict[str, Any] = {
 
 
 class ExecArgs(BaseModel):
+    """`code` is the documented field; `input` is what a freeform (custom) exec call carries through the
+    bridge (the raw JavaScript the grammar admitted), accepted too."""
+
     model_config = ConfigDict(extra="forbid")
 
-    code: str
+    code: str | None = None
+    input: str | None = None
     uses: list[str] | None = None
     yield_time_ms: int | None = Field(None, ge=0)
     max_output_tokens: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ExecArgs:
+        if (self.code is None) == (self.input is None):
+            raise ValueError("give the JavaScript in 'code' (and not also in 'input')")
+        return self
+
+    @property
+    def source(self) -> str:
+        return self.code if self.code is not None else self.input or ""
 
 
 class WaitArgs(BaseModel):
@@ -167,7 +181,7 @@ class CodeModeFamily:
     # -- executors ----------------------------------------------------------------------------------
     async def exec_(self, args: ExecArgs, ctx: CallContext) -> ToolResult:
         try:
-            pragma = parse_pragma(args.code, args.yield_time_ms, args.max_output_tokens)
+            pragma = parse_pragma(args.source, args.yield_time_ms, args.max_output_tokens)
         except PragmaError as exc:
             raise ToolError(f"exec: {exc}; nothing was run", code="invalid-pragma") from None
         if len(pragma.source.encode("utf-8", "replace")) > self.limits.max_code_bytes:
