@@ -262,6 +262,11 @@ class Compaction(Stage):
                       and cp.fingerprint is not None and info.fingerprint is not None
                       and compatible(cp.fingerprint, info.fingerprint))
         projected, outcome = apply_projection(payload, ProjectionContext(cp.record(), replay))
+        if outcome == "diverged" and (moved := journal_link.journal_boundary(info.mark, cp)) is not None:
+            # The journal aligned this request with the window's boundary item elsewhere (the agent left out
+            # an item the journal keeps): the boundary follows the journal, for this request's items.
+            cp = moved
+            projected, outcome = apply_projection(payload, ProjectionContext(cp.record(), replay), checked=True)
         info.outcome = outcome
         if outcome == "diverged":
             # The client's history no longer starts with the compacted items: send it as it is.

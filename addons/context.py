@@ -118,6 +118,11 @@ class Context(Stage):
         if proj is None or w is None:
             return
         projected, outcome = apply_window(payload, proj)
+        if outcome == "diverged" and (cp := Checkpoint.from_window(w)) is not None:
+            moved = journal_link.journal_boundary(ws.mark, cp)  # the journal's alignment, as compaction does
+            if moved is not None:
+                proj = moved.record().projection(replay_opaque=False)
+                projected, outcome = apply_window(payload, proj, checked=True)
         debuglog.event("context", outcome=outcome, strategy=w.strategy, window=w.window_id)
         if outcome == "diverged":
             self._report(ws, w)

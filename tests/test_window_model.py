@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from proxy.compaction import store
+from proxy.compaction.journal_link import journal_boundary
 from proxy.compaction.store import Checkpoint
 from proxy.db import connect
 from proxy.journal import Journal, migrate
@@ -88,6 +89,34 @@ def test_journal_branch_and_projection_boundary_agree(tmp_path: Path):
         out, outcome = apply_projection({"input": [*RESENT, user("third")]}, ProjectionContext(cp.record(), False))
         assert outcome == "fallback"
         assert is_fallback_message(out["input"][0]) and out["input"][1:] == [user("second question"), user("third")]
+    finally:
+        journal.close()
+
+
+def test_an_agent_that_leaves_out_a_reasoning_item_keeps_its_window(tmp_path: Path):
+    """The journal keeps a reasoning item the agent no longer sends; the positional boundary check then
+    fails, and the boundary follows the journal's alignment instead (the two agree on the branch)."""
+    journal = Journal(StateDir.open(tmp_path / "state"))
+    try:
+        st = journal.session("sess-2", "task_2", "/root")
+        first = journal.ingest_request(st, {"input": PRODUCED})
+        w = journal.start_window("sess-2", None, "fallback", checkpoint_bootstrap("cp_skip"), boundary_pos=3,
+                                 boundary_hash=chain_at(PRODUCED, session_root("sess-2"), 3), reason="threshold")
+        assert w.boundary_item_id == first.input_ids[2]
+        without_reasoning = [RESENT[0], RESENT[2], RESENT[3], user("third")]
+        payload = {"input": without_reasoning}
+        mark = journal.ingest_request(st, payload)
+        assert mark.kind == "continue"  # the journal: the same branch
+        cp = Checkpoint.from_window(w)
+        assert cp is not None
+        assert apply_projection(payload, ProjectionContext(cp.record(), False))[1] == "diverged"  # by position
+        moved = journal_boundary(mark, cp)
+        assert moved is not None and moved.boundary == 2
+        out, outcome = apply_projection(payload, ProjectionContext(moved.record(), False), checked=True)
+        assert outcome == "fallback" and out["input"][1:] == [user("second question"), user("third")]
+        # A real edit before the boundary: the journal does not find the boundary item either.
+        edited = {"input": [user("first question, edited"), *without_reasoning[1:]]}
+        assert journal_boundary(journal.ingest_request(st, edited), cp) is None
     finally:
         journal.close()
 

@@ -75,7 +75,24 @@ def open_window(ws: WindowSession, cp: Checkpoint) -> Checkpoint:
         boundary_item = mark.input_ids[cp.boundary - 1] or None  # the journal's own id of that item
     w = j.start_window(ws.key, boundary_item, cp.strategy, cp.bootstrap(), boundary_pos=cp.boundary,
                        boundary_hash=cp.boundary_hash, reason=cp.reason, opaque=cp.compaction_item)
-    return dataclasses.replace(cp, window_id=w.window_id, created_at=w.created_at)
+    return dataclasses.replace(cp, window_id=w.window_id, created_at=w.created_at,
+                               boundary_item_id=w.boundary_item_id)
+
+
+def journal_boundary(mark: RequestMark | None, cp: Checkpoint) -> Checkpoint | None:
+    """`cp` with its boundary where the journal's alignment of this request puts its boundary item, when
+    the positional check failed but the journal sees the same branch (the agent left out an item the
+    journal keeps: a reasoning item, a hosted tool's record). None when the journal does not find it
+    either (a real edit). Settles the request's alignment: paid only when the positional check fails."""
+    if mark is None or cp.boundary_item_id is None:
+        return None
+    try:
+        k = mark.position_of(cp.boundary_item_id)
+    except Exception:  # the journal is a record: never a reason to fail a request
+        return None
+    if k is None or k + 1 == cp.boundary:
+        return None
+    return dataclasses.replace(cp, boundary=k + 1)
 
 
 def record_event(ws: WindowSession | None, kind: str, detail: dict[str, Any]) -> None:

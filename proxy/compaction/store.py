@@ -91,6 +91,7 @@ class Checkpoint:
     fingerprint: Fingerprint | None
     usage: dict[str, Any] | None
     window_id: str | None = None
+    boundary_item_id: str | None = None  # the journal's id of the boundary item, when it is on the branch
 
     @property
     def root(self) -> str:
@@ -121,7 +122,7 @@ class Checkpoint:
             marker=str(b.get("marker") or ""), fallback_text=str(b.get("fallback_text") or ""),
             compaction_item=w.opaque, retained=tuple(b.get("retained") or ()),
             fingerprint=Fingerprint(**fp) if isinstance(fp, dict) else None, usage=b.get("usage"),
-            window_id=w.window_id)
+            window_id=w.window_id, boundary_item_id=w.boundary_item_id)
 
 
 def new_checkpoint_id() -> str:

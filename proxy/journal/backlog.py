@@ -88,6 +88,16 @@ class RequestMark:
         self._wait()
         return self._input_ids
 
+    def position_of(self, item_id: str) -> int | None:
+        """The index of the input item the journal aligned with `item_id` (a window's boundary item), or
+        None. Unlike a positional check this follows the journal's alignment: an agent that left out an
+        item the journal keeps (a reasoning item) still finds its boundary."""
+        ids = self.input_ids
+        for k in range(len(ids) - 1, -1, -1):
+            if ids[k] == item_id:
+                return k
+        return None
+
     @property
     def kind(self) -> str:
         """Alignment kind: new | continue | trimmed | prefix | compaction | diverged | stateful (| failed)."""
