@@ -13,6 +13,10 @@ Against the tool server app started in-process on a loopback port (aiohttp runne
 4. Memory: V8 heap used by one booted isolate, and the process RSS growth per live isolate (16 isolates).
 5. Tool-definition bytes (JSON of the function specs) with every family enabled: all tools, discovery on with
    the default deferred set (a new session), and code mode (`exec` + `wait` only).
+6. A scripted task through `ctproxy up --bridge code_mode,notes` (the emulator plays the model): search the
+   notes, read three of them, write a summary note. Direct tools (search; three reads in one parallel turn;
+   the write) against one code-mode cell (search and three reads) and the write: upstream rounds and the
+   bytes of every request body the upstream received.
 Absolute figures depend on the machine; compare the ratios.
 """
 
@@ -183,7 +187,61 @@ async def run(rounds: int) -> dict[str, Any]:
         },
         "memory": await memory(),
         "tool_definitions": await definition_bytes(root),
+        "scenario": await scenario(),
     }
+
+
+SEARCH = {"query": "alpha"}
+READS = [{"path": f"n{i}.md"} for i in range(3)]
+WRITE = {"path": "summary.md", "text": "alpha appears in n0, n1 and n2\n"}
+CELL = ("const hits = await tools.notes_search_contents({query: 'alpha'});\n"
+        "const notes = await Promise.all(['n0.md', 'n1.md', 'n2.md'].map((path) => tools.notes_read_file({path})));\n"
+        "print(hits.output.split('\\n').length, 'hit lines');\n"
+        "for (const n of notes) print(n.output.split('\\n').slice(-2).join(' '));")
+
+
+async def scenario() -> dict[str, Any]:
+    """Upstream rounds and request bytes of the same task, direct tools against one cell."""
+    from bench.common import Processes
+    from tests.emulator import Emulator, FunctionCall, Response, Text
+
+    out: dict[str, Any] = {}
+    async with Emulator() as emu:
+        with Processes() as procs:
+            svc = await asyncio.to_thread(procs.ctproxy, emu.url,
+                                          ["--bridge", "code_mode,notes", "--enable", "code_mode"])
+            state = StateDir.open(procs.workdir / f"state-{svc.port}")
+            task = new_task(state)
+            import openai
+
+            client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{svc.port}/v1", api_key="sk-bench",
+                                        max_retries=0, default_headers={"x-ctp-task": task, "x-ctp-agent": "/root"})
+            # setup: three notes mentioning alpha, written by the scripted model through the bridge
+            emu.script(Response([FunctionCall("notes_write_file", {"path": f"n{i}.md",
+                                                                    "text": f"note {i}\n" + "alpha line\n" * 20})
+                                 for i in range(3)]), Text("written"))
+            await client.responses.create(model="gpt-4.1", input="write three notes")
+            plans = {
+                "direct": [FunctionCall("notes_search_contents", SEARCH),
+                           Response([FunctionCall("notes_read_file", r) for r in READS]),
+                           FunctionCall("notes_write_file", WRITE), Text("summary written")],
+                "code_mode": [FunctionCall("exec", {"code": CELL}),
+                              FunctionCall("notes_write_file", WRITE), Text("summary written")],
+            }
+            for name, plan in plans.items():
+                emu.reset()
+                emu.script(*plan)
+                final = await client.responses.create(model="gpt-4.1", input="summarize my alpha notes into a note")
+                if final.output_text != "summary written":
+                    raise RuntimeError(f"{name}: the scripted task did not finish: {final.output_text!r}")
+                reqs = emu.responses_requests
+                outputs = [i.get("output", "") for i in reqs[1].json["input"]
+                           if i.get("type") == "function_call_output"]
+                if name == "code_mode" and not any(str(o).startswith("Script completed") for o in outputs):
+                    raise RuntimeError(f"the cell did not complete: {str(outputs)[:500]}")
+                out[name] = {"upstream_rounds": len(reqs), "request_bytes": sum(len(r.raw_body) for r in reqs)}
+    out["ratio_request_bytes"] = round(ratio(out["code_mode"]["request_bytes"], out["direct"]["request_bytes"]), 3)
+    return out
 
 
 def main() -> None:
@@ -203,6 +261,10 @@ def main() -> None:
     print(f"tool definitions: all {defs['tools_all']} tools {defs['bytes_all']} B; discovery on "
           f"{defs['tools_discovery']} tools {defs['bytes_discovery']} B; code mode (exec + wait) "
           f"{defs['bytes_code_mode']} B")
+    sc = result["scenario"]
+    print(f"scripted task: direct {sc['direct']['upstream_rounds']} rounds {sc['direct']['request_bytes']} B; "
+          f"code mode {sc['code_mode']['upstream_rounds']} rounds {sc['code_mode']['request_bytes']} B "
+          f"(ratio {sc['ratio_request_bytes']})")
     print(f"written to {write_result('codemode', result)}")
 
 
