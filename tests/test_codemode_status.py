@@ -1,0 +1,51 @@
+"""`ctproxy status` and the config for code mode and tool discovery (issue 14): off by default, explained."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from proxy.capabilities import capability
+from proxy.config import Config, ToolDiscoveryConfig
+from proxy.status import capability_status
+
+
+def test_both_are_built_and_off_by_default() -> None:
+    config = Config()
+    assert capability("code_mode").built and capability("tool_discovery").built
+    for name in ("code_mode", "tool_discovery"):
+        st = capability_status(config, name)
+        assert st.state == "off" and f"ctproxy config set {name}.enabled true" in st.reason
+    assert config.code_mode.memory_limit_mb == 64 and config.code_mode.approval_mode == "confirm"
+
+
+def test_code_mode_status_says_it_is_remote_code_execution() -> None:
+    config = Config()
+    config.code_mode.enabled = True
+    st = capability_status(config, "code_mode")
+    assert st.state == "active" and "remote code execution" in st.reason and "64 MiB" in st.reason
+
+
+def test_a_capability_discovery_holds_back_is_deferred() -> None:
+    config = Config()
+    config.tool_discovery.enabled = True
+    config.apply_patch.enabled = True
+    config.tool_discovery.deferred = ["apply_patch"]
+    assert capability_status(config, "apply_patch").state == "deferred"
+    assert "find_tools" in capability_status(config, "apply_patch").reason
+    assert capability_status(config, "tool_discovery").state == "active"
+    config.tool_discovery.enabled = False
+    assert capability_status(config, "apply_patch").state == "active"
+
+
+def test_the_computer_use_group_is_deferred_all_or_none() -> None:
+    with pytest.raises(ValidationError, match="all six computer_use"):
+        ToolDiscoveryConfig(deferred=["computer_use_click"])
+    with pytest.raises(ValidationError, match="find_tools"):
+        ToolDiscoveryConfig(deferred=["find_tools"])
+    assert len(ToolDiscoveryConfig().deferred) == 7
+
+
+def test_approval_mode_has_two_values() -> None:
+    with pytest.raises(ValidationError):
+        Config.model_validate({"code_mode": {"approval_mode": "sometimes"}})
