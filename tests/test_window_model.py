@@ -16,7 +16,14 @@ from proxy.compaction.journal_link import journal_boundary
 from proxy.compaction.store import Checkpoint
 from proxy.db import connect
 from proxy.journal import Journal, migrate
-from proxy.journal.canonical import chain_at, chain_ids, legacy_chain_hash, session_root
+from proxy.journal.canonical import (
+    canonical_hash,
+    chain_at,
+    chain_ids,
+    item_type,
+    legacy_chain_hash,
+    session_root,
+)
 from proxy.journal.identity import auto_task_id
 from proxy.session import resolve_session
 from proxy.state import StateDir
@@ -197,7 +204,8 @@ def _journal_items(conn: sqlite3.Connection, key: str, items: list, window_id: s
         cur = conn.execute(
             "INSERT INTO journal_items(item_id, session_key, parent_id, window_id, origin, type, canon_hash, text,"
             " segments, chars, images, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (item_id, key, ids[pos - 1] if pos else None, window_id, "input", "message", "h", "t", "[]", 1, 0, 1.0))
+            (item_id, key, ids[pos - 1] if pos else None, window_id, "input", item_type(item), canonical_hash(item),
+             "t", "[]", 1, 0, 1.0))
         conn.execute("INSERT INTO journal_raw(seq, raw) VALUES (?,?)", (cur.lastrowid, orjson.dumps(item)))
         conn.execute("INSERT INTO journal_branch(session_key, item_id, pos) VALUES (?,?,?)", (key, item_id, pos))
     return ids
@@ -207,7 +215,8 @@ def _checkpoint(conn, cp_id, key, created, strategy, boundary, items, opaque, wi
     old_hash = (legacy_chain_hash(items, boundary) or "").removeprefix("v1:")
     conn.execute(
         "INSERT INTO compaction_checkpoints VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-        (cp_id, key, created, strategy, "threshold", boundary, old_hash, f"[m {cp_id}]", f"[m {cp_id}] excerpt",
+        (cp_id, key, created, strategy, "threshold", boundary, old_hash, marker(cp_id),
+         fallback_text(cp_id, items[:boundary]),
          opaque, orjson.dumps([items[0]]), *(FP if opaque else (None,) * 5),
          orjson.dumps({"input_tokens": 7}) if opaque else None, window_id))
 
@@ -303,6 +312,41 @@ def test_a_failing_migration_leaves_the_database_as_it_was(tmp_path: Path):
     assert "boundary_hash" not in columns  # the ALTERs were rolled back with the rest
     assert conn.execute("SELECT count(*) FROM journal_windows").fetchone()[0] == 3
     conn.close()
+
+
+async def test_a_state_directory_from_before_keeps_its_checkpoint_through_the_proxy(tmp_path: Path, monkeypatch):
+    """`ctproxy up` on a state directory the old code wrote: the stored checkpoint is migrated into the
+    journal's windows and the next request of that session is projected with it."""
+    from tests.test_compaction_harness import codex_turn, running_proxy
+
+    key = resolve_session({"session_id": "sess-e2e"}, {}).session_key
+    history = [user("old turn one"), {"type": "message", "role": "assistant", "content": "old answer one"},
+               user("old turn two")]
+    path = tmp_path / "state" / "ctproxy.db"
+    path.parent.mkdir(parents=True)
+    conn = sqlite3.connect(path)
+    conn.executescript(OLD_DDL)
+    conn.execute("INSERT INTO journal_tasks VALUES (?,?,?)", (auto_task_id(key), "session", 1.0))
+    conn.execute("INSERT INTO journal_agents VALUES (?,?,?)", (auto_task_id(key), "/root", 1.0))
+    conn.execute("INSERT INTO journal_sessions VALUES (?,?,?,?,?)", (key, auto_task_id(key), "/root", "codex", 1.0))
+    conn.execute("INSERT INTO journal_windows VALUES (?,?,?,?,?,?,?,?,?)",
+                 (auto_task_id(key), "/root", "w1", 1, key, None, "start", "{}", 1.0))
+    _journal_items(conn, key, history, "w1")
+    _checkpoint(conn, "cp_before", key, 2.0, "fallback", 2, history, None, None)
+    conn.commit()
+    conn.close()
+
+    async with Emulator() as emu, running_proxy(tmp_path, emu.url, {}, monkeypatch) as base:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as http:
+            status, _ = await codex_turn(http, base, {"model": "gpt-5", "input": [*history, user("new turn")],
+                                                      "store": False})
+        assert status == 200
+        (sent,) = [r.json["input"] for r in emu.requests if r.route == "responses"]
+    assert is_fallback_message(sent[0]) and marker("cp_before") in sent[0]["content"][0]["text"]
+    assert "old answer one" in sent[0]["content"][0]["text"]  # the excerpt of what the checkpoint covers
+    assert sent[1:] == [user("old turn two"), user("new turn")]
 
 
 def test_a_new_strategy_is_one_entry():
