@@ -22,8 +22,8 @@ class Capability:
 TABLE: tuple[Capability, ...] = (
     Capability("web_search", "native web_search injected on official routes", "proxy", True, (), "004 §5.1"),
     Capability("remote_compaction", "remote compaction v2 with a readable fallback", "proxy", True, (), "004 §5.2"),
-    Capability("context", "get_context_remaining from recorded usage", "tool server", True,
-               ("get_context_remaining",), "000"),
+    Capability("context", "get_context_remaining from recorded usage; new_context and the manual checkpoint mark "
+               "a pending rollover", "tool server", True, ("get_context_remaining", "new_context"), "000"),
     Capability("history", "journal of every exchanged item + history_* tools", "proxy", True,
                ("history_list_windows", "history_list_items", "history_read_item", "history_search_contents"),
                "000"),

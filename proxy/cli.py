@@ -154,6 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
     _common(t)
     tsub = t.add_subparsers(dest="task_command", metavar="ACTION", required=True)
     _common(tsub.add_parser("new", help="print a fresh task id to hand to sub-agents (x-ctp-task)"))
+    ctxp = sub.add_parser("context", help="context windows: mark a manual checkpoint")
+    _common(ctxp)
+    csub = ctxp.add_subparsers(dest="context_command", metavar="ACTION", required=True)
+    cp = csub.add_parser("checkpoint", help="the session's next request runs the checkpoint turn and rolls over",
+                         description="Seed 000's /compact: marks the session (or a task's agent) so that, before its "
+                         "next request is forwarded, ctproxy runs the checkpoint turn and starts a new window.")
+    _common(cp)
+    cp.add_argument("session", nargs="?", metavar="SESSION", help="a journal session key (see `ctproxy tasks`)")
+    cp.add_argument("--task", metavar="ID", help="the task (instead of a session)")
+    cp.add_argument("--agent", metavar="ADDRESS", help="the agent of --task (default /root; relative under /root)")
+
 
     cx = sub.add_parser(
         "codex-config", help="print (or --write) the Codex CLI config.toml entries that use ctproxy",
@@ -423,6 +434,26 @@ def cmd_task(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_context(args: argparse.Namespace) -> int:
+    from proxy.context.checkpoint import CheckpointTargetError, mark_checkpoint
+    from proxy.db import connect
+
+    if bool(args.session) == bool(args.task) or (args.agent and not args.task):
+        print("ctproxy context checkpoint: give SESSION, or --task ID [--agent ADDRESS]", file=sys.stderr)
+        return 2
+    conn = connect(_state(args).db_path)
+    try:
+        pending = mark_checkpoint(conn, args.session, args.task, args.agent, "cli")
+    except CheckpointTargetError as exc:
+        print(f"ctproxy context checkpoint: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        conn.close()
+    print(f"checkpoint pending for {pending.address} in task {pending.task_id}: its next request runs the "
+          "checkpoint turn and starts a new window")
+    return 0
+
+
 # ---- ctproxy codex-config ---------------------------------------------------------------------------
 
 CODEX_NAME = "ctproxy"  # the key of the provider and of the MCP server in Codex's config.toml
@@ -628,7 +659,7 @@ def cmd_codex_config(args: argparse.Namespace) -> int:
 
 COMMANDS = {"up": cmd_up, "status": cmd_status, "replay": cmd_replay, "token": cmd_token,
             "config": cmd_config, "tasks": cmd_tasks, "task": cmd_task, "codex-config": cmd_codex_config,
-            "show": cmd_show, "dashboard": cmd_dashboard}
+            "show": cmd_show, "dashboard": cmd_dashboard, "context": cmd_context}
 
 
 def main(argv: list[str] | None = None) -> int:

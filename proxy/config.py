@@ -52,9 +52,27 @@ class RemoteCompactionConfig(_Section):
 
 
 class ContextConfig(_Section):
-    """Context tools (get_context_remaining). Window rollover is not built yet (docs/adr/0003)."""
+    """Context windows (seed 000, issue 13; docs/context.md): get_context_remaining, new_context, the
+    reminder and hard-trigger ratios of the window, the strategy of a threshold rollover, and the
+    `[id: …]` projection. The seed names a reminder and a hard trigger without numbers: these are ours."""
 
     enabled: bool = True
+    reminder_ratio: float = Field(0.7, gt=0, le=1, description="share of the window at which a hidden reminder "
+                                                               "asks for a checkpoint note and new_context")
+    hard_ratio: float = Field(0.85, gt=0, le=1, description="share of the window at which the proxy runs the "
+                                                           "checkpoint turn before forwarding")
+    strategy: Literal["notes", "remote", "fallback"] = Field(
+        "notes", description="how the hard trigger makes a new window: notes checkpoint, remote compaction, "
+                             "or the readable fallback")
+    id_projection: bool = Field(True, description="mark recoverable items with their journal id ([id: …]) on "
+                                                  "the forwarded copy")
+    checkpoint_instruction: str | None = Field(None, description="replaces the checkpoint turn's instruction")
+
+    @model_validator(mode="after")
+    def _ratios_in_order(self) -> ContextConfig:
+        if self.reminder_ratio > self.hard_ratio:
+            raise ValueError("context.reminder_ratio must not be above context.hard_ratio")
+        return self
 
 
 class HistoryConfig(_Section):

@@ -64,6 +64,10 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
                                               upstream_trusted))
     if name == "computer_use":
         return CapabilityStatus(name, *computer_use_status(config))
+    if name == "context":
+        from proxy.context.status import context_status
+
+        return CapabilityStatus(name, *context_status(config))
     if name in ("apply_patch", "shell") and run is not None and not run.get("workspace"):
         return CapabilityStatus(name, "unavailable", "no workspace: restart ctproxy with --workspace DIR")
     if (held := _held_by_discovery(config, cap.tools)) is not None:

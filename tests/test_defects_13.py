@@ -1,5 +1,7 @@
-"""Issue 13, "Defects found in what is built": one test per defect (1-7; 8 is the projection's,
-tests/test_context_ids.py). Each failed before its fix."""
+"""Issue 13, "Defects found in what is built": one test per defect. Each failed before its fix.
+Defect 2 (get_context_remaining's task scoping, relative x-ctp-agent, unknown task) is
+tests/test_context_tools.py::test_get_context_remaining_contract; defect 8 is the `[id: …]`
+projection's (tests/test_context_ids.py)."""
 
 from __future__ import annotations
 

@@ -108,12 +108,19 @@ async def test_midstream_disconnect_reaches_client(emulator, proxy):
 
 
 async def test_get_context_remaining_after_a_turn(emulator, proxy):
+    from proxy.journal import Journal
+    from proxy.state import StateDir
+
     token = (proxy.state_dir / "token").read_text().strip()
-    hdrs = {"Authorization": f"Bearer {token}"}
+    j = Journal(StateDir.open(proxy.state_dir))
+    task = j.create_task()  # what `ctproxy task new` does: get_context_remaining answers for a task's agent
+    j.close()
+    hdrs = {"Authorization": f"Bearer {token}", "x-ctp-task": task, "x-ctp-agent": "/root"}
     async with aiohttp.ClientSession() as http:
         async with http.post(proxy.tools_url + "/v1/tools/get_context_remaining", json={}, headers=hdrs) as r:
             assert (await r.json())["details"]["state"] == "unknown"
-        async with http.post(proxy.url + "/v1/responses", json={"model": "gpt-5", "input": "hello"}) as r:
+        async with http.post(proxy.url + "/v1/responses", json={"model": "gpt-5", "input": "hello"},
+                             headers={"x-ctp-task": task, "x-ctp-agent": "/root"}) as r:
             usage = (await r.json())["usage"]
         for _ in range(50):
             async with http.post(proxy.tools_url + "/v1/tools/get_context_remaining", json={}, headers=hdrs) as r:
@@ -121,6 +128,6 @@ async def test_get_context_remaining_after_a_turn(emulator, proxy):
             if details["state"] != "unknown":
                 break
             await asyncio.sleep(0.1)
-    assert details["input_tokens"] == usage["input_tokens"]
-    assert details["remaining_tokens"] == 272_000 - usage["input_tokens"] - usage["output_tokens"]
+    assert details["used_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert details["window_tokens_left"] == 272_000 - usage["input_tokens"] - usage["output_tokens"]
     _ = orjson

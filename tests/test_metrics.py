@@ -55,8 +55,8 @@ async def test_counters_move_as_requests_pass(emulator, proxy_factory):
         pass
     async with aiohttp.ClientSession() as http:
         async with http.post(proxy.tools_url + "/v1/tools/get_context_remaining", json={},
-                             headers={"Authorization": f"Bearer {token}"}) as r:
-            assert r.status == 200
+                             headers={"Authorization": f"Bearer {token}", "x-ctp-task": _task(proxy)}) as r:
+            assert r.status == 200 and (await r.json())["ok"]
         async with http.post(proxy.tools_url + "/v1/tools/no_such_tool", json={},
                              headers={"Authorization": f"Bearer {token}"}) as r:
             assert r.status == 404
@@ -139,3 +139,15 @@ async def test_proxy_telemetry_port_rules(headers, status):
             assert r.status == status
     finally:
         server.stop()
+
+
+def _task(proxy) -> str:
+    """A task of the proxy's state (what `ctproxy task new` makes): get_context_remaining needs one."""
+    from proxy.journal import Journal
+    from proxy.state import StateDir
+
+    j = Journal(StateDir.open(proxy.state_dir))
+    try:
+        return j.create_task()
+    finally:
+        j.close()

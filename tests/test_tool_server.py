@@ -9,13 +9,27 @@ async def test_rest_and_mcp_list_and_call(tool_server):
     srv = await tool_server()
     names = {t["name"] for t in await srv.list_rest()}
     assert "get_context_remaining" in names
-    res = await srv.rest("get_context_remaining", {})
+    task = _task(srv)
+    res = await srv.rest("get_context_remaining", {}, task=task)
     assert res.ok and res.details["state"] == "unknown" and "unknown" in res.text
     tools = await srv.mcp_list()
     assert "get_context_remaining" in {t.name for t in tools}
-    mres = await srv.mcp("get_context_remaining", {})
+    mres = await srv.mcp("get_context_remaining", {}, task=task)
     assert not mres.is_error and "unknown" in mres.text
-    assert mres.structured == {"ok": True, "output": mres.text, "state": "unknown"}
+    assert mres.structured["ok"] is True and mres.structured["output"] == mres.text
+    assert mres.structured["state"] == "unknown"
+    notask = await srv.rest("get_context_remaining", {})  # issue 13: no task is an error, not any task's usage
+    assert not notask.ok and notask.details["error"] == "no_task"
+
+
+def _task(srv) -> str:
+    from proxy.journal import Journal
+
+    j = Journal(srv.services.state)
+    try:
+        return j.create_task()
+    finally:
+        j.close()
 
 
 async def test_unknown_fields_are_errors_that_name_the_field(tool_server):

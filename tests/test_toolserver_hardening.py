@@ -340,9 +340,15 @@ async def test_mcp_structured_errors_carry_code_and_explanation(tmp_path: Path, 
     unknown = await srv.mcp("no_such_tool", {})
     assert unknown.is_error and unknown.structured is not None
     assert unknown.structured["error"] == "unknown_tool" and "enabled tools" in unknown.structured["message"]
-    fine = await srv.mcp("get_context_remaining", {})
+    from proxy.journal import Journal
+
+    j = Journal(srv.services.state)
+    task = j.create_task()
+    j.close()
+    fine = await srv.mcp("get_context_remaining", {}, task=task)
     # A success carries the text the model reads too: Codex CLI hands the model only structuredContent.
-    assert not fine.is_error and fine.structured == {"ok": True, "output": fine.text, "state": "unknown"}
+    assert not fine.is_error and fine.structured["ok"] is True and fine.structured["output"] == fine.text
+    assert fine.structured["state"] == "unknown"
     assert "unknown" in fine.structured["output"]
 
 

@@ -1,0 +1,119 @@
+"""Pending rollovers: what `new_context` and a manual checkpoint leave for the session's next sampling.
+
+One row per agent of a task (`(task_id, address)`: the journal has one session per agent, and a session
+without x-ctp-task has a task of its own), in the shared state database (SQLite, WAL). Marking is
+idempotent: calling `new_context` twice, or marking a checkpoint twice, leaves one pending rollover.
+A manual checkpoint is the stronger request (it asks the proxy to run the checkpoint turn first), so a
+`checkpoint` mark is never weakened back to `new_context`. `take_pending` consumes the row atomically
+(`DELETE … RETURNING` in one statement): two proxy processes forwarding the session's next request
+cannot both apply it.
+
+The functions take a connection; the proxy calls them through its one database thread
+(`proxy/dbworker.py`, `RolloverStore`), the tool server and the CLI with a connection of their own.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from proxy.db import register_schema
+from proxy.dbworker import DBWorker
+
+Kind = Literal["new_context", "checkpoint"]
+KINDS: tuple[Kind, ...] = ("new_context", "checkpoint")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS context_rollovers (
+    task_id TEXT NOT NULL,
+    address TEXT NOT NULL,
+    kind TEXT NOT NULL,                -- new_context | checkpoint
+    origin TEXT NOT NULL,              -- who asked: tool | cli | rest (a category, never content)
+    window_id TEXT,                    -- the window it was asked in, when known
+    requested_at REAL NOT NULL,
+    PRIMARY KEY (task_id, address)
+) WITHOUT ROWID;
+"""
+register_schema("context_rollovers", SCHEMA)
+
+
+def ensure(conn: sqlite3.Connection) -> None:
+    """The table, on a connection opened before this module registered its schema."""
+    conn.executescript(SCHEMA)
+
+
+@dataclass(frozen=True)
+class Pending:
+    task_id: str
+    address: str
+    kind: Kind
+    origin: str
+    window_id: str | None
+    requested_at: float
+
+    @property
+    def checkpoint(self) -> bool:
+        """The proxy runs the checkpoint turn before rolling over (a manual checkpoint)."""
+        return self.kind == "checkpoint"
+
+
+def _pending(row: sqlite3.Row | tuple | None) -> Pending | None:
+    if row is None:
+        return None
+    task_id, address, kind, origin, window_id, at = tuple(row)
+    return Pending(task_id, address, kind, origin, window_id, at)
+
+
+def mark_pending(conn: sqlite3.Connection, task_id: str, address: str, kind: Kind = "new_context",
+                 origin: str = "tool", window_id: str | None = None, at: float | None = None) -> Pending:
+    """Leave a rollover for the agent's next forwarded sampling request; idempotent. Returns the pending
+    rollover as it now stands (an earlier mark keeps its time; `checkpoint` wins over `new_context`)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown rollover kind {kind!r}")
+    row = conn.execute(
+        "INSERT INTO context_rollovers(task_id, address, kind, origin, window_id, requested_at)"
+        " VALUES (?,?,?,?,?,?) ON CONFLICT(task_id, address) DO UPDATE SET"
+        " kind = CASE WHEN excluded.kind = 'checkpoint' THEN 'checkpoint' ELSE context_rollovers.kind END,"
+        " origin = CASE WHEN excluded.kind = 'checkpoint' THEN excluded.origin ELSE context_rollovers.origin END"
+        " RETURNING task_id, address, kind, origin, window_id, requested_at",
+        (task_id, address, kind, origin, window_id, at if at is not None else time.time())).fetchone()
+    pending = _pending(row)
+    assert pending is not None
+    return pending
+
+
+def peek_pending(conn: sqlite3.Connection, task_id: str, address: str) -> Pending | None:
+    return _pending(conn.execute(
+        "SELECT task_id, address, kind, origin, window_id, requested_at FROM context_rollovers"
+        " WHERE task_id=? AND address=?", (task_id, address)).fetchone())
+
+
+def take_pending(conn: sqlite3.Connection, task_id: str, address: str) -> Pending | None:
+    """Consume the agent's pending rollover, if any: at most one caller ever gets it."""
+    return _pending(conn.execute(
+        "DELETE FROM context_rollovers WHERE task_id=? AND address=?"
+        " RETURNING task_id, address, kind, origin, window_id, requested_at", (task_id, address)).fetchone())
+
+
+def cancel_pending(conn: sqlite3.Connection, task_id: str, address: str) -> bool:
+    return conn.execute("DELETE FROM context_rollovers WHERE task_id=? AND address=?",
+                        (task_id, address)).rowcount > 0
+
+
+class RolloverStore:
+    """The proxy's side: every read and write on its one database thread (never the event loop)."""
+
+    def __init__(self, worker: DBWorker):
+        self.worker = worker
+
+    async def take(self, task_id: str, address: str) -> Pending | None:
+        return await self.worker.run(lambda conn: take_pending(conn, task_id, address))
+
+    async def peek(self, task_id: str, address: str) -> Pending | None:
+        return await self.worker.run(lambda conn: peek_pending(conn, task_id, address))
+
+    async def mark(self, task_id: str, address: str, kind: Kind = "new_context", origin: str = "proxy",
+                   window_id: str | None = None) -> Pending:
+        return await self.worker.run(lambda conn: mark_pending(conn, task_id, address, kind, origin, window_id))

@@ -1,0 +1,21 @@
+"""What `ctproxy status` says about `context`: exactly what is active, nothing that is not wired yet."""
+
+from __future__ import annotations
+
+from proxy.config import Config
+
+# Set to True by whoever wires the projection stage (addons/context.py) to consume pending rollovers
+# and forward `build_bootstrap`'s window (docs/context.md). Until then a rollover stays pending.
+PROJECTION_WIRED = False
+
+
+def context_status(config: Config) -> tuple[str, str]:
+    c = config.context
+    tools = (f"get_context_remaining (from the agent's last recorded usage; hard trigger at {c.hard_ratio:.0%} of "
+             "the window) and new_context / `ctproxy context checkpoint` (mark a pending rollover)")
+    if PROJECTION_WIRED:
+        ids = "on" if c.id_projection else "off"
+        return "active", (f"{tools}; the proxy rolls over at the next request with the notes bootstrap, "
+                          f"reminder at {c.reminder_ratio:.0%}, strategy {c.strategy}, [id: …] projection {ids}")
+    return "active", (f"{tools}; not applied yet: the proxy does not roll over, bootstrap, add guidance or "
+                      "[id: …] markers until the projection stage consumes pending rollovers (docs/context.md)")

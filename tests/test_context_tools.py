@@ -1,0 +1,197 @@
+"""Issue 13: get_context_remaining to the contract, new_context, the pending-rollover store, and the
+manual checkpoint (CLI and REST)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy import usage as usage_store
+from proxy.cli import main as cli_main
+from proxy.config import Config
+from proxy.context import rollover
+from proxy.db import connect
+from proxy.dbworker import DBWorker
+from proxy.journal import Journal
+from proxy.session import SessionIdentity
+from proxy.state import StateDir
+from tools_server.context import NEW_CONTEXT_OUTPUT, add_context_routes, create_family
+from tools_server.registry import CallContext, Services
+
+
+class World:
+    def __init__(self, root: Path):
+        self.state = StateDir.open(root / "state")
+        self.j = Journal(self.state)
+        key, self.task, self.root_addr = self.j.resolve(SessionIdentity("f:a", "fingerprint", None, None), {}, {})
+        self.root = self.j.session(key, self.task, self.root_addr)
+        self.j.ingest_request(self.root, {"input": [{"role": "user", "content": "hi"}]})
+        ckey, _, self.reviewer = self.j.resolve(SessionIdentity("t:c", "header", self.task, "reviewer"), {}, {})
+        self.j.ingest_request(self.j.session(ckey, self.task, self.reviewer), {"input": "review"})
+        okey, self.other_task, _ = self.j.resolve(SessionIdentity("f:b", "fingerprint", None, None), {}, {})
+        self.j.ingest_request(self.j.session(okey, self.other_task, "/root"), {"input": "other"})
+        assert self.j.flush()
+        self.services = Services(Config(), self.state, None)
+
+    def usage(self, task: str, agent: str, inp: int, out: int, rid: str, at: float, model: str = "gpt-5") -> None:
+        conn = connect(self.state.db_path)
+        usage_store.record_usage(conn, f"s-{task}-{agent}", task, agent, model,
+                                 {"input_tokens": inp, "output_tokens": out}, rid, at)
+        conn.close()
+
+    def ctx(self, agent: str | None = None, task: str | None = "") -> CallContext:
+        return CallContext(self.services, task=self.task if task == "" else task, agent=agent)
+
+
+@pytest.fixture
+async def world(tmp_path: Path):
+    w = World(tmp_path)
+    fam = create_family(w.services)
+    w.tools = {t.name: t for t in fam.tools()}
+    yield w
+    await fam.close()
+    w.j.close()
+
+
+def test_schemas_are_codex_s():
+    fam = create_family(Services(Config(), StateDir.open(Path("/tmp/ctp-unused-state")), None))
+    specs = {t.name: t.function_spec() for t in fam.tools()}
+    for name in ("new_context", "get_context_remaining"):
+        assert specs[name]["parameters"] == {"type": "object", "properties": {}, "additionalProperties": False}
+    assert specs["new_context"]["description"] == ("Start a new context window. Does not clear, reset, or otherwise "
+                                                   "affect environment state.")
+    assert specs["get_context_remaining"]["description"] == "Get the remaining tokens in the current context window."
+    tools = {t.name: t for t in fam.tools()}
+    assert tools["new_context"].parallel is False and tools["get_context_remaining"].read_only
+
+
+async def test_get_context_remaining_contract(world: World):
+    call = world.tools["get_context_remaining"].call
+    # no task, unknown task: clear errors, never another task's numbers
+    notask = await call({}, world.ctx(task=None))
+    assert notask.is_error and notask.details["error"] == "no_task" and "x-ctp-task" in notask.text
+    unknown = await call({}, world.ctx(task="task_nope"))
+    assert unknown.is_error and unknown.details["error"] == "unknown_task"
+    # another task's fresher usage does not leak
+    world.usage(world.other_task, "/root", 200_000, 10, "resp_other", at=2e9)
+    res = await call({}, world.ctx())
+    assert not res.is_error and res.text.startswith("You have unknown tokens left in this context window.")
+    assert "resp_other" not in str(res.details) and res.details["tokens_left"] is None
+    world.usage(world.task, "/root", 100_000, 2_000, "resp_mine", at=1e9)
+    res = await call({}, world.ctx())
+    hard = int(272_000 * 0.85)
+    assert res.details["tokens_left"] == hard - 102_000 and res.details["window_tokens_left"] == 272_000 - 102_000
+    assert res.text.splitlines()[0] == f"You have {hard - 102_000} tokens left in this context window."
+    assert f"{272_000 - 102_000} of 272000" in res.text  # the whole window, said separately
+    assert res.details["agent"] == "/root" and res.details["agents"] == ["/root", "/root/reviewer"]
+    assert res.details["window_id"] == world.root.window.window_id and world.root.window.window_id in res.text
+    # a relative x-ctp-agent is under /root; its own usage, not the root's
+    world.usage(world.task, "/root/reviewer", 1_000, 0, "resp_rev", at=1e9)
+    rev = await call({}, world.ctx("reviewer"))
+    assert rev.details["agent"] == "/root/reviewer" and rev.details["tokens_left"] == hard - 1_000
+    ghost = await call({}, world.ctx("/root/ghost"))
+    assert ghost.is_error and ghost.details["error"] == "unregistered_agent"
+
+
+async def test_new_context_marks_one_pending_rollover(world: World):
+    call = world.tools["new_context"].call
+    for _ in range(2):  # idempotent
+        res = await call({}, world.ctx())
+        assert not res.is_error and res.text == NEW_CONTEXT_OUTPUT
+    with pytest.raises(Exception, match="unknown field 'x'"):
+        await call({"x": 1}, world.ctx())
+    remaining = await world.tools["get_context_remaining"].call({}, world.ctx())
+    assert "A new context window is pending" in remaining.text
+    conn = connect(world.state.db_path)
+    try:
+        rows = conn.execute("SELECT task_id, address, kind FROM context_rollovers").fetchall()
+        assert [tuple(r) for r in rows] == [(world.task, "/root", "new_context")]
+        taken = rollover.take_pending(conn, world.task, "/root")
+        assert taken is not None and taken.kind == "new_context" and taken.window_id == world.root.window.window_id
+        assert rollover.take_pending(conn, world.task, "/root") is None  # consumed once
+    finally:
+        conn.close()
+    notask = await call({}, world.ctx(task=None))
+    assert notask.is_error and notask.details["error"] == "no_task"
+
+
+def test_rollover_store_checkpoint_wins_and_take_is_atomic(tmp_path: Path):
+    db = tmp_path / "s.db"
+    conn = connect(db)
+    assert rollover.mark_pending(conn, "t", "/root", "new_context", at=1.0).kind == "new_context"
+    assert rollover.mark_pending(conn, "t", "/root", "checkpoint", "cli", at=2.0).kind == "checkpoint"
+    again = rollover.mark_pending(conn, "t", "/root", "new_context", at=3.0)
+    assert (again.kind, again.origin, again.requested_at) == ("checkpoint", "cli", 1.0)
+    with pytest.raises(ValueError):
+        rollover.mark_pending(conn, "t", "/root", "bogus")  # type: ignore[arg-type]
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+    # Many connections race to take it: exactly one gets it.
+    def take() -> rollover.Pending | None:
+        c = sqlite3.connect(db, timeout=30, isolation_level=None)
+        try:
+            return rollover.take_pending(c, "t", "/root")
+        finally:
+            c.close()
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(8) as pool:
+        got = [r for r in pool.map(lambda _: take(), range(16)) if r is not None]
+    assert len(got) == 1 and got[0].checkpoint
+
+
+async def test_rollover_store_through_the_proxys_db_worker(tmp_path: Path):
+    worker = DBWorker(tmp_path / "s.db")
+    store = rollover.RolloverStore(worker)
+    try:
+        await store.mark("t", "/root/a")
+        assert (await store.peek("t", "/root/a")).kind == "new_context"
+        assert (await store.take("t", "/root/a")).address == "/root/a"
+        assert await store.take("t", "/root/a") is None
+    finally:
+        worker.close()
+
+
+async def test_manual_checkpoint_cli_and_rest(world: World, capsys):
+    state = str(world.state.root)
+    assert cli_main(["context", "checkpoint", "--task", world.task, "--agent", "reviewer", "--state-dir", state]) == 0
+    assert "checkpoint pending for /root/reviewer" in capsys.readouterr().out
+    assert cli_main(["context", "checkpoint", world.root.key, "--state-dir", state]) == 0
+    assert cli_main(["context", "checkpoint", "--task", world.task, "--agent", "ghost", "--state-dir", state]) == 1
+    assert "not registered" in capsys.readouterr().err
+    assert cli_main(["context", "checkpoint", "--state-dir", state]) == 2
+    conn = connect(world.state.db_path)
+    kinds = {tuple(r) for r in conn.execute("SELECT address, kind, origin FROM context_rollovers")}
+    assert kinds == {("/root/reviewer", "checkpoint", "cli"), ("/root", "checkpoint", "cli")}
+    rollover.take_pending(conn, world.task, "/root")
+    conn.close()
+
+    app = web.Application()
+    add_context_routes(app, lambda _app: world.services)
+    async with TestClient(TestServer(app)) as client:
+        r = await client.post("/v1/context/checkpoint", json={"session": world.root.key})
+        assert r.status == 200 and (await r.json())["pending_rollover"] == "checkpoint"
+        r = await client.post("/v1/context/checkpoint", json={"task": world.task, "agent": "/root/ghost"})
+        assert r.status == 404 and (await r.json())["error"]["code"] == "unknown_agent"
+        r = await client.post("/v1/context/checkpoint", json={"session": 3})
+        assert r.status == 400
+        r = await client.post("/v1/context/checkpoint", data=b"not json")
+        assert r.status == 400
+    conn = connect(world.state.db_path)
+    assert rollover.peek_pending(conn, world.task, "/root").origin == "rest"
+    conn.close()
+
+
+def test_status_says_exactly_what_is_active():
+    from proxy.capabilities import capability
+    from proxy.status import capability_status
+
+    st = capability_status(Config(), "context")
+    assert st.state == "active" and "new_context" in st.reason and "not applied yet" in st.reason
+    assert capability("context").tools == ("get_context_remaining", "new_context")
+    cfg = Config()
+    cfg.context.enabled = False
+    assert capability_status(cfg, "context").state == "off"
