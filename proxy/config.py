@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from proxy.capabilities import NAMES
 
@@ -39,8 +39,10 @@ class WebSearchConfig(_Section):
         "auto", description="the executor's reasoning effort, independent of the agent's ('auto': not sent)")
 
     def sidecar_exposed(self) -> bool:
-        """Whether the `openai_web_search` tool is offered (backend sidecar, or auto, with an executor)."""
-        return self.enabled and self.sidecar_model is not None and self.backend in ("sidecar", "auto")
+        """Whether the `openai_web_search` tool is offered: backend `sidecar` (without `sidecar_model` its calls
+        say to set one, and status says unavailable), or `auto` with an executor configured."""
+        return self.enabled and (self.backend == "sidecar"
+                                 or (self.backend == "auto" and self.sidecar_model is not None))
 
 
 class RemoteCompactionConfig(_Section):
@@ -116,8 +118,29 @@ class ImageGenerationConfig(_Section):
 
 
 class SidecarSearchConfig(_Section):
-    """Folded into `web_search.backend` (issue 15): the `sidecar_search` capability is on when
-    `web_search.sidecar_exposed()`. An old file's `sidecar_search.enabled: true` reads as backend `sidecar`."""
+    """Folded into `web_search.backend` (issue 15): `enabled` is not stored but read from the web_search
+    section (`sidecar_exposed()`: backend sidecar or auto, with a `sidecar_model`); setting it sets the backend.
+    An old file's `sidecar_search.enabled: true` reads as backend `sidecar`."""
+
+    _web: WebSearchConfig | None = PrivateAttr(None)  # the same Config's web_search (linked by Config)
+
+    @property
+    def enabled(self) -> bool:
+        return self._web is not None and self._web.sidecar_exposed()
+
+    def __eq__(self, other: object) -> bool:  # no fields of its own; the link is not part of its value
+        return isinstance(other, SidecarSearchConfig)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        if self._web is None:
+            return
+        if value:
+            self._web.backend = "sidecar"
+        elif self._web.backend in ("sidecar", "auto"):
+            self._web.backend = "native" if self._web.backend == "auto" else "off"
 
 
 class ToolDiscoveryConfig(_Section):
@@ -220,9 +243,12 @@ class Config(_Section):
     debug: bool = False
 
     def enabled(self, capability: str) -> bool:
-        if capability == "sidecar_search":
-            return self.web_search.sidecar_exposed()
         return bool(getattr(self, capability).enabled)
+
+    @model_validator(mode="after")
+    def _link_sidecar(self) -> Config:
+        self.sidecar_search._web = self.web_search
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -291,8 +317,9 @@ def save_config(config: Config, path: Path) -> None:
 def get_key(config: Config, key: str) -> Any:
     node: Any = config
     for part in key.split("."):
-        if isinstance(node, BaseModel) and part in type(node).model_fields:
-            node = getattr(node, part)
+        if isinstance(node, BaseModel) and (part in type(node).model_fields
+                                            or isinstance(getattr(type(node), part, None), property)):
+            node = getattr(node, part)  # a property: sidecar_search.enabled, read from web_search
         elif isinstance(node, dict) and part in node:
             node = node[part]
         else:
@@ -306,6 +333,12 @@ def set_key(config: Config, key: str, raw: str) -> Config:
         value: Any = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
+    if key == "sidecar_search.enabled":  # folded into web_search.backend (SidecarSearchConfig)
+        if not isinstance(value, bool):
+            raise ConfigError(f"'{key}': expected true or false")
+        new = config.model_copy(deep=True)
+        new.sidecar_search.enabled = value
+        return new
     data = config.model_dump(mode="json")
     node = data
     parts = key.split(".")
@@ -334,16 +367,8 @@ def with_overrides(config: Config, enable: list[str], disable: list[str]) -> Con
         if name not in CAPABILITIES:
             raise ConfigError(f"unknown capability '{name}'; choose from: {', '.join(CAPABILITIES)}")
     for name in enable:
-        if name == "sidecar_search":  # folded into web_search.backend
-            config = set_key(config, "web_search.backend", '"sidecar"')
-            continue
         config = set_key(config, f"{name}.enabled", "true")
     for name in disable:
-        if name == "sidecar_search":
-            if config.web_search.backend in ("sidecar", "auto"):
-                config = set_key(config, "web_search.backend", '"native"' if config.web_search.backend == "auto"
-                                 else '"off"')
-            continue
         config = set_key(config, f"{name}.enabled", "false")
         if name == "remote_compaction":
             config = set_key(config, "remote_compaction.recover_overflow", "false")

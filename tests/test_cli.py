@@ -75,7 +75,8 @@ async def test_status_of_a_running_proxy_reflects_its_overrides_and_upstream(pro
     assert info["proxy"]["pid"] == proxy.proc.pid
     assert states["shell"]["state"] == "active" and states["history"]["state"] == "off"
     # An untrusted non-official upstream: native web search is not for it, and status says why.
-    assert states["web_search"]["state"] == "deferred" and "not official" in states["web_search"]["reason"]
+    # issue 15: a backend that cannot run is `unavailable` (`deferred` is for tool discovery)
+    assert states["web_search"]["state"] == "unavailable" and "not official" in states["web_search"]["reason"]
     text = run("status", "--state-dir", str(proxy.state_dir)).stdout
     assert "+shell -history" in text and "untrusted: credentials stripped" in text
     await proxy.astop()

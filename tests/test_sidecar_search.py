@@ -128,8 +128,10 @@ async def test_no_executor_or_no_credentials_are_clear_errors(tool_server, emula
     srv = await tool_server(SIDECAR)
     res = await srv.rest("openai_web_search", {"query": QUERY}, task=TASK)
     assert res.details["error"] == "no_credentials" and "OPENAI_API_KEY" in res.text
-    bare = await tool_server({"web_search.backend": "sidecar"})  # no executor: the tool is not offered
-    assert "openai_web_search" not in [t["name"] for t in await bare.list_rest()]
+    bare = await tool_server({"web_search.backend": "sidecar"})  # no executor: the call says what to set
+    res = await bare.rest("openai_web_search", {"query": QUERY}, task=TASK)
+    assert res.details["error"] == "not_configured" and "web_search.sidecar_model" in res.text
+    assert "openai_web_search" not in [t["name"] for t in await (await tool_server({})).list_rest()]  # off by default
     assert search_requests(emulator) == []
 
 
@@ -149,7 +151,8 @@ def test_old_sidecar_switch_folds_into_the_backend(tmp_path):
     cfg = load_config(path)
     assert cfg.web_search.backend == "sidecar" and cfg.enabled("sidecar_search")
     with pytest.raises(ConfigError):
-        set_key(Config(), "sidecar_search.enabled", "true")
+        set_key(Config(), "sidecar_search.enabled", '"yes"')
+    assert set_key(Config(), "sidecar_search.enabled", "true").web_search.backend == "sidecar"
     on = with_overrides(set_key(Config(), "web_search.sidecar_model", "m"), ["sidecar_search"], [])
     assert on.web_search.backend == "sidecar"
     assert with_overrides(on, [], ["sidecar_search"]).web_search.backend == "off"
@@ -159,7 +162,7 @@ def test_old_sidecar_switch_folds_into_the_backend(tmp_path):
 @pytest.mark.parametrize(("backend", "model", "eligible", "path"), [
     ("auto", None, True, "native"), ("auto", None, False, "off"), ("auto", "m", False, "sidecar"),
     ("auto", "m", True, "native"), ("native", "m", False, "off"), ("sidecar", "m", True, "sidecar"),
-    ("sidecar", None, True, "off"), ("off", "m", True, "off"),
+    ("sidecar", None, True, "sidecar"), ("off", "m", True, "off"),
 ])
 def test_search_path_is_decided_before_the_request(backend, model, eligible, path):
     assert search_path(WebSearchConfig(backend=backend, sidecar_model=model), eligible) == path

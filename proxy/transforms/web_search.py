@@ -54,7 +54,7 @@ def search_path(cfg: WebSearchConfig, route_eligible: bool) -> Literal["native",
     if cfg.backend == "native":
         return "native" if route_eligible else "off"
     if cfg.backend == "sidecar":
-        return "sidecar" if cfg.sidecar_exposed() else "off"
+        return "sidecar"
     if route_eligible:
         return "native"
     return "sidecar" if cfg.sidecar_exposed() else "off"
