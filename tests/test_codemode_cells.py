@@ -328,3 +328,12 @@ async def test_output_is_read_once_per_observation() -> None:
     text, _ = render(cell, 40_000)
     assert text.startswith("Script completed\n") and text.endswith("Output:\nsecond\n")
     await m.close()
+
+
+async def test_a_cell_that_replaces_builtins_does_not_break_the_host() -> None:
+    d = Double()
+    m = manager(d)
+    cell = await run(m, "Array.prototype.join = () => 'garbage';\nArray.prototype.push = () => 0;\n"
+                        "JSON.stringify = () => '!';\nprint('x', 1);\nawait tools.t({i: 2});\nreturn 1")
+    assert cell.state == "completed" and out(cell) == "x 1\n" and cell.result_json == "1" and d.started == 1
+    await m.close()

@@ -69,19 +69,22 @@ BOOTSTRAP = r"""
   "use strict";
   const G = globalThis;
   const stringify = JSON.stringify, parse = JSON.parse, freeze = Object.freeze;
+  // the builtins the host's messages need, captured before the cell can replace them
+  const apply = Reflect.apply, join = Array.prototype.join, arrayPush = Array.prototype.push;
+  const arrayMap = Array.prototype.map;
   const outbox = [];
   const pending = new Map();       // call id -> [resolve, reject]
   const rejected = new Map();      // call id -> promise: a rejected tool promise nobody observed yet
   const observed = new WeakSet();
   let nextId = 0;
-  const push = (msg) => { outbox.push(stringify(msg)); };
+  const push = (msg) => { apply(arrayPush, outbox, [stringify(msg)]); };
   const show = (v) => {
     if (typeof v === "string") return v;
     if (v === undefined) return "undefined";
     if (typeof v === "function") return "[Function]";
     try { const s = stringify(v); return s === undefined ? String(v) : s; } catch (e) { return String(v); }
   };
-  const emit = (args) => { push({k: "out", s: Array.prototype.map.call(args, show).join(" ") + "\n"}); };
+  const emit = (args) => { push({k: "out", s: apply(join, apply(arrayMap, args, [show]), [" "]) + "\n"}); };
   // A tool promise records whether anything ever looked at it (await, then, Promise.all all call
   // `then` on a subclass): a rejection nothing observed is a floating failure, never a success.
   class ToolPromise extends Promise {
@@ -126,7 +129,7 @@ BOOTSTRAP = r"""
     }
     return "";
   };
-  const drain = () => { const s = "[" + outbox.join(",") + "]"; outbox.length = 0; return s; };
+  const drain = () => { const s = "[" + apply(join, outbox, [","]) + "]"; outbox.length = 0; return s; };
   const where = (e) => {
     const m = /\), <anonymous>:(\d+):(\d+)\)/.exec(String(e && e.stack || ""));
     return m ? Number(m[1]) : null;
@@ -208,9 +211,14 @@ class V8Engine:
 
     async def drain(self) -> list[dict[str, Any]]:
         raw = await self._eval("__ctp.drain()")
-        if not isinstance(raw, str):
-            raise EngineError("the cell's outbox could not be read", "engine-error")
-        messages = json.loads(raw)
+        try:
+            messages = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError:
+            messages = None
+        if not isinstance(messages, list):
+            # the cell replaced a builtin the host's messages rely on (Array.prototype.join, …)
+            raise EngineError("the cell's messages could not be read (did it replace a JavaScript builtin?)",
+                              "engine-error")
         return [m for m in messages if isinstance(m, dict)]
 
     async def deliver(self, replies: list[Reply]) -> None:
@@ -219,7 +227,14 @@ class V8Engine:
 
     async def final_check(self) -> dict[str, Any]:
         raw = await self._eval("__ctp.final()")
-        return json.loads(raw) if isinstance(raw, str) else {}
+        try:
+            value = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise EngineError("the cell's final state could not be read (did it replace a JavaScript builtin?)",
+                              "engine-error")
+        return value
 
     def memory_exceeded(self) -> bool:
         return self._mr is not None and self._mr.was_hard_memory_limit_reached()
