@@ -250,3 +250,26 @@ async def test_debug_output_holds_no_prompt_image_or_credential(srv, emulator, c
     assert "outcome=answered" in text  # the debug line is there...
     for secret in (PROMPT, "marzipan", API_KEY, b64[:40], "Bearer"):  # ...with none of these
         assert secret not in text
+
+
+async def test_bridge_endpoint_call_uses_the_agent_requests_route_and_credentials(srv, emulator, monkeypatch):
+    """The bridge path as the proxy's bridge calls it (POST /v1/bridge/call with `upstream`). The image
+    itself is not in the bridge's output yet (tools_server/bridge.py returns text only; issue 15 asks for an
+    `input_image`): this checks the credentials, the request and the artifact."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env-should-not-be-used")
+    call = {"name": "openai_generate_image", "kind": "function", "arguments": orjson.dumps({"prompt": PROMPT}).decode(),
+            "call_id": "call_1", "task": TASK, "upstream": {
+                "base_url": emulator.url + "/backend-api/codex", "route_kind": "codex", "official": False,
+                "credentials_allowed": True, "headers": {"authorization": f"Bearer {JWT}",
+                                                         "chatgpt-account-id": ACCOUNT}}}
+    async with aiohttp.ClientSession() as http, http.post(f"{srv.url}/v1/bridge/call", data=orjson.dumps(call),
+                                                          headers=srv.headers()) as resp:
+        assert resp.status == 200
+        out = await resp.json()
+    assert not out["is_error"], out
+    [path] = artifacts(srv)
+    assert str(path) in out["output"]
+    [req] = image_requests(emulator)
+    headers = {k.lower(): v for k, v in req.headers}
+    assert req.path == "/backend-api/codex/images/generations"
+    assert headers["authorization"] == f"Bearer {JWT}" and headers["chatgpt-account-id"] == ACCOUNT
