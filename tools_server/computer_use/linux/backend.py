@@ -74,6 +74,7 @@ class LinuxBackend:
         self._desktop: Desktop | None = None
         self._atspi: Atspi | None = None
         self._snapshots: dict[str, Snapshot] = {}  # by app ident (pid:N)
+        self._resolved: _Live | None = None
         self._seen: dict[str, AppInfo] = {}  # every app resolved once, to tell "closed" from "never existed"
 
     # -- the environment ---------------------------------------------------------------------------------
@@ -175,7 +176,9 @@ class LinuxBackend:
         return hits[0]
 
     async def resolve(self, call: ActionCall) -> AppInfo:
-        return (await self._live(call)).info
+        live = await self._live(call)
+        self._resolved = live  # the family resolves right before it dispatches: no second listing
+        return live.info
 
     # -- state ------------------------------------------------------------------------------------------
     async def _walk(self, bus: Atspi, root: Ref) -> list[Element]:
@@ -204,17 +207,19 @@ class LinuxBackend:
                 return None, []
             role, name, ifaces, children = await asyncio.gather(bus.role(ref), bus.name(ref), bus.interfaces(ref),
                                                                 bus.children(ref))
-            bounds = await bus.extents(ref) if COMPONENT in ifaces else None
+            bounds, actions, (text, length) = await asyncio.gather(
+                bus.extents(ref) if COMPONENT in ifaces else _none(),
+                bus.actions(ref) if ACTION in ifaces else _empty(),
+                bus.text(ref, TEXT_LIMIT) if TEXT in ifaces else _no_text())
             if bounds is not None and min(bounds[0], bounds[1]) <= OFF_SCREEN:
                 return None, []  # GTK keeps scrolled-out rows "showing" but places them at INT_MIN
-            actions = await bus.actions(ref) if ACTION in ifaces else []
-            text, length = (await bus.text(ref, TEXT_LIMIT)) if TEXT in ifaces else (None, 0)
         except AtspiError:
             return None, []
         return Element(0, ref, depth, role, name, states, bounds, actions, text, length), children
 
     async def get_app_state(self, call: ActionCall, app: AppInfo) -> AppState:
-        live = await self._live(call)
+        live = self._resolved if self._resolved is not None and self._resolved.info == app else await self._live(call)
+        self._resolved = None
         bus = await self._bus(call.tool)
         display = await self._display(call.tool)
         try:
@@ -308,7 +313,8 @@ class LinuxBackend:
         point, el = await self._point(call, app, target)
         display = await self._front(call, app, point)
         snap = self._snapshot(call, app)
-        await xdotool.click(display, point[0], point[1], button, count)
+        here = await asyncio.to_thread(x11.pointer, display) == point
+        await xdotool.click(display, point[0], point[1], button, count, already_there=here)
         rel = (point[0] - snap.origin[0], point[1] - snap.origin[1])
         what = f"element [{el.index}] {el.role} {_q(el.name)}" if el else "the screenshot point"
         return f"Clicked {what} at ({rel[0]}, {rel[1]}) with the {button} button x{count}."
@@ -330,9 +336,22 @@ class LinuxBackend:
     async def scroll(self, call: ActionCall, app: AppInfo, target: Target, direction: Direction, amount: int) -> str:
         point, el = await self._point(call, app, target)
         display = await self._front(call, app, point)
-        await xdotool.scroll(display, point[0], point[1], direction, amount)
+        here = await asyncio.to_thread(x11.pointer, display) == point
+        await xdotool.scroll(display, point[0], point[1], direction, amount, already_there=here)
         what = f"element [{el.index}] {el.role}" if el else "the window"
         return f"Scrolled {direction} by {amount} over {what}."
+
+
+async def _none() -> None:
+    return None
+
+
+async def _empty() -> list[str]:
+    return []
+
+
+async def _no_text() -> tuple[None, int]:
+    return None, 0
 
 
 def _closed(call: ActionCall, app: AppInfo) -> ComputerUseError:

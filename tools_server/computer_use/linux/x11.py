@@ -129,6 +129,12 @@ def focused_pid(name: str | None) -> tuple[int | None, int | None]:
         return win.id, None
 
 
+def pointer(name: str | None) -> tuple[int, int]:
+    with opened(name) as d:
+        p = d.screen().root.query_pointer()
+        return p.root_x, p.root_y
+
+
 def screen_size(name: str | None) -> tuple[int, int]:
     with opened(name) as d:
         s = d.screen()

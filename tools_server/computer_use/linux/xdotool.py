@@ -40,14 +40,21 @@ async def run(display: str | None, *args: str, timeout: float = 30.0) -> str:
     return out.decode(errors="replace")
 
 
-async def click(display: str | None, x: int, y: int, button: str, count: int) -> None:
-    await run(display, "mousemove", "--sync", str(x), str(y), "click", "--repeat", str(count),
-              "--delay", "80", str(BUTTONS[button]))
+def _move(x: int, y: int, already_there: bool) -> list[str]:
+    # `mousemove --sync` waits for the pointer to move, which never happens when it is already there
+    # (xdotool then sits out ~15 s); the XTest events are ordered either way
+    return ["mousemove", str(x), str(y)] if already_there else ["mousemove", "--sync", str(x), str(y)]
 
 
-async def scroll(display: str | None, x: int, y: int, direction: str, amount: int) -> None:
-    await run(display, "mousemove", "--sync", str(x), str(y), "click", "--repeat", str(amount),
-              "--delay", "30", str(WHEEL[direction]))
+async def click(display: str | None, x: int, y: int, button: str, count: int, already_there: bool = False) -> None:
+    await run(display, *_move(x, y, already_there), "click", "--repeat", str(count), "--delay", "80",
+              str(BUTTONS[button]))
+
+
+async def scroll(display: str | None, x: int, y: int, direction: str, amount: int,
+                 already_there: bool = False) -> None:
+    await run(display, *_move(x, y, already_there), "click", "--repeat", str(amount), "--delay", "30",
+              str(WHEEL[direction]))
 
 
 async def type_text(display: str | None, text: str) -> None:
