@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -43,6 +43,56 @@ def _canonical_first(payload: Mapping[str, Any]) -> Any:
     return first
 
 
+FORK_SEP = "~"  # f:<start>~<first answer>: a conversation that shares its start with an older one
+CLAIM_PREFIX = "fclaim:"  # alias keys: the start's first conversation (its value: that session)
+CONTINUATION_PREFIX = "fcont:"
+
+
+def _model_item_key(item: Any) -> str | None:
+    """A model-produced item in one spelling, as it is answered and as the agent resends it: an assistant
+    message by its text, a call by its call id. Reasoning and other items are skipped (often dropped or
+    re-encrypted by clients)."""
+    if not isinstance(item, dict):
+        return None
+    if item.get("type", "message") == "message" and item.get("role") == "assistant":
+        content = item.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict)
+                              and isinstance(p.get("text"), str))
+        return "m:" + content if isinstance(content, str) and content else None
+    typ, call_id = item.get("type"), item.get("call_id")
+    if isinstance(typ, str) and typ.endswith("_call") and isinstance(call_id, str) and call_id:
+        return "c:" + call_id
+    return None
+
+
+def first_model_item(items: Any) -> str | None:
+    """The key of the first model-produced item among `items`, if any."""
+    for item in items if isinstance(items, list) else ():
+        if (key := _model_item_key(item)) is not None:
+            return key
+    return None
+
+
+def continuation_alias(start_key: str, model_item: str) -> str:
+    return CONTINUATION_PREFIX + _h(start_key, model_item)
+
+
+def fingerprint_claim(session_key: str, source: str | None, output_items: Any,
+                      claimed: Callable[[str], bool]) -> list[tuple[str, str]]:
+    """The aliases (key, session) to record when a fingerprint session's answer arrives, so its next
+    request finds it and an unrelated conversation with the same start does not: the first answer under
+    a start claims it. Empty when the session is not a start, is already claimed, or the answer has no
+    model item. `claimed(key)` says whether an alias key is known."""
+    if source != "fingerprint" or not session_key.startswith("f:") or FORK_SEP in session_key:
+        return []
+    model_item = first_model_item(output_items)
+    claim = CLAIM_PREFIX + session_key
+    if model_item is None or claimed(claim):
+        return []
+    return [(continuation_alias(session_key, model_item), session_key), (claim, session_key)]
+
+
 def _conversation_key(lower: Mapping[str, str], payload: Mapping[str, Any], agent: str | None,
                       response_aliases: Mapping[str, str] | None) -> tuple[str, str]:
     for name in ("session_id", "session-id", "conversation_id", "conversation-id", "thread-id"):
@@ -54,14 +104,30 @@ def _conversation_key(lower: Mapping[str, str], payload: Mapping[str, Any], agen
     if isinstance(prev, str) and response_aliases and prev in response_aliases:
         return response_aliases[prev], "previous_response"
     basis = orjson.dumps([payload.get("instructions"), _canonical_first(payload)], option=orjson.OPT_SORT_KEYS)
-    return "f:" + _h(basis.decode(), agent or ""), "fingerprint"
+    start = "f:" + _h(basis.decode(), agent or "")
+    inp = payload.get("input")
+    model_item = first_model_item(inp) if isinstance(inp, list) else None
+    if model_item is None:
+        return start, "fingerprint"  # a first turn: the same history so far is the same conversation
+    # Past the first turn the model's first answer tells conversations apart: the one that answered first
+    # under this start keeps it (its continuation alias, written by the journal); any other is its own.
+    # A start nobody claimed yet (or journaled before claims existed) is this conversation's.
+    if response_aliases is not None:
+        found = response_aliases.get(continuation_alias(start, model_item))
+        if found is not None:
+            return found, "fingerprint"
+        if CLAIM_PREFIX + start not in response_aliases:
+            return start, "fingerprint"
+    return f"{start}{FORK_SEP}{_h(model_item)[:16]}", "fingerprint"
 
 
 def resolve_session(headers: Mapping[str, str], payload: Mapping[str, Any] | None,
                     response_aliases: Mapping[str, str] | None = None) -> SessionIdentity:
     """Resolve the session key from, in order: x-ctp headers, Codex session headers,
     prompt_cache_key, previous_response_id (through known response→session aliases),
-    else a fingerprint of instructions + the first input item.
+    else a fingerprint of instructions + the first input item. Past the first turn, a fingerprint
+    session also needs the same first model answer: two conversations that share instructions and
+    first message are one session only until they diverge (`fingerprint_claim`, issue 13 defect 5).
 
     With `x-ctp-task`, the key still separates conversations: two agents of a task that send no
     `x-ctp-agent` are two sessions, not one."""
@@ -74,3 +140,15 @@ def resolve_session(headers: Mapping[str, str], payload: Mapping[str, Any] | Non
     if task:
         return SessionIdentity("t:" + _h(task, agent or "", inner), "header", task, agent, model)
     return SessionIdentity(inner, source, None, agent, model)
+
+
+class _Aliases(Protocol):
+    aliases: Mapping[str, str]
+
+    def alias_response(self, response_id: str, session_key: str) -> None: ...
+
+
+def record_fingerprint_claim(journal: _Aliases, session_key: str, source: str | None, items: Any) -> None:
+    """Called by the journal with a request's input and with its answer's output (see `fingerprint_claim`)."""
+    for key, value in fingerprint_claim(session_key, source, items, journal.aliases.__contains__):
+        journal.alias_response(key, value)

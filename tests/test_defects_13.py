@@ -173,3 +173,73 @@ async def test_7_current_call_is_excluded_over_mcp(world: World):
     finally:
         for f in fams:
             await f.close()
+
+
+def test_5_unrelated_conversations_with_the_same_start_do_not_merge(tmp_path: Path):
+    from proxy.journal.query import HistoryReader
+    from proxy.session import resolve_session
+
+    state = StateDir.open(tmp_path / "state")
+    j = Journal(state)
+
+    def request(payload: dict):
+        ident = resolve_session({}, payload, j.aliases)  # what the history addon does
+        key, task, addr = j.resolve(ident, {}, payload)
+        return j.begin_request(key, task, addr, ident.source, payload)
+
+    def answer(mark, text: str, rid: str) -> dict:
+        item = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+        j.end_response(mark, [item], response_id=rid, model="gpt-5", status="completed", usage=None, error=None,
+                       incomplete=False)
+        return item
+
+    start = [_msg("user", "fix the bug")]
+    try:
+        a1 = request({"instructions": "be brief", "input": list(start)})
+        a_out = answer(a1, "apple plan", "ra1")
+        b1 = request({"instructions": "be brief", "input": list(start)})  # the same history so far
+        b_out = answer(b1, "banana plan", "rb1")
+        a2 = request({"instructions": "be brief", "input": [*start, a_out, _msg("user", "alpha secret")]})
+        answer(a2, "ok a", "ra2")
+        b2 = request({"instructions": "be brief", "input": [*start, b_out, _msg("user", "bravo secret")]})
+        answer(b2, "ok b", "rb2")
+        a3 = request({"instructions": "be brief", "input": [*start, a_out, _msg("user", "alpha secret"),
+                                                            {"type": "message", "role": "assistant",
+                                                             "content": [{"type": "output_text", "text": "ok a"}]},
+                                                            _msg("user", "more")]})
+        assert a2.session_key == a1.session_key == a3.session_key  # one conversation stays one session
+        assert b2.session_key != a2.session_key and b2.task_id != a2.task_id
+        assert j.flush()
+        r = HistoryReader(connect_db(state))
+        hits, _ = r.search(a2.task_id, a2.address, "bravo", _flt(), 10, False)
+        assert hits == []  # A does not read B's items
+        hits, _ = r.search(b2.task_id, b2.address, "alpha", _flt(), 10, False)
+        assert hits == []
+        hits, _ = r.search(b2.task_id, b2.address, "bravo", _flt(), 10, False)
+        assert len(hits) == 1
+        r.conn.close()
+    finally:
+        j.close()
+
+
+def test_5_a_session_journaled_before_claims_keeps_its_key():
+    from proxy.session import CLAIM_PREFIX, resolve_session
+
+    first = resolve_session({}, {"input": "hi"}, {})
+    later = {"input": [_msg("user", "hi"), {"type": "message", "role": "assistant", "content": "yo"},
+                       _msg("user", "go on")]}
+    assert resolve_session({}, later, {}).session_key == first.session_key  # nobody claimed the start
+    claimed = {CLAIM_PREFIX + first.session_key: first.session_key}
+    assert resolve_session({}, later, claimed).session_key != first.session_key  # someone else's start
+
+
+def connect_db(state: StateDir):
+    from proxy.db import connect
+
+    return connect(state.db_path)
+
+
+def _flt():
+    from proxy.journal.query import ItemFilter
+
+    return ItemFilter()

@@ -58,7 +58,7 @@ from proxy.journal.ops import (
     SetBranch,
 )
 from proxy.journal.writer import JournalWriter
-from proxy.session import SessionIdentity
+from proxy.session import SessionIdentity, record_fingerprint_claim
 from proxy.state import StateDir
 
 log = logging.getLogger("ctproxy.journal")
@@ -470,6 +470,7 @@ class Journal:
             with self._lock:
                 st = self._session(session_key, task_id, address, source)
         mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
+        record_fingerprint_claim(self, st.key, st.source, items)  # issue 13 defect 5 (proxy/session.py)
         self._backlog.append(PendingRequest(mark, whole, _previous_response(payload)))
         self._after_append()
         return mark
@@ -485,6 +486,8 @@ class Journal:
         snapshot = orjson.dumps(list(items))
         if response_id:  # a next request naming it (previous_response_id) finds its session at once
             self._remember(self._aliases, response_id, mark.session_key, CACHED_ALIASES)
+        if mark.state is not None:  # issue 13 defect 5 (proxy/session.py)
+            record_fingerprint_claim(self, mark.session_key, mark.state.source, items)
         self._backlog.append(PendingResponse(mark, snapshot, None, response_id, model, status, usage, error,
                                              incomplete, time.time()))
         self._after_append()
