@@ -227,3 +227,21 @@ async def test_bridge_endpoint_runs_a_freeform_exec_call(tool_server: Any, tmp_p
                              "arguments": json.dumps({"code": "null.x"})})) as resp:
         failed = await resp.json()
     assert failed["is_error"] and "Script failed" in failed["output"] and "Traceback" not in failed["output"]
+
+
+async def test_output_past_the_preview_is_kept_in_a_private_file(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(ON, workspace=tmp_path)
+    code = "for (let i = 0; i < 3000; i++) print(String(i).padStart(8, '0') + 'x'.repeat(91));"
+    res = await srv.rest("exec", {"code": code, "max_output_tokens": 1000})
+    assert res.ok and res.details["clipping"]["output"]
+    rec = res.details["recovery"]["output"]
+    assert rec["state"] == "complete" and rec["bytes"] == 300_000 == rec["capturedBytes"]
+    path = Path(rec["path"])
+    assert f"Full output (300000 bytes, complete): {path}" in res.text
+    assert (path.stat().st_mode & 0o777) == 0o600
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3000 and lines[-1].startswith("00002999")
+    small = await srv.rest("exec", {"code": "print('short')"})
+    assert "recovery" not in small.details  # a small result needs no file
+    await srv.close()
+    assert not path.exists()  # removed with the server session's other captures

@@ -103,7 +103,7 @@ def _utf8_len(text: str) -> int:
 class Cell:
     def __init__(self, cell_id: str, owner: Owner, source: str, adapters: frozenset[str], engine: Engine,
                  dispatch: Dispatch, limits: CellLimits, slots: asyncio.Semaphore,
-                 on_terminal: Callable[[Cell], None], context: Any = None):
+                 on_terminal: Callable[[Cell], None], context: Any = None, capture: Any = None):
         self.id = cell_id
         self.owner = owner
         self.source = source
@@ -118,6 +118,8 @@ class Cell:
         self.started = time.monotonic()
         self.ended: float | None = None
         self.output = OutputBuffer(limits.output_preview_bytes)
+        # the whole printed text, past the preview, in a private file (seed §5.9; the shell's capture store)
+        self.capture = capture
         self.result_json: str | None = None
         self.error: str | None = None
         self.error_code: str | None = None
@@ -202,6 +204,8 @@ class Cell:
         if kind == "out":
             if isinstance(message.get("s"), str):
                 self.output.append(message["s"])
+                if self.capture is not None:
+                    self.capture.feed(message["s"].encode("utf-8", "replace"))
         elif kind == "call":
             self._on_call(message)
         elif kind == "done":
@@ -341,6 +345,8 @@ class Cell:
             key = {"queued": "cancelled", "running": "unsettled"}.get(call.state, call.state)
             counts[key] += 1
         self.effects = Effects(**counts)
+        if self.capture is not None:
+            self.capture.close_source(error=state == "terminated")  # a stopped cell's last text is lost
         self.terminal_at = time.monotonic()
         self.done.set()
         self._on_terminal(self)
@@ -350,8 +356,10 @@ class Cell:
 
 
 class CellManager:
-    def __init__(self, limits: CellLimits, dispatch: Dispatch, engine_factory: Callable[[], Engine]):
+    def __init__(self, limits: CellLimits, dispatch: Dispatch, engine_factory: Callable[[], Engine],
+                 capture_factory: Callable[[str], Any] | None = None):
         self.limits = limits
+        self.capture_factory = capture_factory
         self.dispatch = dispatch
         self.engine_factory = engine_factory
         self.cells: dict[str, Cell] = {}
@@ -393,8 +401,9 @@ class CellManager:
             log.warning("code mode could not create an isolate: %s", type(exc).__name__)
             raise ToolError(f"exec: the JavaScript engine could not start ({type(exc).__name__}); nothing was run",
                             code="engine-unavailable") from None
+        capture = self.capture_factory(cell_id) if self.capture_factory is not None else None
         cell = Cell(cell_id, owner, source, adapters, engine, self.dispatch, self.limits, self.slots,
-                    self._on_terminal, context)
+                    self._on_terminal, context, capture)
         self.cells[cell_id] = cell
         cell.launch()
         return cell

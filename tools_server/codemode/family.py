@@ -25,10 +25,12 @@ from tools_server.patch.model import PatchError
 from tools_server.patch.parser import parse_patch
 from tools_server.registry import CallContext, Registry, Services, Tool, ToolError, ToolResult, clip
 from tools_server.shell import limits as shell_limits
+from tools_server.shell.capture import StreamCapture
 
 SEED_ADAPTERS = ("exec_command", "write_stdin", "apply_patch")
 READ_ONLY_FAMILIES = ("history", "notes")
 REGISTRY_KEY = "registry"  # services.extras: the registry, set by tools_server.families once built
+SHELL_FAMILY_KEY = "shell.family"  # services.extras: the shell family (its capture store)
 
 EXEC_DESCRIPTION = """Runs JavaScript in a fresh V8 isolate (an async function body: top-level await and \
 return work) and returns what it printed. No fetch, require, process, import() or timers; variables do \
@@ -137,7 +139,17 @@ class CodeModeFamily:
         self.services = services
         cfg = services.config.code_mode
         self.limits = limits or CellLimits(memory_limit_bytes=cfg.memory_limit_mb * 1024 * 1024)
-        self.manager = CellManager(self.limits, self.dispatch, lambda: V8Engine(self.limits.memory_limit_bytes))
+        self.manager = CellManager(self.limits, self.dispatch, lambda: V8Engine(self.limits.memory_limit_bytes),
+                                   self._capture)
+
+    def _capture(self, cell_id: str) -> StreamCapture | None:
+        """Cell output shares the shell family's capture store (one private folder per server session)."""
+        shell = self.services.extras.get(SHELL_FAMILY_KEY)
+        store = getattr(shell, "store", None)
+        if store is None:
+            return None
+        return StreamCapture(store, f"cell-{cell_id}-output", on_room=lambda: None,
+                             prefix_budget=self.limits.output_preview_bytes)
 
     # -- the registry, as it is now ---------------------------------------------------------------
     def _registry(self) -> Registry:
@@ -225,6 +237,11 @@ class CodeModeFamily:
             if cell.state == "running" and yield_s > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(cell.done.wait(), yield_s)
+            if cell.capture is not None:
+                if cell.state != "running":
+                    await cell.capture.settle()  # the file is complete before its path is handed out
+                elif not cell.capture.in_memory:
+                    await cell.capture.ensure_file()
             if cell.id not in self.manager.cells:
                 raise ToolError(f"wait: cell {cell.id}'s result was already returned", code="unknown-cell")
             text, details = render(cell, budget)

@@ -41,6 +41,9 @@ def render(cell: Cell, max_bytes: int) -> tuple[str, dict[str, Any]]:
     if effects is not None and effects.unsettled:
         notes.append(f"Unknown outcome: {effects.unsettled} nested call(s) were still running when the cell "
                      "ended; their effects are unknown (nothing is run again).")
+    recovery = cell.capture.snapshot() if cell.capture is not None else None
+    if recovery is not None and recovery.get("path"):
+        notes.append(f"Full output ({recovery['bytes']} bytes, {recovery['state']}): {recovery['path']}")
     live = sorted(sid for sid, running in cell.shells.items() if running)
     if live and cell.state != "running":
         notes.append(f"Shells still running: {', '.join(live)} (continue them with write_stdin session_id).")
@@ -68,6 +71,8 @@ def render(cell: Cell, max_bytes: int) -> tuple[str, dict[str, Any]]:
             e = effects
             text += (f"\nNested calls: {e.completed} completed, {e.failed} failed, {e.cancelled} cancelled, "
                      f"{e.unsettled} unsettled")
+    if recovery is not None:
+        details["recovery"] = {"output": recovery}
     if cell.shells:
         details["shells"] = [{"session_id": sid, "running": running} for sid, running in sorted(cell.shells.items())]
     details["clipping"] = clipping
