@@ -200,3 +200,15 @@ def test_status_says_what_really_happens():
     assert img.state == "active" and "images/generations" in img.reason
     for st in (capability_status(Config(), "sidecar_search"), capability_status(Config(), "web_search")):
         assert st.state != "deferred"
+
+
+async def test_debug_output_holds_no_query_answer_or_credential(srv, emulator, caplog):
+    import logging
+
+    await hand_over(srv, emulator.url + "/v1", {"authorization": f"Bearer {API_KEY}"})
+    with caplog.at_level(logging.DEBUG):
+        res = await srv.rest("openai_web_search", {"query": QUERY}, task=TASK)
+    assert res.ok
+    assert "openai_web_search upstream outcome=answered" in caplog.text
+    for secret in (QUERY, "secret-query", API_KEY, "Bearer", "python.org", "Here is what the web says"):
+        assert secret not in caplog.text
