@@ -63,7 +63,9 @@ class Guard(Stage):
     _relay: CredentialRelay | None = None
 
     def bound(self, rt) -> None:
-        self._relay = None  # another state directory (token) or tool server: made again on next use
+        # another state directory (token) or tool server: made again on next use (the old one's connection
+        # pool is left to the garbage collector: rebinding happens on option changes, not per request)
+        self._relay = None
 
     def relay(self) -> CredentialRelay | None:
         if self._relay is None:
@@ -84,8 +86,10 @@ class Guard(Stage):
         if offer is not None and (relay := self.relay()) is not None:
             relay.offer(offer)
 
-    def done(self) -> None:
-        self._relay = None  # its hand-overs in flight end with the loop
+    async def done(self) -> None:
+        relay, self._relay = self._relay, None
+        if relay is not None:
+            await relay.close()  # lets hand-overs in flight finish, then closes its connections
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:

@@ -137,5 +137,10 @@ class CredentialRelay:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def close(self) -> None:
-        await self.drain()
+        try:
+            async with asyncio.timeout(5.0):
+                await self.drain()
+        except TimeoutError:
+            for task in list(self._tasks):
+                task.cancel()
         await self._transport.close()
