@@ -13,11 +13,14 @@ one process gets fresh numbers, and nothing registered by a library leaks in.
 
 from __future__ import annotations
 
+import bisect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 # Seconds. Latency of an LLM request runs from milliseconds (a refused body) to minutes (a long stream).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -56,19 +59,87 @@ class Observed:
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 
 
+class _RequestStats:
+    """The request path's numbers as plain counters and bucket arrays, turned into metric families only when
+    scraped (a prometheus_client Collector). An increment of a labelled prometheus_client metric costs
+    microseconds (label validation, a lock per value, `labels()` on each call); a request updates seven
+    values, so they are kept here for a fraction of that and exposed through the same library."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests: dict[tuple[str, str, str], int] = {}
+        self.errors: dict[tuple[str, str], int] = {}
+        self.bytes: dict[tuple[str, str], int] = {}
+        self.latency: dict[str, list[float]] = {}  # route -> [count per bucket..., +Inf, sum]
+        self.ttfb: dict[str, list[float]] = {}
+
+    @staticmethod
+    def _observe(table: dict[str, list[float]], key: str, value: float, buckets: tuple[float, ...]) -> None:
+        row = table.get(key)
+        if row is None:
+            row = table[key] = [0.0] * (len(buckets) + 2)
+        row[bisect.bisect_left(buckets, value)] += 1  # the first bucket whose bound is >= value
+        row[-1] += value
+
+    def observe(self, route: str, method: str, status: str, o: Observed) -> None:
+        with self.lock:
+            k = (route, method, status)
+            self.requests[k] = self.requests.get(k, 0) + 1
+            if o.status is None or o.status >= 400:
+                e = (route, status)
+                self.errors[e] = self.errors.get(e, 0) + 1
+            self._observe(self.latency, route, max(o.seconds, 0.0), LATENCY_BUCKETS)
+            if o.ttfb_seconds is not None:
+                self._observe(self.ttfb, route, max(o.ttfb_seconds, 0.0), TTFB_BUCKETS)
+            if o.bytes_in:
+                b = (route, "in")
+                self.bytes[b] = self.bytes.get(b, 0) + o.bytes_in
+            if o.bytes_out:
+                b = (route, "out")
+                self.bytes[b] = self.bytes.get(b, 0) + o.bytes_out
+
+    @staticmethod
+    def _histogram(name: str, doc: str, table: dict[str, list[float]], bounds: tuple[float, ...]) -> Metric:
+        fam = HistogramMetricFamily(name, doc, labels=["route"])
+        for route, row in sorted(table.items()):
+            cumulative, total = [], 0.0
+            for bound, n in zip((*bounds, float("inf")), row[:-1], strict=True):
+                total += n
+                cumulative.append((floatToGoString(bound), total))
+            fam.add_metric([route], cumulative, sum_value=row[-1])
+        return fam
+
+    def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            requests, errors, nbytes = dict(self.requests), dict(self.errors), dict(self.bytes)
+            latency = {k: list(v) for k, v in self.latency.items()}
+            ttfb = {k: list(v) for k, v in self.ttfb.items()}
+        fam = CounterMetricFamily("ctproxy_requests", "Requests through the proxy, by route, method and status",
+                                  labels=["route", "method", "status"])
+        for labels, n in sorted(requests.items()):
+            fam.add_metric(list(labels), n)
+        yield fam
+        fam = CounterMetricFamily("ctproxy_request_errors", "Requests answered with a status >= 400 or not "
+                                  "answered at all (status=error)", labels=["route", "status"])
+        for labels, n in sorted(errors.items()):
+            fam.add_metric(list(labels), n)
+        yield fam
+        yield self._histogram("ctproxy_request_duration_seconds", "From the request's first byte to the answer's "
+                              "last byte", latency, LATENCY_BUCKETS)
+        yield self._histogram("ctproxy_request_ttfb_seconds", "From the request's first byte to the upstream "
+                              "answer's headers", ttfb, TTFB_BUCKETS)
+        fam = CounterMetricFamily("ctproxy_request_bytes", "Body bytes: in = the client's request as received, "
+                                  "out = the answer as sent", labels=["route", "direction"])
+        for labels, n in sorted(nbytes.items()):
+            fam.add_metric(list(labels), n)
+        yield fam
+
+
 class ProxyMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self._requests = Counter("ctproxy_requests", "Requests through the proxy, by route, method and status",
-                                 ["route", "method", "status"], registry=r)
-        self._errors = Counter("ctproxy_request_errors", "Requests answered with a status >= 400 or not "
-                               "answered at all (status=error)", ["route", "status"], registry=r)
-        self._latency = Histogram("ctproxy_request_duration_seconds", "From the request's first byte to the "
-                                  "answer's last byte", ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        self._ttfb = Histogram("ctproxy_request_ttfb_seconds", "From the request's first byte to the upstream "
-                               "answer's headers", ["route"], buckets=TTFB_BUCKETS, registry=r)
-        self._bytes = Counter("ctproxy_request_bytes", "Body bytes: in = the client's request as received, "
-                              "out = the answer as sent", ["route", "direction"], registry=r)
+        self._stats = _RequestStats()
+        r.register(self._stats)
         self._compactions = Counter("ctproxy_compactions", "Compactions made, by strategy (remote, fallback) "
                                     "and trigger (threshold, overflow)", ["strategy", "trigger"], registry=r)
         self._rollovers = Counter("ctproxy_rollovers", "New context windows opened, by strategy",
@@ -88,17 +159,7 @@ class ProxyMetrics:
     def observe_request(self, o: Observed) -> None:
         route = o.route if o.route in ROUTES else "other"
         method = o.method if o.method in _METHODS else "OTHER"
-        status = status_label(o.status)
-        self._requests.labels(route, method, status).inc()
-        if o.status is None or o.status >= 400:
-            self._errors.labels(route, status).inc()
-        self._latency.labels(route).observe(max(o.seconds, 0.0))
-        if o.ttfb_seconds is not None:
-            self._ttfb.labels(route).observe(max(o.ttfb_seconds, 0.0))
-        if o.bytes_in:
-            self._bytes.labels(route, "in").inc(o.bytes_in)
-        if o.bytes_out:
-            self._bytes.labels(route, "out").inc(o.bytes_out)
+        self._stats.observe(route, method, status_label(o.status), o)
 
     # ---- what other stages report -----------------------------------------------------------------
 

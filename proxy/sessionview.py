@@ -47,9 +47,15 @@ class SessionView:
     agent: str
     source: str | None
     created_at: float
-    items: int
+    items: int  # journaled (every branch)
     responses: int
     windows: list[WindowView] = field(default_factory=list)
+    other_branches: int = 0
+    events: dict[str, int] = field(default_factory=dict)  # the journal's events by kind (compaction, recovery, …)
+
+    @property
+    def on_branch(self) -> int:
+        return sum(w.items for w in self.windows)
 
 
 @dataclass
@@ -210,6 +216,13 @@ def list_tasks(conn: sqlite3.Connection, limit: int | None = None, task_id: str 
     responses = dict(conn.execute(f"SELECT session_key, count(*) FROM journal_responses WHERE session_key IN "
                                   f"({km}) GROUP BY session_key", keys)) if keys else {}
     labels = _labels(conn, ids)
+    archived = dict(conn.execute(f"SELECT session_key, count(*) FROM journal_branch_heads WHERE session_key IN "
+                                 f"({km}) GROUP BY session_key", keys)) if keys else {}
+    events: dict[str, dict[str, int]] = defaultdict(dict)
+    if keys:
+        for e in conn.execute(f"SELECT session_key, kind, count(*) FROM journal_events WHERE session_key IN ({km}) "
+                              "GROUP BY session_key, kind", keys):
+            events[e[0]][e[1]] = e[2]
     out: list[TaskView] = []
     for r in rows:
         tid = r["task_id"]
@@ -225,7 +238,8 @@ def list_tasks(conn: sqlite3.Connection, limit: int | None = None, task_id: str 
                 key = s["session_key"]
                 agent.sessions.append(SessionView(
                     session_key=key, task_id=tid, agent=address, source=s["source"], created_at=s["created_at"],
-                    items=items.get(key, 0), responses=responses.get(key, 0), windows=windows.get(key, [])))
+                    items=items.get(key, 0), responses=responses.get(key, 0), windows=windows.get(key, []),
+                    other_branches=archived.get(key, 0), events=events.get(key, {})))
             task.agents.append(agent)
         agent_names = ", ".join(a.address for a in task.agents) or "no agents yet"
         first = labels.get(tid)
@@ -346,9 +360,16 @@ def render_tasks(tasks: list[TaskView]) -> str:
         for a in t.agents:
             out.append(f"  {a.address}  ({len(a.sessions)} session{'s' if len(a.sessions) != 1 else ''})")
             for s in a.sessions:
-                wins = ", ".join(f"{w.window_id} {w.strategy} {w.items} items" for w in s.windows) or "none"
-                out.append(f"    session {s.session_key} via {s.source or '?'}: {s.items} items, "
-                           f"{s.responses} answers; windows [{wins}]")
+                wins = ", ".join(f"{w.window_id} {w.strategy} {w.items} items" for w in s.windows)
+                compactions = sum(n for k, n in s.events.items() if "compaction" in k)
+                recoveries = sum(n for k, n in s.events.items() if "recover" in k)
+                out.append(f"    session {s.session_key} via {s.source or '?'}: windows [{wins}]")
+                out.append(f"      items: {s.on_branch} on the current branch, {s.items} journaled, "
+                           f"{s.other_branches} other branch(es); compactions {compactions}, recoveries {recoveries};"
+                           f" {s.responses} answers")
+                others = {k: n for k, n in s.events.items() if "compaction" not in k and "recover" not in k}
+                if others:
+                    out.append("      events: " + ", ".join(f"{k} {n}" for k, n in sorted(others.items())))
     return "\n".join(out)
 
 
