@@ -111,13 +111,15 @@ def _conversation_key(lower: Mapping[str, str], payload: Mapping[str, Any], agen
         return start, "fingerprint"  # a first turn: the same history so far is the same conversation
     # Past the first turn the model's first answer tells conversations apart: the one that answered first
     # under this start keeps it (its continuation alias, written by the journal); any other is its own.
-    # A start nobody claimed yet (or journaled before claims existed) is this conversation's.
-    if response_aliases is not None:
-        found = response_aliases.get(continuation_alias(start, model_item))
-        if found is not None:
-            return found, "fingerprint"
-        if CLAIM_PREFIX + start not in response_aliases:
-            return start, "fingerprint"
+    # A start nobody claimed yet (or journaled before claims existed) is this conversation's; without a
+    # journal (no aliases) nothing tells conversations apart, and the start is kept as before.
+    if response_aliases is None:
+        return start, "fingerprint"
+    found = response_aliases.get(continuation_alias(start, model_item))
+    if found is not None:
+        return found, "fingerprint"
+    if CLAIM_PREFIX + start not in response_aliases:
+        return start, "fingerprint"
     return f"{start}{FORK_SEP}{_h(model_item)[:16]}", "fingerprint"
 
 
