@@ -212,3 +212,18 @@ async def test_debug_output_holds_no_query_answer_or_credential(srv, emulator, c
     assert "openai_web_search upstream outcome=answered" in caplog.text
     for secret in (QUERY, "secret-query", API_KEY, "Bearer", "python.org", "Here is what the web says"):
         assert secret not in caplog.text
+
+
+async def test_bridge_endpoint_call_searches_with_the_agent_requests_credentials(srv, emulator):
+    call = {"name": "openai_web_search", "kind": "function", "arguments": orjson.dumps({"query": QUERY}).decode(),
+            "task": "task_other", "upstream": {"base_url": emulator.url + "/v1", "route_kind": "api",
+                                               "official": False, "credentials_allowed": True,
+                                               "headers": {"authorization": f"Bearer {API_KEY}"}}}
+    async with aiohttp.ClientSession() as http, http.post(f"{srv.url}/v1/bridge/call", data=orjson.dumps(call),
+                                                          headers=srv.headers()) as resp:
+        out = await resp.json()
+    assert resp.status == 200 and not out["is_error"], out
+    assert "https://www.python.org/" in out["output"]
+    [req] = search_requests(emulator)
+    assert dict((k.lower(), v) for k, v in req.headers)["authorization"] == f"Bearer {API_KEY}"
+    assert req.json["tool_choice"] == "required" and req.json["input"][0]["content"][0]["text"] == QUERY
