@@ -12,6 +12,9 @@ addons/context.py`) it finds the session's current window itself and applies its
 (an opaque item is replayed only where compaction has checked the fingerprint).
 
 A strategy is one entry of `PROJECTIONS`: window → `WindowProjection` (or None: not applied now).
+remote/fallback are compaction's (its decision applies them in the chain); any other strategy (notes,
+issue 13) is applied from the session's current window whether or not compaction decided, e.g.
+`PROJECTIONS["notes"] = stored_projection` for a window whose bootstrap JSON holds `{"items": [...]}`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from proxy.compaction.store import Checkpoint
 from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.journal import Window
+from proxy.journal.canonical import session_root
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.items import client_compacts, input_items
 from proxy.transforms.window import WindowProjection, apply_window
@@ -50,6 +54,16 @@ def _checkpoint_projection(w: Window, rt: runtime.Runtime) -> WindowProjection |
     return cp.record().projection(replay_opaque=False)
 
 
+def stored_projection(w: Window, rt: runtime.Runtime) -> WindowProjection | None:
+    """A window whose bootstrap is stored whole (`bootstrap["items"]`, built when the window was opened)."""
+    items = w.bootstrap.get("items")
+    if w.boundary_pos is None or not w.boundary_hash or not isinstance(items, list):
+        return None
+    return WindowProjection(w.window_id, w.boundary_pos, w.boundary_hash, session_root(w.session_key),
+                            tuple(items))
+
+
+COMPACTION_STRATEGIES = frozenset({"remote", "fallback"})  # decided by the compaction stage in the chain
 PROJECTIONS: dict[str, Callable[[Window, runtime.Runtime], WindowProjection | None]] = {
     "remote": _checkpoint_projection,
     "fallback": _checkpoint_projection,
@@ -78,9 +92,7 @@ class Context(Stage):
             return
         st = state_of(flow)
         info = st.compaction
-        if isinstance(info, FlowInfo):  # compaction decided for this request: apply that
-            if info.checkpoint is None:
-                return
+        if isinstance(info, FlowInfo) and info.checkpoint is not None:  # compaction decided: apply that
             body = responses_body(flow)
             if body is None:
                 return
@@ -89,12 +101,15 @@ class Context(Stage):
                 body.replace(projected)
                 commit_if_alone(flow)
             return
-        self._alone(flow)
+        self._current(flow, decided=isinstance(info, FlowInfo))
 
-    def _alone(self, flow: http.HTTPFlow) -> None:
+    def _current(self, flow: http.HTTPFlow, decided: bool) -> None:
+        """The session's current window, found here. `decided`: compaction has decided this request (no
+        checkpoint in effect, or a diverged one): only the other strategies are left to apply."""
         rt = self.rt
+        others = _other_strategies()
         cfg = rt.config.remote_compaction
-        if not cfg.enabled and not cfg.recover_overflow and not _other_strategies():
+        if not others and (decided or not (cfg.enabled or cfg.recover_overflow)):
             return  # no strategy could apply: the body need not even be parsed
         body = responses_body(flow)
         if body is None:
@@ -113,9 +128,11 @@ class Context(Stage):
         if ws is None:
             return
         w = ws.mark.state.window if ws.mark is not None and ws.mark.state is not None else ws.journal.window_of(ws.key)
-        make = PROJECTIONS.get(w.strategy) if w is not None else None
-        proj = make(w, rt) if make is not None and w is not None else None
-        if proj is None or w is None:
+        if w is None or (decided and w.strategy in COMPACTION_STRATEGIES):
+            return
+        make = PROJECTIONS.get(w.strategy)
+        proj = make(w, rt) if make is not None else None
+        if proj is None:
             return
         projected, outcome = apply_window(payload, proj)
         if outcome == "diverged" and (cp := Checkpoint.from_window(w)) is not None:
@@ -148,8 +165,8 @@ class Context(Stage):
 
 
 def _other_strategies() -> bool:
-    """A strategy not gated by the compaction settings is registered (notes, later)."""
-    return any(s not in ("remote", "fallback") for s in PROJECTIONS)
+    """A strategy not decided by compaction is registered (notes, issue 13)."""
+    return any(s not in COMPACTION_STRATEGIES for s in PROJECTIONS)
 
 
 addons = [Context()]

@@ -399,3 +399,45 @@ async def test_context_alone_applies_the_current_window_and_records_a_divergence
         assert rows == [{"outcome": "diverged", "window_id": w.window_id, "strategy": "fallback"}]  # once
     finally:
         conn.close()
+
+
+# ---- a strategy that is not compaction's, in the whole chain ---------------------------------------------
+
+
+async def test_another_strategy_is_applied_in_the_chain_after_compaction_decided(rt, monkeypatch):
+    """One entry in PROJECTIONS and a window of that strategy: the chain (history, compaction, context, …)
+    sends the window's bootstrap instead of the items before its boundary."""
+    from mitmproxy.test import taddons, tflow, tutils
+
+    from addons import chain, context
+    from addons.chain_addon import ChainAddon
+    from proxy.journal import journal_for
+
+    monkeypatch.setitem(context.PROJECTIONS, "notes", context.stored_projection)
+    items = [user("long ago"), {"type": "message", "role": "assistant", "content": "noted"}, user("now")]
+    payload = {"model": "gpt-5", "input": items, "prompt_cache_key": "notes-chain"}
+    key = resolve_session({}, payload).session_key
+    boot = user("<bootstrap> the notes index </bootstrap>")
+    journal = rt.services.journal = journal_for(rt.state)
+    journal.session(key, auto_task_id(key), "/root", "test")
+    journal.start_window(key, None, "notes", {"items": [boot]}, boundary_pos=2,
+                         boundary_hash=chain_at(items, session_root(key), 2) or "", reason="new_context")
+
+    addon = ChainAddon(chain())
+    with taddons.context(addon):
+        for body in (payload, {**payload, "input": [user("edited"), *items[1:]]}):
+            req = tutils.treq(method=b"POST", scheme=b"https", host="api.openai.com", port=443,
+                              path=b"/v1/responses", content=orjson.dumps(body),
+                              headers=((b"content-type", b"application/json"), (b"authorization", b"Bearer sk-t")))
+            flow = tflow.tflow(req=req)
+            flow.response = None
+            for hook in ("requestheaders", "request"):
+                if (pending := getattr(addon, hook)(flow)) is not None:
+                    await pending
+            sent = orjson.loads(flow.request.content or b"")["input"]
+            if body is payload:
+                assert sent == [boot, user("now")]
+            else:
+                assert sent == body["input"]  # diverged: as the agent sent it
+    journal.flush()
+    assert [e["detail"]["outcome"] for e in journal.events(key) if e["kind"] == "projection"] == ["diverged"]
