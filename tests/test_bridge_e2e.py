@@ -33,7 +33,7 @@ async def test_stream_one_bridged_round(emulator, proxy_factory):
     assert [o.type for o in final.output] == ["mcp_call", "message"]
     call = final.output[0]
     assert call.server_label == "ctproxy" and call.name == "get_context_remaining"
-    assert "Context" in (call.output or "")
+    assert "context window" in (call.output or "")
     assert final.output_text == "all good"
     reqs = emulator.responses_requests
     assert len(reqs) == 2

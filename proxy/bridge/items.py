@@ -164,8 +164,10 @@ def repair_input(items: Sequence[Any], memory: BridgeMemory) -> list[Any] | None
         spliced: list[Any] = []
         for item in out:
             iid = item.get("id") if isinstance(item, Mapping) else None
-            if isinstance(iid, str) and iid in memory.before:
-                for key in memory.before[iid]:
+            cid = item.get("call_id") if isinstance(item, Mapping) and item.get("type") in CALL_TYPES else None
+            anchor = iid if isinstance(iid, str) and iid in memory.before else f"call:{cid}" if cid else None
+            if anchor is not None and anchor in memory.before:
+                for key in memory.before[anchor]:
                     executed = memory.calls.get(key)
                     if executed is not None and executed.call_id not in present:
                         spliced.extend(executed.pair())

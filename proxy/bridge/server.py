@@ -23,6 +23,7 @@ from aiohttp import web
 
 from proxy.bridge.items import BridgeMemory
 from proxy.bridge.turn import BridgedTurn, BridgeJob, TurnStats
+from proxy.flowbody import decode_bounded, max_body_bytes
 from proxy.toolclient import BridgeTool, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 
@@ -104,14 +105,15 @@ class BridgeService:
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROP_REQUEST]
         headers.append(("Accept-Encoding", "identity"))  # the merger reads the events
         try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError:
+            encoding = request.headers.get("Content-Encoding", "")
+            payload = orjson.loads(decode_bounded(body, encoding, max_body_bytes()) if encoding else body)
+        except (orjson.JSONDecodeError, ValueError):  # undecodable: forwarded as it is, not bridged
             payload = None
         turn = BridgedTurn(job, self.turns_of(), self.tools, self.memory, headers, body,
                            payload if isinstance(payload, dict) else {})
         streaming = isinstance(payload, dict) and payload.get("stream") is True
         try:
-            async with turn.turns.stream(turn.request(body), job.timeout) as answer:
+            async with turn.turns.stream(turn.request(body, first=True), job.timeout) as answer:
                 ctype = answer.header("content-type").lower()
                 usable = answer.status == 200 and isinstance(payload, dict) and (
                     ctype.startswith("text/event-stream") if streaming else "json" in ctype)

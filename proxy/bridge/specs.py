@@ -45,6 +45,11 @@ def canonical(value: Any) -> Any:
     return value
 
 
+def function_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The API's FunctionTool requires `strict` (the registry leaves it out when false)."""
+    return {**spec, "strict": bool(spec.get("strict", False))}
+
+
 def agent_tool_names(tools: Any) -> set[str]:
     names: set[str] = set()
     for t in tools if isinstance(tools, list) else []:
@@ -91,7 +96,7 @@ def select(tools: Sequence[BridgeTool], families: Sequence[str], payload: Mappin
             form = "custom"
         offered.append(tool)
         forms[tool.name] = form
-        specs.append(canonical(tool.custom if form == "custom" else tool.function))
+        specs.append(canonical(tool.custom if form == "custom" else function_spec(tool.function)))
     return Offer(tuple(offered), forms, tuple(specs), tuple(left))
 
 

@@ -132,8 +132,12 @@ def remember(memory: BridgeMemory, shown: Sequence[Mapping[str, Any]], executed:
             ex = executed[key]
             ex.after_id = prev_id
             memory.remember_call(ex)
-            if prev_id is None and isinstance(iid, str):
-                memory.set_before(key, iid)
+            if prev_id is None and isinstance(item, Mapping):
+                anchor = iid if isinstance(iid, str) else None
+                if item.get("type") in CALL_TYPES and item.get("call_id"):
+                    anchor = f"call:{item['call_id']}"  # agents that resend calls without their item id
+                if anchor:
+                    memory.set_before(key, anchor)
         run = []
         if item is not None:
             prev_id = iid if isinstance(iid, str) else None
@@ -144,12 +148,15 @@ class BridgedTurn:
                  headers: Sequence[tuple[str, str]], body: bytes, payload: dict[str, Any]):
         self.job, self.turns, self.tools, self.memory = job, turns, tools, memory
         self.headers = [*headers, *job.credentials]
+        # later rounds send the JSON the bridge built: uncompressed
+        self.next_headers = [(k, v) for k, v in self.headers if k.lower() != "content-encoding"]
         self.body, self.payload = body, payload
         self.stats = TurnStats()
         self.executed: dict[str, ExecutedCall] = {}
 
-    def request(self, body: bytes) -> Any:
-        return self.turns.prepare("POST", self.job.url, self.headers, body, self.job.credentials_allowed)
+    def request(self, body: bytes, first: bool = False) -> Any:
+        headers = self.headers if first else self.next_headers
+        return self.turns.prepare("POST", self.job.url, headers, body, self.job.credentials_allowed)
 
     def _next_payload(self, payload: dict[str, Any], end_response: Mapping[str, Any], outputs: list[dict[str, Any]],
                       last: bool) -> dict[str, Any]:

@@ -1,0 +1,71 @@
+"""Codex CLI 0.169 (`codex exec`) through `ctproxy up --bridge notes` against the validating emulator (issue 12):
+the scripted model calls the bridged `notes_write_file` (run by ctproxy), then Codex's own shell tool (run by
+Codex), then answers. Codex completes, the note is written, and every request the emulator received is valid
+under the official OpenAPI description and the real API's input rules."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.emulator import Emulator, FunctionCall, Text
+from tests.support.proxyproc import ProxyProcess
+from tests.test_codex_cli import TIMEOUT, codex_binary, config_toml, ctproxy_cli
+
+pytestmark = pytest.mark.timeout(300)
+ANSWER = "Noted, and the shell said hi."
+
+
+async def codex_exec(tmp: Path, base_url: str, task: str, prompt: str) -> tuple[int, str, str]:
+    home, codex_home, work = tmp / "home", tmp / "codex-home", tmp / "work"
+    for d in (home, codex_home, work):
+        d.mkdir(parents=True, exist_ok=True)
+    (codex_home / "config.toml").write_text(config_toml(base_url, task))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
+           "CTPROXY_TEST_KEY": "sk-codex-test-not-real", "NO_COLOR": "1", "LANG": "C.UTF-8"}
+    proc = await asyncio.create_subprocess_exec(
+        str(codex_binary()), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt,
+        cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    except TimeoutError:
+        proc.kill()
+        out, err = await proc.communicate()
+        pytest.fail(f"codex exec did not finish within {TIMEOUT:.0f} s; stderr tail:\n{err.decode()[-2000:]}")
+    return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def test_codex_exec_with_a_bridged_call_and_its_own_shell(tmp_path: Path) -> None:
+    async with Emulator(validate_requests=True) as emulator:
+        proxy = await ProxyProcess(tmp_path / "state", upstream=emulator.url,
+                                   extra_args=["--bridge", "notes,context"]).astart()
+        try:
+            emulator.script(
+                FunctionCall("notes_write_file", {"path": "plan.md", "text": "step 1: say hi\n"}, call_id="c_note"),
+                FunctionCall("exec_command", {"cmd": "echo hi-from-codex-shell"}, call_id="c_shell"),
+                Text(ANSWER, deltas=3))
+            task = ctproxy_cli(proxy.state_dir, "task", "new").strip()
+            code, out, err = await codex_exec(tmp_path, proxy.url + "/v1", task, "plan, then say hi")
+            assert code == 0, f"codex exec failed ({code}):\n{err[-3000:]}\nproxy log:\n{proxy.log()[-3000:]}"
+            assert ANSWER in out
+            turns = emulator.responses_requests
+            assert len(turns) == 3, [r.status for r in turns]
+            assert all(r.status == 200 for r in turns), [(r.status, r.path) for r in turns]
+            first, second, third = (r.json for r in turns)
+            names = [t.get("name") or t.get("type") for t in first["tools"]]
+            assert "notes_write_file" in names and "exec_command" in names
+            # ctproxy ran the note and continued the turn (round 2); Codex ran its shell (request 3)
+            assert any(i.get("type") == "function_call_output" and i.get("call_id") == "c_note"
+                       for i in second["input"])
+            shell_out = [i for i in third["input"] if i.get("type") == "function_call_output"
+                         and i.get("call_id") == "c_shell"]
+            assert shell_out and "hi-from-codex-shell" in str(shell_out[0]["output"])
+            assert not [i for i in third["input"] if i.get("type") == "mcp_call"]  # never sent upstream
+            notes = list((proxy.state_dir / "notes").rglob("plan.md"))
+            assert notes and notes[0].read_text() == "step 1: say hi\n"
+        finally:
+            await proxy.astop()
