@@ -6,15 +6,13 @@ or route differ from what was last handed over, they are sent once, in the backg
 server's write-only `PUT /v1/credentials` on loopback (bearer token), through the transport seam of the
 upstream-turn service. Only what the guard cleared is offered: the request's own destination, an official
 endpoint of the credential's kind or an upstream the user trusted; never an untrusted one. What was last
-sent is remembered as a keyed digest, not the credential. Nothing is written or logged but counts.
+sent is remembered as a salted hash, not the credential. Nothing is written or logged but counts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import os
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -79,14 +77,16 @@ class CredentialRelay:
         self.tools_url = tools_url.rstrip("/")
         self._token = token
         self._transport = transport or AiohttpTransport(connect_timeout=5.0)
-        self._key = os.urandom(32)  # digests of what was sent mean nothing outside this process
-        self._sent: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._sent: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self.handed_over = 0  # counts, for tests and debug
         self.failed = 0
 
-    def _digest(self, offer: Offer) -> bytes:
-        return hashlib.blake2b(offer.body(), key=self._key, digest_size=16).digest()
+    @staticmethod
+    def _digest(offer: Offer) -> int:
+        # str hashes are salted per process (PYTHONHASHSEED): cheap (the guard calls this on every model
+        # request with credentials) and meaningless outside this process; a collision only delays a hand-over.
+        return hash((offer.base_url, offer.route_kind, offer.official, tuple(sorted(offer.headers.items()))))
 
     def offer(self, offer: Offer) -> bool:
         """Schedule the hand-over when this session's credentials or route changed; True if scheduled."""
@@ -110,7 +110,7 @@ class CredentialRelay:
         task.add_done_callback(self._tasks.discard)
         return True
 
-    async def _send(self, key: tuple[str, str], digest: bytes, offer: Offer) -> None:
+    async def _send(self, key: tuple[str, str], digest: int, offer: Offer) -> None:
         request = UpstreamRequest("PUT", self.tools_url + "/v1/credentials",
                                   (("authorization", f"Bearer {self._token}"), ("content-type", "application/json")),
                                   offer.body(), True)
