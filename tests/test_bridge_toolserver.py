@@ -32,8 +32,8 @@ async def test_calls_answer_errors_as_outputs(tool_server):
     srv = await tool_server({"apply_patch.enabled": True})
     client = ToolClient(srv.url, srv.token)
     try:
-        ok = await client.call(ToolCall("get_context_remaining", "function", "{}", call_id="c1"))
-        assert not ok.is_error and "context window" in ok.output
+        no_task = await client.call(ToolCall("get_context_remaining", "function", "{}", call_id="c1"))
+        assert no_task.is_error and no_task.error == "no_task"  # the tool's own error, as the call's output
         bad_json = await client.call(ToolCall("get_context_remaining", "function", "{not json"))
         assert bad_json.is_error and "not valid JSON" in bad_json.output
         unknown_field = await client.call(ToolCall("get_context_remaining", "function", '{"x": 1}'))
