@@ -253,7 +253,9 @@ class Rig:
 FUZZED = ("get_context_remaining", "apply_patch", "exec_command", "write_stdin",
           "history_list_windows", "history_list_items", "history_read_item", "history_search_contents",
           "notes_list_files_by_prefix", "notes_read_file", "notes_search_contents", "notes_append_to_file",
-          "notes_write_file")
+          "notes_write_file",
+          "computer_use_list_apps", "computer_use_get_app_state", "computer_use_click", "computer_use_type_text",
+          "computer_use_press_key", "computer_use_scroll")  # approval 'confirm' over REST/MCP: nothing is done
 AGENTS = st.one_of(st.none(), st.sampled_from(["/root", "reviewer", "/root/reviewer", "../x", "ROOT", "/root//x",
                                                "/root/" + "a/" * 1500, "/etc"]))
 CWDS = st.one_of(st.none(), st.sampled_from([".", "..", "sub", "/", "/etc", "../..", "a" * 5000, "x/" * 1500]))
