@@ -147,8 +147,10 @@ def computer_use_status(config: Config) -> tuple[str, str]:
         problems.append("no session bus for the AT-SPI bus (set DBUS_SESSION_BUS_ADDRESS or computer_use.dbus_address)")
     if problems:
         return "unavailable", "; ".join(problems)
-    where = "a private Xvfb desktop, started on first use" if private else f"display {display}"
-    return "deferred", f"X11 + AT-SPI on {where} (approval: {cu.approval_mode})"
+    if private:
+        return "deferred", ("X11 + AT-SPI on a private Xvfb desktop, started on first use "
+                            f"(approval: {cu.approval_mode})")
+    return "active", f"X11 + AT-SPI on display {display} (approval: {cu.approval_mode})"
 
 
 def all_statuses(config: Config, run: dict | None = None, file_config: Config | None = None) -> list[CapabilityStatus]:

@@ -305,7 +305,12 @@ def test_status_names_what_is_missing(monkeypatch: Any) -> None:
     assert st.state == "unavailable" and "no X display" in st.reason
     monkeypatch.setenv("DISPLAY", ":1")
     monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", "unix:path=/nonexistent")
-    assert capability_status(cfg, "computer_use").state == "deferred"
+    assert capability_status(cfg, "computer_use").state == "active"
+    private = set_key(cfg, "computer_use.start_xvfb", "true")
+    monkeypatch.delenv("DISPLAY")
+    st = capability_status(private, "computer_use")
+    assert st.state == "deferred" and "private Xvfb" in st.reason
+    monkeypatch.setenv("DISPLAY", ":1")
     monkeypatch.setenv("PATH", "/nonexistent")
     st = capability_status(cfg, "computer_use")
     assert st.state == "unavailable" and "xdotool" in st.reason

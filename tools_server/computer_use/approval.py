@@ -34,6 +34,10 @@ class Approvals:
     def granted(self, app: str) -> bool:
         return self.mode == "always" or app in self._granted
 
+    def has_grant(self, app: str) -> bool:
+        """Accepted earlier in this run (not just allowed by the mode)."""
+        return app in self._granted
+
     def grant(self, app: str) -> None:
         self._granted.add(app)
 

@@ -137,7 +137,7 @@ class _Session:
         approvals = call.approvals
         if approvals.mode == "always":
             return ACCEPT_FOR_SESSION
-        if app in approvals._granted:
+        if approvals.has_grant(app):
             # node_repl's own persisted-state answer for an app this client already accepted
             return {**ACCEPT_FOR_SESSION, "_meta": {"persist": "session", "computer-use-persisted-state": True}}
         if call.confirm is None:
