@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
@@ -179,7 +180,7 @@ def _refuse(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message}}, status=status)
 
 
-def add_routes(app: web.Application, store_of: callable) -> None:  # type: ignore[valid-type]
+def add_routes(app: web.Application, store_of: Callable[[web.Application], SessionCredentials]) -> None:
     """`PUT /v1/credentials` (write-only: there is no GET). `store_of(app)` gives the SessionCredentials."""
     from tools_server.registry import UpstreamAccess
 
