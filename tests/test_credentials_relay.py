@@ -138,3 +138,17 @@ async def test_requests_without_a_task_or_not_a_model_turn_are_not_handed_over(s
                                     path="/v1/files"))
     assert guard._relay is None or guard._relay.handed_over == 0
     assert len(srv.services.session_credentials) == 0
+
+
+def test_a_trusted_upstream_with_a_path_prefix_is_cleared_under_its_base_only():
+    from tools_server.credentials import Resolved
+
+    r = Resolved("http://127.0.0.1:9/gw/v1", "api", False, "session", "api_key", {"authorization": "Bearer sk-x"})
+    assert r.cleared_for(r.url("images/generations"))
+    assert not r.cleared_for("http://127.0.0.1:9/other/v1/images/generations")
+    assert not r.cleared_for("http://evil.example/gw/v1/images/generations")
+    official = Resolved("https://api.openai.com/v1", "api", True, "session", "api_key",
+                        {"authorization": "Bearer sk-x"})
+    assert official.cleared_for(official.url("responses"))
+    wrong = Resolved("https://api.openai.com/v1", "api", True, "session", "chatgpt", {"authorization": f"Bearer {JWT}"})
+    assert not wrong.cleared_for(wrong.url("responses"))  # kind matches host, checked again before sending

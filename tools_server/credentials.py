@@ -72,7 +72,11 @@ class Resolved:
         if not parts.hostname or parts.username or parts.password:
             return False
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        route = routes.Route(kind=routes.kind_of_path(parts.path), official=self.official, trusted=not self.official)
+        if not url.startswith(self.base_url.rstrip("/") + "/"):
+            return False  # only endpoints under the base the credentials already went to
+        # A trusted upstream may have a path prefix (`--upstream http://gw/prefix`): its kind is the hand-over's.
+        kind = routes.kind_of_path(parts.path) if self.official else self.route_kind
+        route = routes.Route(kind=kind, official=self.official, trusted=not self.official)
         if self.official and routes.is_official_destination(parts.scheme, parts.hostname, port, parts.path) is None:
             return False
         # `reverse=True`: a trusted upstream is the one the proxy forwards to in reverse mode.
