@@ -151,3 +151,18 @@ def test_build_bootstrap_order_and_byte_stability():
     a = build_bootstrap(WindowStart("/root", "w", None, none, tools=("new_context", "notes_read_file")))
     b = build_bootstrap(WindowStart("/root", "w", None, none, tools=("notes_read_file", "new_context")))
     assert orjson.dumps(a) == orjson.dumps(b)
+
+
+def test_rollover_boundary_keeps_calls_with_outputs_and_the_agent_s_later_messages():
+    from proxy.context.bootstrap import rollover_boundary
+
+    call = {"type": "function_call", "call_id": "c", "name": "new_context", "arguments": "{}"}
+    out = {"type": "function_call_output", "call_id": "c", "output": "A new context window will start..."}
+    steer = {"role": "user", "content": "also check the tests"}
+    items = [{"role": "user", "content": "task"}, call, out]
+    assert rollover_boundary(items) == 3  # only terminating tools: all before the boundary
+    mixed = [{"role": "user", "content": "task"}, call, {"type": "function_call", "call_id": "d", "name": "ls"},
+             out, {"type": "function_call_output", "call_id": "d", "output": "a b"}]
+    assert rollover_boundary(mixed) == 5  # a mixed batch: every output stays with its call
+    assert rollover_boundary([*items, steer]) == 3  # steering / follow-up: follows the bootstrap unchanged
+    assert rollover_boundary([steer]) == 0 and rollover_boundary([]) == 0

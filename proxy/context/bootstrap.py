@@ -244,3 +244,17 @@ def build_bootstrap(start: WindowStart, leading: Sequence[Any] = ()) -> list[dic
     items.append(developer_message(notes_index_text(start.notes)))
     items.append(developer_message(CONTINUATION))
     return items
+
+
+def rollover_boundary(items: Sequence[Any]) -> int:
+    """Where the new window starts in the input of the request a rollover is applied to: after every
+    call and its output (an output without its call is refused upstream, and the model's batch is
+    over), before the trailing user messages the agent added since (steering, a follow-up), which
+    follow the bootstrap unchanged. `items[:n]` are replaced by the bootstrap; `items[n:]` follow."""
+    n = len(items)
+    while n > 0:
+        item = items[n - 1]
+        if not (isinstance(item, dict) and item.get("type", "message") == "message" and item.get("role") == "user"):
+            break
+        n -= 1
+    return n
