@@ -319,3 +319,27 @@ def test_status_names_what_is_missing(monkeypatch: Any) -> None:
     assert st.state == "unavailable" and "macOS only" in st.reason
     assert capability_status(Config(), "computer_use").state == "off"
 
+
+
+async def test_without_a_window_manager_the_fallbacks_work(tool_server: Any) -> None:
+    """No EWMH window manager: windows from the root's viewable children, focus from the X input focus,
+    activation by raise + windowfocus."""
+    bare = desktop_support.Desktop(window_manager=False)
+    try:
+        bare.start_app("CU bare")
+        srv = await tool_server(bare.overrides(**{"computer_use.approval_mode": "always"}))
+        await listed(srv, "CU bare")
+        before = await state(srv, "cu-bare")
+        entry, button = element(before, "text"), element(before, "push button")
+        assert (await srv.rest(CLICK, {"app": "cu-bare", "element_index": button["index"]})).ok
+        assert (await srv.rest(CLICK, {"app": "cu-bare", "element_index": entry["index"]})).ok
+        typed = await srv.rest(TYPE, {"app": "cu-bare", "text": "no wm"})
+        assert typed.ok, typed.body
+
+        async def done() -> bool:
+            now = await state(srv, "cu-bare")
+            return 'label "clicked 1"' in now["text"] and element(now, "text")["text"] == "no wm"
+        await until(done, "the click and the typing to take effect without a window manager")
+        await srv.close()
+    finally:
+        bare.close()

@@ -54,6 +54,11 @@ class Atspi:
     def __init__(self, bus: MessageBus, session: MessageBus):
         self.bus = bus
         self._session = session
+        # a bus that dies under us (its desktop closed) ends its disconnect future with an error; take it,
+        # so it is not reported as "never retrieved" (the next call sees `connected` false and reconnects)
+        self._watchers = [asyncio.ensure_future(b.wait_for_disconnect()) for b in (bus, session)]
+        for w in self._watchers:
+            w.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._role_names: dict[int, str] = {}
         # dbus-fast fails the whole connection when the socket's send buffer fills (EAGAIN), which a
         # tree walk's burst of calls can do: keep the calls in flight bounded
