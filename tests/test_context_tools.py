@@ -195,3 +195,27 @@ def test_status_says_exactly_what_is_active():
     cfg = Config()
     cfg.context.enabled = False
     assert capability_status(cfg, "context").state == "off"
+
+
+async def test_new_context_and_remaining_over_rest_and_mcp(tool_server):
+    srv = await tool_server()
+    j = Journal(srv.services.state)
+    task = j.create_task()
+    j.close()
+    specs = {t["name"]: t for t in await srv.list_rest()}
+    assert specs["new_context"]["parameters"] == {"type": "object", "properties": {}, "additionalProperties": False}
+    rest = await srv.rest("new_context", {}, task=task)
+    assert rest.status == 200 and rest.text == NEW_CONTEXT_OUTPUT
+    mcp = await srv.mcp("new_context", {}, task=task)
+    assert not mcp.is_error and mcp.text == NEW_CONTEXT_OUTPUT
+    assert "new_context" in {t.name for t in await srv.mcp_list()}
+    remaining = await srv.mcp("get_context_remaining", {}, task=task)
+    assert remaining.text.startswith("You have unknown tokens left") and "pending" in remaining.text
+    bad = await srv.rest("new_context", {"reason": "x"}, task=task)
+    assert bad.status == 400 and "reason" in bad.body["error"]["message"]
+    conn = connect(srv.services.state.db_path)
+    try:
+        assert [tuple(r) for r in conn.execute("SELECT task_id, address, kind FROM context_rollovers")] == [
+            (task, "/root", "new_context")]
+    finally:
+        conn.close()
