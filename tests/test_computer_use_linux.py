@@ -343,3 +343,43 @@ async def test_without_a_window_manager_the_fallbacks_work(tool_server: Any) -> 
         await srv.close()
     finally:
         bare.close()
+
+
+async def test_a_client_hanging_up_mid_action_leaves_the_outcome_unknown(desk: Any, app: str, tool_server: Any) -> None:
+    import json
+
+    import aiohttp
+
+    from tools_server.computer_use.linux.atspi import Atspi
+
+    srv = await tool_server(desk.overrides(**{"computer_use.approval_mode": "always"}))
+    await listed(srv, app)
+    entry = element(await state(srv, name_of(app)), "text")
+    assert (await srv.rest(CLICK, {"app": name_of(app), "element_index": entry["index"]})).ok
+    family = srv.services.extras["computer_use.family"]
+    snap = next(s for s in family.backend._snapshots.values() if s.app.name == name_of(app))
+    ref = snap.elements[entry["index"]].ref
+    atspi = await Atspi.connect(desk.bus)  # our own reader: the tool lock is held while it types
+    try:
+        async with aiohttp.ClientSession() as http:
+            request = asyncio.create_task(http.post(f"{srv.url}/v1/tools/{TYPE}", headers=srv.headers(),
+                                                    data=json.dumps({"app": name_of(app), "text": "q" * 2000})))
+
+            async def typing() -> bool:
+                return bool((await atspi.text(ref, 10))[0])
+            await until(typing, "the typing to begin")
+            request.cancel()  # the client hangs up mid-action
+            with pytest.raises(asyncio.CancelledError):
+                await request
+
+        async def idle() -> bool:
+            return not family._lock.locked()
+        await until(idle, "the tool server to drop the call")
+        typed = (await atspi.text(ref, 5000))[1]
+    finally:
+        atspi.close()
+    assert 0 < typed < 2000  # it stopped part way
+    res = await srv.rest(CLICK, {"app": name_of(app), "element_index": entry["index"]})
+    assert not res.ok and res.body["details"]["error"] == "state-required", res.body
+    await state(srv, name_of(app))
+    assert (await srv.rest(CLICK, {"app": name_of(app), "element_index": entry["index"]})).ok
