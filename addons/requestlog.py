@@ -30,7 +30,7 @@ from proxy.flowstate import FlowState, state_of
 from proxy.metrics import Observed, ProxyMetrics, proxy_metrics, route_label
 from proxy.session import SessionIdentity
 from proxy.sse import StreamTap
-from proxy.telemetry import RequestFeed, RequestRecord, request_feed
+from proxy.telemetry import DIFF_BODY_MAX, Bodies, RequestFeed, RequestRecord, request_feed
 
 log = logging.getLogger("ctproxy.requests")
 
@@ -131,6 +131,14 @@ def format_line(r: RequestRecord) -> str:
     return "ctproxy-request " + " ".join(parts)
 
 
+def _bodies(flow: http.HTTPFlow, st: FlowState) -> Bodies | None:
+    """The client's body and the forwarded one, for the dashboard's on-demand diff (small bodies only)."""
+    client, forwarded = st.client_request, flow.request.raw_content
+    if client is None or forwarded is None or len(client) > DIFF_BODY_MAX or len(forwarded) > DIFF_BODY_MAX:
+        return None
+    return Bodies(client, forwarded, flow.request.headers.get("content-encoding", ""))
+
+
 class RequestLog(Stage):
     def __init__(self) -> None:
         self.log_lines = True
@@ -181,9 +189,10 @@ class RequestLog(Stage):
         if self.observe:
             if self._metrics is None:
                 self._metrics, self._feed = proxy_metrics(), request_feed()
-            self._observe(self._metrics, record, state_of(flow))
+            st = state_of(flow)
+            self._observe(self._metrics, record, st)
             assert self._feed is not None
-            self._feed.publish(record)
+            self._feed.publish(record, _bodies(flow, st) if record.route != "other" else None)
         if self.log_lines:
             log.info(format_line(record))
 

@@ -32,6 +32,11 @@ from proxy.metrics import ProxyMetrics
 
 FEED_SIZE = 500
 MAX_WAIT_SECONDS = 25.0
+# The bodies behind the on-demand diff (the client's request and what the chain forwarded): references the flow
+# held anyway, kept a little longer, for small bodies only and within a total.
+DIFF_BODY_MAX = 1024 * 1024
+DIFF_TOTAL_MAX = 16 * 1024 * 1024
+DIFF_MAX_LINES = 3000
 
 
 @dataclass(slots=True)
@@ -55,6 +60,18 @@ class RequestRecord:
     agent: str | None = None
     stages: list[str] = field(default_factory=list)  # what the chain did: web_search, compaction:remote, …
     error: str | None = None  # a category (e.g. upstream_unreachable), never a message
+    diff: bool = False  # the bodies are kept: `/requests/{id}/diff` shows what the chain changed
+
+
+@dataclass(slots=True, frozen=True)
+class Bodies:
+    client: bytes  # the request as the client sent it
+    forwarded: bytes  # as the chain forwarded it (the same object when nothing changed it)
+    encoding: str  # content-encoding of both
+
+    @property
+    def size(self) -> int:
+        return len(self.client) + (0 if self.forwarded is self.client else len(self.forwarded))
 
 
 class RequestFeed:
@@ -64,6 +81,8 @@ class RequestFeed:
         self._records: deque[RequestRecord] = deque(maxlen=size)
         self._cond = threading.Condition()
         self._next = 1
+        self._bodies: dict[int, Bodies] = {}  # oldest first
+        self._body_bytes = 0
 
     def next_id(self) -> int:
         with self._cond:
@@ -71,10 +90,21 @@ class RequestFeed:
             self._next += 1
             return n
 
-    def publish(self, record: RequestRecord) -> None:
+    def publish(self, record: RequestRecord, bodies: Bodies | None = None) -> None:
         with self._cond:
+            if bodies is not None and bodies.size <= DIFF_BODY_MAX * 2:
+                self._bodies[record.id] = bodies
+                self._body_bytes += bodies.size
+                record.diff = True
+                while self._body_bytes > DIFF_TOTAL_MAX or len(self._bodies) > len(self._records) + 1:
+                    old = self._bodies.pop(next(iter(self._bodies)))
+                    self._body_bytes -= old.size
             self._records.append(record)
             self._cond.notify_all()
+
+    def bodies(self, record_id: int) -> Bodies | None:
+        with self._cond:
+            return self._bodies.get(record_id)
 
     def since(self, after: int = 0, wait: float = 0.0, limit: int = FEED_SIZE) -> list[RequestRecord]:
         """Records with an id above `after`, oldest first; waits up to `wait` seconds for one."""
@@ -103,6 +133,27 @@ def request_feed() -> RequestFeed:
 
 def records_json(records: list[RequestRecord]) -> bytes:
     return orjson.dumps({"object": "list", "data": records})
+
+
+def _pretty(raw: bytes, encoding: str) -> list[str]:
+    from mitmproxy.net import encoding as codecs
+
+    try:
+        data = codecs.decode(raw, encoding) if encoding else raw
+        return orjson.dumps(orjson.loads(data), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode().splitlines()
+    except (ValueError, orjson.JSONDecodeError):
+        return [f"<{len(raw)} bytes, not JSON>"]
+
+
+def body_diff(b: Bodies) -> list[str]:
+    """What the chain changed in the body, as `ctproxy replay` shows it (a unified diff of the pretty JSON)."""
+    import difflib
+
+    if b.forwarded is b.client or b.forwarded == b.client:
+        return []
+    lines = list(difflib.unified_diff(_pretty(b.client, b.encoding), _pretty(b.forwarded, b.encoding),
+                                      "client", "forwarded", lineterm="", n=2))
+    return lines if len(lines) <= DIFF_MAX_LINES else [*lines[:DIFF_MAX_LINES], f"… {len(lines) - DIFF_MAX_LINES} more"]
 
 
 # ---- the loopback server ------------------------------------------------------------------------------
@@ -181,6 +232,15 @@ class TelemetryServer:
         path = environ.get("PATH_INFO", "")
         if path == "/metrics":
             return answer("200 OK", self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+        if path.startswith("/requests/") and path.endswith("/diff"):
+            try:
+                record_id = int(path.split("/")[2])
+            except ValueError:
+                return error("404 Not Found", "not_found", "no such request")
+            bodies = self.feed.bodies(record_id)
+            if bodies is None:
+                return error("404 Not Found", "not_kept", "the bodies of this request are no longer kept")
+            return answer("200 OK", orjson.dumps({"id": record_id, "lines": body_diff(bodies)}))
         if path == "/requests":
             q = parse_qs(environ.get("QUERY_STRING", ""))
             try:

@@ -65,7 +65,11 @@ async def test_dashboard_in_a_browser(emulator, proxy_factory, browser, tmp_path
     row = await page.wait_for_selector('#requests-body tr.request[data-path="/v1/responses"]', timeout=30_000)
     assert "200" in (await row.inner_text())
     await row.click()
-    assert "request" in await page.inner_text("#request-detail")
+    assert "injected the hosted web_search tool" in await page.inner_text("#request-detail")
+    await page.click("#show-diff")  # the replay diff, live: what the chain changed in this body
+    await page.wait_for_function("document.getElementById('request-diff').textContent.includes('web_search')",
+                                 timeout=30_000)
+    assert "+" in await page.inner_text("#request-diff")
     await page.wait_for_selector('#status tr[data-capability="web_search"]')
     await page.screenshot(path=str(tmp_path / "dashboard-overview.png"), full_page=True)
 

@@ -150,6 +150,17 @@ class ProxyTelemetry:
         except (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError, AttributeError):
             return None
 
+    async def diff(self, record_id: int) -> tuple[int, dict[str, Any]]:
+        """(status, body) of the proxy's on-demand body diff of one request."""
+        if self.url is None:
+            return 503, {"error": {"code": "no_proxy", "message": "the proxy's telemetry is not available"}}
+        try:
+            async with self._http().get(f"{self.url}/requests/{record_id}/diff",
+                                        timeout=aiohttp.ClientTimeout(total=30)) as r:
+                return r.status, orjson.loads(await r.read())
+        except (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError):
+            return 503, {"error": {"code": "no_proxy", "message": "the proxy did not answer"}}
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()

@@ -172,6 +172,17 @@ async def api_requests(request: web.Request) -> web.Response:
     return _json({"proxy_reachable": records is not None, "data": records or []})
 
 
+async def api_request_diff(request: web.Request) -> web.Response:
+    """What the chain changed in one request's body (the replay diff, live; kept for recent small bodies)."""
+    try:
+        record_id = int(request.match_info["id"])
+    except ValueError:
+        return _error(404, "not_found", "no such request")
+    status, body = await request.app[TELEMETRY_KEY].diff(record_id)
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json",
+                        headers={"Cache-Control": "no-store"})
+
+
 async def api_tasks(request: web.Request) -> web.Response:
     limit = int(request.query.get("limit", "50") or 50)
     tasks = await _db(request, lambda conn: sessionview.list_tasks(conn, max(1, min(limit, 500))))
@@ -281,12 +292,13 @@ async def api_events(request: web.Request) -> web.StreamResponse:
 def mount_ui(app: web.Application, sessions: UISessions, services: Services) -> None:
     app[SESSIONS_KEY] = sessions
     app[SERVICES_KEY] = services
-    app.router.add_get("/ui", lambda r: _redirect())
+    app.router.add_get("/ui", ui_root)
     app.router.add_get("/ui/", index)
     app.router.add_get("/ui/login", login)
     app.router.add_post("/ui/login-codes", login_codes)
     app.router.add_get("/ui/api/requests", api_requests)
     app.router.add_get("/ui/api/events", api_events)
+    app.router.add_get("/ui/api/requests/{id}/diff", api_request_diff)
     app.router.add_get("/ui/api/tasks", api_tasks)
     app.router.add_get("/ui/api/sessions/{key}", api_session)
     app.router.add_get("/ui/api/items/{id}", api_item)
@@ -295,5 +307,5 @@ def mount_ui(app: web.Application, sessions: UISessions, services: Services) -> 
     app.router.add_static("/ui/static", STATIC, show_index=False, follow_symlinks=False)
 
 
-async def _redirect() -> web.StreamResponse:
+async def ui_root(request: web.Request) -> web.StreamResponse:
     raise web.HTTPMovedPermanently("/ui/")

@@ -28,9 +28,24 @@ function showRequest(r) {
   const box = document.getElementById("request-detail");
   if (!box) return;
   box.replaceChildren(el("h2", {}, `request ${r.id}: ${r.method} ${r.path}`),
-    el("p", {}, "What each stage did to this request (categories only; the bodies are not kept):"),
+    el("p", {}, "What each stage did to this request:"),
     el("ul", {}, r.stages.length ? r.stages.map((s) => el("li", {}, stageText(s))) : el("li", { class: "muted" }, "passed through untouched")),
+    r.diff ? el("button", { id: "show-diff", onclick: () => showDiff(r.id) }, "show what the chain changed in the body")
+      : el("p", { class: "muted" }, "the body diff is not kept for this request (large, or not a Responses call)"),
+    el("pre", { id: "request-diff", hidden: "" }),
     el("pre", {}, JSON.stringify(r, null, 2)));
+}
+
+async function showDiff(id) {
+  const box = document.getElementById("request-diff");
+  box.hidden = false;
+  box.textContent = "…";
+  try {
+    const data = await get(`/ui/api/requests/${id}/diff`);
+    box.textContent = data.lines.length ? data.lines.join("\n") : "(the chain did not change the body)";
+  } catch (err) {
+    box.textContent = String(err.message ?? err);
+  }
 }
 
 function stageText(s) {
