@@ -131,3 +131,20 @@ def test_route_labels_are_a_closed_set(path):
     from proxy.metrics import route_label
 
     assert route_label(path) in ("responses", "compact", "other")
+
+
+async def test_an_unreachable_upstream_is_one_line(proxy_factory):
+    from tests.support.ports import free_port
+
+    proxy = await proxy_factory(upstream=f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    body = {"model": "gpt-5", "input": PROMPT}
+    async with aiohttp.ClientSession() as http, http.post(proxy.url + "/v1/responses", json=body) as r:
+        status = r.status
+        await r.read()
+    assert status >= 500
+    await _wait_lines(proxy, 1)
+    await proxy.astop()
+    lines = _lines(proxy.log())
+    assert len(lines) == 1, proxy.log()
+    assert lines[0]["path"] == "/v1/responses" and lines[0]["status"] in (str(status), "upstream_failed")
+    assert PROMPT not in proxy.log()
