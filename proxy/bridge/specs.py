@@ -71,6 +71,22 @@ def patch_form(model: Any, setting: str) -> Form:
     return "custom" if any(fnmatch.fnmatch(name, g) for g in CUSTOM_PATCH_MODELS) else "function"
 
 
+_SPECS: dict[tuple[int, str], tuple[BridgeTool, Mapping[str, Any]]] = {}
+
+
+def _spec_of(tool: BridgeTool, form: Form) -> Mapping[str, Any]:
+    """The canonical spec, made once per tool entry and form (the entries live as long as the process's
+    copy of the registry): the same object, and so the same bytes, on every request."""
+    key = (id(tool), form)
+    hit = _SPECS.get(key)
+    if hit is None or hit[0] is not tool:
+        spec = canonical(tool.custom if form == "custom" else function_spec(tool.function))
+        if len(_SPECS) > 4096:
+            _SPECS.clear()
+        _SPECS[key] = hit = (tool, spec)
+    return hit[1]
+
+
 def select(tools: Sequence[BridgeTool], families: Sequence[str], payload: Mapping[str, Any],
            apply_patch_form: str = "auto", ours: Sequence[Mapping[str, Any]] = ()) -> Offer:
     """`ours`: specs this transform already appended (idempotence: they are not the agent's tools)."""
@@ -96,7 +112,7 @@ def select(tools: Sequence[BridgeTool], families: Sequence[str], payload: Mappin
             form = "custom"
         offered.append(tool)
         forms[tool.name] = form
-        specs.append(canonical(tool.custom if form == "custom" else function_spec(tool.function)))
+        specs.append(_spec_of(tool, form))
     return Offer(tuple(offered), forms, tuple(specs), tuple(left))
 
 

@@ -319,14 +319,19 @@ class BridgedTurn:
 
 
 async def _read_round(merged: MergedStream, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """One round's events through the merger, up to its terminal event (held back by the merger)."""
+    """One round's events through the merger, up to its terminal event (held back by the merger); what one
+    upstream chunk gives is written as one chunk (one write, as the upstream did)."""
     decoder = SSEDecoder()
     async for chunk in chunks:
+        outs: list[bytes] = []
         for ev in decoder.feed(chunk):
-            for out in merged.event(ev):
-                yield out
+            outs.extend(merged.event(ev))
             if merged.end is not None:
-                return
+                break
+        if outs:
+            yield b"".join(outs)
+        if merged.end is not None:
+            return
     for ev in decoder.close():
         for out in merged.event(ev):
             yield out
