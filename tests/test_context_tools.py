@@ -219,3 +219,31 @@ async def test_new_context_and_remaining_over_rest_and_mcp(tool_server):
             (task, "/root", "new_context")]
     finally:
         conn.close()
+
+
+async def test_bridged_new_context_marks_the_sessions_agent(emulator, proxy_factory):
+    """A session that never declared the tools calls new_context through the bridge: the pending rollover
+    is the session's own (its task and agent as the journal resolved them)."""
+    import openai
+
+    from tests.emulator import FunctionCall, Text
+
+    proxy = await proxy_factory(upstream=emulator.url, extra_args=["--bridge", "context,notes"])
+    emulator.script(FunctionCall("new_context", {}, call_id="call_nc1"), Text("ok"))
+    client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test-ctx", max_retries=0)
+    resp = await client.responses.create(model="gpt-4.1", input="start over please")
+    call = resp.output[0]
+    assert call.name == "new_context" and call.output == NEW_CONTEXT_OUTPUT
+    import asyncio
+
+    conn = connect(proxy.state_dir / "ctproxy.db")
+    try:
+        for _ in range(200):  # the journal's rows are written in the background: wait for them (≤ 10 s)
+            rows = conn.execute("SELECT r.task_id, r.address, r.kind, s.session_key FROM context_rollovers r JOIN"
+                                " journal_sessions s ON s.task_id = r.task_id AND s.address = r.address").fetchall()
+            if rows:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        conn.close()
+    assert len(rows) == 1 and rows[0]["kind"] == "new_context" and rows[0]["address"] == "/root"
