@@ -281,13 +281,21 @@ async def test_unknown_outcome_requires_a_fresh_state(desk: Any, app: str, tool_
 
 
 async def test_ctproxy_starts_a_private_desktop_when_there_is_none(tool_server: Any, monkeypatch: Any) -> None:
+    import subprocess
+
     monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("XAUTHORITY", raising=False)  # the private desktop sets it; restored afterwards
     srv = await tool_server({"computer_use.enabled": True, "computer_use.start_xvfb": True})
     res = await srv.rest(LIST, {})
     assert res.ok, res.body
     family = srv.services.extras["computer_use.family"]
     desktop = family.backend.desktop
     assert desktop is not None and desktop.display.startswith(":") and desktop.window_manager == "openbox"
+    # only holders of its cookie may connect to it
+    probe = ["xdotool", "getmouselocation"]
+    assert subprocess.run(probe, env=desktop.env(), capture_output=True).returncode == 0
+    stranger = {**desktop.env(), "XAUTHORITY": "/nonexistent"}
+    assert subprocess.run(probe, env=stranger, capture_output=True).returncode != 0
     assert processes_mentioning("Xvfb", "-displayfd")
     pids = [p.pid for p in desktop._procs]
     await srv.close()

@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import signal
+import socket
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,17 +40,36 @@ class DesktopError(Exception):
     pass
 
 
+def write_xauthority(path: Path) -> None:
+    """One MIT-MAGIC-COOKIE-1 for this host and any display number (libXau and python-xlib both match an
+    entry with an empty display number), so only holders of the file can connect to the private Xvfb."""
+    def field_(data: bytes) -> bytes:
+        return len(data).to_bytes(2, "big") + data
+    entry = (FAMILY_LOCAL.to_bytes(2, "big") + field_(socket.gethostname().encode()) + field_(b"")
+             + field_(b"MIT-MAGIC-COOKIE-1") + field_(secrets.token_bytes(16)))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(entry)
+
+
+FAMILY_LOCAL = 256
+
+
 @dataclass
 class Desktop:
     display: str
     bus_address: str
     window_manager: str | None
     _procs: list[asyncio.subprocess.Process] = field(default_factory=list)
+    xauthority: Path | None = None
 
     def env(self) -> dict[str, str]:
         """The environment an app needs to appear on this desktop (and in its accessibility tree)."""
-        return {**os.environ, "DISPLAY": self.display, "DBUS_SESSION_BUS_ADDRESS": self.bus_address,
-                "NO_AT_BRIDGE": "0", "GTK_A11Y": "atspi"}
+        env = {**os.environ, "DISPLAY": self.display, "DBUS_SESSION_BUS_ADDRESS": self.bus_address,
+               "NO_AT_BRIDGE": "0", "GTK_A11Y": "atspi"}
+        if self.xauthority is not None:
+            env["XAUTHORITY"] = str(self.xauthority)
+        return env
 
     async def close(self) -> None:
         for proc in reversed(self._procs):
@@ -61,6 +83,10 @@ class Desktop:
                         proc.kill()
                     await proc.wait()
         self._procs.clear()
+        if self.xauthority is not None:
+            if os.environ.get("XAUTHORITY") == str(self.xauthority):
+                del os.environ["XAUTHORITY"]
+            shutil.rmtree(self.xauthority.parent, ignore_errors=True)
 
 
 async def _read_line(stream: asyncio.StreamReader | None, what: str, timeout: float) -> str:
@@ -80,12 +106,15 @@ async def start_desktop(screen: str = "1280x800x24", *, window_manager: bool = T
         raise DesktopError(f"missing Debian packages: {', '.join(need)}")
     runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
     procs: list[asyncio.subprocess.Process] = []
-    desktop = Desktop("", "", None, procs)
+    desktop = Desktop("", "", None, procs, Path(tempfile.mkdtemp(prefix="ctproxy-desktop-")) / "Xauthority")
     try:
+        assert desktop.xauthority is not None
+        write_xauthority(desktop.xauthority)
         rfd, wfd = os.pipe()
         try:
             xvfb = await asyncio.create_subprocess_exec(
-                "Xvfb", "-displayfd", str(wfd), "-screen", "0", screen, "-nolisten", "tcp", "-noreset",
+                "Xvfb", "-displayfd", str(wfd), "-auth", str(desktop.xauthority), "-screen", "0", screen,
+                "-nolisten", "tcp", "-noreset",
                 pass_fds=(wfd,), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL, start_new_session=True)
         finally:
@@ -118,6 +147,9 @@ async def start_desktop(screen: str = "1280x800x24", *, window_manager: bool = T
                         start_new_session=True))
                     desktop.window_manager = exe
                     break
+        # python-xlib, mss (libX11) and xdotool in this process find the cookie through XAUTHORITY; the
+        # private desktop is only started when no display is configured, so nothing else here uses X
+        os.environ["XAUTHORITY"] = str(desktop.xauthority)
         await _wait_ready(desktop, timeout)
         return desktop
     except BaseException:
