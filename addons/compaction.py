@@ -58,9 +58,6 @@ from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 
 log = logging.getLogger("ctproxy.compaction")
 
-# Set while the answer may still change (held stream, possible overflow). The tap and the history
-# addon read answers in their `response` hooks, which run before this one; they are run again here
-# once the answer is settled (and may skip their first run while this flag is set).
 # An overflow retry sends at most this share of the body that failed: the upstream's real window is
 # somewhere below the failed size, and one retry should not have to guess twice.
 RETRY_FRACTION = 0.5
@@ -74,9 +71,11 @@ def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:
 
 
 def _credentials_allowed(flow: http.HTTPFlow, route: routes.Route) -> bool:
-    """The guard's rule (the one in proxy/routes.py), for the compaction call to the same destination."""
+    """The guard's rule (the one in proxy/routes.py), for the compaction call to the same destination with
+    the same credentials: a key of the wrong kind for that endpoint is refused here as there."""
     req = flow.request
-    return routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow))
+    return routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
+                                          req.headers.items(multi=True))
 
 
 def _stateful(payload: dict[str, Any]) -> bool:

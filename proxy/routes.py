@@ -190,17 +190,17 @@ class Route:
 
 
 def may_receive_credentials(scheme: str, host: str, port: int, path: str, route: Route, reverse: bool,
-                            headers: Headers | None = None) -> bool:
+                            headers: Headers) -> bool:
     """The one credential rule (DESIGN §5): may a request to this destination, as it is now, carry the
     client's credentials? Yes for the official endpoint of its kind, when the credentials in `headers` are
     of the kind that endpoint takes (API key → api.openai.com/v1, ChatGPT OAuth → chatgpt.com/backend-api/
     codex); for another destination only when the user trusted it (`--trust-upstream`), in reverse mode, on
     a Responses route. The guard applies it to the agent's own request; ctproxy's own calls (compaction,
-    image generation, sidecar search, the bridge) to theirs. Callers should pass `headers`: without them
-    only the destination is judged."""
+    image generation, sidecar search, the bridge) to theirs. `headers` are the credentials that would be
+    sent (the request's headers): the kind is always judged, there is no destination-only form."""
     official = is_official_destination(scheme, host, port, path)
     if official is not None:
-        return headers is None or kind_matches(credential_kind(headers), official)
+        return kind_matches(credential_kind(headers), official)
     return route.trusted and reverse and route.kind is not None
 
 

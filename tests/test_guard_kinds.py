@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from mitmproxy import http
 from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import taddons, tflow, tutils
 
@@ -55,10 +56,14 @@ def test_kind_matches_host(dest, headers, allowed):
     assert may_receive_credentials(*dest, OFFICIAL, True, headers) is allowed
 
 
-def test_without_headers_only_the_destination_is_judged():
-    # The form compaction used before headers were passed: unchanged.
-    assert may_receive_credentials(*CODEX, OFFICIAL, True)
-    assert not may_receive_credentials("http", "chatgpt.com", 80, "/backend-api/codex/x", OFFICIAL, True)
+def test_without_credentials_only_the_destination_is_judged():
+    assert may_receive_credentials(*CODEX, OFFICIAL, True, {})
+    assert not may_receive_credentials("http", "chatgpt.com", 80, "/backend-api/codex/x", OFFICIAL, True, {})
+
+
+def test_the_rule_has_no_destination_only_form():
+    with pytest.raises(TypeError):
+        may_receive_credentials(*CODEX, OFFICIAL, True)  # type: ignore[call-arg]
 
 
 def test_trusted_upstream_keeps_its_behaviour_and_untrusted_gets_nothing():
@@ -68,7 +73,7 @@ def test_trusted_upstream_keeps_its_behaviour_and_untrusted_gets_nothing():
     # a trusted emulator or gateway gets whatever the client sent, of either kind
     assert may_receive_credentials(*dest, trusted, True, KEY)
     assert may_receive_credentials(*dest, trusted, True, OAUTH)
-    for headers in (KEY, OAUTH, None):
+    for headers in (KEY, OAUTH, {}):
         assert not may_receive_credentials(*dest, untrusted, True, headers)
         assert not may_receive_credentials(*dest, trusted, False, headers)  # trust is for reverse mode only
 
@@ -153,3 +158,17 @@ def test_guard_forwards_either_kind_to_a_trusted_upstream(guard_rt):
         state_of(flow).route = Route(kind="api", official=False, trusted=True)
         run_guard(flow)
         assert flow.response is None and flow.request.headers["authorization"] == headers[0][1]
+
+
+@pytest.mark.parametrize(("dest", "headers", "allowed"), [
+    (CODEX, KEY, False), (CODEX, OAUTH, True), (API, KEY, True), (API, OAUTH, False)])
+def test_compactions_own_call_follows_the_kind_rule(dest, headers, allowed):
+    """Compaction runs before the guard and calls the same endpoint itself: the kind is judged there too."""
+    from addons.compaction import _credentials_allowed
+
+    scheme, host, port, path = dest
+    req = tutils.treq(method=b"POST", scheme=scheme.encode(), host=host, port=port, path=path.encode(),
+                      headers=http.Headers([(k.encode(), v.encode()) for k, v in headers]))
+    flow = tflow.tflow(req=req)
+    kind = routes.kind_of_path(path)
+    assert _credentials_allowed(flow, Route(kind=kind, official=True, trusted=False)) is allowed
