@@ -271,7 +271,7 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     # One config snapshot for both processes, taken once: the tool server runs exactly what the proxy runs,
     # and `ctproxy status` (run.json) reports that, not the file, which may change while they run.
     snapshot = write_run_config(state, rt.config) if opts.with_tools else None
-    telemetry = _start_telemetry(state, rt) if opts.metrics else None
+    telemetry = _start_telemetry(state, rt) if opts.metrics and opts.with_tools else None  # its one reader
     telemetry_url = telemetry.url if telemetry is not None else None
     tools = (ToolServerProcess(opts, state, config_file=snapshot, telemetry_url=telemetry_url)
              if opts.with_tools else None)
