@@ -51,3 +51,31 @@ async def test_sequential_writes_in_order_as_the_callers_task(emulator, proxy_fa
     assert len(notes) == 1 and notes[0].read_text() == "write 3\n"  # the last one the model wrote
     assert task in str(notes[0])  # written as the caller's task
     assert not any(k.startswith("x-ctp-") for k, _ in emulator.responses_requests[0].headers)
+
+
+async def test_executed_calls_are_journal_items(emulator, proxy_factory):
+    """History tools find the executed calls: namespace "ctproxy", the tool's name."""
+    import asyncio
+
+    import aiohttp
+
+    proxy = await proxy_factory(upstream=emulator.url, extra_args=["--bridge", "notes"])
+    task = subprocess.run([sys.executable, "-m", "proxy.cli", "task", "new", "--state-dir", str(proxy.state_dir)],
+                          capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout.strip()
+    emulator.script(FunctionCall("notes_write_file", {"path": "j.md", "text": "journal me\n"}), Text("ok"))
+    c = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-x", max_retries=0,
+                           default_headers={"x-ctp-task": task, "x-ctp-agent": "/root"})
+    await c.responses.create(model="gpt-4.1", input="note it")
+    token = (proxy.state_dir / "token").read_text().strip()
+    headers = {"Authorization": f"Bearer {token}", "x-ctp-task": task, "x-ctp-agent": "/root"}
+    body: dict = {}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(100):  # the journal writes in the background
+            async with http.post(proxy.tools_url + "/v1/tools/history_list_items", headers=headers,
+                                 json={"tool_namespace": "ctproxy", "tool_name": "notes_write_file"}) as r:
+                body = await r.json()
+            if "ctproxy.notes_write_file" in body.get("text", ""):
+                break
+            await asyncio.sleep(0.1)
+    text = body.get("text", "")
+    assert '"type":"mcp_call"' in text and '"tool":"ctproxy.notes_write_file"' in text, body
