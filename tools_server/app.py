@@ -15,9 +15,9 @@ from tools_server.codex_backend import add_routes as add_codex_backend_routes
 from tools_server.credentials import add_routes as add_credential_routes
 from tools_server.families import build_registry
 from tools_server.mcp_endpoint import mount_mcp
+from tools_server.metrics_endpoint import InstrumentedToolService, ProxyTelemetry, ToolMetrics, mount_metrics
 from tools_server.registry import Services, ToolError
 from tools_server.security import security_middleware
-from tools_server.metrics_endpoint import InstrumentedToolService, ProxyTelemetry, ToolMetrics, mount_metrics
 from tools_server.service import ToolService
 
 SERVICE_KEY = web.AppKey("tool_service", ToolService)
@@ -108,10 +108,10 @@ def create_app(services: Services, *, token: str, listen_host: str = "127.0.0.1"
     metrics = ToolMetrics(lambda: {t.name for t in registry.enabled_tools()})
     service = InstrumentedToolService(services, registry, metrics=metrics)  # counts REST and MCP calls
     app[SERVICE_KEY] = service
+    mount_metrics(app, metrics, ProxyTelemetry(proxy_telemetry, token))
+    mount_ui(app, ui_sessions, services, registry)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/tools", list_tools)
-    mount_metrics(app, metrics, ProxyTelemetry(proxy_telemetry, token))
-    mount_ui(app, ui_sessions, services)
     app.router.add_post("/v1/tools/{name}", call_tool)
     add_bridge_routes(app, lambda a: (a[SERVICE_KEY].registry, a[SERVICE_KEY].services))  # the proxy's bridge
     add_codex_backend_routes(app, lambda a: (a[SERVICE_KEY].registry, a[SERVICE_KEY].services))  # Codex alpha/…

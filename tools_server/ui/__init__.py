@@ -29,7 +29,7 @@ from aiohttp import web
 from proxy import sessionview
 from proxy.status import all_statuses, read_run_file
 from tools_server.metrics_endpoint import METRICS_KEY, TELEMETRY_KEY, ToolCallRecord
-from tools_server.registry import Services
+from tools_server.registry import Registry, Services
 from tools_server.security import host_allowed
 
 STATIC = Path(__file__).parent / "static"
@@ -73,6 +73,7 @@ class UISessions:
 
 SESSIONS_KEY = web.AppKey("ui_sessions", UISessions)
 SERVICES_KEY = web.AppKey("ui_services", Services)
+REGISTRY_KEY = web.AppKey("ui_registry", Registry)
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
@@ -213,25 +214,40 @@ async def api_item(request: web.Request) -> web.Response:
     return _json({"item": found[0], "raw": found[1]})
 
 
-def _running_jobs(services: Services) -> list[dict[str, Any]]:
-    """Shell jobs (and code cells, which run on the shell family's manager) running now: ids and times only."""
-    family = services.extras.get("shell.family")
-    jobs = getattr(getattr(family, "manager", None), "_jobs", None) or {}
+def _owner(obj: Any) -> tuple[str | None, str | None]:
+    owner = getattr(obj, "owner", None)
+    if isinstance(owner, tuple) and len(owner) == 2:
+        return str(owner[0]), str(owner[1])
+    return None, None
+
+
+def running_now(registry: Registry | None) -> list[dict[str, Any]]:
+    """Shell jobs and code cells running now, read from the families' managers: ids, owners and times only
+    (never a command line or a cell's source)."""
     now = time.monotonic()
-    out = []
-    for job in list(jobs.values()):
-        if getattr(job, "finished_at", None) is not None or getattr(job, "released", False):
-            continue
-        owner = getattr(job, "owner", ("", ""))
-        out.append({"id": str(getattr(job, "id", "?")), "kind": "shell", "agent": str(owner[1]) if owner else None,
-                    "task": str(owner[0]) if owner else None,
-                    "seconds": round(now - float(getattr(job, "started_at", now)), 1)})
+    out: list[dict[str, Any]] = []
+    for family in getattr(registry, "families", []):
+        manager = getattr(family, "manager", None)
+        jobs = getattr(manager, "_jobs", None)  # tools_server/shell/manager.ShellManager
+        if isinstance(jobs, dict):
+            for job in list(jobs.values()):
+                if getattr(job, "finished_at", None) is None and not getattr(job, "released", False):
+                    task, agent = _owner(job)
+                    out.append({"kind": "shell", "id": str(getattr(job, "id", "?")), "task": task, "agent": agent,
+                                "seconds": round(now - float(getattr(job, "started_at", now)), 1)})
+        cells = getattr(manager, "cells", None)  # tools_server/codemode/cells.CellManager
+        if isinstance(cells, dict):
+            for cell in list(cells.values()):
+                if getattr(cell, "state", None) == "running":
+                    task, agent = _owner(cell)
+                    out.append({"kind": "code cell", "id": str(getattr(cell, "id", "?")), "task": task,
+                                "agent": agent, "seconds": round(now - float(getattr(cell, "started", now)), 1)})
     return out
 
 
 async def api_tools(request: web.Request) -> web.Response:
     metrics = request.app[METRICS_KEY]
-    return _json({"calls": list(metrics.recent)[-100:], "running": _running_jobs(request.app[SERVICES_KEY])})
+    return _json({"calls": list(metrics.recent)[-100:], "running": running_now(request.app[REGISTRY_KEY])})
 
 
 async def api_status(request: web.Request) -> web.Response:
@@ -289,9 +305,10 @@ async def api_events(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def mount_ui(app: web.Application, sessions: UISessions, services: Services) -> None:
+def mount_ui(app: web.Application, sessions: UISessions, services: Services, registry: Registry) -> None:
     app[SESSIONS_KEY] = sessions
     app[SERVICES_KEY] = services
+    app[REGISTRY_KEY] = registry
     app.router.add_get("/ui", ui_root)
     app.router.add_get("/ui/", index)
     app.router.add_get("/ui/login", login)

@@ -1,0 +1,80 @@
+"""The dashboard's API in process (issue 17): who may read it, the one-time login, tool calls with their
+outcome and error text, and the shell jobs running now."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tools_server.ui import COOKIE
+
+SHELL = {"shell.enabled": True}
+
+
+async def _login(srv: Any, http: aiohttp.ClientSession) -> str:
+    """A one-time link minted with the bearer token (what `ctproxy dashboard` does), opened once."""
+    async with http.post(srv.url + "/ui/login-codes", headers=srv.headers()) as r:
+        assert r.status == 200
+        url = (await r.json())["url"]
+    assert re.fullmatch(rf"{srv.url}/ui/login\?code=[A-Za-z0-9_-]+", url), url
+    async with http.get(url, allow_redirects=False) as r:
+        assert r.status == 303 and r.headers["Location"] == "/ui/"
+        cookie = r.cookies[COOKIE]
+        assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/ui"
+    async with http.get(url, allow_redirects=False) as r:
+        assert r.status == 403  # one time only
+    return url
+
+
+async def test_who_may_read_the_dashboard(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server()
+    async with aiohttp.ClientSession() as anon:
+        for path in ("/ui/api/tasks", "/ui/api/status", "/ui/api/events", f"/ui/api/tasks?token={srv.token}"):
+            async with anon.get(srv.url + path) as r:
+                assert r.status == 401, path
+        async with anon.get(srv.url + f"/ui/?token={srv.token}") as r:
+            assert r.status == 401 and "ctproxy dashboard" in await r.text()
+        async with anon.get(srv.url + "/ui/static/app.js") as r:
+            assert r.status == 401  # even the page's code needs the session
+        async with anon.get(srv.url + "/ui/login?code=guess") as r:
+            assert r.status == 403
+        async with anon.post(srv.url + "/ui/login-codes") as r:
+            assert r.status == 401
+        async with anon.get(srv.url + "/ui/api/tasks", headers={**srv.headers(), "Host": "evil.example"}) as r:
+            assert r.status == 403  # DNS rebinding
+    jar = aiohttp.CookieJar(unsafe=True)  # cookies for an IP-address host
+    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+        await _login(srv, http)
+        async with http.get(srv.url + "/ui/") as r:
+            assert r.status == 200 and '<script type="module"' in await r.text()
+        async with http.get(srv.url + "/ui/static/vendor/uPlot.esm.js") as r:
+            assert r.status == 200 and "javascript" in r.headers["Content-Type"]
+        async with http.get(srv.url + "/ui/api/tasks") as r:
+            assert r.status == 200
+        async with http.get(srv.url + "/ui/api/tasks", headers={"Origin": srv.url}) as r:
+            assert r.status == 200  # the dashboard's own pages
+        async with http.get(srv.url + "/ui/api/tasks", headers={"Origin": "http://127.0.0.1:1"}) as r:
+            assert r.status == 403
+        async with http.get(srv.url + "/v1/tools") as r:
+            assert r.status == 401  # the cookie opens the dashboard only, never the tools
+
+
+async def test_tool_calls_and_running_jobs(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(SHELL, workspace=tmp_path)
+    ok = await srv.rest("exec_command", {"cmd": "sleep 30", "yield_time_ms": 250}, task="t", agent="/root/worker")
+    assert ok.ok, ok.body
+    bad = await srv.rest("exec_command", {"cmd": "true", "tty": True}, task="t", agent="/root")
+    assert not bad.ok
+    async with aiohttp.ClientSession() as http, http.get(srv.url + "/ui/api/tools", headers=srv.headers()) as r:
+        data = await r.json()
+    calls = data["calls"]
+    assert [(c["name"], c["transport"], c["outcome"]) for c in calls] == [
+        ("exec_command", "rest", "ok"), ("exec_command", "rest", "error")]
+    assert "PTY" in calls[1]["error"] and calls[0]["error"] is None
+    assert "sleep" not in str(calls)  # no arguments
+    running = [j for j in data["running"] if j["kind"] == "shell"]
+    assert len(running) == 1 and running[0]["id"] == str(ok.details["session_id"])
+    assert running[0]["agent"] == "/root/worker" and "sleep" not in str(running)
