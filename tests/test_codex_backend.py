@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,7 +21,9 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from addons.codex_backend import CodexBackend, backend_call
 from proxy import runtime
+from proxy.db import connect
 from proxy.journal.identity import auto_task_id
+from proxy.journal.query import HistoryReader
 from proxy.session import resolve_session
 from tests.emulator import Emulator, Text
 from tools_server.codex_backend import CodexContext, caller_identity, truncate_middle
@@ -43,6 +46,14 @@ async def backend(http: aiohttp.ClientSession, base: str, namespace: str, tool: 
             **(headers or {})}
     async with http.post(f"{base}/alpha/{namespace}/v2/{tool}", json=body, headers=hdrs) as resp:
         return resp.status, await resp.json(content_type=None)
+
+
+def _registered(state_dir: Path, task: str, agent: str) -> bool:
+    conn = connect(state_dir / "ctproxy.db")
+    try:
+        return HistoryReader(conn).agent_exists(task, agent)
+    finally:
+        conn.close()
 
 
 async def codex_turn(proxy_url: str, text: str) -> None:
@@ -87,6 +98,10 @@ async def test_codex_backend_calls_run_as_the_session(emulator: Emulator, proxy_
         worker = openai.AsyncOpenAI(base_url=base, api_key=AGENT_KEY, max_retries=0,
                                     default_headers={"x-ctp-task": codex_task(), "x-ctp-agent": "/root/worker"})
         await worker.responses.create(model="gpt-5", input="worker here")
+        for _ in range(200):  # the journal registers the agent on its writer thread
+            if await asyncio.to_thread(_registered, proxy.state_dir, codex_task(), "/root/worker"):
+                break
+            await asyncio.sleep(0.05)
         status, body = await backend(http, base, "notes", "read_file", {"path": "plan.md"}, agent="/root/worker")
         assert "step 2" not in json.dumps(body), body
         status, body = await backend(http, base, "notes", "read_file", {"path": "/root/notes/plan.md"},
