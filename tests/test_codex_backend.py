@@ -49,6 +49,8 @@ async def backend(http: aiohttp.ClientSession, base: str, namespace: str, tool: 
 
 
 def _registered(state_dir: Path, task: str, agent: str) -> bool:
+    if not (state_dir / "ctproxy.db").exists():
+        return False
     conn = connect(state_dir / "ctproxy.db")
     try:
         return HistoryReader(conn).agent_exists(task, agent)
@@ -56,16 +58,21 @@ def _registered(state_dir: Path, task: str, agent: str) -> bool:
         conn.close()
 
 
-async def codex_turn(proxy_url: str, text: str) -> None:
+async def codex_turn(proxy_url: str, state_dir: Path, text: str) -> None:
+    """A Codex-like turn through the proxy; returns once the journal has the session's task."""
     client = openai.AsyncOpenAI(base_url=proxy_url + "/v1", api_key=AGENT_KEY, max_retries=0,
                                 default_headers={"session_id": SESSION})
     await client.responses.create(model="gpt-5", input=text)
+    for _ in range(200):  # the journal writes on its own thread
+        if await asyncio.to_thread(_registered, state_dir, codex_task(), "/root"):
+            return
+        await asyncio.sleep(0.05)
 
 
 async def test_codex_backend_calls_run_as_the_session(emulator: Emulator, proxy_factory) -> None:
     proxy = await proxy_factory(upstream=emulator.url)
     emulator.set_default(Text("the answer is 42", deltas=2))
-    await codex_turn(proxy.url, "remember the marker zebra-7731")
+    await codex_turn(proxy.url, proxy.state_dir, "remember the marker zebra-7731")
     base = proxy.url + "/v1"
     token = (proxy.state_dir / "token").read_text().strip()
     async with aiohttp.ClientSession() as http:
@@ -127,7 +134,7 @@ async def test_codex_backend_calls_run_as_the_session(emulator: Emulator, proxy_
 async def test_codex_backend_refusals_are_clear(emulator: Emulator, proxy_factory) -> None:
     proxy = await proxy_factory(upstream=emulator.url)
     base = proxy.url + "/v1"
-    await codex_turn(proxy.url, "hello")
+    await codex_turn(proxy.url, proxy.state_dir, "hello")
     async with aiohttp.ClientSession() as http:
         status, body = await backend(http, base, "notes", "delete_everything", {})
         assert status == 404 and body["ok"] is False and body["error"] == "unknown_tool", body
