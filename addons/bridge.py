@@ -25,7 +25,7 @@ from addons._flow import destination_route, is_reverse, session_of
 from addons._stage import Stage
 from proxy import routes, runtime
 from proxy.bridge.items import repair_request
-from proxy.bridge.server import BridgeService
+from proxy.bridge.server import SEEN_FILE, BridgeService
 from proxy.bridge.specs import append_specs, select
 from proxy.bridge.turn import BridgeJob
 from proxy.flowbody import commit_if_alone, is_responses_create, responses_body
@@ -66,7 +66,8 @@ class Bridge(Stage):
                     rt.services.upstream = UpstreamTurns()
                 return rt.services.upstream
 
-            svc = rt.services.bridge = BridgeService(ToolClient(url, rt.state.token()), turns)
+            svc = rt.services.bridge = BridgeService(ToolClient(url, rt.state.token()), turns,
+                                                     seen_path=rt.state.root / SEEN_FILE)
         return svc
 
     async def request(self, flow: http.HTTPFlow) -> None:
@@ -85,6 +86,8 @@ class Bridge(Stage):
         body.replace(repair_request(body.value, svc.memory))
         specs = await svc.tool_specs()
         offer = select(specs or [], cfg.families, body.value, cfg.apply_patch_form)
+        if offer.left_out:
+            svc.note_left_out(offer.left_out)
         if not offer.tools:
             commit_if_alone(flow)
             return

@@ -288,7 +288,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                           "tools_answering": answering,
                           "pending": other_drift(config, file_config) if file_config is not None else [],
                           "capabilities": [s.__dict__ for s in all_statuses(config, run, file_config)],
-                          "bridge": [{**s.__dict__, "tools": list(s.tools)} for s in bridge_report(config, run)]},
+                          "bridge": [{**b.__dict__, "tools": list(b.tools)}
+                                     for b in bridge_report(config, run, state)]},
                          indent=2))
     else:
         print(render(config, state, path, run, file_config, answering))

@@ -264,13 +264,15 @@ def render(config: Config, state: StateDir, config_path: Path, run: dict | None 
         lines.append(f"  {st.name:<{width}}  {st.state:<11}  {st.reason}{note}")
     from proxy.bridge.status import render_lines
 
-    lines += render_lines(bridge_report(config, run), config.bridge.max_rounds)
+    lines += render_lines(bridge_report(config, run, state), config.bridge.max_rounds)
     return "\n".join(lines)
 
 
-def bridge_report(config: Config, run: dict | None = None) -> list:
-    """The tool bridge, family by family: bridged or not, and why (proxy/bridge/status.py)."""
-    from proxy.bridge.status import bridge_statuses
+def bridge_report(config: Config, run: dict | None = None, state: StateDir | None = None) -> list:
+    """The tool bridge, family by family: bridged or not, and why (proxy/bridge/status.py); with the state
+    directory of a running proxy, also which bridged tools agents' own tools displaced."""
+    from proxy.bridge.server import SEEN_FILE
+    from proxy.bridge.status import bridge_statuses, read_seen
 
     official = bool(run.get("upstream_official", True)) if run else True
     trusted = bool(run.get("upstream_trusted", False)) if run else False
@@ -279,4 +281,4 @@ def bridge_report(config: Config, run: dict | None = None) -> list:
         st = capability_status(config, name, official, trusted, run)
         return st.state, st.reason
 
-    return bridge_statuses(config, run, state_of)
+    return bridge_statuses(config, run, state_of, read_seen(state.root / SEEN_FILE, run) if state else None)

@@ -40,3 +40,24 @@ async def test_status_of_the_running_proxy(emulator, proxy_factory):
     by = {b["family"]: b for b in data["bridge"]}
     assert by["context"]["bridged"] and by["history"]["bridged"]
     assert not by["notes"]["bridged"] and "not in bridge.families" in by["notes"]["reason"]
+
+
+async def test_status_names_tools_an_agent_displaced(emulator, proxy_factory):
+    import openai
+
+    proxy = await proxy_factory(upstream=emulator.url, extra_args=["--bridge", "context"])
+    mine = {"type": "function", "name": "get_context_remaining", "parameters": {"type": "object", "properties": {}}}
+    c = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-x", max_retries=0)
+    await c.responses.create(model="gpt-4.1", input="hi", tools=[mine])
+    sent = emulator.responses_requests[0].json["tools"]
+    assert [t.get("name") for t in sent].count("get_context_remaining") == 1  # the agent's, not ours
+    reason = ""
+    for _ in range(100):  # written within a second or so
+        out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.cli", "status", "--state-dir",
+                                                       str(proxy.state_dir), "--json"],
+                                      capture_output=True, text=True, cwd=REPO, timeout=60)
+        reason = next(b["reason"] for b in json.loads(out.stdout)["bridge"] if b["family"] == "context")
+        if "displaced" in reason:
+            break
+        await asyncio.sleep(0.2)
+    assert "displaced by an agent tool of the same name: get_context_remaining (1 request)" in reason

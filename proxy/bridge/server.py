@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import orjson
 from aiohttp import web
 
 from proxy.bridge.items import BridgeMemory
+from proxy.bridge.specs import DISPLACED
 from proxy.bridge.turn import BridgedTurn, BridgeJob, TurnStats
+from proxy.files import atomic_write_text
 from proxy.flowbody import decode_bounded, max_body_bytes
 from proxy.toolclient import BridgeTool, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
@@ -30,6 +34,8 @@ from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 log = logging.getLogger("ctproxy.bridge")
 
 PATH_PREFIX = "/ctp-bridge/"
+SEEN_FILE = "bridge-seen.json"  # in the state directory: what the running proxy's bridge saw
+
 JOB_TTL = 60.0
 # Not forwarded upstream: hop-by-hop, framing, and what the endpoint's own connection added.
 DROP_REQUEST = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
@@ -49,6 +55,9 @@ class BridgeService:
     specs_error: str = ""
     port: int = 0
     stats: TurnStats = field(default_factory=TurnStats)  # totals of this process: rounds, bridged calls
+    seen_path: Path | None = None  # where `ctproxy status` reads what this process saw (SEEN_FILE)
+    displaced: dict[str, int] = field(default_factory=dict)  # bridged tool -> requests whose agent had its own
+    _seen_due: bool = False
     _jobs: OrderedDict[str, tuple[float, BridgeJob]] = field(default_factory=OrderedDict)
     _runner: web.AppRunner | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -79,6 +88,25 @@ class BridgeService:
                     self.port = runner.addresses[0][1]
                     self._runner = runner
         return self.port
+
+    def note_left_out(self, left_out: tuple[tuple[str, str], ...]) -> None:
+        """Count the bridged tools an agent's own tool displaced; `ctproxy status` shows them (written at
+        most once a second, off the request path)."""
+        hit = False
+        for name, why in left_out:
+            if why == DISPLACED:
+                self.displaced[name] = self.displaced.get(name, 0) + 1
+                hit = True
+        if hit and self.seen_path is not None and not self._seen_due:
+            self._seen_due = True
+            asyncio.get_running_loop().call_later(1.0, self._write_seen)
+
+    def _write_seen(self) -> None:
+        self._seen_due = False
+        data = orjson.dumps({"pid": os.getpid(), "displaced": self.displaced}).decode()
+        path = self.seen_path
+        if path is not None:
+            asyncio.get_running_loop().run_in_executor(None, _write_quietly, path, data)
 
     def register(self, job: BridgeJob, path: str) -> str:
         """The path to re-route the agent's request to: the job's key, then the request's own path (so
@@ -144,6 +172,13 @@ class BridgeService:
         finally:
             self.stats.rounds += turn.stats.rounds
             self.stats.bridged_calls += turn.stats.bridged_calls
+
+
+def _write_quietly(path: Path, text: str) -> None:
+    try:
+        atomic_write_text(path, text + "\n", mode=0o600)
+    except OSError as exc:
+        log.warning("bridge: %s not written (%s)", path.name, type(exc).__name__)
 
 
 def _response_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:

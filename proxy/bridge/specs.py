@@ -19,6 +19,7 @@ from proxy.toolclient import BridgeTool
 
 Form = Literal["function", "custom"]
 CUSTOM_PATCH_MODELS = ("gpt-5*", "codex-*")
+DISPLACED = "the agent has its own tool of that name"
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def select(tools: Sequence[BridgeTool], families: Sequence[str], payload: Mappin
             left.append((tool.name, tool.reason or "cannot run here"))
             continue
         if tool.name in taken:
-            left.append((tool.name, "the agent has its own tool of that name"))
+            left.append((tool.name, DISPLACED))
             continue
         form: Form = "function"
         if tool.custom is not None and patch_form(payload.get("model"), apply_patch_form) == "custom":

@@ -8,8 +8,10 @@ really gets also depends on the agent: its own tool of the same name always wins
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from proxy.capabilities import capability
 from proxy.config import BRIDGEABLE, Config
@@ -23,8 +25,11 @@ class BridgeStatus:
     tools: tuple[str, ...]
 
 
-def bridge_statuses(config: Config, run: dict | None, state_of: Callable[[str], tuple[str, str]]) -> list[BridgeStatus]:
-    """`state_of(capability) -> (state, reason)` as `ctproxy status` reports the capability."""
+def bridge_statuses(config: Config, run: dict | None, state_of: Callable[[str], tuple[str, str]],
+                    displaced: dict[str, int] | None = None) -> list[BridgeStatus]:
+    """`state_of(capability) -> (state, reason)` as `ctproxy status` reports the capability; `displaced`:
+    bridged tools the running proxy left out because the agent had its own of that name (requests)."""
+    displaced = displaced or {}
     wanted = config.bridge.families
     out = []
     for name in BRIDGEABLE:
@@ -38,9 +43,25 @@ def bridge_statuses(config: Config, run: dict | None, state_of: Callable[[str], 
         elif run is not None and not run.get("tools"):
             out.append(BridgeStatus(name, False, "no tool server in this run (--no-tools)", tools))
         else:
-            out.append(BridgeStatus(name, True, "offered to every agent after its own tools; an agent tool of "
-                                    "the same name wins", tools))
+            shown = ", ".join(f"{t} ({n} request{'s' if n != 1 else ''})" for t, n in sorted(displaced.items())
+                              if t in tools)
+            why = (f"offered after the agent's own tools; displaced by an agent tool of the same name: {shown}"
+                   if shown else "offered to every agent after its own tools; an agent tool of the same name wins")
+            out.append(BridgeStatus(name, True, why, tools))
     return out
+
+
+def read_seen(path: Path, run: dict | None) -> dict[str, int]:
+    """What the running proxy's bridge saw (proxy/bridge/server.py, SEEN_FILE); nothing without a run."""
+    if not run:
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("pid") != run.get("pid") or not isinstance(data.get("displaced"), dict):
+        return {}  # another (earlier) run's
+    return {str(k): int(v) for k, v in data["displaced"].items() if isinstance(v, int)}
 
 
 def render_lines(statuses: list[BridgeStatus], max_rounds: int) -> list[str]:
