@@ -48,12 +48,14 @@ async def backend(http: aiohttp.ClientSession, base: str, namespace: str, tool: 
         return resp.status, await resp.json(content_type=None)
 
 
-def _registered(state_dir: Path, task: str, agent: str) -> bool:
+def _registered(state_dir: Path, task: str, agent: str | None) -> bool:
+    """Whether the journal has the task (agent None) or that agent in it."""
     if not (state_dir / "ctproxy.db").exists():
         return False
     conn = connect(state_dir / "ctproxy.db")
     try:
-        return HistoryReader(conn).agent_exists(task, agent)
+        reader = HistoryReader(conn)
+        return reader.task_exists(task) if agent is None else reader.agent_exists(task, agent)
     finally:
         conn.close()
 
@@ -64,9 +66,10 @@ async def codex_turn(proxy_url: str, state_dir: Path, text: str) -> None:
                                 default_headers={"session_id": SESSION})
     await client.responses.create(model="gpt-5", input=text)
     for _ in range(200):  # the journal writes on its own thread
-        if await asyncio.to_thread(_registered, state_dir, codex_task(), "/root"):
+        if await asyncio.to_thread(_registered, state_dir, codex_task(), None):
             return
         await asyncio.sleep(0.05)
+    raise AssertionError("the journal never recorded the Codex session's task")
 
 
 async def test_codex_backend_calls_run_as_the_session(emulator: Emulator, proxy_factory) -> None:
@@ -109,6 +112,8 @@ async def test_codex_backend_calls_run_as_the_session(emulator: Emulator, proxy_
             if await asyncio.to_thread(_registered, proxy.state_dir, codex_task(), "/root/worker"):
                 break
             await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the journal never registered /root/worker")
         status, body = await backend(http, base, "notes", "read_file", {"path": "plan.md"}, agent="/root/worker")
         assert "step 2" not in json.dumps(body), body
         status, body = await backend(http, base, "notes", "read_file", {"path": "/root/notes/plan.md"},
