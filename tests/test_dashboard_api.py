@@ -78,3 +78,17 @@ async def test_tool_calls_and_running_jobs(tool_server: Any, tmp_path: Path) -> 
     running = [j for j in data["running"] if j["kind"] == "shell"]
     assert len(running) == 1 and running[0]["id"] == str(ok.details["session_id"])
     assert running[0]["agent"] == "/root/worker" and "sleep" not in str(running)
+
+
+async def test_an_open_dashboard_does_not_hold_the_server_stop(tool_server: Any) -> None:
+    import asyncio
+
+    srv = await tool_server()
+    async with aiohttp.ClientSession() as http:
+        resp = await http.get(srv.url + "/ui/api/events", headers=srv.headers())
+        assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream"
+        assert await resp.content.readline() == b": connected\n"
+        # Without the on_shutdown hook aiohttp waits 60 s for the stream's handler; the bound is generous.
+        await asyncio.wait_for(srv.close(), 30)
+        assert (await asyncio.wait_for(resp.content.read(), 30)).strip() == b""  # the stream ended (EOF)
+        resp.release()

@@ -74,6 +74,7 @@ class UISessions:
 SESSIONS_KEY = web.AppKey("ui_sessions", UISessions)
 SERVICES_KEY = web.AppKey("ui_services", Services)
 REGISTRY_KEY = web.AppKey("ui_registry", Registry)
+STREAMS_KEY = web.AppKey("ui_streams", set)  # the open SSE streams' queues, ended when the server stops
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
@@ -266,7 +267,7 @@ async def api_events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: `request` (each proxy request as it finishes), `toolcall` (each tool call)."""
     telemetry = request.app[TELEMETRY_KEY]
     metrics = request.app[METRICS_KEY]
-    queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=1000)
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=1000)  # None: the server is stopping
 
     def on_call(rec: ToolCallRecord) -> None:
         with contextlib.suppress(asyncio.QueueFull):
@@ -288,6 +289,8 @@ async def api_events(request: web.Request) -> web.StreamResponse:
     await resp.prepare(request)
     await resp.write(b": connected\n\n")
     metrics.listeners.append(on_call)
+    streams = request.app[STREAMS_KEY]
+    streams.add(queue)
     poller = asyncio.create_task(poll(int(request.query.get("after", "0") or 0)))
     try:
         while True:
@@ -295,20 +298,33 @@ async def api_events(request: web.Request) -> web.StreamResponse:
                 chunk = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
             except TimeoutError:
                 chunk = b": keepalive\n\n"
+            if chunk is None:
+                break  # the server is stopping: end the stream (the browser reconnects to the next one)
             await resp.write(chunk)
     except ConnectionResetError:
         pass  # the page went away (a cancelled handler re-raises through `finally`)
     finally:
         poller.cancel()
+        streams.discard(queue)
         with contextlib.suppress(ValueError):
             metrics.listeners.remove(on_call)
     return resp
+
+
+async def _end_streams(app: web.Application) -> None:
+    """on_shutdown: an open dashboard must not hold the server's stop for aiohttp's 60 s grace period."""
+    for queue in list(app[STREAMS_KEY]):
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(None)
 
 
 def mount_ui(app: web.Application, sessions: UISessions, services: Services, registry: Registry) -> None:
     app[SESSIONS_KEY] = sessions
     app[SERVICES_KEY] = services
     app[REGISTRY_KEY] = registry
+    app[STREAMS_KEY] = set()
+    app.on_shutdown.append(_end_streams)
     app.router.add_get("/ui", ui_root)
     app.router.add_get("/ui/", index)
     app.router.add_get("/ui/login", login)
