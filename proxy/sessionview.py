@@ -322,11 +322,11 @@ def session_plot(conn: sqlite3.Connection, key: str, config: Config) -> SessionP
         if rc.recover_overflow:
             lines.append(PlotLine("hold for overflow recovery", int(window * HOLD_FRACTION)))
         ctx = config.context
-        for name, label in (("reminder", "reminder"), ("reminder_fraction", "reminder"),
-                            ("hard_trigger", "hard trigger"), ("hard_fraction", "hard trigger")):
-            value = getattr(ctx, name, None)  # the context-windows settings, once they exist
-            if isinstance(value, float) and 0 < value <= 1:
-                lines.append(PlotLine(label, int(window * value)))
+        if ctx.enabled:
+            for name, label in (("reminder_ratio", "reminder"), ("hard_ratio", "hard trigger")):
+                value = getattr(ctx, name, None)  # the context-windows settings (issue 13)
+                if isinstance(value, float) and 0 < value <= 1:
+                    lines.append(PlotLine(label, int(window * value)))
     return SessionPlot(session_key=key, window=window, points=points, markers=markers, lines=lines)
 
 

@@ -92,3 +92,29 @@ async def test_an_open_dashboard_does_not_hold_the_server_stop(tool_server: Any)
         await asyncio.wait_for(srv.close(), 30)
         assert (await asyncio.wait_for(resp.content.read(), 30)).strip() == b""  # the stream ended (EOF)
         resp.release()
+
+
+def test_plot_reads_the_journals_windows_as_they_are(tmp_path: Path) -> None:
+    """A window of a strategy nobody has written yet still becomes a marker; the context lines follow config."""
+    from proxy.config import Config
+    from proxy.db import connect
+    from proxy.sessionview import session_plot
+
+    conn = connect(tmp_path / "ctproxy.db")
+    for i, (strategy, at) in enumerate([("start", 1.0), ("notes", 5.0), ("some_future_strategy", 9.0)]):
+        conn.execute("INSERT INTO journal_windows(task_id, address, window_id, ordinal, session_key, boundary_item_id,"
+                     " strategy, bootstrap, created_at) VALUES ('t', '/root', ?, ?, 's', NULL, ?, '{}', ?)",
+                     (f"w{i + 1}", i + 1, strategy, at))
+    for i in range(4):
+        conn.execute("INSERT INTO journal_responses(response_id, session_key, model, status, usage, item_count,"
+                     " created_at) VALUES (?, 's', 'gpt-5', 'completed', ?, 1, ?)",
+                     (f"r{i}", f'{{"input_tokens": {1000 * (i + 1)}, "output_tokens": 3}}', 2.0 * i + 1.5))
+    conn.execute("INSERT INTO journal_responses(response_id, session_key, model, status, usage, item_count,"
+                 " created_at) VALUES ('r_nousage', 's', 'gpt-5', 'failed', NULL, 0, 20.0)")
+    plot = session_plot(conn, "s", Config())
+    assert [p.input_tokens for p in plot.points] == [1000, 2000, 3000, 4000]  # one per answer with usage
+    assert [(m.kind, m.label) for m in plot.markers] == [("window", "w2 notes"),
+                                                         ("window", "w3 some_future_strategy")]
+    assert plot.window == 272_000
+    lines = {line.label: line.tokens for line in plot.lines}
+    assert lines["reminder"] == int(272_000 * 0.7) and lines["hard trigger"] == int(272_000 * 0.85)
