@@ -15,6 +15,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from proxy import __version__
+from tools_server.computer_use.approval import mcp_confirm_for
 from tools_server.registry import ToolError, ToolResult
 from tools_server.service import ToolService
 
@@ -43,7 +44,9 @@ def build_mcp_server(service: ToolService) -> Server:
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         ident = _identity(ctx)
         try:
-            result = await service.call(params.name, dict(params.arguments or {}), transport="mcp", **ident)
+            # a client that declared elicitation can be asked for approvals (Computer Use, code mode's patches)
+            result = await service.call(params.name, dict(params.arguments or {}), transport="mcp",
+                                        confirm=mcp_confirm_for(ctx), **ident)
             return _to_mcp(result)
         except ToolError as exc:
             return _to_mcp(ToolResult.from_error(exc))
@@ -74,10 +77,20 @@ def _to_mcp(result: ToolResult) -> types.CallToolResult:
 def mount_mcp(app: web.Application, service: ToolService) -> None:
     manager = StreamableHTTPSessionManager(
         build_mcp_server(service),
-        json_response=True,  # one JSON answer per POST: no long-lived streams to hold per call
+        # SSE answers: a request's own stream is the only channel that carries a server-initiated request
+        # (elicitation, for approvals) during a tool call; JSON answers have none (the SDK says so:
+        # `can_send_request` is False in that mode and the request is dropped).
+        json_response=False,
         # Host/Origin checks and the bearer token are enforced by our aiohttp middleware.
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
+
+    lingering: set[asyncio.Future[None]] = set()  # requests still finishing after their client hung up
+
+    def _settled(task: asyncio.Future[None]) -> None:
+        lingering.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("MCP request failed after its client hung up: %s", type(exc).__name__)
 
     async def asgi(scope: Any, receive: Any, send: Any) -> None:
         if scope.get("type") != "http":
@@ -100,12 +113,25 @@ def mount_mcp(app: web.Application, service: ToolService) -> None:
             return {"type": "http.disconnect"}
 
         async def send_and_track(message: dict[str, Any]) -> None:
+            if finished.is_set():
+                return  # the client went away (or the body is complete): nowhere to deliver it
             await send(message)
             if message.get("type") == "http.response.body" and not message.get("more_body"):
                 finished.set()
 
+        # aiohttp cancels a handler whose client hung up, even one that has sent its whole answer; the SDK
+        # takes a cancelled opening request for a failed one and drops the new session, and an SSE answer is
+        # still winding down right after its last byte. ASGI servers instead tell the app `http.disconnect`
+        # and let it finish: do the same, running the app in its own task.
+        handling = asyncio.ensure_future(manager.handle_request(scope, receive_body_then_wait, send_and_track))
         try:
-            await manager.handle_request(scope, receive_body_then_wait, send_and_track)
+            await asyncio.shield(handling)
+        except asyncio.CancelledError:
+            finished.set()  # receive() now answers http.disconnect
+            if not handling.done():
+                lingering.add(handling)
+                handling.add_done_callback(_settled)
+            raise
         finally:
             finished.set()
 
@@ -123,6 +149,9 @@ def mount_mcp(app: web.Application, service: ToolService) -> None:
         task = asyncio.create_task(runner())
         await started.wait()
         yield
+        for pending in list(lingering):
+            pending.cancel()
+        await asyncio.gather(*lingering, return_exceptions=True)
         stop.set()
         await task
 

@@ -96,11 +96,11 @@ class InstrumentedToolService(ToolService):
 
     async def call(self, name: str, arguments: dict[str, Any], *, transport: str = "direct",
                    task: str | None = None, agent: str | None = None, cwd: str | None = None,
-                   call_id: str | None = None) -> ToolResult:
+                   call_id: str | None = None, confirm: Any = None) -> ToolResult:
         started = time.perf_counter()
         try:
             result = await super().call(name, arguments, transport=transport, task=task, agent=agent, cwd=cwd,
-                                        call_id=call_id)
+                                        call_id=call_id, confirm=confirm)  # confirm: the MCP client's asker
         except ToolError as exc:
             self.metrics.observe_call(name, transport, time.perf_counter() - started, "refused", exc.message, agent)
             raise

@@ -99,6 +99,10 @@ class UpstreamAccess:
     headers: dict[str, str] = field(default_factory=dict, repr=False)
 
 
+# What a person answered to one yes/no question asked through the calling client (MCP elicitation's actions).
+ConfirmAnswer = Literal["accept", "decline", "cancel"]
+
+
 @dataclass
 class CallContext:
     """Who is calling and from where. `task`/`agent` come from x-ctp-task / x-ctp-agent."""
@@ -113,6 +117,9 @@ class CallContext:
     transport: Literal["rest", "mcp", "bridge", "direct"] = "direct"
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
     upstream: UpstreamAccess | None = field(default=None, repr=False)  # bridge only: see UpstreamAccess
+    # Asks the person behind the calling client one question (MCP clients that declared elicitation:
+    # tools_server/computer_use/approval.py, mcp_confirm_for); None where nobody can be asked (REST, bridge).
+    confirm: Callable[[str], Awaitable[ConfirmAnswer]] | None = field(default=None, repr=False)
 
     @property
     def workspace(self) -> Path | None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from tools_server.registry import CallContext, Registry, Services, ToolError, ToolResult, clip
+from tools_server.registry import CallContext, ConfirmAnswer, Registry, Services, ToolError, ToolResult, clip
 
 log = logging.getLogger("ctproxy.tools")
 
@@ -25,13 +26,15 @@ class ToolService:
 
     async def call(self, name: str, arguments: dict[str, Any], *, transport: str = "direct",
                    task: str | None = None, agent: str | None = None, cwd: str | None = None,
-                   call_id: str | None = None) -> ToolResult:
+                   call_id: str | None = None,
+                   confirm: Callable[[str], Awaitable[ConfirmAnswer]] | None = None) -> ToolResult:
         tool = self.registry.get(name)
         if tool is None:
             known = ", ".join(sorted(t.name for t in self.registry.enabled_tools())) or "none"
             raise ToolError(f"unknown or disabled tool '{clip(name, 80)}'; enabled tools: {known}", code="unknown_tool")
         ctx = CallContext(services=self.services, task=task, agent=agent, call_id=call_id,
-                          cwd=self.resolve_cwd(cwd), transport=transport)  # type: ignore[arg-type]
+                          cwd=self.resolve_cwd(cwd), transport=transport,  # type: ignore[arg-type]
+                          confirm=confirm)
         started = time.perf_counter()
         result = await tool.call(arguments, ctx)
         # Only the tool name, transport, outcome and timing: never arguments or results.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -23,7 +23,16 @@ from tools_server.codemode.pragma import PragmaError, parse_pragma
 from tools_server.codemode.render import render
 from tools_server.patch.model import PatchError
 from tools_server.patch.parser import parse_patch
-from tools_server.registry import CallContext, Registry, Services, Tool, ToolError, ToolResult, clip
+from tools_server.registry import (
+    CallContext,
+    ConfirmAnswer,
+    Registry,
+    Services,
+    Tool,
+    ToolError,
+    ToolResult,
+    clip,
+)
 from tools_server.shell import limits as shell_limits
 from tools_server.shell.capture import StreamCapture
 
@@ -115,6 +124,15 @@ class WaitArgs(BaseModel):
     terminate: bool = False
 
 
+def patch_question(cell_id: str, patch: Any) -> str:
+    """What the person is asked: which cell, and which files the patch would add, change or delete."""
+    hunks = getattr(patch, "hunks", None) or []
+    paths = [str(getattr(h, "path", "?")) for h in hunks]
+    listed = ", ".join(clip(p, 120) for p in paths[:10]) + (f" and {len(paths) - 10} more" if len(paths) > 10 else "")
+    return (f"Allow ctproxy code cell {cell_id} to apply a patch to {listed or 'the workspace'}? "
+            "It was written by a script the model runs; nothing is changed unless you accept.")
+
+
 def owner_of(ctx: CallContext) -> Owner:
     return (ctx.task or "", ctx.agent or "")
 
@@ -141,6 +159,11 @@ class CodeModeFamily:
         self.limits = limits or CellLimits(memory_limit_bytes=cfg.memory_limit_mb * 1024 * 1024)
         self.manager = CellManager(self.limits, self.dispatch, lambda: V8Engine(self.limits.memory_limit_bytes),
                                    self._capture)
+        # Approval of a nested apply_patch is asked through the call observing the cell now (exec or wait):
+        # its client and its open request are the only channel to a person. Cell ID -> that call's asker.
+        self._askers: dict[str, Callable[[str], Awaitable[ConfirmAnswer]]] = {}
+        # Cell ID -> set when the question being asked for it has its answer (the observer waits for it).
+        self._asking: dict[str, asyncio.Event] = {}
 
     def _capture(self, cell_id: str) -> StreamCapture | None:
         """Cell output shares the shell family's capture store (one private folder per server session)."""
@@ -174,14 +197,12 @@ class CodeModeFamily:
             # validate first (a wrong patch is an argument error, not a question for the user) ...
             parsed = tool.validate(args)
             try:
-                parse_patch(getattr(parsed, "text", ""))
+                patch = parse_patch(getattr(parsed, "text", ""))
             except PatchError as exc:
                 raise ToolError(f"apply_patch: {exc}; nothing was changed", code="invalid_patch") from None
-            # ... then ask. No transport of this server can ask a person yet (MCP elicitation is not wired),
-            # so `confirm` refuses before any change.
-            raise ToolError("apply_patch inside a code cell needs confirmation (code_mode.approval_mode is "
-                            "'confirm') and this client cannot be asked; nothing was changed. Call apply_patch "
-                            "directly, or set code_mode.approval_mode to 'always'.", code="approval-unavailable")
+            # ... then ask the person behind the observing call (MCP clients with elicitation); nobody to ask
+            # (REST, the bridge, an MCP client without it) refuses before any change.
+            await self._approve_patch(cell, patch)
         outer: CallContext | None = cell.context
         ctx = CallContext(services=self.services, task=outer.task if outer else None,
                           agent=outer.agent if outer else None, session=outer.session if outer else None,
@@ -189,6 +210,32 @@ class CodeModeFamily:
                           call_id=f"{cell.id}/{len(cell.calls)}",
                           transport=outer.transport if outer else "direct")
         return await tool.call(args, ctx)
+
+    async def _approve_patch(self, cell: Cell, patch: Any) -> None:
+        outer = cell.context
+        confirm = self._askers.get(cell.id) or (outer.confirm if isinstance(outer, CallContext) else None)
+        if confirm is None:
+            raise ToolError("apply_patch inside a code cell needs confirmation (code_mode.approval_mode is "
+                            "'confirm') and this client cannot be asked (that needs an MCP client with "
+                            "elicitation); nothing was changed. Call apply_patch directly, or set "
+                            "code_mode.approval_mode to 'always'.", code="approval-unavailable")
+        answered = self._asking.setdefault(cell.id, asyncio.Event())
+        try:
+            answer = await confirm(patch_question(cell.id, patch))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the call that could ask has ended, or the client failed to answer
+            raise ToolError(f"apply_patch inside a code cell needs confirmation and asking failed "
+                            f"({type(exc).__name__}: the call observing the cell may have returned); nothing was "
+                            "changed. Call apply_patch directly, or retry it from a cell.",
+                            code="approval-unavailable") from None
+        finally:
+            if self._asking.get(cell.id) is answered:
+                del self._asking[cell.id]
+            answered.set()
+        if answer != "accept":
+            raise ToolError(f"apply_patch inside a code cell was not approved (the answer was '{answer}'); "
+                            "nothing was changed", code="approval-declined")
 
     # -- executors ----------------------------------------------------------------------------------
     async def exec_(self, args: ExecArgs, ctx: CallContext) -> ToolResult:
@@ -216,7 +263,8 @@ class CodeModeFamily:
             adapters = frozenset(args.uses)
         cell = self.manager.start(owner_of(ctx), pragma.source, adapters, ctx)
         try:
-            return await self._observe(cell, _yield_seconds(pragma.yield_time_ms), _budget(pragma.max_output_tokens))
+            return await self._observe(cell, _yield_seconds(pragma.yield_time_ms), _budget(pragma.max_output_tokens),
+                                       ctx.confirm)
         except asyncio.CancelledError:
             cell.terminate()  # nobody learnt the cell's ID: stop it
             raise
@@ -229,14 +277,19 @@ class CodeModeFamily:
                             code="unknown-cell")
         if args.terminate:
             cell.terminate()
-            return await self._observe(cell, 0.0, _budget(args.max_tokens))
-        return await self._observe(cell, _yield_seconds(args.yield_time_ms), _budget(args.max_tokens))
+            return await self._observe(cell, 0.0, _budget(args.max_tokens), ctx.confirm)
+        return await self._observe(cell, _yield_seconds(args.yield_time_ms), _budget(args.max_tokens), ctx.confirm)
 
-    async def _observe(self, cell: Cell, yield_s: float, budget: int) -> ToolResult:
+    async def _observe(self, cell: Cell, yield_s: float, budget: int,
+                       confirm: Callable[[str], Awaitable[ConfirmAnswer]] | None = None) -> ToolResult:
         async with cell.observe_lock:  # one observer at a time; one of them gets the terminal result
-            if cell.state == "running" and yield_s > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(cell.done.wait(), yield_s)
+            if confirm is not None:
+                self._askers[cell.id] = confirm
+            try:
+                await self._await_cell(cell, yield_s)
+            finally:
+                if self._askers.get(cell.id) is confirm:
+                    self._askers.pop(cell.id, None)
             if cell.capture is not None:
                 if cell.state != "running":
                     await cell.capture.settle()  # the file is complete before its path is handed out
@@ -248,6 +301,23 @@ class CodeModeFamily:
             if cell.state != "running":
                 self.manager.mark_read(cell)
             return ToolResult(text=text, details=details, is_error=cell.state == "failed")
+
+    async def _await_cell(self, cell: Cell, yield_s: float) -> None:
+        """Until the cell ends or `yield_s` passes; a question being asked for it holds the call open (it rides
+        this call's channel), and once it is answered the yield time starts over."""
+        while cell.state == "running" and yield_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cell.done.wait(), yield_s)
+            answered = self._asking.get(cell.id)
+            if cell.state != "running" or answered is None:
+                return
+            done = asyncio.ensure_future(cell.done.wait())
+            asked = asyncio.ensure_future(answered.wait())
+            try:
+                await asyncio.wait({done, asked}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                done.cancel()
+                asked.cancel()
 
     def tools(self) -> Iterable[Tool]:
         return [

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-Answer = Literal["accept", "decline", "cancel"]
+from tools_server.registry import ConfirmAnswer
+
+Answer = ConfirmAnswer
 # Asks the human behind the calling client one yes/no question; returns their answer.
 Confirm = Callable[[str], Awaitable[Answer]]
 
