@@ -118,3 +118,24 @@ def test_plot_reads_the_journals_windows_as_they_are(tmp_path: Path) -> None:
     assert plot.window == 272_000
     lines = {line.label: line.tokens for line in plot.lines}
     assert lines["reminder"] == int(272_000 * 0.7) and lines["hard trigger"] == int(272_000 * 0.85)
+
+
+async def test_ctproxy_dashboard_prints_a_fresh_link(proxy_factory, tmp_path: Path) -> None:
+    import asyncio
+    import subprocess
+    import sys
+
+    from tests.support.proxyproc import REPO
+
+    proxy = await proxy_factory(upstream="http://127.0.0.1:9")
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.cli", "dashboard", "--state-dir",
+                                                   str(proxy.state_dir)], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    link = out.stdout.strip()
+    assert link.startswith(proxy.tools_url + "/ui/login?code=") and link not in proxy.log()
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http, http.get(link) as r:
+        assert r.status == 200 and str(r.url) == proxy.tools_url + "/ui/"
+    await proxy.astop()
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.cli", "dashboard", "--state-dir",
+                                                   str(proxy.state_dir)], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 1 and "ctproxy up" in out.stderr
