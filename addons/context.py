@@ -21,22 +21,27 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from mitmproxy import http
 
 from addons._flow import header_map, session_of
 from addons._stage import Stage
-from proxy import debuglog, runtime
+from proxy import dbworker, debuglog, runtime
 from proxy.compaction import journal_link
 from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.store import Checkpoint
+from proxy.context import bootstrap as boot
+from proxy.context.rollover import Kind, Pending, RolloverStore
 from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.journal import Window
-from proxy.journal.canonical import session_root
+from proxy.journal.canonical import chain_at, session_root
+from proxy.notes.store import NotesStore
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
+from proxy.transforms.ids import project_ids
 from proxy.transforms.items import client_compacts, input_items
 from proxy.transforms.window import WindowProjection, apply_window
 
@@ -67,7 +72,11 @@ COMPACTION_STRATEGIES = frozenset({"remote", "fallback"})  # decided by the comp
 PROJECTIONS: dict[str, Callable[[Window, runtime.Runtime], WindowProjection | None]] = {
     "remote": _checkpoint_projection,
     "fallback": _checkpoint_projection,
+    "notes": stored_projection,  # issue 13: the bootstrap built once at the rollover, replayed byte for byte
 }
+# What this stage consumes at a request: `new_context`. A manual checkpoint asks for the checkpoint turn
+# first, which is not wired yet: its mark stays pending (docs/context.md).
+ROLLOVER_KINDS: tuple[Kind, ...] = ("new_context",)
 
 
 def project_decision(payload: dict[str, Any], info: FlowInfo) -> dict[str, Any]:
@@ -86,54 +95,125 @@ def project_decision(payload: dict[str, Any], info: FlowInfo) -> dict[str, Any]:
 class Context(Stage):
     def __init__(self) -> None:
         self._reported: OrderedDict[str, None] = OrderedDict()
+        self._rollovers: RolloverStore | None = None
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    def bound(self, rt: runtime.Runtime) -> None:
+        self._rollovers = None
+
+    def _store(self) -> RolloverStore:
+        if self._rollovers is None:
+            rt = self.rt
+            self._rollovers = RolloverStore(dbworker.shared(rt.services, rt.state.db_path))
+        return self._rollovers
+
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         if flow.response is not None:
-            return
-        st = state_of(flow)
-        info = st.compaction
-        if isinstance(info, FlowInfo) and info.checkpoint is not None:  # compaction decided: apply that
-            body = responses_body(flow)
-            if body is None:
-                return
-            projected = project_decision(body.value, info)
-            if projected is not body.value:
-                body.replace(projected)
-                commit_if_alone(flow)
-            return
-        self._current(flow, decided=isinstance(info, FlowInfo))
+            return None
+        if self.rt.config.context.enabled:
+            ws = self._window_session(flow)
+            if ws is not None:  # a stateless request of a known session: it may roll over
+                return self._with_rollover(flow, ws)
+        self._project(flow, None, None)
+        return None
 
-    def _current(self, flow: http.HTTPFlow, decided: bool) -> None:
-        """The session's current window, found here. `decided`: compaction has decided this request (no
-        checkpoint in effect, or a diverged one): only the other strategies are left to apply."""
+    async def _with_rollover(self, flow: http.HTTPFlow, ws: journal_link.WindowSession) -> None:
+        """The session's pending rollover, consumed at this request (whatever it holds: only
+        terminating calls, a mixed batch, a steer or a follow-up), then the projection."""
+        try:
+            pending = await self._store().take(ws.task_id, ws.address, ROLLOVER_KINDS)
+        except Exception:  # the state database is a record here: never a reason to fail the request
+            log.warning("context: could not read the pending rollover of a session")
+            pending = None
+        opened = self._roll_over(ws, flow, pending) if pending is not None else None
+        self._project(flow, ws, opened)
+
+    def _window_session(self, flow: http.HTTPFlow) -> journal_link.WindowSession | None:
+        body = responses_body(flow)
+        if body is None or _stateful_or_client(body.value):
+            return None
         rt = self.rt
-        others = _other_strategies()
-        cfg = rt.config.remote_compaction
-        if not others and (decided or not (cfg.enabled or cfg.recover_overflow)):
-            return  # no strategy could apply: the body need not even be parsed
+        ident = session_of(flow, rt.services.response_aliases)
+        if ident is None:
+            return None
+        st = state_of(flow)
+        return journal_link.window_session(rt, st.journal, st.journal_mark, ident,
+                                           {**header_map(flow), **st.identity_headers}, body.value)
+
+    def _roll_over(self, ws: journal_link.WindowSession, flow: http.HTTPFlow, pending: Pending) -> Window | None:
+        """Open the session's notes window at the rollover boundary: calls and their outputs before it,
+        the agent's trailing user messages after it. The bootstrap is built once, here, and stored."""
+        body = responses_body(flow)
+        items = input_items(body.value) if body is not None else None
+        if not items:
+            return None
+        n = boot.rollover_boundary(items)
+        if n == 0:
+            return None  # nothing precedes the agent's messages: the window would be the one it has
+        rt = self.rt
+        j = ws.journal
+        j.session(ws.key, ws.task_id, ws.address, ws.source)
+        prev = j.window_of(ws.key)
+        window_id = f"w{prev.ordinal + 1}" if prev is not None else "w1"  # the journal numbers windows so
+        notes = _notes_index(rt, ws.task_id, ws.address)
+        start = boot.WindowStart(ws.address, window_id, prev.window_id if prev is not None else None, notes,
+                                 tools=reachable_context_tools(body.value, rt), task_id=ws.task_id,
+                                 reason=pending.kind)
+        # a copy, not the agent's objects: the stored bootstrap is what every later request replays
+        leading = orjson.loads(orjson.dumps(boot.leading_instructions(items)))
+        bootstrap = boot.build_bootstrap(start, leading)
+        mark = ws.mark
+        boundary_item = None
+        if mark is not None and not mark.failed and len(mark.input_ids) == len(items):
+            boundary_item = mark.input_ids[n - 1] or None
+        w = j.start_window(ws.key, boundary_item, "notes", {"items": bootstrap}, boundary_pos=n,
+                           boundary_hash=chain_at(items, session_root(ws.key), n), reason=pending.kind)
+        if w.window_id != window_id:  # the identity message names another window: said, never hidden
+            log.warning("context: window %s opened, the bootstrap names %s", w.window_id, window_id)
+        debuglog.event("context", outcome="rollover", kind=pending.kind, window=w.window_id, boundary=n)
+        return w
+
+    def _project(self, flow: http.HTTPFlow, ws: journal_link.WindowSession | None, opened: Window | None) -> None:
         body = responses_body(flow)
         if body is None:
             return
         payload = body.value
-        if input_items(payload) is None or payload.get("previous_response_id") or payload.get("conversation"):
-            return  # stateful requests: the upstream holds the history, there is nothing to replace
-        if client_compacts(payload):
-            return
-        ident = session_of(flow, rt.services.response_aliases)
-        if ident is None:
-            return
-        st = state_of(flow)
-        ws = journal_link.window_session(rt, st.journal, st.journal_mark, ident,
-                                         {**header_map(flow), **st.identity_headers}, payload)
+        info = state_of(flow).compaction
+        if opened is None and isinstance(info, FlowInfo) and info.checkpoint is not None:
+            out = project_decision(payload, info)  # compaction decided: apply that
+        else:
+            out = self._current(flow, payload, ws, decided=isinstance(info, FlowInfo), window=opened)
+        if ws is not None:
+            out = decorate(payload, out, ws, self.rt)
+        if out is not payload:
+            body.replace(out)
+            commit_if_alone(flow)
+
+    def _current(self, flow: http.HTTPFlow, payload: dict[str, Any], ws: journal_link.WindowSession | None,
+                 decided: bool, window: Window | None = None) -> dict[str, Any]:
+        """The session's current window, found here, applied to `payload` (or `payload` itself).
+        `decided`: compaction has decided this request (no checkpoint in effect, or a diverged one): only
+        the other strategies are left to apply."""
+        rt = self.rt
+        others = _other_strategies()
+        cfg = rt.config.remote_compaction
+        if window is None and not others and (decided or not (cfg.enabled or cfg.recover_overflow)):
+            return payload  # no strategy could apply
+        if input_items(payload) is None or _stateful_or_client(payload):
+            return payload  # stateful requests: the upstream holds the history, there is nothing to replace
         if ws is None:
-            return
-        w = ws.mark.state.window if ws.mark is not None and ws.mark.state is not None else ws.journal.window_of(ws.key)
+            ws = self._window_session(flow)
+            if ws is None:
+                return payload
+        w = window
+        if w is None:
+            mark = ws.mark
+            w = mark.state.window if mark is not None and mark.state is not None else ws.journal.window_of(ws.key)
         if w is None or (decided and w.strategy in COMPACTION_STRATEGIES):
-            return
+            return payload
         make = PROJECTIONS.get(w.strategy)
         proj = make(w, rt) if make is not None else None
         if proj is None:
-            return
+            return payload
         projected, outcome = apply_window(payload, proj)
         if outcome == "diverged" and (cp := Checkpoint.from_window(w)) is not None:
             moved = journal_link.journal_boundary(ws.mark, cp)  # the journal's alignment, as compaction does
@@ -144,13 +224,16 @@ class Context(Stage):
         if outcome == "diverged":
             self._report(ws, w)
         elif outcome == "applied":
-            body.replace(projected)
-            commit_if_alone(flow)
+            return projected
+        return payload
 
     def done(self) -> None:
         rt = self._rt
         if rt is not None and rt.services.journal is not None:  # the divergences recorded, loaded alone too
             rt.services.journal.flush(timeout=30)
+        if rt is not None and self._rollovers is not None:
+            self._rollovers = None
+            dbworker.close_shared(rt.services)
 
     def _report(self, ws: journal_link.WindowSession, w: Window) -> None:
         """The agent's items no longer start with what the window covers: said once per window."""
@@ -162,6 +245,76 @@ class Context(Stage):
             self._reported.popitem(last=False)
         journal_link.record_event(ws, "projection", {"outcome": "diverged", "window_id": w.window_id,
                                                      "strategy": w.strategy})
+
+
+def _stateful_or_client(payload: dict[str, Any]) -> bool:
+    """The upstream holds the history (previous_response_id, conversation), or the client compacts itself."""
+    return bool(payload.get("previous_response_id") or payload.get("conversation")) or client_compacts(payload)
+
+
+def _notes_index(rt: runtime.Runtime, task_id: str, address: str) -> boot.NotesSnapshot:
+    try:
+        return boot.read_notes_index(NotesStore(rt.state.subdir("notes"), task_id), address)
+    except (OSError, ValueError):  # an unusable task id or directory: the rollover still happens
+        return boot.NotesSnapshot(address, None)
+
+
+# ------------------------------------------------------------------------- guidance and [id: …]
+FAMILY_TOOLS = {"history": boot.HISTORY_TOOLS, "notes": boot.NOTES_TOOLS, "context": boot.CONTEXT_TOOLS}
+
+
+def declared_tool_name(tool: Any) -> str | None:
+    """A function tool's name as ctproxy knows it (Codex's `mcp__<server>__<tool>` mapped back)."""
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+        return None
+    name = tool["name"]
+    return name.rsplit("__", 1)[-1] if name.startswith("mcp__") else name
+
+
+def reachable_context_tools(payload: dict[str, Any], rt: runtime.Runtime) -> tuple[str, ...]:
+    """The context tools the session can call: bridged (`bridge.families`) or declared by the agent."""
+    names: set[str] = set()
+    for fam in rt.config.bridge.families:
+        names.update(FAMILY_TOOLS.get(fam, ()))
+    tools = payload.get("tools")
+    if isinstance(tools, list):
+        names.update(n for t in tools if (n := declared_tool_name(t)) is not None)
+    return boot.reachable_tools(names)
+
+
+def forwarded_ids(agent_items: list[Any], forwarded: list[Any], mark: Any) -> list[str | None] | None:
+    """The journal id of each forwarded item: an agent item keeps its `mark.input_ids[k]` (found by
+    identity: projections keep the agent's own objects), anything the proxy made has none."""
+    if mark is None or getattr(mark, "failed", True):
+        return None
+    try:
+        ids = mark.input_ids
+    except Exception:  # the journal is a record: no ids rather than a failed request
+        return None
+    if len(ids) != len(agent_items):
+        return None
+    pos = {id(item): k for k, item in enumerate(agent_items)}
+    return [ids[k] if (k := pos.get(id(item))) is not None and ids[k] else None for item in forwarded]
+
+
+def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.WindowSession,
+             rt: runtime.Runtime) -> dict[str, Any]:
+    """The forwarded copy with exactly one guidance message (only when its tools are reachable) and the
+    `[id: …]` markers. `payload` is the agent's request, `out` what the projection made of it."""
+    if _stateful_or_client(out):
+        return out
+    raw = out.get("input")
+    if not isinstance(raw, list):
+        return out  # a string input: one new message, nothing to recover yet
+    agent_items = payload.get("input")
+    forwarded: list[Any] = boot.insert_guidance(raw, reachable_context_tools(out, rt))
+    if rt.config.context.id_projection and isinstance(agent_items, list):
+        ids = forwarded_ids(agent_items, forwarded, ws.mark)
+        if ids is not None:
+            forwarded = list(project_ids(forwarded, ids))
+    if len(forwarded) == len(raw) and all(a is b for a, b in zip(forwarded, raw, strict=True)):
+        return out
+    return {**out, "input": forwarded}
 
 
 def _other_strategies() -> bool:

@@ -12,6 +12,7 @@ from aiohttp import web
 from proxy import __version__
 from tools_server.bridge import add_routes as add_bridge_routes
 from tools_server.codex_backend import add_routes as add_codex_backend_routes
+from tools_server.context import add_context_routes
 from tools_server.credentials import add_routes as add_credential_routes
 from tools_server.families import build_registry
 from tools_server.mcp_endpoint import mount_mcp
@@ -116,6 +117,7 @@ def create_app(services: Services, *, token: str, listen_host: str = "127.0.0.1"
     add_bridge_routes(app, lambda a: (a[SERVICE_KEY].registry, a[SERVICE_KEY].services))  # the proxy's bridge
     add_codex_backend_routes(app, lambda a: (a[SERVICE_KEY].registry, a[SERVICE_KEY].services))  # Codex alpha/…
     add_credential_routes(app, lambda a: a[SERVICE_KEY].services.session_credentials)  # the proxy's hand-over
+    add_context_routes(app, lambda a: a[SERVICE_KEY].services)  # POST /v1/context/checkpoint (manual checkpoint)
     mount_mcp(app, service)
 
     async def close_registry(_: web.Application) -> None:

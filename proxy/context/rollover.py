@@ -90,11 +90,15 @@ def peek_pending(conn: sqlite3.Connection, task_id: str, address: str) -> Pendin
         " WHERE task_id=? AND address=?", (task_id, address)).fetchone())
 
 
-def take_pending(conn: sqlite3.Connection, task_id: str, address: str) -> Pending | None:
-    """Consume the agent's pending rollover, if any: at most one caller ever gets it."""
+def take_pending(conn: sqlite3.Connection, task_id: str, address: str,
+                 kinds: tuple[Kind, ...] = KINDS) -> Pending | None:
+    """Consume the agent's pending rollover, if any (of one of `kinds`: a caller that cannot run the
+    checkpoint turn leaves a checkpoint mark alone): at most one caller ever gets it."""
+    marks = ",".join("?" * len(kinds))
     return _pending(conn.execute(
-        "DELETE FROM context_rollovers WHERE task_id=? AND address=?"
-        " RETURNING task_id, address, kind, origin, window_id, requested_at", (task_id, address)).fetchone())
+        f"DELETE FROM context_rollovers WHERE task_id=? AND address=? AND kind IN ({marks})"
+        " RETURNING task_id, address, kind, origin, window_id, requested_at",
+        (task_id, address, *kinds)).fetchone())
 
 
 def cancel_pending(conn: sqlite3.Connection, task_id: str, address: str) -> bool:
@@ -107,9 +111,19 @@ class RolloverStore:
 
     def __init__(self, worker: DBWorker):
         self.worker = worker
+        self._ensured = False
 
-    async def take(self, task_id: str, address: str) -> Pending | None:
-        return await self.worker.run(lambda conn: take_pending(conn, task_id, address))
+    def _ensure(self, conn: sqlite3.Connection) -> None:
+        if not self._ensured:  # the worker's connection may predate this module's schema
+            ensure(conn)
+            self._ensured = True
+
+    async def take(self, task_id: str, address: str, kinds: tuple[Kind, ...] = KINDS) -> Pending | None:
+        def run(conn: sqlite3.Connection) -> Pending | None:
+            self._ensure(conn)
+            return take_pending(conn, task_id, address, kinds)
+
+        return await self.worker.run(run)
 
     async def peek(self, task_id: str, address: str) -> Pending | None:
         return await self.worker.run(lambda conn: peek_pending(conn, task_id, address))

@@ -6,7 +6,7 @@ from proxy.config import Config
 
 # Set to True by whoever wires the projection stage (addons/context.py) to consume pending rollovers
 # and forward `build_bootstrap`'s window (docs/context.md). Until then a rollover stays pending.
-PROJECTION_WIRED = False
+PROJECTION_WIRED = True
 
 
 def context_status(config: Config) -> tuple[str, str]:
@@ -15,7 +15,9 @@ def context_status(config: Config) -> tuple[str, str]:
              "the window) and new_context / `ctproxy context checkpoint` (mark a pending rollover)")
     if PROJECTION_WIRED:
         ids = "on" if c.id_projection else "off"
-        return "active", (f"{tools}; the proxy rolls over at the next request with the notes bootstrap, "
-                          f"reminder at {c.reminder_ratio:.0%}, strategy {c.strategy}, [id: …] projection {ids}")
+        return "active", (f"{tools}; the proxy rolls a new_context over at the session's next request with the "
+                          f"notes bootstrap, adds the guidance where its tools are reachable, [id: …] projection "
+                          f"{ids}; not applied yet: the reminder at {c.reminder_ratio:.0%}, the checkpoint turn at "
+                          f"the hard trigger (strategy {c.strategy}) and a manual checkpoint, which stays pending")
     return "active", (f"{tools}; not applied yet: the proxy does not roll over, bootstrap, add guidance or "
                       "[id: …] markers until the projection stage consumes pending rollovers (docs/context.md)")
