@@ -5,7 +5,8 @@ tools to is re-routed by the bridge stage to this endpoint, inside the proxy pro
 a random port, under a one-time job id. The handler sends the request upstream through the
 upstream-turn service and answers with the merged lifecycle as it is produced; mitmproxy streams it to
 the agent as it would any upstream (so the tap and the journal see what the agent sees). The job
-(destination, credentials, identity, offer) never leaves memory; a job unclaimed for a minute is dropped.
+(destination, credentials, identity, offer) never leaves memory and is dropped after a minute (it may be
+claimed again meanwhile: compaction's overflow retry re-sends the flow's request here).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ PATH_PREFIX = "/ctp-bridge/"
 SEEN_FILE = "bridge-seen.json"  # in the state directory: what the running proxy's bridge saw
 
 JOB_TTL = 60.0
+MAX_JOBS = 10_000
 # Not forwarded upstream: hop-by-hop, framing, and what the endpoint's own connection added.
 DROP_REQUEST = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
                           "accept-encoding", "proxy-connection", "te", "upgrade"})
@@ -112,7 +114,7 @@ class BridgeService:
         """The path to re-route the agent's request to: the job's key, then the request's own path (so
         every stage still sees a Responses request: `…/v1/responses`)."""
         now = time.monotonic()
-        while self._jobs and next(iter(self._jobs.values()))[0] < now - JOB_TTL:
+        while self._jobs and (next(iter(self._jobs.values()))[0] < now - JOB_TTL or len(self._jobs) > MAX_JOBS):
             self._jobs.popitem(last=False)
         key = secrets.token_urlsafe(18)
         self._jobs[key] = (now, job)
@@ -125,9 +127,11 @@ class BridgeService:
         await self.tools.close()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        entry = self._jobs.pop(request.match_info["job"], None)
-        if entry is None:
-            return _json_error(404, "unknown_bridge_job", "no such bridged request (it expired or was used)")
+        # Not popped: compaction's overflow retry re-sends the flow's request (to this endpoint) within the
+        # job's minute; the key is unguessable and the endpoint listens on loopback only.
+        entry = self._jobs.get(request.match_info["job"])
+        if entry is None or entry[0] < time.monotonic() - JOB_TTL:
+            return _json_error(404, "unknown_bridge_job", "no such bridged request (it expired)")
         job = entry[1]
         body = await request.read()
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROP_REQUEST]
