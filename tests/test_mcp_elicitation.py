@@ -1,0 +1,252 @@
+"""Approvals asked through MCP elicitation over the tool server's real /mcp (the official `mcp` client with an
+elicitation callback): Computer Use `confirm` on the Linux backend (Xvfb + the GTK test app) — accept,
+decline, asked once per app for the server's lifetime — and a client without the capability answered
+`approval-unavailable`; code mode's nested `apply_patch` asked the same way (accept, decline, through the
+call observing the cell, refused over REST and for clients that cannot be asked)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.support import desktop as desktop_support
+from tests.support.toolserver import ToolServerHandle
+
+pytestmark = pytest.mark.timeout(240)
+
+STATE, CLICK = "computer_use_get_app_state", "computer_use_click"
+CODE_ON = {"code_mode.enabled": True, "shell.enabled": True, "apply_patch.enabled": True}
+PATCH = "*** Begin Patch\n*** Add File: made.txt\n+made by a cell\n*** End Patch\n"
+DESKTOP_MISSING = desktop_support.missing()
+needs_desktop = pytest.mark.skipif(bool(DESKTOP_MISSING), reason=DESKTOP_MISSING or "")
+
+
+@dataclass
+class Person:
+    """The human behind an MCP client: answers each elicitation from `answers`, in order, after `before()`."""
+
+    answers: list[str]
+    before: Callable[[], Awaitable[None]] | None = None
+    asked: list[str] = field(default_factory=list)
+    schemas: list[Any] = field(default_factory=list)
+
+    async def __call__(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult | types.ErrorData:
+        self.asked.append(params.message)
+        self.schemas.append(getattr(params, "requested_schema", None))
+        if self.before is not None:
+            await self.before()
+        if not self.answers:
+            return types.ErrorData(code=types.INVALID_REQUEST, message="the test did not expect this question")
+        action = self.answers.pop(0)
+        return types.ElicitResult(action=action, content={} if action == "accept" else None)  # type: ignore[arg-type]
+
+
+@dataclass
+class Reply:
+    text: str
+    is_error: bool
+    structured: dict[str, Any] | None
+
+
+@contextlib.asynccontextmanager
+async def mcp_session(srv: ToolServerHandle, person: Person | None = None) -> AsyncIterator[Callable[..., Any]]:
+    """One MCP session; with `person` the client declares elicitation and answers through it."""
+    async with srv._mcp_client(None, None, None) as client, streamable_http_client(
+        f"{srv.url}/mcp", http_client=client
+    ) as (read, write), ClientSession(read, write, elicitation_callback=person) as session:
+        await session.initialize()
+
+        async def call(name: str, arguments: dict[str, Any]) -> Reply:
+            result = await session.call_tool(name, arguments)
+            texts = [c.text for c in result.content if getattr(c, "type", "") == "text"]
+            return Reply("\n".join(texts), bool(result.is_error), result.structured_content)
+
+        yield call
+
+
+async def until(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = 60.0) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (value := await probe()):
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+    return value
+
+
+# -- Computer Use on the Linux backend --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def desk() -> Any:
+    if DESKTOP_MISSING:
+        pytest.skip(DESKTOP_MISSING)
+    d = desktop_support.Desktop()
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+@pytest.fixture
+def app(desk: Any, request: pytest.FixtureRequest) -> Any:
+    title = "EL " + request.node.name.removeprefix("test_").replace("_", " ")[:40]
+    proc = desk.start_app(title)
+    yield title.lower().replace(" ", "-")
+    desk.stop(proc)
+
+
+async def listed(srv: ToolServerHandle, app: str) -> None:
+    async def probe() -> bool:
+        res = await srv.rest("computer_use_list_apps", {})
+        assert res.ok, res.body
+        return any(a["name"] == app for a in res.details["apps"])
+    await until(probe, f"{app} in list_apps")
+
+
+def element(text_tree: list[dict], role: str) -> dict:
+    (hit,) = [e for e in text_tree if e["role"] == role]
+    return hit
+
+
+@needs_desktop
+async def test_accept_is_asked_once_per_app_for_the_server_lifetime(desk: Any, app: str, tool_server: Any) -> None:
+    srv = await tool_server(desk.overrides())  # approval_mode: confirm, the default
+    await listed(srv, app)
+    person = Person(["accept"])
+    async with mcp_session(srv, person) as call:
+        first = await call(STATE, {"app": app})
+        assert not first.is_error, first.text
+        assert 'label "not clicked"' in first.text
+        assert len(person.asked) == 1 and f"'{app}'" in person.asked[0]
+        assert person.schemas[0]["type"] == "object"  # a form with no fields: a yes/no question
+        button = element(first.structured["tree"], "push button")
+        click = await call(CLICK, {"app": app, "element_index": button["index"]})
+        assert not click.is_error, click.text
+        assert len(person.asked) == 1  # the same app, the same session: not asked again
+    # a new session of another client, and REST (which can never ask): the grant holds for the server's lifetime
+    later = Person([])
+    async with mcp_session(srv, later) as call:
+        assert not (await call(STATE, {"app": app})).is_error
+    assert later.asked == []
+    assert (await srv.rest(STATE, {"app": app})).ok
+    # a fresh tool server has no grant: grants are in memory only
+    fresh = await tool_server(desk.overrides())
+    res = await fresh.rest(STATE, {"app": app})
+    assert not res.ok and res.details["error"] == "approval-unavailable"
+
+
+@needs_desktop
+async def test_decline_does_nothing_and_is_asked_again(desk: Any, app: str, tool_server: Any) -> None:
+    srv = await tool_server(desk.overrides(**{"computer_use.approval_mode": "confirm"}))
+    await listed(srv, app)
+    person = Person(["decline", "cancel", "accept"])
+    async with mcp_session(srv, person) as call:
+        # the click would have changed the label: a decline must stop it before any action
+        no = await call(CLICK, {"app": app, "x": 40, "y": 40})
+        assert no.is_error and no.structured["error"] == "approval-declined", no.structured
+        dismissed = await call(STATE, {"app": app})  # the person closed the dialog: not a yes either
+        assert dismissed.is_error and dismissed.structured["error"] == "approval-declined"
+        yes = await call(STATE, {"app": app})
+        assert not yes.is_error and 'label "not clicked"' in yes.text  # nothing was clicked before
+    assert len(person.asked) == 3 and all(f"'{app}'" in m for m in person.asked)
+
+
+@needs_desktop
+async def test_a_client_without_elicitation_gets_approval_unavailable(desk: Any, app: str, tool_server: Any) -> None:
+    srv = await tool_server(desk.overrides())
+    await listed(srv, app)
+    async with mcp_session(srv, None) as call:  # the official client declares elicitation only with a callback
+        res = await call(CLICK, {"app": app, "x": 40, "y": 40})
+    assert res.is_error and res.structured["error"] == "approval-unavailable", res.structured
+    assert "elicitation" in res.structured["message"]
+    # nothing was granted by it, and the app was not touched: an eliciting client is asked and sees the label
+    person = Person(["accept"])
+    async with mcp_session(srv, person) as call:
+        res = await call(STATE, {"app": app})
+    assert not res.is_error and 'label "not clicked"' in res.text and len(person.asked) == 1
+
+
+# -- code mode's nested apply_patch ---------------------------------------------------------------------------
+
+def cell_patch(patch: str = PATCH) -> str:
+    return (f"try {{ const r = await tools.apply_patch({{patch: {json.dumps(patch)}}}); print('ok', r.ok) }}\n"
+            "catch (e) { print('refused', e.code) }")
+
+
+async def test_nested_apply_patch_is_asked_and_accept_applies_it(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(CODE_ON, workspace=tmp_path)
+    person = Person(["accept"])
+    async with mcp_session(srv, person) as call:
+        res = await call("exec", {"code": cell_patch()})
+    assert not res.is_error and "ok true" in res.text, res.text
+    assert (tmp_path / "made.txt").read_text() == "made by a cell\n"
+    assert len(person.asked) == 1 and "made.txt" in person.asked[0]
+
+
+async def test_nested_apply_patch_declined_or_unaskable_changes_nothing(tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server(CODE_ON, workspace=tmp_path)
+    person = Person(["decline"])
+    async with mcp_session(srv, person) as call:
+        res = await call("exec", {"code": cell_patch()})
+    assert "refused approval-declined" in res.text, res.text
+    assert len(person.asked) == 1 and not (tmp_path / "made.txt").exists()
+    async with mcp_session(srv, None) as call:  # no elicitation capability
+        res = await call("exec", {"code": cell_patch()})
+    assert "refused approval-unavailable" in res.text, res.text
+    rest = await srv.rest("exec", {"code": cell_patch()})  # REST can never ask
+    assert rest.ok and "refused approval-unavailable" in rest.text
+    bad = Person(["accept"])
+    async with mcp_session(srv, bad) as call:  # a wrong patch is an argument error: nobody is asked
+        res = await call("exec", {"code": cell_patch("nonsense")})
+    assert "refused invalid_patch" in res.text and bad.asked == []
+    assert not (tmp_path / "made.txt").exists()
+
+
+async def test_a_question_holds_the_exec_call_open_past_its_yield_time(tool_server: Any, tmp_path: Path) -> None:
+    """The question rides the exec call's own stream: the call does not return at its yield time while the
+    person has not answered (the answer comes well after the 250 ms yield), and the cell's result is in it."""
+    srv = await tool_server(CODE_ON, workspace=tmp_path)
+
+    async def think() -> None:
+        await asyncio.sleep(1.5)
+
+    person = Person(["accept"], before=think)
+    async with mcp_session(srv, person) as call:
+        res = await call("exec", {"code": cell_patch(), "yield_time_ms": 250})
+    assert not res.is_error and "ok true" in res.text and res.structured["status"] != "running", res.structured
+    assert (tmp_path / "made.txt").exists()
+
+
+async def test_the_question_goes_to_the_call_observing_the_cell(tool_server: Any, tmp_path: Path) -> None:
+    """exec from a client that cannot be asked returns while the cell still runs; the patch comes later, while
+    an eliciting client waits on the cell: that client is asked."""
+    srv = await tool_server(CODE_ON, workspace=tmp_path)
+    family = srv.services.extras["registry"].get("exec").execute.__self__  # the code-mode family
+    code = ("await tools.exec_command({cmd: 'while [ ! -e go ]; do sleep 0.05; done', yield_time_ms: 30000});\n"
+            + cell_patch())
+    async with mcp_session(srv, None) as call:
+        started = await call("exec", {"code": code, "yield_time_ms": 250})
+    assert not started.is_error and started.structured["status"] == "running", started.structured
+    cell_id = started.structured["cell_id"]
+    person = Person(["accept"])
+    async with mcp_session(srv, person) as call:
+        waiting = asyncio.ensure_future(call("wait", {"cell_id": cell_id, "yield_time_ms": 30000}))
+        await until(lambda: _async(cell_id in family._askers), "the wait call to observe the cell")
+        (tmp_path / "go").touch()
+        res = await asyncio.wait_for(waiting, 60)
+    assert not res.is_error and "ok true" in res.text, res.text
+    assert len(person.asked) == 1 and (tmp_path / "made.txt").exists()
+
+
+async def _async(value: Any) -> Any:
+    return value
