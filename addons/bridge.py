@@ -34,6 +34,7 @@ from proxy.toolclient import CallerUpstream, ToolClient
 from proxy.upstream import UpstreamTurns
 
 log = logging.getLogger("ctproxy.bridge")
+_CREDENTIAL_NAMES = frozenset(n.encode() for n in routes.CREDENTIAL_HEADERS)
 
 
 def base_url(url: str, kind: str | None) -> str:
@@ -96,11 +97,11 @@ class Bridge(Stage):
         st = state_of(flow)
         route = st.route if isinstance(st.route, routes.Route) else destination_route(flow, rt.upstream.trusted)
         pairs = list(req.headers.items(multi=True))
-        if routes.credential_mismatch(req.scheme, req.host, req.port, req.path, pairs) is not None:
-            commit_if_alone(flow)
-            return  # not bridged: the guard refuses it with its 403
         allowed = routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
                                                  pairs)
+        if not allowed and routes.credential_mismatch(req.scheme, req.host, req.port, req.path, pairs) is not None:
+            commit_if_alone(flow)
+            return  # not bridged: the guard refuses it with its 403
         creds = tuple((k, v) for k, v in pairs if k.lower() in routes.CREDENTIAL_HEADERS)
         task = agent = session = None
         ident = session_of(flow, rt.services.response_aliases)
@@ -116,8 +117,8 @@ class Bridge(Stage):
                         timeout=rt.config.timeouts.stream_idle_seconds)
         port = await svc.start()
         path = svc.register(job, req.path)
-        for name in {k for k, _ in creds}:
-            del req.headers[name]  # the job holds them; the request to the loopback endpoint carries none
+        if creds:  # the job holds them; the request to the loopback endpoint carries none
+            req.headers.fields = tuple(f for f in req.headers.fields if f[0].lower() not in _CREDENTIAL_NAMES)
         req.scheme, req.host, req.port, req.path = "http", "127.0.0.1", port, path
         req.host_header = f"127.0.0.1:{port}"
         log.debug("bridge: offered %d tool(s), left out %d", len(offer.tools), len(offer.left_out))
