@@ -307,8 +307,10 @@ def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.Wind
     if not isinstance(raw, list):
         return out  # a string input: one new message, nothing to recover yet
     agent_items = payload.get("input")
-    forwarded: list[Any] = boot.insert_guidance(raw, reachable_context_tools(out, rt))
-    if rt.config.context.id_projection and isinstance(agent_items, list):
+    tools = reachable_context_tools(out, rt)
+    forwarded: list[Any] = boot.insert_guidance(raw, tools)
+    # the markers are what history_read_item takes: shown only to a session that can call it
+    if rt.config.context.id_projection and "history_read_item" in tools and isinstance(agent_items, list):
         ids = forwarded_ids(agent_items, forwarded, ws.mark)
         if ids is not None:
             forwarded = list(project_ids(forwarded, ids))

@@ -31,7 +31,10 @@ SHELL_SPEC = {"type": "function", "name": "shell", "description": "Run a command
 NOTES_SPEC = {"type": "function", "name": "notes_write_file", "description": "Write a note.",
               "parameters": {"type": "object", "properties": {"path": {"type": "string"},
                                                              "text": {"type": "string"}}}}
-TOOLS = [NEW_CONTEXT_SPEC, SHELL_SPEC, NOTES_SPEC]
+READ_ITEM_SPEC = {"type": "function", "name": "history_read_item", "description": "Read a history item.",
+                  "parameters": {"type": "object", "properties": {"item_id": {"type": "string"},
+                                                                 "window_id": {"type": "string"}}}}
+TOOLS = [NEW_CONTEXT_SPEC, SHELL_SPEC, NOTES_SPEC, READ_ITEM_SPEC]
 
 
 def text_of(item: dict[str, Any]) -> str:
