@@ -107,6 +107,29 @@ def item_types(items: object) -> str:
     return ",".join(f"{k}:{v}" for k, v in sorted(counts.items())) or "none"
 
 
+_saved: tuple[bool, int, int, int] | None = None
+
+
+def restore_logging() -> None:
+    """Undo `configure_logging` (ctproxy up embedded in a process that goes on: tests, a host program)."""
+    import logging
+
+    global _saved
+    if _saved is None:
+        return
+    ours, mitm = logging.getLogger("ctproxy"), logging.getLogger("mitmproxy")
+    for h in list(ours.handlers):
+        if getattr(h, "_ctp_stderr", False):
+            ours.removeHandler(h)
+            if h in mitm.handlers:
+                mitm.removeHandler(h)
+    ours.propagate, level, requests_level, mitm_level = _saved
+    ours.setLevel(level)
+    logging.getLogger("ctproxy.requests").setLevel(requests_level)
+    mitm.setLevel(mitm_level)
+    _saved = None
+
+
 def configure_logging(*, debug: bool, request_log: bool, stream: TextIO | None = None) -> None:
     """ctproxy's own loggers to stderr, and only those (issue 17): warnings always; the request log
     (`ctproxy.requests`, one line per request) at info unless `--quiet`; with `--debug` every `ctproxy.*`
@@ -115,6 +138,10 @@ def configure_logging(*, debug: bool, request_log: bool, stream: TextIO | None =
 
     set_enabled(debug)
     ours = logging.getLogger("ctproxy")
+    mitm = logging.getLogger("mitmproxy")
+    global _saved
+    if _saved is None:  # what `restore_logging` puts back when an embedded `ctproxy up` ends
+        _saved = (ours.propagate, ours.level, logging.getLogger("ctproxy.requests").level, mitm.level)
     handler = next((h for h in ours.handlers if getattr(h, "_ctp_stderr", False)), None)
     if handler is None:
         handler = logging.StreamHandler(stream)
@@ -128,7 +155,6 @@ def configure_logging(*, debug: bool, request_log: bool, stream: TextIO | None =
     ours.setLevel(logging.DEBUG if debug else logging.WARNING)
     ours.propagate = False  # mitmproxy's terminal log (mitmdump) must not print them a second time
     logging.getLogger("ctproxy.requests").setLevel(logging.INFO if request_log or debug else logging.WARNING)
-    mitm = logging.getLogger("mitmproxy")
     if debug and handler not in mitm.handlers:
         mitm.addHandler(handler)
         if mitm.level == logging.NOTSET or mitm.level < logging.WARNING:

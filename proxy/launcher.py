@@ -287,6 +287,9 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
         if telemetry is not None:
             telemetry.stop()
         runtime.uninstall()
+        from proxy import debuglog
+
+        debuglog.restore_logging()  # the process may go on (tests, a host program): leave logging as found
 
 
 def _start_telemetry(state: StateDir, rt: runtime.Runtime):  # -> proxy.telemetry.TelemetryServer

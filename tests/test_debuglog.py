@@ -77,8 +77,12 @@ TEXT = "turn-text-never-logged-" + "q" * 5_800
 
 
 @pytest.mark.timeout(240)
-async def test_every_pipeline_path_with_debug_on_logs_no_secrets_or_texts(tmp_path, monkeypatch, capfd, caplog):
+async def test_every_pipeline_path_with_debug_on_logs_no_secrets_or_texts(tmp_path, monkeypatch, capfd, caplog,
+                                                                         request):
     caplog.set_level(logging.DEBUG)
+    ours_logger = logging.getLogger("ctproxy")  # it does not propagate while ctproxy up runs: listen to it
+    ours_logger.addHandler(caplog.handler)
+    request.addfinalizer(lambda: ours_logger.removeHandler(caplog.handler))
     debuglog.reset_stream()  # the real stderr
     secrets = [API_KEY, JWT_SECRET_PART, codex_token(), ACCOUNT, "turn-text-never-logged", "You said",
                "final-ask-never-logged", "ctproxy-compaction-fallback", "[ctproxy-compaction:v1:", "qqqqqqqqqq"]
@@ -149,3 +153,14 @@ async def test_every_pipeline_path_with_debug_on_logs_no_secrets_or_texts(tmp_pa
 def _all_checkpoints(conn):
     keys = store.sessions_with_checkpoints(conn)
     return [cp for k in keys for cp in store.checkpoints(conn, k)]
+
+
+def test_an_embedded_up_leaves_logging_as_it_found_it():
+    """`configure_logging` takes ctproxy's loggers over while `ctproxy up` runs; `restore_logging` (called by
+    run_up on its way out) hands them back, so a host process (or the next test) still sees their records."""
+    ours, mitm = logging.getLogger("ctproxy"), logging.getLogger("mitmproxy")
+    before = (ours.propagate, ours.level, mitm.level, list(ours.handlers), list(mitm.handlers))
+    debuglog.configure_logging(debug=True, request_log=True)
+    assert ours.propagate is False and ours.level == logging.DEBUG
+    debuglog.restore_logging()
+    assert (ours.propagate, ours.level, mitm.level, list(ours.handlers), list(mitm.handlers)) == before
