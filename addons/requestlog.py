@@ -16,6 +16,7 @@ mitmproxy's own log).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import weakref
@@ -170,17 +171,25 @@ class RequestLog(Stage):
     def response(self, flow: http.HTTPFlow) -> None:
         st = state_of(flow)
         if st.settling is not None:  # the answer may still be replaced: log the final one
-            st.settling.when_settled(lambda: self._finish(flow, None))
+            st.settling.when_settled(lambda: self._later(flow, None))
             return
-        self._finish(flow, None)
+        self._later(flow, None)
 
     def error(self, flow: http.HTTPFlow) -> None:
-        self._finish(flow, "client_disconnected" if flow.response is not None else "upstream_failed")
+        self._later(flow, "client_disconnected" if flow.response is not None else "upstream_failed")
 
-    def _finish(self, flow: http.HTTPFlow, error: str | None) -> None:
+    def _later(self, flow: http.HTTPFlow, error: str | None) -> None:
+        """Once per flow, right after this hook: mitmproxy sends a buffered answer once the `response` hooks
+        return, so the record, the metrics and the line cost the client no time."""
         if not (self.log_lines or self.observe) or flow in self._done:
             return
         self._done.add(flow)
+        try:
+            asyncio.get_running_loop().call_soon(self._finish, flow, error)
+        except RuntimeError:  # no event loop (a direct call): now
+            self._finish(flow, error)
+
+    def _finish(self, flow: http.HTTPFlow, error: str | None) -> None:
         try:
             record = self._record(flow, error)
         except Exception as exc:  # observing must never break a request
