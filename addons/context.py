@@ -30,10 +30,12 @@ from mitmproxy import http
 from addons._flow import header_map, session_of
 from addons._stage import Stage
 from proxy import dbworker, debuglog, runtime
+from proxy import usage as usage_store
 from proxy.compaction import journal_link
 from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.store import Checkpoint
 from proxy.context import bootstrap as boot
+from proxy.context import reminder
 from proxy.context.rollover import Kind, Pending, RolloverStore
 from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of
@@ -183,10 +185,31 @@ class Context(Stage):
         else:
             out = self._current(flow, payload, ws, decided=isinstance(info, FlowInfo), window=opened)
         if ws is not None:
-            out = decorate(payload, out, ws, self.rt)
+            out = decorate(payload, out, ws, self.rt, self._reminder(flow, ws, payload, opened))
         if out is not payload:
             body.replace(out)
             commit_if_alone(flow)
+
+    def _reminder(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
+                  opened: Window | None) -> tuple[int, int] | None:
+        """(tokens used, window) when the session's last recorded answer, in its current window, used
+        `context.reminder_ratio` of the model's window; else None."""
+        if opened is not None:
+            return None  # this request starts a new window: the last usage was the old window's
+        rt = self.rt
+        ident = session_of(flow, rt.services.response_aliases)
+        u = rt.services.usage.get(ident.session_key) if ident is not None else None
+        if u is None:
+            return None
+        model = payload.get("model") if isinstance(payload.get("model"), str) else u.model
+        window = usage_store.model_window(model, rt.config.model_windows)
+        used = u.input_tokens + u.output_tokens
+        if window is None or not reminder.reminder_due(used, window, rt.config.context.reminder_ratio):
+            return None
+        w = ws.journal.window_of(ws.key)
+        if w is not None and w.created_at > u.updated_at:
+            return None  # the usage predates the current window (a rollover since)
+        return used, window
 
     def _current(self, flow: http.HTTPFlow, payload: dict[str, Any], ws: journal_link.WindowSession | None,
                  decided: bool, window: Window | None = None) -> dict[str, Any]:
@@ -298,9 +321,10 @@ def forwarded_ids(agent_items: list[Any], forwarded: list[Any], mark: Any) -> li
 
 
 def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.WindowSession,
-             rt: runtime.Runtime) -> dict[str, Any]:
-    """The forwarded copy with exactly one guidance message (only when its tools are reachable) and the
-    `[id: …]` markers. `payload` is the agent's request, `out` what the projection made of it."""
+             rt: runtime.Runtime, remind: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The forwarded copy with exactly one guidance message (only when its tools are reachable), the
+    `[id: …]` markers and, when `remind` = (used, window), the hidden reminder last. `payload` is the
+    agent's request, `out` what the projection made of it."""
     if _stateful_or_client(out):
         return out
     raw = out.get("input")
@@ -314,6 +338,8 @@ def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.Wind
         ids = forwarded_ids(agent_items, forwarded, ws.mark)
         if ids is not None:
             forwarded = list(project_ids(forwarded, ids))
+    text = reminder.reminder_text(*remind, tools) if remind is not None and reminder.can_remind(tools) else None
+    forwarded = reminder.with_reminder(forwarded, text)
     if len(forwarded) == len(raw) and all(a is b for a, b in zip(forwarded, raw, strict=True)):
         return out
     return {**out, "input": forwarded}

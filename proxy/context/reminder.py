@@ -1,0 +1,54 @@
+"""The threshold reminder (seed 000 "checkpoint fence 与换窗"): at `context.reminder_ratio` of the model's
+window, a hidden developer message at the end of the forwarded copy asks the model to save a checkpoint
+note and call `new_context`. Pure: the caller gives the recorded usage and the window size.
+
+Hidden: only the forwarded copy carries it (the agent's history and the journal never do), and one the
+agent resent is dropped, so it never accumulates. It goes last, so the window's prefix (guidance,
+bootstrap, the agent's items) stays byte-identical for the upstream's prompt cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.context.bootstrap import developer_message
+
+REMINDER_MARKER = "<ctproxy_context_reminder>"
+REMINDER_END = "</ctproxy_context_reminder>"
+WRITE_TOOLS = ("notes_write_file", "notes_append_to_file")
+
+
+def is_reminder(item: Any) -> bool:
+    if not isinstance(item, dict) or item.get("type", "message") != "message" or item.get("role") != "developer":
+        return False
+    content = item.get("content")
+    first = content if isinstance(content, str) else (
+        content[0].get("text") if isinstance(content, list) and content and isinstance(content[0], dict) else None)
+    return isinstance(first, str) and first.startswith(REMINDER_MARKER)
+
+
+def reminder_due(used_tokens: int, window_tokens: int | None, ratio: float) -> bool:
+    return bool(window_tokens) and used_tokens >= ratio * window_tokens  # type: ignore[operator]
+
+
+def can_remind(tools: Sequence[str]) -> bool:
+    """The reminder asks for a note and new_context: only a session that can call both gets it."""
+    return "new_context" in tools and any(t in tools for t in WRITE_TOOLS)
+
+
+def reminder_text(used_tokens: int, window_tokens: int, tools: Sequence[str]) -> str:
+    write = next(t for t in WRITE_TOOLS if t in tools)
+    pct = min(100, used_tokens * 100 // window_tokens)
+    return (f"{REMINDER_MARKER}\nThis context window is about {pct}% full ({used_tokens} of {window_tokens} "
+            f"tokens). Save a checkpoint note now with {write} (what the task is, what is done, what remains, "
+            "the window and item ids worth re-reading), then call new_context. The next window starts with "
+            f"an index of your notes; continue the work there.\n{REMINDER_END}")
+
+
+def with_reminder(items: Sequence[Any], text: str | None) -> list[Any]:
+    """`items` without any resent reminder, and with `text` as the last item when given."""
+    out = [item for item in items if not is_reminder(item)]
+    if text is not None:
+        out.append(developer_message(text))
+    return out
