@@ -202,3 +202,22 @@ async def test_without_a_rollover_nothing_is_replaced(emulator, proxy_factory):
     items = emulator.responses_requests[1].input_items
     assert [i.get("role") for i in items] == ["developer", "user", "assistant", "user"]
     assert "do the work" in text_of(items[1])
+
+
+async def test_rest_checkpoint_route_is_mounted(emulator, proxy_factory):
+    """`POST /v1/context/checkpoint` on the running tool server marks the session's agent."""
+    agent = await start(emulator, proxy_factory)
+    emulator.script(Text("a"))
+    await agent.sample({"role": "user", "content": "do the work"})
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{agent.proxy.tools_url}/v1/context/checkpoint", headers=agent.tool_headers,
+                             json={"task": agent.task, "agent": "/root"}) as r:
+            body = await r.json()
+            assert r.status == 200, body
+        assert body["ok"] and body["task"] == agent.task and body["pending_rollover"] == "checkpoint"
+        async with http.post(f"{agent.proxy.tools_url}/v1/context/checkpoint",
+                             json={"task": agent.task, "agent": "/root"}) as r:
+            assert r.status == 401  # behind the bearer token
+        async with http.post(f"{agent.proxy.tools_url}/v1/context/checkpoint", headers=agent.tool_headers,
+                             json={"task": "task_nope", "agent": "/root"}) as r:
+            assert r.status == 404 and (await r.json())["error"]["code"].startswith("unknown_")
