@@ -3,7 +3,6 @@ off leaving requests byte for byte unchanged (issue 12)."""
 
 from __future__ import annotations
 
-import aiohttp
 import orjson
 
 from proxy.bridge.specs import append_specs, select
@@ -63,11 +62,24 @@ def test_specs_are_byte_stable_whatever_the_source_order():
     assert orjson.dumps(a["tools"]) == orjson.dumps(b["tools"])
 
 
-async def test_bridge_off_leaves_the_request_byte_for_byte(emulator, proxy_factory):
-    proxy = await proxy_factory(upstream=emulator.url, extra_args=["--disable", "web_search"])
+async def test_bridge_off_leaves_the_request_byte_for_byte(rt):
+    """With no family bridged the stage returns before parsing: the request, its body and its destination are
+    untouched (and with families set, the same request is changed: the test can fail)."""
+    from mitmproxy.test import tflow
+
+    from addons.bridge import Bridge
+    from proxy.flowstate import state_of
+
     raw = b'{"model":"gpt-4.1",  "input":[{"role":"user","content":"hi"}], "tools":[], "zz_unknown":{"b":1,"a":2}}'
-    async with aiohttp.ClientSession() as http, http.post(proxy.url + "/v1/responses", data=raw, headers={
-            "Content-Type": "application/json", "Authorization": "Bearer sk-x"}) as resp:
-        assert resp.status == 200
-        await resp.read()
-    assert emulator.responses_requests[0].raw_body == raw
+    flow = tflow.tflow()
+    flow.request.method, flow.request.path = "POST", "/v1/responses"
+    flow.request.headers["content-type"] = "application/json"
+    flow.request.raw_content = raw
+    before = (flow.request.url, tuple(flow.request.headers.fields))
+    stage = Bridge()
+    await stage.request(flow)
+    assert flow.request.raw_content == raw and (flow.request.url, tuple(flow.request.headers.fields)) == before
+    assert not state_of(flow).body_checked  # not even parsed
+    rt.config.bridge.families = ["context"]
+    await stage.request(flow)  # bridged but no tool server in this runtime: parsed, still not re-routed
+    assert state_of(flow).body_checked
