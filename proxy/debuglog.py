@@ -148,7 +148,7 @@ def configure_logging(*, debug: bool, request_log: bool, stream: TextIO | None =
         handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
         handler._ctp_stderr = True  # type: ignore[attr-defined]
         ours.addHandler(handler)
-    for h in ours.handlers:  # mitm_master's warnings handler would print the same lines twice
+    for h in list(ours.handlers):  # mitm_master's warnings handler would print the same lines twice
         if getattr(h, "_ctp_warnings", False):
             ours.removeHandler(h)
     handler.setLevel(logging.DEBUG)
