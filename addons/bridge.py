@@ -1,5 +1,5 @@
 """The tool bridge stage ("4 tools"): offers the tool server's tools to any agent and has the proxy run the
-model's calls to them (issue 12, docs/bridge.md, ADR 0006).
+model's calls to them (issue 12, docs/bridge.md, ADR 0007).
 
 With `bridge.families` empty (the default) it returns before parsing anything: requests pass byte for
 byte. Otherwise, on a Responses create request it

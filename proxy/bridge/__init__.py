@@ -1,4 +1,4 @@
-"""The tool bridge (issue 12, docs/bridge.md, ADR 0006): the proxy offers the tool server's tools to any agent
+"""The tool bridge (issue 12, docs/bridge.md, ADR 0007): the proxy offers the tool server's tools to any agent
 and runs the model's calls to them itself, so the agent sees one response.
 
 Pure parts: `specs` (which tools, in which form, appended byte-stably), `items` (executed calls as

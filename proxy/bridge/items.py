@@ -2,7 +2,7 @@
 over a `BridgeMemory`).
 
 The agent sees an executed call as OpenAI's hosted-MCP item, `mcp_call` with `server_label` "ctproxy",
-its arguments and its output (or error): a shape agents never execute (ADR 0006). The upstream must
+its arguments and its output (or error): a shape agents never execute (ADR 0007). The upstream must
 see the call as it was made: the original `function_call` / `custom_tool_call` and its output, with
 their call id, next to the reasoning item that preceded them. `repair_request` gets there whatever the
 agent did with the item:

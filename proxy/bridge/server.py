@@ -1,4 +1,4 @@
-"""The loopback endpoint mitmproxy streams a bridged answer from (ADR 0006).
+"""The loopback endpoint mitmproxy streams a bridged answer from (ADR 0007).
 
 A mitmproxy stream callable is synchronous and cannot wait for a tool, so a request the bridge offered
 tools to is re-routed by the bridge stage to this endpoint, inside the proxy process, on 127.0.0.1 and
