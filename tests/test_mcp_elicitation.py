@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -250,3 +251,48 @@ async def test_the_question_goes_to_the_call_observing_the_cell(tool_server: Any
 
 async def _async(value: Any) -> Any:
     return value
+
+
+# -- Codex CLI 0.169 (a real client that declares elicitation) ------------------------------------------------
+
+async def test_codex_exec_is_asked_and_its_headless_answer_changes_nothing(emulator: Any, proxy_factory: Any,
+                                                                          tmp_path: Path) -> None:
+    """Codex CLI 0.169 declares the elicitation capability (form and url), so the nested patch's question goes
+    to it over the SSE answer; `codex exec` has nobody to show it to and declines it: the cell sees
+    approval-declined and the workspace is unchanged — never a silent yes."""
+    from tests.emulator import FunctionCall, Text
+    from tests.test_cli_codex_config import TEST_SETTINGS, cli, codex_binary
+
+    codex = codex_binary()
+    work = tmp_path / "work"
+    codex_home, home = tmp_path / "codex-home", tmp_path / "home"
+    for d in (codex_home, home, work):
+        d.mkdir()
+    proxy = await proxy_factory(upstream=emulator.url, extra_args=[
+        "--enable", "code_mode", "--enable", "shell", "--enable", "apply_patch", "--workspace", str(work)])
+    config = codex_home / "config.toml"
+    config.write_text(TEST_SETTINGS)
+    out = await asyncio.to_thread(cli, "codex-config", "--state-dir", str(proxy.state_dir), "--write", str(config))
+    assert out.returncode == 0, out.stderr
+    emulator.script(FunctionCall("exec", {"code": cell_patch()}, namespace="mcp__ctproxy", call_id="call_cell"))
+    emulator.set_default(Text("done", deltas=2))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
+           "OPENAI_API_KEY": "sk-codex-test-not-real", "NO_COLOR": "1", "LANG": "C.UTF-8"}
+    proc = await asyncio.create_subprocess_exec(
+        str(codex), "exec", "--skip-git-repo-check", "--json", "patch it", cwd=work, env=env,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 180)
+    except TimeoutError:
+        proc.kill()
+        stdout, stderr = await proc.communicate()
+        pytest.fail(f"codex exec did not finish; stderr tail:\n{stderr.decode()[-2000:]}")
+    assert proc.returncode == 0, f"{stderr.decode()[-3000:]}\n{stdout.decode()[-3000:]}"
+    events = [json.loads(line) for line in stdout.decode().splitlines() if line.startswith("{")]
+    calls = [e["item"] for e in events if e.get("type") == "item.completed"
+             and e.get("item", {}).get("type") == "mcp_tool_call"]
+    assert len(calls) == 1 and calls[0]["tool"] == "exec", events
+    text = "\n".join(c.get("text", "") for c in calls[0]["result"]["content"])
+    # the question reached Codex and its answer came back (an undelivered one would be approval-unavailable)
+    assert "refused approval-declined" in text, calls[0]
+    assert not (work / "made.txt").exists()
