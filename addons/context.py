@@ -25,31 +25,37 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from mitmproxy import http
+from mitmproxy import ctx, http
 
-from addons._flow import header_map, session_of
+from addons._flow import destination_route, header_map, is_reverse, session_of
 from addons._stage import Stage
-from proxy import dbworker, debuglog, runtime
+from proxy import dbworker, debuglog, routes, runtime
 from proxy import usage as usage_store
 from proxy.compaction import journal_link
 from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.store import Checkpoint
 from proxy.context import bootstrap as boot
+from proxy.context import checkpoint_turn as ckturn
 from proxy.context import reminder
-from proxy.context.rollover import Kind, Pending, RolloverStore
-from proxy.flowbody import commit_if_alone, responses_body
+from proxy.context.rollover import Kind, RolloverStore
+from proxy.flowbody import commit_if_alone, decode_bounded, responses_body
 from proxy.flowstate import state_of
 from proxy.journal import Window
 from proxy.journal.canonical import chain_at, session_root
 from proxy.notes.store import NotesStore
+from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.ids import project_ids
 from proxy.transforms.items import client_compacts, input_items
 from proxy.transforms.window import WindowProjection, apply_window
+from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 
 log = logging.getLogger("ctproxy.context")
 
 REPORTED_WINDOWS = 4096  # windows whose divergence this process has recorded (once each)
+# the checkpoint turn's own body (JSON, not streamed, not compressed) replaces these of the agent's request
+REPLACED_HEADERS = frozenset({"content-length", "content-encoding", "content-type", "accept-encoding", "accept"})
+CHECKPOINT_TIMEOUT = 120.0  # seconds for the checkpoint turn's upstream answer and for the note write
 
 
 def _checkpoint_projection(w: Window, rt: runtime.Runtime) -> WindowProjection | None:
@@ -76,8 +82,8 @@ PROJECTIONS: dict[str, Callable[[Window, runtime.Runtime], WindowProjection | No
     "fallback": _checkpoint_projection,
     "notes": stored_projection,  # issue 13: the bootstrap built once at the rollover, replayed byte for byte
 }
-# What this stage consumes at a request: `new_context`. A manual checkpoint asks for the checkpoint turn
-# first, which is not wired yet: its mark stays pending (docs/context.md).
+# What this stage always consumes at a request: `new_context`. A manual checkpoint is consumed only where
+# the checkpoint turn can run (the own-notes write tool reachable, the tool server known); else it waits.
 ROLLOVER_KINDS: tuple[Kind, ...] = ("new_context",)
 
 
@@ -98,9 +104,17 @@ class Context(Stage):
     def __init__(self) -> None:
         self._reported: OrderedDict[str, None] = OrderedDict()
         self._rollovers: RolloverStore | None = None
+        self._tools: ToolClient | None = None
+        self._spec: dict[str, Any] | None = None
+
+    def load(self, loader: Any) -> None:
+        super().load(loader)
+        if "ctp_tools_url" not in loader.master.options:  # also declared by codex_backend and bridge: once
+            loader.add_option("ctp_tools_url", str, "", "the tool server's URL (set by `ctproxy up`)")
 
     def bound(self, rt: runtime.Runtime) -> None:
         self._rollovers = None
+        self._tools, self._spec = None, None
 
     def _store(self) -> RolloverStore:
         if self._rollovers is None:
@@ -120,14 +134,121 @@ class Context(Stage):
 
     async def _with_rollover(self, flow: http.HTTPFlow, ws: journal_link.WindowSession) -> None:
         """The session's pending rollover, consumed at this request (whatever it holds: only
-        terminating calls, a mixed batch, a steer or a follow-up), then the projection."""
+        terminating calls, a mixed batch, a steer or a follow-up), then the projection. A manual
+        checkpoint, or the hard trigger, runs the checkpoint turn first."""
+        body = responses_body(flow)
+        payload = body.value if body is not None else {}
+        can_turn = self._can_checkpoint(payload)
         try:
-            pending = await self._store().take(ws.task_id, ws.address, ROLLOVER_KINDS)
+            kinds = (*ROLLOVER_KINDS, "checkpoint") if can_turn else ROLLOVER_KINDS
+            pending = await self._store().take(ws.task_id, ws.address, kinds)
         except Exception:  # the state database is a record here: never a reason to fail the request
             log.warning("context: could not read the pending rollover of a session")
             pending = None
-        opened = self._roll_over(ws, flow, pending) if pending is not None else None
+        kind = pending.kind if pending is not None else None
+        if kind is None and can_turn and self.rt.config.context.strategy == "notes" and self._hard(flow, ws, payload):
+            kind = "threshold"
+        if kind in ("checkpoint", "threshold"):
+            outcome = await self._checkpoint_turn(flow, ws, payload)
+            journal_link.record_event(ws, "checkpoint_turn", {"outcome": outcome, "reason": kind})
+            debuglog.event("context", outcome="checkpoint_turn", result=outcome, reason=kind)
+            if outcome != "written":
+                kind = f"{kind}_failed"  # the rollover still happens: never a loop, never an overflow
+        opened = self._roll_over(ws, flow, kind) if kind is not None else None
         self._project(flow, ws, opened)
+
+    # ------------------------------------------------------------------ the checkpoint turn
+    def _tools_client(self) -> ToolClient | None:
+        if self._tools is None:
+            try:
+                url = str(getattr(ctx.options, "ctp_tools_url", "") or "")
+            except AttributeError:  # no mitmproxy master (a unit test): no tool server to call
+                url = ""
+            if url:
+                self._tools = ToolClient(url, self.rt.state.token(), timeout=CHECKPOINT_TIMEOUT)
+        return self._tools
+
+    def _can_checkpoint(self, payload: dict[str, Any]) -> bool:
+        """The turn needs the agent's own-notes write tool (reachable) and the tool server that runs it."""
+        return ckturn.WRITE_TOOL in reachable_context_tools(payload, self.rt) and self._tools_client() is not None
+
+    def _hard(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any]) -> bool:
+        used = self._usage_ratio(flow, ws, payload, self.rt.config.context.hard_ratio)
+        return used is not None
+
+    async def _write_spec(self, client: ToolClient) -> dict[str, Any] | None:
+        if self._spec is None:
+            for tool in await client.specs():
+                if tool.name == ckturn.WRITE_TOOL and tool.available:
+                    self._spec = dict(tool.function)
+        return self._spec
+
+    async def _checkpoint_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession,
+                               payload: dict[str, Any]) -> str:
+        """One turn upstream (the current window + the instruction, only the own-notes write offered and
+        required), exactly one own-notes write executed (a failed one may be corrected once). Returns
+        `written` or why not (a category)."""
+        rt = self.rt
+        client = self._tools_client()
+        if client is None:
+            return "no_tool_server"
+        try:
+            spec = await self._write_spec(client)
+        except ToolServerUnreachable:
+            return "no_tool_server"
+        if spec is None:
+            return "no_write_tool"
+        forwarded = decorate(payload, self._forward_of(flow, ws, payload, None), ws, rt, None)
+        extra: list[Any] = []
+        for _attempt in range(2):
+            body = ckturn.turn_body(forwarded, spec, rt.config.context.checkpoint_instruction, extra)
+            answer = await self._send(flow, body)
+            if answer is None:
+                return "upstream_failed"
+            call, why = ckturn.write_call(answer)
+            if call is None:
+                return why
+            if not ckturn.own_path(call.arguments, ws.address):
+                return "not_own_notes"  # another agent's notes never lift the fence
+            try:
+                out = await client.call(ToolCall(ckturn.WRITE_TOOL, "function", call.arguments, call_id=call.call_id,
+                                                 task=ws.task_id, agent=ws.address, session=ws.key))
+            except ToolServerUnreachable:
+                return "no_tool_server"
+            if not out.is_error:
+                return "written"
+            extra = ckturn.correction(call, out.output)
+        return "write_failed"
+
+    async def _send(self, flow: http.HTTPFlow, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The turn through the upstream-turn service, to the request's own destination with its own
+        credentials under the one credential rule; the held JSON answer, or None."""
+        rt = self.rt
+        if rt.services.upstream is None:
+            rt.services.upstream = UpstreamTurns()
+        turns = rt.services.upstream
+        req = flow.request
+        route = state_of(flow).route
+        if not isinstance(route, routes.Route):
+            route = destination_route(flow, trusted=rt.upstream.trusted)
+        allowed = routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
+                                                 req.headers.items(multi=True))
+        headers = [(k, v) for k, v in req.headers.items(multi=True) if k.lower() not in REPLACED_HEADERS]
+        headers += [("content-type", "application/json"), ("accept", "application/json"),
+                    ("accept-encoding", "identity")]
+        up = turns.prepare("POST", req.url, headers, orjson.dumps(body), allowed)
+        try:
+            held = await turns.hold(up, timeout=CHECKPOINT_TIMEOUT)
+        except (UpstreamUnavailable, UpstreamBroken):
+            return None
+        if held.status != 200:
+            return None
+        try:
+            raw = decode_bounded(held.body, held.header("content-encoding"), rt.config.limits.max_body_bytes)
+            answer = orjson.loads(raw)
+        except Exception:  # an answer we cannot read is a failed turn, never a failed request
+            return None
+        return answer if isinstance(answer, dict) else None
 
     def _window_session(self, flow: http.HTTPFlow) -> journal_link.WindowSession | None:
         body = responses_body(flow)
@@ -141,7 +262,7 @@ class Context(Stage):
         return journal_link.window_session(rt, st.journal, st.journal_mark, ident,
                                            {**header_map(flow), **st.identity_headers}, body.value)
 
-    def _roll_over(self, ws: journal_link.WindowSession, flow: http.HTTPFlow, pending: Pending) -> Window | None:
+    def _roll_over(self, ws: journal_link.WindowSession, flow: http.HTTPFlow, kind: str) -> Window | None:
         """Open the session's notes window at the rollover boundary: calls and their outputs before it,
         the agent's trailing user messages after it. The bootstrap is built once, here, and stored."""
         body = responses_body(flow)
@@ -159,7 +280,7 @@ class Context(Stage):
         notes = _notes_index(rt, ws.task_id, ws.address)
         start = boot.WindowStart(ws.address, window_id, prev.window_id if prev is not None else None, notes,
                                  tools=reachable_context_tools(body.value, rt), task_id=ws.task_id,
-                                 reason=pending.kind)
+                                 reason=kind)
         # a copy, not the agent's objects: the stored bootstrap is what every later request replays
         leading = orjson.loads(orjson.dumps(boot.leading_instructions(items)))
         bootstrap = boot.build_bootstrap(start, leading)
@@ -168,10 +289,10 @@ class Context(Stage):
         if mark is not None and not mark.failed and len(mark.input_ids) == len(items):
             boundary_item = mark.input_ids[n - 1] or None
         w = j.start_window(ws.key, boundary_item, "notes", {"items": bootstrap}, boundary_pos=n,
-                           boundary_hash=chain_at(items, session_root(ws.key), n), reason=pending.kind)
+                           boundary_hash=chain_at(items, session_root(ws.key), n), reason=kind)
         if w.window_id != window_id:  # the identity message names another window: said, never hidden
             log.warning("context: window %s opened, the bootstrap names %s", w.window_id, window_id)
-        debuglog.event("context", outcome="rollover", kind=pending.kind, window=w.window_id, boundary=n)
+        debuglog.event("context", outcome="rollover", kind=kind, window=w.window_id, boundary=n)
         return w
 
     def _project(self, flow: http.HTTPFlow, ws: journal_link.WindowSession | None, opened: Window | None) -> None:
@@ -179,23 +300,31 @@ class Context(Stage):
         if body is None:
             return
         payload = body.value
-        info = state_of(flow).compaction
-        if opened is None and isinstance(info, FlowInfo) and info.checkpoint is not None:
-            out = project_decision(payload, info)  # compaction decided: apply that
-        else:
-            out = self._current(flow, payload, ws, decided=isinstance(info, FlowInfo), window=opened)
+        out = self._forward_of(flow, ws, payload, opened)
         if ws is not None:
             out = decorate(payload, out, ws, self.rt, self._reminder(flow, ws, payload, opened))
         if out is not payload:
             body.replace(out)
             commit_if_alone(flow)
 
+    def _forward_of(self, flow: http.HTTPFlow, ws: journal_link.WindowSession | None, payload: dict[str, Any],
+                    opened: Window | None) -> dict[str, Any]:
+        """The window applied: compaction's decision, or the session's current window (`opened` now)."""
+        info = state_of(flow).compaction
+        if opened is None and isinstance(info, FlowInfo) and info.checkpoint is not None:
+            return project_decision(payload, info)  # compaction decided: apply that
+        return self._current(flow, payload, ws, decided=isinstance(info, FlowInfo), window=opened)
+
     def _reminder(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                   opened: Window | None) -> tuple[int, int] | None:
-        """(tokens used, window) when the session's last recorded answer, in its current window, used
-        `context.reminder_ratio` of the model's window; else None."""
         if opened is not None:
             return None  # this request starts a new window: the last usage was the old window's
+        return self._usage_ratio(flow, ws, payload, self.rt.config.context.reminder_ratio)
+
+    def _usage_ratio(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
+                     ratio: float) -> tuple[int, int] | None:
+        """(tokens used, window) when the session's last recorded answer, in its current window, used
+        `ratio` of the model's window; else None."""
         rt = self.rt
         ident = session_of(flow, rt.services.response_aliases)
         u = rt.services.usage.get(ident.session_key) if ident is not None else None
@@ -204,7 +333,7 @@ class Context(Stage):
         model = payload.get("model") if isinstance(payload.get("model"), str) else u.model
         window = usage_store.model_window(model, rt.config.model_windows)
         used = u.input_tokens + u.output_tokens
-        if window is None or not reminder.reminder_due(used, window, rt.config.context.reminder_ratio):
+        if window is None or not reminder.reminder_due(used, window, ratio):
             return None
         w = ws.journal.window_of(ws.key)
         if w is not None and w.created_at > u.updated_at:

@@ -1,0 +1,81 @@
+"""The checkpoint turn (seed 000 "checkpoint fence 与换窗"), its pure parts: the request ctproxy sends
+upstream before rolling a session over at the hard trigger or for a manual checkpoint, and what it
+accepts from the answer.
+
+The turn is the current window as it would be forwarded, plus the checkpoint instruction, with only
+the write tool for the agent's *own* notes offered and required (`tool_choice`), one call, no stream.
+The answer is accepted only when it holds exactly one call of that tool whose path is the agent's own
+(a relative path, or an absolute one under `<agent>/notes/`): another agent's notes never lift the fence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.context.bootstrap import developer_message
+
+WRITE_TOOL = "notes_write_file"
+DEFAULT_INSTRUCTION = (
+    "Context checkpoint: this context window is nearly full and a new one starts right after this. Call "
+    f"{WRITE_TOOL} exactly once now to save a checkpoint note in your own notes (for example path "
+    "checkpoint.md): what the task is, what is done, what remains, the decisions made, and the window and item "
+    "ids worth re-reading. Do nothing else.")
+
+
+def turn_body(forwarded: Mapping[str, Any], write_spec: Mapping[str, Any], instruction: str | None,
+              extra: Sequence[Any] = ()) -> dict[str, Any]:
+    """The checkpoint turn's request: `forwarded` (the window as the agent's request would go up), the
+    instruction last, only the own-notes write tool, required. `extra`: a failed call and its output,
+    for the one correction."""
+    inp = forwarded.get("input")
+    items = list(inp) if isinstance(inp, list) else [{"role": "user", "content": inp}] if isinstance(inp, str) else []
+    body = {k: v for k, v in forwarded.items() if k not in ("stream", "stream_options", "tool_choice", "tools",
+                                                          "parallel_tool_calls", "previous_response_id")}
+    body["input"] = [*items, developer_message(instruction or DEFAULT_INSTRUCTION), *extra]
+    body["tools"] = [{**write_spec, "type": "function"}]
+    body["tool_choice"] = {"type": "function", "name": WRITE_TOOL}
+    body["parallel_tool_calls"] = False
+    body["stream"] = False
+    return body
+
+
+@dataclass(frozen=True)
+class WriteCall:
+    call_id: str
+    arguments: str
+    item: dict[str, Any]  # the function_call item as answered (for the correction round)
+
+
+def own_path(arguments: str, address: str) -> bool:
+    try:
+        args = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return False
+    path = args.get("path") if isinstance(args, dict) else None
+    if not isinstance(path, str) or not path:
+        return False
+    return not path.startswith("/") or path.startswith(f"{address.rstrip('/')}/notes/")
+
+
+def write_call(answer: Mapping[str, Any]) -> tuple[WriteCall | None, str]:
+    """The one own-notes write call of a held Responses answer, or None and why (a category)."""
+    if answer.get("status") not in (None, "completed"):
+        return None, "incomplete"
+    calls = [o for o in answer.get("output") or [] if isinstance(o, dict) and o.get("type") == "function_call"]
+    writes = [c for c in calls if c.get("name") == WRITE_TOOL]
+    if len(writes) != 1 or len(calls) != 1:
+        return None, "no_write" if not writes else "several_calls"
+    c = writes[0]
+    if not isinstance(c.get("call_id"), str) or not isinstance(c.get("arguments"), str):
+        return None, "malformed"
+    return WriteCall(c["call_id"], c["arguments"], c), "ok"
+
+
+def correction(call: WriteCall, error_text: str) -> list[dict[str, Any]]:
+    """The failed call and its error, for the model's one chance to correct it."""
+    item = {k: v for k, v in call.item.items() if k not in ("id", "status")}
+    return [item, {"type": "function_call_output", "call_id": call.call_id, "output": error_text}]

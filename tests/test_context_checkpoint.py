@@ -1,0 +1,106 @@
+"""Issue 13, end to end: the checkpoint turn. At the hard trigger (or for a manual checkpoint) ctproxy
+itself runs one turn upstream before forwarding the agent's request: the current window plus the
+checkpoint instruction, only the agent's own-notes write tool offered and required; it executes that
+one write through the tool server, rolls over, and forwards the agent's request in the new window
+(whose notes index lists the note). A failed write is corrected once; a turn without a write still
+rolls over (never a loop, never an overflow to the agent)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.emulator import FunctionCall, Text
+from tests.test_context_reminder import BIG
+from tests.test_context_rollover import start, text_of
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def configured(emulator: Any, proxy_factory: Any, tmp_path: Any) -> Any:
+    cfg = tmp_path / "ctx.json"
+    cfg.write_text(json.dumps({"model_windows": {"gpt-4.1": 4_000},
+                               "context": {"reminder_ratio": 0.4, "hard_ratio": 0.5}}))
+    return await start(emulator, proxy_factory, ["--config", str(cfg)])
+
+
+def is_turn(req: Any) -> bool:
+    return (req.json or {}).get("tool_choice") == {"type": "function", "name": "notes_write_file"}
+
+
+async def fill(agent: Any) -> None:
+    await agent.sample({"role": "user", "content": "small start"})
+    await agent.sample({"role": "user", "content": BIG})  # its answer records ≈ 3,000 of 4,000 tokens
+
+
+async def test_hard_trigger_runs_the_checkpoint_turn_then_forwards_in_the_new_window(emulator, proxy_factory,
+                                                                                     tmp_path):
+    agent = await configured(emulator, proxy_factory, tmp_path)
+    emulator.script(Text("a"), Text("b"),
+                    FunctionCall("notes_write_file", {"path": "checkpoint.md", "text": "half done"}, call_id="c_ck"),
+                    Text("resumed"), Text("later"))
+    await fill(agent)
+    resp = await agent.sample({"role": "user", "content": "go on"})
+    assert resp.output_text == "resumed"  # the agent only sees its answer arrive a little later
+    reqs = emulator.responses_requests
+    turn, fwd = reqs[2], reqs[3]
+    assert is_turn(turn) and [t["name"] for t in turn.json["tools"]] == ["notes_write_file"]
+    assert turn.json["stream"] is False and turn.json["parallel_tool_calls"] is False
+    last = turn.input_items[-1]
+    assert last["role"] == "developer" and "checkpoint note" in text_of(last)
+    assert BIG in json.dumps(turn.input_items)  # the current window, whole
+    notes = list((agent.proxy.state_dir / "notes").rglob("checkpoint.md"))
+    assert len(notes) == 1 and notes[0].read_text() == "half done"
+    texts = [text_of(i) for i in fwd.input_items[:4]]
+    assert "context window w2" in texts[1] and '"path":"/root/notes/checkpoint.md"' in texts[2]
+    assert text_of(fwd.input_items[-1]).endswith("go on") and BIG not in json.dumps(fwd.input_items)
+    await agent.sample({"role": "user", "content": "next"})  # the stale usage does not trigger it again
+    assert len(emulator.responses_requests) == 5 and not is_turn(emulator.responses_requests[4])
+
+
+async def test_a_failed_write_is_corrected_once(emulator, proxy_factory, tmp_path):
+    agent = await configured(emulator, proxy_factory, tmp_path)
+    emulator.script(Text("a"), Text("b"),
+                    FunctionCall("notes_write_file", {"path": "../../escape.md", "text": "x"}, call_id="c_bad"),
+                    FunctionCall("notes_write_file", {"path": "ck.md", "text": "fixed"}, call_id="c_ok"),
+                    Text("resumed"))
+    await fill(agent)
+    resp = await agent.sample({"role": "user", "content": "go on"})
+    assert resp.output_text == "resumed"
+    second_turn = emulator.responses_requests[3]
+    assert is_turn(second_turn)
+    outs = [i for i in second_turn.input_items if i.get("type") == "function_call_output"]
+    assert outs and outs[-1]["call_id"] == "c_bad"  # the error, for the one correction
+    assert [p.read_text() for p in (agent.proxy.state_dir / "notes").rglob("ck.md")] == ["fixed"]
+    assert '"path":"/root/notes/ck.md"' in text_of(emulator.responses_requests[4].input_items[2])
+
+
+async def test_no_write_still_rolls_over_without_a_loop(emulator, proxy_factory, tmp_path):
+    agent = await configured(emulator, proxy_factory, tmp_path)
+    emulator.script(Text("a"), Text("b"), Text("I will not write"), Text("resumed"), Text("later"))
+    await fill(agent)
+    resp = await agent.sample({"role": "user", "content": "go on"})
+    assert resp.output_text == "resumed"
+    fwd = emulator.responses_requests[3]
+    assert "context window w2" in text_of(fwd.input_items[1]) and "none (your notes" in text_of(fwd.input_items[2])
+    await agent.sample({"role": "user", "content": "next"})
+    assert len(emulator.responses_requests) == 5 and not is_turn(emulator.responses_requests[4])
+
+
+async def test_manual_checkpoint_runs_the_turn_at_the_next_request(emulator, proxy_factory):
+    agent = await start(emulator, proxy_factory)
+    emulator.script(Text("a"), FunctionCall("notes_write_file", {"path": "manual.md", "text": "m"}, call_id="c_m"),
+                    Text("resumed"))
+    await agent.sample({"role": "user", "content": "do the work"})
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{agent.proxy.tools_url}/v1/context/checkpoint", headers=agent.tool_headers,
+            json={"task": agent.task, "agent": "/root"}) as r:
+        assert r.status == 200
+    resp = await agent.sample({"role": "user", "content": "continue"})
+    assert resp.output_text == "resumed"
+    assert is_turn(emulator.responses_requests[1])
+    fwd = emulator.responses_requests[2].input_items
+    assert '"path":"/root/notes/manual.md"' in text_of(fwd[2]) and text_of(fwd[-1]).endswith("continue")
