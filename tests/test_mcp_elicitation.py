@@ -228,6 +228,28 @@ async def test_a_question_holds_the_exec_call_open_past_its_yield_time(tool_serv
     assert (tmp_path / "made.txt").exists()
 
 
+async def test_two_open_questions_both_hold_the_call(tool_server: Any, tmp_path: Path) -> None:
+    """Two patches at once from one cell: the call stays open until both are answered (the first answer
+    alone does not release it), and both are applied."""
+    srv = await tool_server(CODE_ON, workspace=tmp_path)
+    second = PATCH.replace("made.txt", "also.txt")
+    answered: list[int] = []
+
+    async def think() -> None:
+        # the first question is answered at once, the second only well after the 250 ms yield
+        if answered:
+            await asyncio.sleep(1.5)
+        answered.append(1)
+
+    person = Person(["accept", "accept"], before=think)
+    code = (f"const rs = await Promise.all([tools.apply_patch({{patch: {json.dumps(PATCH)}}}), "
+            f"tools.apply_patch({{patch: {json.dumps(second)}}})]);\nprint('both', rs.map(r => r.ok).join(','))")
+    async with mcp_session(srv, person) as call:
+        res = await call("exec", {"code": code, "yield_time_ms": 250})
+    assert not res.is_error and "both true,true" in res.text, res.text
+    assert len(person.asked) == 2 and (tmp_path / "made.txt").exists() and (tmp_path / "also.txt").exists()
+
+
 async def test_the_question_goes_to_the_call_observing_the_cell(tool_server: Any, tmp_path: Path) -> None:
     """exec from a client that cannot be asked returns while the cell still runs; the patch comes later, while
     an eliciting client waits on the cell: that client is asked."""

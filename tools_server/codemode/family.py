@@ -162,8 +162,8 @@ class CodeModeFamily:
         # Approval of a nested apply_patch is asked through the call observing the cell now (exec or wait):
         # its client and its open request are the only channel to a person. Cell ID -> that call's asker.
         self._askers: dict[str, Callable[[str], Awaitable[ConfirmAnswer]]] = {}
-        # Cell ID -> set when the question being asked for it has its answer (the observer waits for it).
-        self._asking: dict[str, asyncio.Event] = {}
+        # Cell ID -> one event per question open for it, set once answered (the observer waits for them).
+        self._asking: dict[str, set[asyncio.Event]] = {}
 
     def _capture(self, cell_id: str) -> StreamCapture | None:
         """Cell output shares the shell family's capture store (one private folder per server session)."""
@@ -219,7 +219,8 @@ class CodeModeFamily:
                             "'confirm') and this client cannot be asked (that needs an MCP client with "
                             "elicitation); nothing was changed. Call apply_patch directly, or set "
                             "code_mode.approval_mode to 'always'.", code="approval-unavailable")
-        answered = self._asking.setdefault(cell.id, asyncio.Event())
+        answered = asyncio.Event()
+        self._asking.setdefault(cell.id, set()).add(answered)
         try:
             answer = await confirm(patch_question(cell.id, patch))
         except asyncio.CancelledError:
@@ -230,8 +231,10 @@ class CodeModeFamily:
                             "changed. Call apply_patch directly, or retry it from a cell.",
                             code="approval-unavailable") from None
         finally:
-            if self._asking.get(cell.id) is answered:
-                del self._asking[cell.id]
+            open_ = self._asking.get(cell.id, set())
+            open_.discard(answered)
+            if not open_:
+                self._asking.pop(cell.id, None)
             answered.set()
         if answer != "accept":
             raise ToolError(f"apply_patch inside a code cell was not approved (the answer was '{answer}'); "
@@ -308,16 +311,15 @@ class CodeModeFamily:
         while cell.state == "running" and yield_s > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(cell.done.wait(), yield_s)
-            answered = self._asking.get(cell.id)
-            if cell.state != "running" or answered is None:
+            if cell.state != "running" or not self._asking.get(cell.id):
                 return
-            done = asyncio.ensure_future(cell.done.wait())
-            asked = asyncio.ensure_future(answered.wait())
-            try:
-                await asyncio.wait({done, asked}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                done.cancel()
-                asked.cancel()
+            while cell.state == "running" and (open_ := self._asking.get(cell.id)):
+                waits = {asyncio.ensure_future(cell.done.wait()), *(asyncio.ensure_future(e.wait()) for e in open_)}
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waits:
+                        w.cancel()
 
     def tools(self) -> Iterable[Tool]:
         return [
