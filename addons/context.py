@@ -32,6 +32,7 @@ from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, runtime
 from proxy import usage as usage_store
 from proxy.compaction import journal_link
+from proxy.compaction.engine import Plan, compact
 from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.store import Checkpoint
 from proxy.context import bootstrap as boot
@@ -152,10 +153,38 @@ class Context(Stage):
             outcome = await self._checkpoint_turn(flow, ws, payload)
             journal_link.record_event(ws, "checkpoint_turn", {"outcome": outcome, "reason": kind})
             debuglog.event("context", outcome="checkpoint_turn", result=outcome, reason=kind)
-            if outcome != "written":
-                kind = f"{kind}_failed"  # the rollover still happens: never a loop, never an overflow
+            if outcome != "written":  # the readable compaction fallback: never a loop, never an overflow
+                opened = await self._fallback(ws, flow, kind)
+                if opened is not None:
+                    self._project(flow, ws, opened)
+                    return
+                kind = f"{kind}_failed"  # nothing to compact: a notes window all the same
         opened = self._roll_over(ws, flow, kind) if kind is not None else None
         self._project(flow, ws, opened)
+
+    async def _fallback(self, ws: journal_link.WindowSession, flow: http.HTTPFlow, kind: str) -> Window | None:
+        """The checkpoint turn failed: the session falls back to compaction's readable fallback (built by
+        compaction's engine without an upstream call), at the same boundary a rollover would take."""
+        body = responses_body(flow)
+        items = input_items(body.value) if body is not None else None
+        n = boot.rollover_boundary(items) if items else 0
+        if not items or n == 0:
+            return None
+        rt = self.rt
+        model = body.value.get("model") if isinstance(body.value.get("model"), str) else None
+        plan = Plan(session_key=ws.key, client_items=items, previous=journal_link.current_checkpoint(ws),
+                    replay_opaque=False, boundary=n, payload=body.value,
+                    window=usage_store.model_window(model, rt.config.model_windows), fingerprint=None, target=None,
+                    remote_blocked="checkpoint_turn_failed",
+                    reason="threshold" if kind == "threshold" else "checkpoint")
+        if plan.previous is not None and plan.previous.boundary >= n:
+            return None
+        try:
+            cp = journal_link.open_window(ws, await compact(plan, _no_remote))
+        except Exception:  # the journal or the engine refused: the notes window instead
+            log.warning("context: the compaction fallback after a failed checkpoint turn could not be opened")
+            return None
+        return ws.journal.window_of(ws.key) if cp.window_id else None
 
     # ------------------------------------------------------------------ the checkpoint turn
     def _tools_client(self) -> ToolClient | None:
@@ -360,7 +389,7 @@ class Context(Stage):
         if w is None:
             mark = ws.mark
             w = mark.state.window if mark is not None and mark.state is not None else ws.journal.window_of(ws.key)
-        if w is None or (decided and w.strategy in COMPACTION_STRATEGIES):
+        if w is None or (window is None and decided and w.strategy in COMPACTION_STRATEGIES):
             return payload
         make = PROJECTIONS.get(w.strategy)
         proj = make(w, rt) if make is not None else None
@@ -397,6 +426,10 @@ class Context(Stage):
             self._reported.popitem(last=False)
         journal_link.record_event(ws, "projection", {"outcome": "diverged", "window_id": w.window_id,
                                                      "strategy": w.strategy})
+
+
+async def _no_remote(target: Any, body: dict[str, Any]) -> Any:
+    raise AssertionError("the fallback after a failed checkpoint turn never calls the remote endpoint")
 
 
 def _stateful_or_client(payload: dict[str, Any]) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.transforms.fallback import is_fallback_message
 from tests.emulator import FunctionCall, Text
 from tests.test_context_reminder import BIG
 from tests.test_context_rollover import start, text_of
@@ -78,16 +79,24 @@ async def test_a_failed_write_is_corrected_once(emulator, proxy_factory, tmp_pat
     assert '"path":"/root/notes/ck.md"' in text_of(emulator.responses_requests[4].input_items[2])
 
 
-async def test_no_write_still_rolls_over_without_a_loop(emulator, proxy_factory, tmp_path):
+@pytest.mark.parametrize("answer", ["text", "other_agents_notes"])
+async def test_a_failed_turn_falls_back_to_compaction_without_a_loop(emulator, proxy_factory, tmp_path, answer):
+    """No write (or a write to another agent's notes, which never lifts the fence): the readable
+    compaction fallback replaces the window; the agent gets its answer; the next request runs no turn."""
     agent = await configured(emulator, proxy_factory, tmp_path)
-    emulator.script(Text("a"), Text("b"), Text("I will not write"), Text("resumed"), Text("later"))
+    failed = (Text("I will not write") if answer == "text" else
+              FunctionCall("notes_write_file", {"path": "/root/reviewer/notes/x.md", "text": "x"}, call_id="c_o"))
+    emulator.script(Text("a"), Text("b"), failed, Text("resumed"), Text("later"))
     await fill(agent)
     resp = await agent.sample({"role": "user", "content": "go on"})
     assert resp.output_text == "resumed"
-    fwd = emulator.responses_requests[3]
-    assert "context window w2" in text_of(fwd.input_items[1]) and "none (your notes" in text_of(fwd.input_items[2])
+    fwd = emulator.responses_requests[3].input_items
+    assert any(map(is_fallback_message, fwd[:2])) and BIG not in json.dumps(fwd)  # compacted: the window shrank
+    assert text_of(fwd[-1]).endswith("go on")
+    assert not list((agent.proxy.state_dir / "notes").rglob("x.md"))
     await agent.sample({"role": "user", "content": "next"})
     assert len(emulator.responses_requests) == 5 and not is_turn(emulator.responses_requests[4])
+    assert any(map(is_fallback_message, emulator.responses_requests[4].input_items[:2]))  # still in effect
 
 
 async def test_manual_checkpoint_runs_the_turn_at_the_next_request(emulator, proxy_factory):
