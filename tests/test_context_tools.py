@@ -190,8 +190,9 @@ def test_status_says_exactly_what_is_active():
     from proxy.status import capability_status
 
     st = capability_status(Config(), "context")
-    assert st.state == "active" and "new_context" in st.reason and "rolls a new_context over" in st.reason
-    assert "checkpoint turn" in st.reason.split("not applied yet")[1]  # said until it is wired
+    assert st.state == "active" and "new_context" in st.reason and "rolls over at the session's next" in st.reason
+    assert "runs the checkpoint turn" in st.reason and "readable compaction fallback" in st.reason
+    assert "not applied yet" not in st.reason
     assert capability("context").tools == ("get_context_remaining", "new_context")
     cfg = Config()
     cfg.context.enabled = False

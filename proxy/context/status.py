@@ -15,9 +15,13 @@ def context_status(config: Config) -> tuple[str, str]:
              "the window) and new_context / `ctproxy context checkpoint` (mark a pending rollover)")
     if PROJECTION_WIRED:
         ids = "on" if c.id_projection else "off"
-        return "active", (f"{tools}; the proxy rolls a new_context over at the session's next request with the "
-                          f"notes bootstrap, adds the guidance where its tools are reachable, [id: …] projection "
-                          f"{ids}; not applied yet: the reminder at {c.reminder_ratio:.0%}, the checkpoint turn at "
-                          f"the hard trigger (strategy {c.strategy}) and a manual checkpoint, which stays pending")
+        hard = ("the proxy runs the checkpoint turn (own-notes write required) and rolls over, falling back to the "
+                "readable compaction fallback when the turn fails" if c.strategy == "notes" else
+                f"strategy {c.strategy}: left to compaction's own threshold (no checkpoint turn)")
+        return "active", (f"{tools}; the proxy rolls over at the session's next request with the notes bootstrap; "
+                          f"guidance where its tools are reachable; [id: …] projection {ids} (sessions that can call "
+                          f"history_read_item); reminder at {c.reminder_ratio:.0%}; at {c.hard_ratio:.0%} {hard}; a "
+                          "manual checkpoint runs the same turn at the next request where notes_write_file is "
+                          "reachable, else it stays pending")
     return "active", (f"{tools}; not applied yet: the proxy does not roll over, bootstrap, add guidance or "
                       "[id: …] markers until the projection stage consumes pending rollovers (docs/context.md)")
