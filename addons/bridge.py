@@ -86,7 +86,17 @@ class Bridge(Stage):
             return
         body.replace(repair_request(body.value, svc.memory))
         specs = await svc.tool_specs()
-        offer = select(specs or [], cfg.families, body.value, cfg.apply_patch_form)
+        st = state_of(flow)
+        task = agent = session = None
+        ident = session_of(flow, rt.services.response_aliases)
+        if ident is not None:
+            task, agent, session = ident.task, ident.agent, ident.session_key
+        if isinstance(st.agent_identity, tuple) and len(st.agent_identity) == 2:
+            task, agent = st.agent_identity  # as the journal resolved them
+        carried = None
+        if specs and rt.config.enabled("tool_discovery"):  # the session's loads decide what is carried
+            carried = await svc.carried(specs, session, task, agent, rt.config.tool_discovery.deferred)
+        offer = select(specs or [], cfg.families, body.value, cfg.apply_patch_form, carried=carried)
         if offer.left_out:
             svc.note_left_out(offer.left_out)
         if not offer.tools:
@@ -94,7 +104,6 @@ class Bridge(Stage):
             return
         body.replace(append_specs(body.value, offer))
         req = flow.request
-        st = state_of(flow)
         route = st.route if isinstance(st.route, routes.Route) else destination_route(flow, rt.upstream.trusted)
         pairs = list(req.headers.items(multi=True))
         allowed = routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
@@ -103,18 +112,13 @@ class Bridge(Stage):
             commit_if_alone(flow)
             return  # not bridged: the guard refuses it with its 403
         creds = tuple((k, v) for k, v in pairs if k.lower() in routes.CREDENTIAL_HEADERS)
-        task = agent = session = None
-        ident = session_of(flow, rt.services.response_aliases)
-        if ident is not None:
-            task, agent, session = ident.task, ident.agent, ident.session_key
-        if isinstance(st.agent_identity, tuple) and len(st.agent_identity) == 2:
-            task, agent = st.agent_identity  # as the journal resolved them
         url = req.url
         job = BridgeJob(url=url, credentials=creds, credentials_allowed=allowed, offer=offer,
                         caller=CallerUpstream(base_url(url, route.kind), route.kind, route.official, allowed,
                                               dict(creds) if allowed else {}),
                         task=task, agent=agent, session=session, max_rounds=cfg.max_rounds,
-                        timeout=rt.config.timeouts.stream_idle_seconds)
+                        timeout=rt.config.timeouts.stream_idle_seconds, catalog=tuple(specs or ()),
+                        families=tuple(cfg.families), apply_patch_form=cfg.apply_patch_form)
         port = await svc.start()
         path = svc.register(job, req.path)
         if creds:  # the job holds them; the request to the loopback endpoint carries none

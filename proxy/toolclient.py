@@ -76,10 +76,34 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class ToolImage:
+    """An image a tool returned (`openai_generate_image`, `computer_use_get_app_state`)."""
+
+    mime_type: str
+    data: str = field(repr=False)  # base64
+
+    def data_url(self) -> str:
+        return f"data:{self.mime_type};base64,{self.data}"
+
+
+@dataclass(frozen=True)
 class CallOutcome:
     output: str
     is_error: bool
     error: str | None = None
+    images: tuple[ToolImage, ...] = ()
+    carried: frozenset[str] | None = None  # tool discovery on: what the caller's next round carries
+
+
+def _carried(value: Any) -> frozenset[str] | None:
+    return frozenset(str(n) for n in value) if isinstance(value, list) else None
+
+
+def _images(value: Any) -> tuple[ToolImage, ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple(ToolImage(str(i["mime_type"]), str(i["data"])) for i in value
+                 if isinstance(i, Mapping) and isinstance(i.get("mime_type"), str) and isinstance(i.get("data"), str))
 
 
 class ToolClient:
@@ -105,6 +129,20 @@ class ToolClient:
             raise ToolServerUnreachable(type(exc).__name__) from None
         return [BridgeTool.from_json(d) for d in data.get("data", [])]
 
+    async def carried(self, session: str | None, task: str | None, agent: str | None) -> frozenset[str] | None:
+        """The tool names a bridged request of this caller carries under tool discovery (None: discovery
+        is off on the tool server, every available tool may be offered)."""
+        query = {"only": "carried", "session": session or "", "task": task or "", "agent": agent or ""}
+        try:
+            async with self._session().get(self.url + "/v1/bridge/specs", headers=self._auth, params=query,
+                                           timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                if resp.status != 200:
+                    raise ToolServerUnreachable(f"HTTP {resp.status}")
+                data = orjson.loads(await resp.read())
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+            raise ToolServerUnreachable(type(exc).__name__) from None
+        return _carried(data.get("carried"))
+
     async def call(self, call: ToolCall) -> CallOutcome:
         """Raises ToolServerUnreachable when there is no answer (the call's effect is then unknown)."""
         try:
@@ -117,7 +155,8 @@ class ToolClient:
                 data = orjson.loads(raw)
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
             raise ToolServerUnreachable(type(exc).__name__) from None
-        return CallOutcome(str(data.get("output", "")), bool(data.get("is_error")), data.get("error"))
+        return CallOutcome(str(data.get("output", "")), bool(data.get("is_error")), data.get("error"),
+                           _images(data.get("images")), _carried(data.get("carried")))
 
     async def close(self) -> None:
         if self._http is not None:

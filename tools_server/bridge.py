@@ -3,12 +3,18 @@
 `GET /v1/bridge/specs`: every tool of the registry with its Responses-format specs (function, and the
 `custom` grammar form where the tool has one), its mode (parallel / sequential), its capability and
 whether it can run here (enabled; a workspace for the file and shell tools). The proxy picks from it.
+With `session` (or `task` and `agent`) in the query, the answer also lists under `carried` the names a
+bridged request of that caller carries when tool discovery is on (`find_tools` and what the session
+loaded, none of the other deferred tools), else `carried: null`; `only=carried` leaves the specs out
+(the proxy fetches the specs once and asks this per request).
 
 `POST /v1/bridge/call`: one model call as the model wrote it — a function call's raw `arguments` string
 or a custom tool call's `input` — with the identity of the agent request it came from. Whatever goes
 wrong with the call itself (malformed JSON, unknown fields, an unknown or disabled tool, a failing tool)
 is the call's output, `is_error: true`, for the model to read: the turn goes on. Only a malformed
-request to this endpoint is an HTTP error.
+request to this endpoint is an HTTP error. The answer carries the result's images (`{mime_type, data}`,
+base64) and, with discovery on, the caller's `carried` names after the call (a `find_tools` load shows in
+the next round's tools).
 
 The route and credentials of the agent's request (`upstream`) are put in the call's `CallContext` for
 this one call, in memory, and never logged. A caller that hangs up cancels the call (the server runs
@@ -26,6 +32,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tools_server.discovery.family import FAMILY_KEY, key_of
 from tools_server.registry import CallContext, Registry, Services, Tool, ToolError, ToolResult, UpstreamAccess, clip
 
 log = logging.getLogger("ctproxy.tools")
@@ -127,6 +134,15 @@ def output_text(result: ToolResult) -> str:
     return json.dumps(result.structured(), ensure_ascii=False)
 
 
+def carried_names(services: Services, session: str | None, task: str | None, agent: str | None) -> list[str] | None:
+    """The names a bridged request of this caller carries under tool discovery; None when discovery is
+    off (or not served here): every available tool may then be offered."""
+    family = services.extras.get(FAMILY_KEY)
+    if family is None or not family.on:
+        return None
+    return family.carried_tool_names(key_of(session, task, agent))
+
+
 def _error(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message}}, status=status)
 
@@ -136,7 +152,14 @@ def add_routes(app: web.Application, registry_of: Any) -> None:
 
     async def specs(request: web.Request) -> web.Response:
         registry, services = registry_of(request.app)
-        return web.json_response({"object": "list", "data": spec_entries(registry, services)})
+        q = request.query
+        out: dict[str, Any] = {"object": "list"}
+        if q.get("only") != "carried":
+            out["data"] = spec_entries(registry, services)
+        if "session" in q or "task" in q or "agent" in q:
+            out["carried"] = carried_names(services, q.get("session") or None, q.get("task") or None,
+                                           q.get("agent") or None)
+        return web.json_response(out)
 
     async def call(request: web.Request) -> web.Response:
         registry, services = registry_of(request.app)
@@ -151,7 +174,10 @@ def add_routes(app: web.Application, registry_of: Any) -> None:
         log.debug("tool call name=%s transport=bridge error=%s ms=%.1f", body.name, result.is_error,
                   (time.perf_counter() - started) * 1000)
         return web.json_response({"output": output_text(result), "is_error": result.is_error,
-                                  "error": result.details.get("error") if result.is_error else None})
+                                  "error": result.details.get("error") if result.is_error else None,
+                                  "images": [{"mime_type": i.mime_type, "data": i.data_base64}
+                                             for i in result.images],
+                                  "carried": carried_names(services, body.session, body.task, body.agent)})
 
     app.router.add_get("/v1/bridge/specs", specs)
     app.router.add_post("/v1/bridge/call", call)

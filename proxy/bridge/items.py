@@ -62,8 +62,14 @@ def upstream_call(call: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in call.items() if k != "id" and k != "status"}
 
 
-def output_item(kind: str, call_id: str, text: str) -> dict[str, Any]:
-    return {"type": OUTPUT_TYPES[kind], "call_id": call_id, "output": text}
+def output_item(kind: str, call_id: str, text: str, images: Sequence[str] = ()) -> dict[str, Any]:
+    """The call's output for the upstream; with images (data URLs) an array of an `input_text` part and
+    `input_image` parts (the model sees the picture; `detail` is required by the API's schema)."""
+    if not images:
+        return {"type": OUTPUT_TYPES[kind], "call_id": call_id, "output": text}
+    parts: list[dict[str, Any]] = [{"type": "input_text", "text": text}] if text else []
+    parts.extend({"type": "input_image", "image_url": url, "detail": "auto"} for url in images)
+    return {"type": OUTPUT_TYPES[kind], "call_id": call_id, "output": parts}
 
 
 @dataclass

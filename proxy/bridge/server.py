@@ -76,6 +76,16 @@ class BridgeService:
                         return None
         return self.specs
 
+    async def carried(self, specs: list[BridgeTool], session: str | None, task: str | None, agent: str | None,
+                      deferred: list[str]) -> frozenset[str] | None:
+        """Tool discovery's names for this caller; the tool server not answering holds back every
+        deferred tool (no load is known)."""
+        try:
+            return await self.tools.carried(session, task, agent)
+        except ToolServerUnreachable:
+            held = frozenset(deferred)
+            return frozenset(t.name for t in specs if t.name not in held)
+
     async def start(self) -> int:
         if self._runner is None:
             async with self._lock:

@@ -4,6 +4,8 @@
   workspace where needed); an agent's own tool of the same name always wins and the bridged one is left out.
 - `apply_patch` is offered as the Lark `custom` tool to the models trained on it (GPT-5 family, what Codex
   offers them), else as a function; `bridge.apply_patch_form` overrides.
+- Tool discovery on (`carried` given): only the names the session carries (`find_tools` and what it
+  loaded; the other deferred tools are left out until a load, which shows in the next round's tools).
 - The specs go after the agent's own tools, in the registry's order, each spec's keys sorted: consecutive
   requests of a session serialize to the same bytes, so their prompt-cache prefix is shared.
 """
@@ -20,6 +22,7 @@ from proxy.toolclient import BridgeTool
 Form = Literal["function", "custom"]
 CUSTOM_PATCH_MODELS = ("gpt-5*", "codex-*")
 DISPLACED = "the agent has its own tool of that name"
+DEFERRED = "deferred by tool discovery (find_tools loads it)"
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,10 @@ def _spec_of(tool: BridgeTool, form: Form) -> Mapping[str, Any]:
 
 
 def select(tools: Sequence[BridgeTool], families: Sequence[str], payload: Mapping[str, Any],
-           apply_patch_form: str = "auto", ours: Sequence[Mapping[str, Any]] = ()) -> Offer:
-    """`ours`: specs this transform already appended (idempotence: they are not the agent's tools)."""
+           apply_patch_form: str = "auto", ours: Sequence[Mapping[str, Any]] = (),
+           carried: frozenset[str] | None = None) -> Offer:
+    """`ours`: specs this transform already appended (idempotence: they are not the agent's tools);
+    `carried`: tool discovery's names for this session (None: discovery off, no filter)."""
     agent_tools = [t for t in payload.get("tools") or [] if t not in ours] \
         if isinstance(payload.get("tools"), list) else []
     taken = agent_tool_names(agent_tools)
@@ -107,6 +112,9 @@ def select(tools: Sequence[BridgeTool], families: Sequence[str], payload: Mappin
             continue
         if tool.name in taken:
             left.append((tool.name, DISPLACED))
+            continue
+        if carried is not None and tool.name not in carried:
+            left.append((tool.name, DEFERRED))
             continue
         form: Form = "function"
         if tool.custom is not None and patch_form(payload.get("model"), apply_patch_form) == "custom":
@@ -127,3 +135,13 @@ def append_specs(payload: dict[str, Any], offer: Offer) -> dict[str, Any]:
     if own[len(own) - len(offer.specs):] == list(offer.specs):
         return payload
     return {**payload, "tools": [*own, *offer.specs]}
+
+
+def replace_specs(payload: dict[str, Any], old: Offer, new: Offer) -> dict[str, Any]:
+    """The payload with `old`'s appended specs swapped for `new`'s (a later round of a turn whose offer
+    changed: a `find_tools` load); the same object when the specs are the same."""
+    if old.specs == new.specs:
+        return payload
+    tools = payload.get("tools")
+    own = [t for t in tools if not any(t is s or t == s for s in old.specs)] if isinstance(tools, list) else []
+    return {**payload, "tools": [*own, *new.specs]}

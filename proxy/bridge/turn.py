@@ -35,9 +35,9 @@ from proxy.bridge.items import (
     upstream_call,
 )
 from proxy.bridge.merge import AGENT_ACTION_TYPES, MergedStream, PendingCall, RoundEnd, is_bridged, merge_responses
-from proxy.bridge.specs import Offer
+from proxy.bridge.specs import Offer, replace_specs, select
 from proxy.sse import SSEDecoder
-from proxy.toolclient import CallerUpstream, CallOutcome, ToolCall, ToolClient, ToolServerUnreachable
+from proxy.toolclient import BridgeTool, CallerUpstream, CallOutcome, ToolCall, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable, continue_turn
 
 log = logging.getLogger("ctproxy.bridge")
@@ -62,6 +62,14 @@ class BridgeJob:
     session: str | None = None
     max_rounds: int = 8
     timeout: float | None = 300.0  # until the upstream's headers, per round
+    # what the offer was chosen from, to choose again when a call changes what the session carries
+    catalog: tuple[BridgeTool, ...] = ()
+    families: tuple[str, ...] = ()
+    apply_patch_form: str = "auto"
+
+    def reoffer(self, payload: Mapping[str, Any], carried: frozenset[str]) -> Offer:
+        return select(self.catalog, self.families, payload, self.apply_patch_form, ours=self.offer.specs,
+                      carried=carried)
 
 
 @dataclass
@@ -153,6 +161,7 @@ class BridgedTurn:
         self.body, self.payload = body, payload
         self.stats = TurnStats()
         self.executed: dict[str, ExecutedCall] = {}
+        self._carried: frozenset[str] | None = None  # tool discovery: what the last call said is carried
 
     def request(self, body: bytes, first: bool = False) -> Any:
         headers = self.headers if first else self.next_headers
@@ -164,10 +173,18 @@ class BridgedTurn:
         nxt = continue_turn(payload, out, outputs, end_response.get("id"))
         if last:
             nxt["tool_choice"] = "none"
+        if self._carried is not None and self.job.catalog:  # a find_tools load shows in the next round
+            offer = self.job.reoffer(nxt, self._carried)
+            if offer.names != self.job.offer.names:
+                nxt = replace_specs(nxt, self.job.offer, offer)
+                self.job.offer = offer
         return nxt
 
     def _record(self, call: PendingCall, outcome: CallOutcome) -> dict[str, Any]:
-        out = output_item(call.kind, str(call.item.get("call_id", "")), outcome.output)
+        out = output_item(call.kind, str(call.item.get("call_id", "")), outcome.output,
+                          [i.data_url() for i in outcome.images])
+        if outcome.carried is not None:
+            self._carried = outcome.carried
         self.executed[call.key] = ExecutedCall(dict(call.item), out, None)
         self.stats.bridged_calls += 1
         return out
@@ -232,6 +249,7 @@ class BridgedTurn:
                     self._finish(merged.response_id, resp.get("id"), merged.output(), outputs)
                     return
                 payload = self._next_payload(payload, resp, outputs, last=over)
+                merged.bridged = self.job.offer.names
                 merged.next_round()
                 try:
                     answer = await stack.enter_async_context(
@@ -258,7 +276,6 @@ class BridgedTurn:
     async def hold(self, first_body: bytes) -> tuple[int, bytes]:
         """The merged Response object (status, body), given the first round's 200 JSON body."""
         runner = CallRunner(self.tools, self.job)
-        names = self.job.offer.names
         payload = self.payload
         rounds: list[dict[str, Any]] = []
         shown: list[dict[str, Any]] = []
@@ -273,6 +290,7 @@ class BridgedTurn:
                     return 502, _error_json("upstream_invalid", "the upstream's answer was not JSON")
                 rounds.append(resp)
                 items = [i for i in resp.get("output") or [] if isinstance(i, dict)]
+                names = self.job.offer.names
                 calls = [PendingCall(0, dict(i), True) for i in items if is_bridged(i, names)]
                 if not calls:
                     if len(rounds) == 1:

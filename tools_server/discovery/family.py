@@ -47,8 +47,13 @@ class FindToolsArgs(BaseModel):
         return self
 
 
+def key_of(session: str | None, task: str | None, agent: str | None) -> str:
+    """The loads' key of a caller: its session, else its task and agent (the bridge asks by these)."""
+    return f"session:{session}" if session else f"agent:{task or ''}/{agent or ''}"
+
+
 def session_key(ctx: CallContext) -> str:
-    return f"session:{ctx.session}" if ctx.session else f"agent:{ctx.task or ''}/{ctx.agent or ''}"
+    return key_of(ctx.session, ctx.task, ctx.agent)
 
 
 class DiscoveryFamily:
