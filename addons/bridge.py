@@ -29,7 +29,7 @@ from proxy.bridge.server import SEEN_FILE, BridgeService
 from proxy.bridge.specs import append_specs, select
 from proxy.bridge.turn import BridgeJob
 from proxy.flowbody import commit_if_alone, is_responses_create, responses_body
-from proxy.flowstate import state_of
+from proxy.flowstate import ContextUsage, state_of
 from proxy.toolclient import CallerUpstream, ToolClient
 from proxy.upstream import UpstreamTurns
 
@@ -118,7 +118,9 @@ class Bridge(Stage):
                                               dict(creds) if allowed else {}),
                         task=task, agent=agent, session=session, max_rounds=cfg.max_rounds,
                         timeout=rt.config.timeouts.stream_idle_seconds, catalog=tuple(specs or ()),
-                        families=tuple(cfg.families), apply_patch_form=cfg.apply_patch_form)
+                        families=tuple(cfg.families), apply_patch_form=cfg.apply_patch_form,
+                        context_usage=ContextUsage())
+        st.context_usage = job.context_usage  # the tap records the last round's usage for the context budget
         port = await svc.start()
         path = svc.register(job, req.path)
         if creds:  # the job holds them; the request to the loopback endpoint carries none

@@ -111,7 +111,9 @@ class Tap(Stage):
         rec = state_of(flow).agent_identity  # set by the journal when it knows (task, agent)
         if isinstance(rec, tuple) and len(rec) == 2:
             task, agent = rec
-        model, used, rid = tap.model or ident.model, dict(tap.usage), tap.response_id
+        counted = state_of(flow).context_usage  # a bridged turn: its last round's usage, not the sum
+        used = dict(counted.usage) if counted is not None and counted.usage else dict(tap.usage)
+        model, rid = tap.model or ident.model, tap.response_id
         tap.usage_recorded = True
         seen = usage.make_usage(ident.session_key, task, agent, model, used, rid)
         rt.services.usage.put(seen)

@@ -41,6 +41,15 @@ class Settling:
 
 
 @dataclass
+class ContextUsage:
+    """The usage the context budget counts for this answer when it is not the answer's own: a bridged
+    turn's merged `usage` sums every round (what the agent is billed), but the window holds only the last
+    round's input + output. Written by the bridge's turn before the final event goes out; read by the tap."""
+
+    usage: dict[str, Any] | None = None
+
+
+@dataclass
 class FlowState:
     """What the stages tell each other about one flow: typed fields, each written by one stage."""
 
@@ -59,6 +68,7 @@ class FlowState:
     compaction: FlowInfo | None = None  # compaction: what it decided for this request
     settling: Settling | None = None  # a stage holds the answer, which may still be replaced (see Settling)
     web_search: str | None = None  # web_search: why it did (or did not) inject the tool
+    context_usage: ContextUsage | None = None  # bridge: the last round's usage of a bridged turn (see ContextUsage)
 
 
 def state_of(flow: Any) -> FlowState:

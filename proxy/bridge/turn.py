@@ -36,6 +36,7 @@ from proxy.bridge.items import (
 )
 from proxy.bridge.merge import AGENT_ACTION_TYPES, MergedStream, PendingCall, RoundEnd, is_bridged, merge_responses
 from proxy.bridge.specs import Offer, replace_specs, select
+from proxy.flowstate import ContextUsage
 from proxy.sse import SSEDecoder
 from proxy.toolclient import BridgeTool, CallerUpstream, CallOutcome, ToolCall, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable, continue_turn
@@ -66,6 +67,8 @@ class BridgeJob:
     catalog: tuple[BridgeTool, ...] = ()
     families: tuple[str, ...] = ()
     apply_patch_form: str = "auto"
+    # the last round's usage, for the context budget (the tap reads it from the flow's state)
+    context_usage: ContextUsage | None = None
 
     def reoffer(self, payload: Mapping[str, Any], carried: frozenset[str]) -> Offer:
         return select(self.catalog, self.families, payload, self.apply_patch_form, ours=self.offer.specs,
@@ -180,6 +183,12 @@ class BridgedTurn:
                 self.job.offer = offer
         return nxt
 
+    def _count_usage(self, response: Mapping[str, Any] | None) -> None:
+        """Before the final event goes out: this round's usage is what the context window now holds."""
+        used = response.get("usage") if isinstance(response, Mapping) else None
+        if self.job.context_usage is not None and isinstance(used, dict):
+            self.job.context_usage.usage = used
+
     def _record(self, call: PendingCall, outcome: CallOutcome) -> dict[str, Any]:
         out = output_item(call.kind, str(call.item.get("call_id", "")), outcome.output,
                           [i.data_url() for i in outcome.images])
@@ -218,6 +227,7 @@ class BridgedTurn:
                 finally:
                     await stack.aclose()  # this round's upstream answer (a later round's)
                 end = merged.end or RoundEnd("eof", None, [], False)
+                self._count_usage(end.response)
                 if end.terminal in ("response.failed", "error"):
                     yield merged.failure(end)
                     return
@@ -289,6 +299,7 @@ class BridgedTurn:
                 except orjson.JSONDecodeError:
                     return 502, _error_json("upstream_invalid", "the upstream's answer was not JSON")
                 rounds.append(resp)
+                self._count_usage(resp)
                 items = [i for i in resp.get("output") or [] if isinstance(i, dict)]
                 names = self.job.offer.names
                 calls = [PendingCall(0, dict(i), True) for i in items if is_bridged(i, names)]
