@@ -358,8 +358,9 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     finally:
         conn.close()
     if args.json:
-        print(json.dumps([dataclasses.asdict(t) | {"sessions": t.sessions, "items": t.items} for t in tasks],
-                         indent=2))
+        print(json.dumps([dataclasses.asdict(t) | {"sessions": t.sessions, "items": t.items,
+                                                   "bridged_rounds": t.bridged_rounds,
+                                                   "bridged_calls": t.bridged_calls} for t in tasks], indent=2))
     else:
         print(sessionview.render_tasks(tasks))
     return 0

@@ -21,6 +21,7 @@ import orjson
 from proxy.config import Config
 from proxy.db import connect
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
+from proxy.journal.query import bridged_counts
 from proxy.state import StateDir
 from proxy.usage import model_window
 
@@ -52,6 +53,8 @@ class SessionView:
     windows: list[WindowView] = field(default_factory=list)
     other_branches: int = 0
     events: dict[str, int] = field(default_factory=dict)  # the journal's events by kind (compaction, recovery, …)
+    bridged_rounds: int = 0  # the tool bridge: rounds of calls ctproxy ran (proxy.journal.query.bridged_counts)
+    bridged_calls: int = 0
 
     @property
     def on_branch(self) -> int:
@@ -80,6 +83,14 @@ class TaskView:
     @property
     def items(self) -> int:
         return sum(s.items for a in self.agents for s in a.sessions)
+
+    @property
+    def bridged_rounds(self) -> int:
+        return sum(s.bridged_rounds for a in self.agents for s in a.sessions)
+
+    @property
+    def bridged_calls(self) -> int:
+        return sum(s.bridged_calls for a in self.agents for s in a.sessions)
 
 
 @dataclass
@@ -223,6 +234,7 @@ def list_tasks(conn: sqlite3.Connection, limit: int | None = None, task_id: str 
         for e in conn.execute(f"SELECT session_key, kind, count(*) FROM journal_events WHERE session_key IN ({km}) "
                               "GROUP BY session_key, kind", keys):
             events[e[0]][e[1]] = e[2]
+    bridged = bridged_counts(conn, keys)
     out: list[TaskView] = []
     for r in rows:
         tid = r["task_id"]
@@ -239,7 +251,9 @@ def list_tasks(conn: sqlite3.Connection, limit: int | None = None, task_id: str 
                 agent.sessions.append(SessionView(
                     session_key=key, task_id=tid, agent=address, source=s["source"], created_at=s["created_at"],
                     items=items.get(key, 0), responses=responses.get(key, 0), windows=windows.get(key, []),
-                    other_branches=archived.get(key, 0), events=events.get(key, {})))
+                    other_branches=archived.get(key, 0), events=events.get(key, {}),
+                    bridged_rounds=bridged[key].rounds if key in bridged else 0,
+                    bridged_calls=bridged[key].calls if key in bridged else 0))
             task.agents.append(agent)
         agent_names = ", ".join(a.address for a in task.agents) or "no agents yet"
         first = labels.get(tid)
@@ -366,7 +380,8 @@ def render_tasks(tasks: list[TaskView]) -> str:
                 out.append(f"    session {s.session_key} via {s.source or '?'}: windows [{wins}]")
                 out.append(f"      items: {s.on_branch} on the current branch, {s.items} journaled, "
                            f"{s.other_branches} other branch(es); compactions {compactions}, recoveries {recoveries};"
-                           f" {s.responses} answers")
+                           f" {s.responses} answers" + (f"; bridged: {s.bridged_rounds} round(s), {s.bridged_calls} "
+                                                       "call(s)" if s.bridged_calls else ""))
                 others = {k: n for k, n in s.events.items() if "compaction" not in k and "recover" not in k}
                 if others:
                     out.append("      events: " + ", ".join(f"{k} {n}" for k, n in sorted(others.items())))

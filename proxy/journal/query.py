@@ -234,3 +234,32 @@ class HistoryReader:
                 return hits, True
             hits.append(SearchHit(row, matches))
         return hits, False
+
+
+BRIDGE_NAMESPACE = "ctproxy"  # the tool bridge's executed calls: `mcp_call` items filed under this namespace
+
+
+@dataclass(frozen=True)
+class BridgedCounts:
+    """What the tool bridge ran in a session, from its answers' `mcp_call` items (ADR 0007)."""
+
+    calls: int = 0  # calls ctproxy ran
+    rounds: int = 0  # rounds of bridged calls: runs of consecutive calls within one answer
+    answers: int = 0  # answers with at least one bridged call
+
+
+def bridged_counts(conn: sqlite3.Connection, keys: list[str]) -> dict[str, BridgedCounts]:
+    """Per session key. The merged answer keeps no round boundary, but one round's calls are adjacent
+    (a round ends with its calls; the next starts with the model's reasoning or text), so a run of
+    consecutive calls is one round; two rounds with nothing between them count as one. Only answers'
+    items (`origin = 'output'`): an agent resending the calls does not count them again."""
+    if not keys:
+        return {}
+    marks = ",".join("?" * len(keys))
+    sql = ("SELECT session_key, sum(b), sum(b AND NOT coalesce(prev, 0)), count(DISTINCT CASE WHEN b THEN "
+           "response_id END) FROM (SELECT session_key, response_id, (type = 'mcp_call' AND tool_namespace = ?) "
+           "AS b, lag(type = 'mcp_call' AND tool_namespace = ?) OVER (PARTITION BY session_key, response_id "
+           f"ORDER BY seq) AS prev FROM journal_items WHERE origin = 'output' AND session_key IN ({marks})) "
+           "GROUP BY session_key HAVING sum(b) > 0")
+    return {r[0]: BridgedCounts(int(r[1]), int(r[2]), int(r[3]))
+            for r in conn.execute(sql, [BRIDGE_NAMESPACE, BRIDGE_NAMESPACE, *keys])}
