@@ -26,11 +26,12 @@ from addons._stage import Stage
 from proxy import routes, runtime
 from proxy.bridge.items import repair_request
 from proxy.bridge.server import SEEN_FILE, BridgeService
-from proxy.bridge.specs import append_specs, select
+from proxy.bridge.specs import OTHER_SEARCH, append_specs, select
 from proxy.bridge.turn import BridgeJob
 from proxy.flowbody import commit_if_alone, is_responses_create, responses_body
 from proxy.flowstate import ContextUsage, state_of
 from proxy.toolclient import CallerUpstream, ToolClient
+from proxy.transforms.web_search import SIDECAR_TOOL, search_path
 from proxy.upstream import UpstreamTurns
 
 log = logging.getLogger("ctproxy.bridge")
@@ -96,7 +97,12 @@ class Bridge(Stage):
         carried = None
         if specs and rt.config.enabled("tool_discovery"):  # the session's loads decide what is carried
             carried = await svc.carried(specs, session, task, agent, rt.config.tool_discovery.deferred)
-        offer = select(specs or [], cfg.families, body.value, cfg.apply_patch_form, carried=carried)
+        route = st.route if isinstance(st.route, routes.Route) else destination_route(flow, rt.upstream.trusted)
+        # one search path per turn: the sidecar tool only when this turn does not search natively
+        withheld = None if search_path(rt.config.web_search, route.eligible) == "sidecar" else \
+            {SIDECAR_TOOL: OTHER_SEARCH}
+        offer = select(specs or [], cfg.families, body.value, cfg.apply_patch_form, carried=carried,
+                       withheld=withheld)
         if offer.left_out:
             svc.note_left_out(offer.left_out)
         if not offer.tools:
@@ -104,7 +110,6 @@ class Bridge(Stage):
             return
         body.replace(append_specs(body.value, offer))
         req = flow.request
-        route = st.route if isinstance(st.route, routes.Route) else destination_route(flow, rt.upstream.trusted)
         pairs = list(req.headers.items(multi=True))
         allowed = routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
                                                  pairs)
@@ -119,7 +124,7 @@ class Bridge(Stage):
                         task=task, agent=agent, session=session, max_rounds=cfg.max_rounds,
                         timeout=rt.config.timeouts.stream_idle_seconds, catalog=tuple(specs or ()),
                         families=tuple(cfg.families), apply_patch_form=cfg.apply_patch_form,
-                        context_usage=ContextUsage())
+                        context_usage=ContextUsage(), withheld=withheld)
         st.context_usage = job.context_usage  # the tap records the last round's usage for the context budget
         port = await svc.start()
         path = svc.register(job, req.path)

@@ -4,6 +4,8 @@
   workspace where needed); an agent's own tool of the same name always wins and the bridged one is left out.
 - `apply_patch` is offered as the Lark `custom` tool to the models trained on it (GPT-5 family, what Codex
   offers them), else as a function; `bridge.apply_patch_form` overrides.
+- One search path per turn: the sidecar `openai_web_search` only when `search_path` says `sidecar` (not on
+  a turn that gets the hosted tool natively, nor with search off).
 - Tool discovery on (`carried` given): only the names the session carries (`find_tools` and what it
   loaded; the other deferred tools are left out until a load, which shows in the next round's tools).
 - The specs go after the agent's own tools, in the registry's order, each spec's keys sorted: consecutive
@@ -23,6 +25,7 @@ Form = Literal["function", "custom"]
 CUSTOM_PATCH_MODELS = ("gpt-5*", "codex-*")
 DISPLACED = "the agent has its own tool of that name"
 DEFERRED = "deferred by tool discovery (find_tools loads it)"
+OTHER_SEARCH = "this turn searches natively (web_search.backend), one search path per turn"
 
 
 @dataclass(frozen=True)
@@ -93,9 +96,10 @@ def _spec_of(tool: BridgeTool, form: Form) -> Mapping[str, Any]:
 
 def select(tools: Sequence[BridgeTool], families: Sequence[str], payload: Mapping[str, Any],
            apply_patch_form: str = "auto", ours: Sequence[Mapping[str, Any]] = (),
-           carried: frozenset[str] | None = None) -> Offer:
+           carried: frozenset[str] | None = None, withheld: Mapping[str, str] | None = None) -> Offer:
     """`ours`: specs this transform already appended (idempotence: they are not the agent's tools);
-    `carried`: tool discovery's names for this session (None: discovery off, no filter)."""
+    `carried`: tool discovery's names for this session (None: discovery off, no filter); `withheld`: names
+    not offered on this request, with why (the sidecar search on a turn that searches natively)."""
     agent_tools = [t for t in payload.get("tools") or [] if t not in ours] \
         if isinstance(payload.get("tools"), list) else []
     taken = agent_tool_names(agent_tools)
@@ -112,6 +116,9 @@ def select(tools: Sequence[BridgeTool], families: Sequence[str], payload: Mappin
             continue
         if tool.name in taken:
             left.append((tool.name, DISPLACED))
+            continue
+        if withheld and tool.name in withheld:
+            left.append((tool.name, withheld[tool.name]))
             continue
         if carried is not None and tool.name not in carried:
             left.append((tool.name, DEFERRED))

@@ -67,12 +67,13 @@ class BridgeJob:
     catalog: tuple[BridgeTool, ...] = ()
     families: tuple[str, ...] = ()
     apply_patch_form: str = "auto"
+    withheld: Mapping[str, str] | None = None  # names this request may not be offered (see specs.select)
     # the last round's usage, for the context budget (the tap reads it from the flow's state)
     context_usage: ContextUsage | None = None
 
     def reoffer(self, payload: Mapping[str, Any], carried: frozenset[str]) -> Offer:
         return select(self.catalog, self.families, payload, self.apply_patch_form, ours=self.offer.specs,
-                      carried=carried)
+                      carried=carried, withheld=self.withheld)
 
 
 @dataclass
