@@ -78,6 +78,7 @@ async def test_counters_move_as_requests_pass(emulator, proxy_factory):
                                                               status=str(status)) == 1)
         await client.responses.create(model="gpt-5", input="three")
         await _until(http, proxy, token, lambda s: _value(s, "ctproxy_requests_total", **ok) == 3)
+    await client.close()
 
 
 async def test_metrics_need_the_token_and_refuse_browsers(emulator, proxy_factory):
@@ -94,8 +95,8 @@ async def test_metrics_need_the_token_and_refuse_browsers(emulator, proxy_factor
 async def test_no_metrics_leaves_the_tool_servers_own(emulator, proxy_factory):
     proxy = await proxy_factory(upstream=emulator.url, extra_args=["--no-metrics"])
     token = (proxy.state_dir / "token").read_text().strip()
-    await AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test", max_retries=0).responses.create(
-        model="gpt-5", input="x")
+    async with AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test", max_retries=0) as client:
+        await client.responses.create(model="gpt-5", input="x")
     async with aiohttp.ClientSession() as http:
         s = await _scrape(http, proxy, token)
     assert _value(s, "ctproxy_proxy_telemetry_up") == 0

@@ -41,11 +41,11 @@ def _client(proxy) -> AsyncOpenAI:
 
 async def test_one_line_per_request_streaming_and_not(emulator, proxy_factory):
     proxy = await proxy_factory(upstream=emulator.url)
-    client = _client(proxy)
-    await client.responses.create(model="gpt-5", input=PROMPT)
-    stream = await client.responses.create(model="gpt-5", input=PROMPT + " again", stream=True)
-    async for _ in stream:
-        pass
+    async with _client(proxy) as client:  # closed here: a client left open fails a later test's loop
+        await client.responses.create(model="gpt-5", input=PROMPT)
+        stream = await client.responses.create(model="gpt-5", input=PROMPT + " again", stream=True)
+        async for _ in stream:
+            pass
     async with aiohttp.ClientSession() as http, http.get(proxy.url + "/v1/models?secret=QUERY-SECRET") as r:
         await r.read()
     lines = await _wait_lines(proxy, 3)
@@ -66,7 +66,8 @@ async def test_one_line_per_request_streaming_and_not(emulator, proxy_factory):
 
 async def test_quiet_turns_the_log_off(emulator, proxy_factory):
     proxy = await proxy_factory(upstream=emulator.url, extra_args=["--quiet"])
-    await _client(proxy).responses.create(model="gpt-5", input="hello")
+    async with _client(proxy) as client:
+        await client.responses.create(model="gpt-5", input="hello")
     async with aiohttp.ClientSession() as http:
         token = (proxy.state_dir / "token").read_text().strip()
         # The request is counted (metrics stay on) even though no line is printed.
@@ -84,10 +85,10 @@ async def test_quiet_turns_the_log_off(emulator, proxy_factory):
 
 async def test_debug_is_ctproxy_only_and_right_about_streaming(emulator, proxy_factory):
     proxy = await proxy_factory(upstream=emulator.url, extra_args=["--debug"])
-    client = _client(proxy)
-    stream = await client.responses.create(model="gpt-5", input=PROMPT, stream=True)
-    async for _ in stream:
-        pass
+    async with _client(proxy) as client:
+        stream = await client.responses.create(model="gpt-5", input=PROMPT, stream=True)
+        async for _ in stream:
+            pass
     token = (proxy.state_dir / "token").read_text().strip()
     async with aiohttp.ClientSession() as http, http.post(
             proxy.tools_url + "/v1/tools/get_context_remaining", json={"note": TOOL_ARG},
