@@ -41,6 +41,7 @@ async def test_find_tools_load_shows_in_the_next_round_and_request(emulator, pro
 
     emulator.script(Text("other"))
     await c.responses.create(model="gpt-4.1", input="hi", prompt_cache_key="disc-b")
+    await c.close()
     third = tool_names(emulator.responses_requests[3])
     assert "find_tools" in third and IMAGE not in third  # another session loaded nothing
 
@@ -51,5 +52,6 @@ async def test_discovery_off_offers_every_bridged_tool_but_find_tools(emulator, 
     c = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test-discovery", max_retries=0)
     emulator.script(Text("plain"))
     await c.responses.create(model="gpt-4.1", input="hi")
+    await c.close()
     names = tool_names(emulator.responses_requests[0])
     assert IMAGE in names and "find_tools" not in names

@@ -30,6 +30,7 @@ async def test_bridged_image_reaches_the_model_as_input_image(emulator, proxy_fa
             final = await s.get_final_response()
     else:
         final = await c.responses.create(model="gpt-4.1", input="draw a red square")
+    await c.close()
     assert final.output_text == "here it is"
     shown = final.output[0]
     assert shown.type == "mcp_call" and shown.status == "completed", shown

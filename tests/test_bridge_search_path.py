@@ -32,6 +32,7 @@ async def tools_of_one_request(emulator, proxy_factory, tmp_path, *, trust: bool
     emulator.script(Text("ok"))
     c = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test-search-path", max_retries=0)
     await c.responses.create(model="gpt-4.1", input="what happened today?")
+    await c.close()
     return [t.get("name") or t["type"] for t in emulator.responses_requests[-1].json.get("tools") or []]
 
 

@@ -38,6 +38,7 @@ async def test_tasks_counts_bridged_rounds_and_calls(emulator, proxy_factory):
     assert [o.type for o in resp.output].count("mcp_call") == 3
     assert len(emulator.responses_requests) == 3
     await c.responses.create(model="gpt-4.1", previous_response_id=resp.id, input="thanks")  # nothing bridged
+    await c.close()
 
     entry: dict = {}
     for _ in range(100):  # the journal writes in the background

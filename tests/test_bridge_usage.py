@@ -47,6 +47,7 @@ async def test_context_budget_counts_the_last_round(emulator, proxy_factory, str
             final = await s.get_final_response()
     else:
         final = await c.responses.create(model="gpt-4.1", input="how much is left?")
+    await c.close()
     assert len(emulator.responses_requests) == 2
     assert final.usage.input_tokens == 12000 and final.usage.output_tokens == 70  # the agent sees the sum
     assert await used_tokens(proxy, task, 7030) == 7030  # the window: the last round's input + output
