@@ -165,7 +165,6 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--task", metavar="ID", help="the task (instead of a session)")
     cp.add_argument("--agent", metavar="ADDRESS", help="the agent of --task (default /root; relative under /root)")
 
-
     cx = sub.add_parser(
         "codex-config", help="print (or --write) the Codex CLI config.toml entries that use ctproxy",
         description="Codex CLI through ctproxy in one step: the model provider (the proxy) and the MCP server "
