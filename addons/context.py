@@ -408,13 +408,15 @@ class Context(Stage):
             return projected
         return payload
 
-    def done(self) -> None:
+    def done(self) -> Awaitable[None] | None:
         rt = self._rt
         if rt is not None and rt.services.journal is not None:  # the divergences recorded, loaded alone too
             rt.services.journal.flush(timeout=30)
         if rt is not None and self._rollovers is not None:
             self._rollovers = None
             dbworker.close_shared(rt.services)
+        tools, self._tools = self._tools, None
+        return tools.close() if tools is not None else None  # the tool server's HTTP session
 
     def _report(self, ws: journal_link.WindowSession, w: Window) -> None:
         """The agent's items no longer start with what the window covers: said once per window."""

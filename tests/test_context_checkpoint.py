@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import aiohttp
 import pytest
 
 from proxy.transforms.fallback import is_fallback_message
@@ -104,10 +103,7 @@ async def test_manual_checkpoint_runs_the_turn_at_the_next_request(emulator, pro
     emulator.script(Text("a"), FunctionCall("notes_write_file", {"path": "manual.md", "text": "m"}, call_id="c_m"),
                     Text("resumed"))
     await agent.sample({"role": "user", "content": "do the work"})
-    async with aiohttp.ClientSession() as http, http.post(
-            f"{agent.proxy.tools_url}/v1/context/checkpoint", headers=agent.tool_headers,
-            json={"task": agent.task, "agent": "/root"}) as r:
-        assert r.status == 200
+    assert (await agent.checkpoint())["pending_rollover"] == "checkpoint"
     resp = await agent.sample({"role": "user", "content": "continue"})
     assert resp.output_text == "resumed"
     assert is_turn(emulator.responses_requests[1])

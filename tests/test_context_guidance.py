@@ -49,7 +49,7 @@ async def test_no_guidance_and_no_markers_without_reachable_tools(emulator, prox
     emulator.script(Text("a"))
     resent = developer_message(guidance_text(("notes_read_file",)))
     agent.history = [resent, {"role": "user", "content": "hi"}]
-    resp = await agent.client.responses.create(model="gpt-4.1", input=agent.history, store=False)
+    resp = await agent.create(input=agent.history)
     assert resp.output_text == "a"
     items = emulator.responses_requests[0].input_items
     assert items == [{"role": "user", "content": "hi"}]  # the resent copy dropped, nothing added
@@ -59,8 +59,8 @@ async def test_guidance_for_bridged_tools(emulator, proxy_factory):
     """An agent that declares nothing gets the guidance when the families are bridged."""
     agent = await start(emulator, proxy_factory, ["--bridge", "context,notes"])
     emulator.script(Text("a"))
-    await agent.client.responses.create(model="gpt-4.1", input="hello", store=False)
-    await agent.client.responses.create(model="gpt-4.1", input=[{"role": "user", "content": "hello"}], store=False)
+    await agent.create(input="hello")
+    await agent.create(input=[{"role": "user", "content": "hello"}])
     items = emulator.responses_requests[-1].input_items
     assert guidances(items) == [0]
     g = text_of(items[0])

@@ -55,6 +55,6 @@ async def test_no_reminder_without_new_context(emulator, proxy_factory, tmp_path
     emulator.script(Text("a"), Text("b"))
     for content in (BIG, "more"):
         agent.history.append({"role": "user", "content": content})
-        resp = await agent.client.responses.create(model="gpt-4.1", input=list(agent.history), store=False)
+        resp = await agent.create(input=list(agent.history))
         agent.history.append({"role": "assistant", "content": resp.output_text})
     assert not any(is_reminder(i) for r in emulator.responses_requests for i in r.input_items)

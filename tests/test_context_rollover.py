@@ -55,8 +55,8 @@ class Agent:
 
     def __init__(self, proxy: Any, task: str):
         self.proxy, self.task = proxy, task
-        self.client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test-ctx", max_retries=0,
-                                         default_headers={"x-ctp-task": task, "x-ctp-agent": "/root"})
+        self.client_args = {"base_url": proxy.url + "/v1", "api_key": "sk-test-ctx", "max_retries": 0,
+                            "default_headers": {"x-ctp-task": task, "x-ctp-agent": "/root"}}
         token = (proxy.state_dir / "token").read_text().strip()
         self.tool_headers = {"Authorization": f"Bearer {token}", "x-ctp-task": task, "x-ctp-agent": "/root"}
         self.history: list[dict[str, Any]] = []
@@ -68,10 +68,27 @@ class Agent:
             assert r.status == 200, body
             return body
 
+    async def checkpoint(self) -> dict[str, Any]:
+        """POST /v1/context/checkpoint for this agent, once the journal has committed the agent's session."""
+        body: dict[str, Any] = {}
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):
+                async with http.post(f"{self.proxy.tools_url}/v1/context/checkpoint", headers=self.tool_headers,
+                                     json={"task": self.task, "agent": "/root"}) as r:
+                    body = await r.json()
+                    if r.status == 200:
+                        return body
+                await asyncio.sleep(0.1)  # the journal writes the session in the background
+        raise AssertionError(body)
+
+    async def create(self, **kwargs: Any) -> Any:
+        """One Responses call with a client closed right after (no client outlives its test's loop)."""
+        async with openai.AsyncOpenAI(**self.client_args) as client:
+            return await client.responses.create(model="gpt-4.1", store=False, **kwargs)
+
     async def sample(self, *new: dict[str, Any]) -> Any:
         self.history.extend(new)
-        resp = await self.client.responses.create(model="gpt-4.1", input=list(self.history), tools=TOOLS,
-                                                  store=False)
+        resp = await self.create(input=list(self.history), tools=TOOLS)
         self.history.extend(plain(o) for o in resp.output)
         return resp
 
@@ -189,8 +206,13 @@ async def test_checkpoint_note_new_context_and_history_of_the_old_window(emulato
     assert "do the work" in users
     notes = (await agent.tool("history_list_items", {"window_id": "w1", "tool_name": "notes_write_file"}))["text"]
     assert "notes_write_file" in notes, notes
-    windows = (await agent.tool("history_list_windows", {}))["text"]
-    assert "w1" in windows and "w2" in windows, windows
+    windows = ""
+    for _ in range(100):  # windows are committed by the journal's writer a moment after they open
+        windows = (await agent.tool("history_list_windows", {}))["text"]
+        if '"w2"' in windows:
+            break
+        await asyncio.sleep(0.1)
+    assert '"window_id":"w1"' in windows and '"window_id":"w2"' in windows and '"strategy":"notes"' in windows
 
 
 async def test_without_a_rollover_nothing_is_replaced(emulator, proxy_factory):
@@ -209,11 +231,8 @@ async def test_rest_checkpoint_route_is_mounted(emulator, proxy_factory):
     agent = await start(emulator, proxy_factory)
     emulator.script(Text("a"))
     await agent.sample({"role": "user", "content": "do the work"})
+    body = await agent.checkpoint()
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{agent.proxy.tools_url}/v1/context/checkpoint", headers=agent.tool_headers,
-                             json={"task": agent.task, "agent": "/root"}) as r:
-            body = await r.json()
-            assert r.status == 200, body
         assert body["ok"] and body["task"] == agent.task and body["pending_rollover"] == "checkpoint"
         async with http.post(f"{agent.proxy.tools_url}/v1/context/checkpoint",
                              json={"task": agent.task, "agent": "/root"}) as r:
