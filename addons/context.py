@@ -126,7 +126,11 @@ class Context(Stage):
     def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         if flow.response is not None:
             return None
-        if self.rt.config.context.enabled:
+        cfg = self.rt.config
+        rc = cfg.remote_compaction
+        if not (cfg.context.enabled or rc.enabled or rc.recover_overflow):
+            return None  # no strategy makes or applies windows: the body need not even be parsed
+        if cfg.context.enabled:
             ws = self._window_session(flow)
             if ws is not None:  # a stateless request of a known session: it may roll over
                 return self._with_rollover(flow, ws)

@@ -110,7 +110,7 @@ async def test_nothing_reads_the_body_when_every_body_feature_is_off(monkeypatch
     counter.install(monkeypatch)
     raw = b'{"model":"gpt-5","input":"hi"}'
     flow = _flow(raw)
-    await _run_chain(flow, tmp_path, ctp_disable=["web_search", "history"])
+    await _run_chain(flow, tmp_path, ctp_disable=["web_search", "history", "context"])
     assert counter.loads == 0 and counter.dumps == 0
     assert flow.request.raw_content == raw
 
