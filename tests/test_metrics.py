@@ -152,3 +152,20 @@ def _task(proxy) -> str:
         return j.create_task()
     finally:
         j.close()
+
+
+async def test_bridged_rounds_and_bridged_tool_calls_are_counted(emulator, proxy_factory):
+    from tests.emulator import FunctionCall, Text
+
+    proxy = await proxy_factory(upstream=emulator.url, extra_args=["--bridge", "context"])
+    token = (proxy.state_dir / "token").read_text().strip()
+    client = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test", max_retries=0)
+    emulator.script(FunctionCall("get_context_remaining", {}, call_id="call_m1"), Text("done"))
+    resp = await client.responses.create(model="gpt-5", input="how much is left?")
+    assert [o.type for o in resp.output] == ["mcp_call", "message"]
+    async with aiohttp.ClientSession() as http:
+        s = await _until(http, proxy, token, lambda s: _value(s, "ctproxy_bridged_rounds_total", outcome="ok") == 1)
+        assert sum(v for (name, labels), v in s.items() if name == "ctproxy_tool_calls_total"
+                   and dict(labels).get("tool") == "get_context_remaining"
+                   and dict(labels).get("transport") == "bridge") == 1
+    await client.close()

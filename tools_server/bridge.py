@@ -33,6 +33,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tools_server.discovery.family import FAMILY_KEY, key_of
+from tools_server.metrics_endpoint import METRICS_KEY
 from tools_server.registry import CallContext, Registry, Services, Tool, ToolError, ToolResult, UpstreamAccess, clip
 
 log = logging.getLogger("ctproxy.tools")
@@ -171,8 +172,11 @@ def add_routes(app: web.Application, registry_of: Any) -> None:
         started = time.perf_counter()
         result = await run_call(registry, services, body)
         # The tool's name, outcome and time only: never arguments, outputs or the credentials.
-        log.debug("tool call name=%s transport=bridge error=%s ms=%.1f", body.name, result.is_error,
-                  (time.perf_counter() - started) * 1000)
+        elapsed = time.perf_counter() - started
+        log.debug("tool call name=%s transport=bridge error=%s ms=%.1f", body.name, result.is_error, elapsed * 1000)
+        if (metrics := request.app.get(METRICS_KEY)) is not None:  # counted like REST and MCP calls
+            metrics.observe_call(body.name, "bridge", elapsed, "error" if result.is_error else "ok",
+                                 result.text if result.is_error else None, body.agent)
         return web.json_response({"output": output_text(result), "is_error": result.is_error,
                                   "error": result.details.get("error") if result.is_error else None,
                                   "images": [{"mime_type": i.mime_type, "data": i.data_base64}

@@ -37,6 +37,7 @@ from proxy.bridge.items import (
 from proxy.bridge.merge import AGENT_ACTION_TYPES, MergedStream, PendingCall, RoundEnd, is_bridged, merge_responses
 from proxy.bridge.specs import Offer, replace_specs, select
 from proxy.flowstate import ContextUsage
+from proxy.metrics import proxy_metrics
 from proxy.sse import SSEDecoder
 from proxy.toolclient import BridgeTool, CallerUpstream, CallOutcome, ToolCall, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable, continue_turn
@@ -254,6 +255,7 @@ class BridgedTurn:
                         yield out
                 if not over:
                     executed_rounds += 1
+                proxy_metrics().bridged_round("round_limit" if over else "ok")
                 if end.agent_action or (over and merged.round > self.job.max_rounds):
                     # a mixed round (or the last round ignored tool_choice): the agent takes it from here
                     yield merged.final(end)
@@ -328,6 +330,7 @@ class BridgedTurn:
                                           None if outcome.is_error else outcome.output,
                                           outcome.output if outcome.is_error else None))
                 executed_rounds += 0 if over else 1
+                proxy_metrics().bridged_round("round_limit" if over else "ok")
                 action = any(i.get("type") in AGENT_ACTION_TYPES and not is_bridged(i, names) for i in items)
                 if action or (over and len(rounds) > self.job.max_rounds + 1):
                     merged = merge_responses(rounds[0].get("id"), rounds, shown)
