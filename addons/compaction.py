@@ -51,6 +51,7 @@ from proxy.compaction.remote import compaction_target
 from proxy.compaction.store import Checkpoint
 from proxy.flowbody import responses_body
 from proxy.flowstate import Settling, state_of
+from proxy.metrics import proxy_metrics
 from proxy.sse import ResponseTap, StreamTap
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
@@ -374,6 +375,8 @@ class Compaction(Stage):
         self._db(rt).submit(lambda conn: store.record_event(conn, key, kind, outcome, reason, cp_id))
         journal_link.record_event(info.windows, kind, {"outcome": outcome, "reason": reason, "checkpoint_id": cp_id})
         debuglog.event("remote_compaction", phase=kind, outcome=outcome, reason=reason, checkpoint=cp_id)
+        if kind == "recovery":  # every outcome of an overflow recovery, made a compaction or not
+            proxy_metrics().overflow_recovery(outcome)
 
     # ------------------------------------------------------------------ response
     def responseheaders(self, flow: http.HTTPFlow) -> None:

@@ -242,11 +242,7 @@ class RequestLog(Stage):
         info = st.compaction
         if info is not None and info.compacted and info.checkpoint is not None:
             trigger = info.checkpoint.reason.split(":", 1)[0]
-            m.compaction(info.checkpoint.strategy, trigger)
-            if trigger == "overflow":
-                # An overflow compaction is followed by exactly one retry; the agent gets its answer only if it
-                # succeeded. (Recoveries that made no compaction are the compaction stage's to report.)
-                m.overflow_recovery("recovered" if r.status is not None and r.status < 400 else "retry_failed")
+            m.compaction(info.checkpoint.strategy, trigger)  # (overflow recoveries: the compaction stage counts)
 
 
 addons = [RequestLog()]

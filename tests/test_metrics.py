@@ -169,3 +169,24 @@ async def test_bridged_rounds_and_bridged_tool_calls_are_counted(emulator, proxy
                    and dict(labels).get("tool") == "get_context_remaining"
                    and dict(labels).get("transport") == "bridge") == 1
     await client.close()
+
+
+async def test_every_overflow_recovery_is_counted_with_its_outcome(emulator, proxy_factory):
+    from tests.emulator import Text, context_length_exceeded_400
+
+    proxy = await proxy_factory(upstream=emulator.url)
+    token = (proxy.state_dir / "token").read_text().strip()
+    client = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test", max_retries=0)
+    history = [{"role": "user", "content": f"turn {i} " + "x" * 2_000} for i in range(6)]
+    emulator.script(context_length_exceeded_400(), Text("fits now"), Text("fits now"))
+    try:
+        await client.responses.create(model="gpt-5", input=history)
+    except Exception:  # the agent gets the original error when recovery cannot help: counted all the same
+        pass
+    async with aiohttp.ClientSession() as http:
+        s = await _until(http, proxy, token, lambda s: sum(
+            v for (name, _labels), v in s.items() if name == "ctproxy_overflow_recoveries_total") == 1)
+        outcomes = {dict(labels)["outcome"] for (name, labels), v in s.items()
+                    if name == "ctproxy_overflow_recoveries_total" and v}
+        assert outcomes <= {"recovered", "retry_failed", "not_smaller", "skipped"}, outcomes
+    await client.close()
