@@ -232,8 +232,8 @@ async def test_bridged_new_context_marks_the_sessions_agent(emulator, proxy_fact
 
     proxy = await proxy_factory(upstream=emulator.url, extra_args=["--bridge", "context,notes"])
     emulator.script(FunctionCall("new_context", {}, call_id="call_nc1"), Text("ok"))
-    client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test-ctx", max_retries=0)
-    resp = await client.responses.create(model="gpt-4.1", input="start over please")
+    async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test-ctx", max_retries=0) as client:
+        resp = await client.responses.create(model="gpt-4.1", input="start over please")
     call = resp.output[0]
     assert call.name == "new_context" and call.output == NEW_CONTEXT_OUTPUT
     import asyncio
