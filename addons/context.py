@@ -383,9 +383,9 @@ class Context(Stage):
         cfg = rt.config.remote_compaction
         if window is None and not others and (decided or not (cfg.enabled or cfg.recover_overflow)):
             return payload  # no strategy could apply
-        if input_items(payload) is None or _stateful_or_client(payload):
-            return payload  # stateful requests: the upstream holds the history, there is nothing to replace
-        if ws is None:
+        if input_items(payload) is None:
+            return payload
+        if ws is None:  # (a window session exists only for a stateless request the client does not compact)
             ws = self._window_session(flow)
             if ws is None:
                 return payload
@@ -493,7 +493,7 @@ def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.Wind
     """The forwarded copy with exactly one guidance message (only when its tools are reachable), the
     `[id: …]` markers and, when `remind` = (used, window), the hidden reminder last. `payload` is the
     agent's request, `out` what the projection made of it."""
-    if _stateful_or_client(out):
+    if out is not payload and _stateful_or_client(out):  # (the agent's own request was checked already)
         return out
     raw = out.get("input")
     if not isinstance(raw, list):

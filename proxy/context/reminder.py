@@ -20,8 +20,8 @@ WRITE_TOOLS = ("notes_write_file", "notes_append_to_file")
 
 
 def is_reminder(item: Any) -> bool:
-    if not isinstance(item, dict) or item.get("type", "message") != "message" or item.get("role") != "developer":
-        return False
+    if not isinstance(item, dict) or item.get("role") != "developer" or item.get("type", "message") != "message":
+        return False  # (the role first: one lookup decides for almost every item)
     content = item.get("content")
     first = content if isinstance(content, str) else (
         content[0].get("text") if isinstance(content, list) and content and isinstance(content[0], dict) else None)
@@ -49,6 +49,8 @@ def reminder_text(used_tokens: int, window_tokens: int, tools: Sequence[str]) ->
 def with_reminder(items: Sequence[Any], text: str | None) -> list[Any]:
     """`items` without any resent reminder, and with `text` as the last item when given."""
     out = [item for item in items if not is_reminder(item)]
+    if text is None and len(out) == len(items):
+        return items if isinstance(items, list) else out  # nothing to drop or add: the same list
     if text is not None:
         out.append(developer_message(text))
     return out
