@@ -17,6 +17,8 @@ Loads alone: `mitmdump -s addons/bridge.py` (with `--set ctp_tools_url=…`).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 
 from mitmproxy import ctx, http
@@ -118,11 +120,14 @@ class Bridge(Stage):
             return  # not bridged: the guard refuses it with its 403
         creds = tuple((k, v) for k, v in pairs if k.lower() in routes.CREDENTIAL_HEADERS)
         url = req.url
+        # Before the first call: the task and agent in the database, where the tool server reads them.
+        registered = functools.partial(asyncio.to_thread, st.journal.flush, 10.0) if st.journal is not None else None
         job = BridgeJob(url=url, credentials=creds, credentials_allowed=allowed, offer=offer,
                         caller=CallerUpstream(base_url(url, route.kind), route.kind, route.official, allowed,
                                               dict(creds) if allowed else {}),
                         task=task, agent=agent, session=session, max_rounds=cfg.max_rounds,
-                        timeout=rt.config.timeouts.stream_idle_seconds, catalog=tuple(specs or ()),
+                        timeout=rt.config.timeouts.stream_idle_seconds, registered=registered,
+                        catalog=tuple(specs or ()),
                         families=tuple(cfg.families), apply_patch_form=cfg.apply_patch_form,
                         context_usage=ContextUsage(), withheld=withheld)
         st.context_usage = job.context_usage  # the tap records the last round's usage for the context budget

@@ -71,6 +71,9 @@ class BridgeJob:
     withheld: Mapping[str, str] | None = None  # names this request may not be offered (see specs.select)
     # the last round's usage, for the context budget (the tap reads it from the flow's state)
     context_usage: ContextUsage | None = None
+    # Awaited once before the first call runs: the session's task and agent are in the state database, which
+    # the tool server (another process) reads to know the caller (the journal writes them off the request path).
+    registered: Callable[[], Awaitable[Any]] | None = field(default=None, repr=False)
 
     def reoffer(self, payload: Mapping[str, Any], carried: frozenset[str]) -> Offer:
         return select(self.catalog, self.families, payload, self.apply_patch_form, ours=self.offer.specs,
@@ -90,6 +93,7 @@ class CallRunner:
         self.tools, self.job = tools, job
         self._sequential = asyncio.Lock()  # FIFO: sequential calls run in the order they were started
         self.tasks: dict[str, asyncio.Task[CallOutcome]] = {}
+        self._registered: asyncio.Future[Any] | None = None
 
     def start(self, call: PendingCall) -> None:
         if call.key not in self.tasks:
@@ -104,6 +108,13 @@ class CallRunner:
 
     async def _call(self, call: PendingCall) -> CallOutcome:
         name = str(call.item.get("name"))
+        if self.job.registered is not None:
+            if self._registered is None:
+                self._registered = asyncio.ensure_future(self.job.registered())
+            try:
+                await asyncio.shield(self._registered)
+            except Exception:  # a journal that cannot flush: the call goes on and the tool says what it knows
+                log.warning("bridge: the session's registration could not be flushed before a call")
         req = ToolCall(name=name, kind=call.kind, text=call_text(call.item), call_id=call.item.get("call_id"),
                        task=self.job.task, agent=self.job.agent, session=self.job.session, upstream=self.job.caller)
         try:
