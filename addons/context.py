@@ -43,6 +43,7 @@ from proxy.flowbody import commit_if_alone, decode_bounded, responses_body
 from proxy.flowstate import state_of
 from proxy.journal import Window
 from proxy.journal.canonical import chain_at, session_root
+from proxy.metrics import proxy_metrics
 from proxy.notes.store import NotesStore
 from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
@@ -326,6 +327,7 @@ class Context(Stage):
         if w.window_id != window_id:  # the identity message names another window: said, never hidden
             log.warning("context: window %s opened, the bootstrap names %s", w.window_id, window_id)
         debuglog.event("context", outcome="rollover", kind=kind, window=w.window_id, boundary=n)
+        proxy_metrics().rollover("notes")
         return w
 
     def _project(self, flow: http.HTTPFlow, ws: journal_link.WindowSession | None, opened: Window | None) -> None:

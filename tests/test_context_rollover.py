@@ -240,3 +240,16 @@ async def test_rest_checkpoint_route_is_mounted(emulator, proxy_factory):
         async with http.post(f"{agent.proxy.tools_url}/v1/context/checkpoint", headers=agent.tool_headers,
                              json={"task": "task_nope", "agent": "/root"}) as r:
             assert r.status == 404 and (await r.json())["error"]["code"].startswith("unknown_")
+
+
+async def test_a_rollover_is_counted_in_the_metrics(emulator, proxy_factory):
+    from tests.test_metrics import _until, _value
+
+    agent = await start(emulator, proxy_factory)
+    emulator.script(Response([FunctionCall("new_context", {}, call_id="c_m")]), Text("resumed"))
+    resp = await agent.sample({"role": "user", "content": "do the work"})
+    await agent.sample(*await agent.run_calls(resp))
+    token = (agent.proxy.state_dir / "token").read_text().strip()
+    async with aiohttp.ClientSession() as http:
+        await _until(http, agent.proxy, token,
+                     lambda s: _value(s, "ctproxy_rollovers_total", strategy="notes") == 1)
