@@ -121,7 +121,7 @@ class Context(Stage):
     def _store(self) -> RolloverStore:
         if self._rollovers is None:
             rt = self.rt
-            self._rollovers = RolloverStore(dbworker.shared(rt.services, rt.state.db_path))
+            self._rollovers = RolloverStore(dbworker.shared(rt.services, rt.state.db_path), rt.state.db_path)
         return self._rollovers
 
     def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:

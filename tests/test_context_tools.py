@@ -155,6 +155,38 @@ async def test_rollover_store_through_the_proxys_db_worker(tmp_path: Path):
         worker.close()
 
 
+async def test_a_request_with_nothing_pending_never_waits_for_the_db_thread(tmp_path: Path):
+    """The proxy asks on every stateless request: with nothing pending it reads on its own connection and
+    never queues behind the journal on the database thread; a mark another process commits is still seen."""
+    db = tmp_path / "s.db"
+    worker = DBWorker(db)
+    store = rollover.RolloverStore(worker, db)
+    runs = 0
+    real = worker.run
+
+    async def counting(fn):
+        nonlocal runs
+        runs += 1
+        return await real(fn)
+
+    worker.run = counting  # type: ignore[method-assign]
+    try:
+        assert await store.take("t", "/root") is None  # no table yet: the worker creates it
+        before = runs
+        for _ in range(5):
+            assert await store.take("t", "/root") is None
+        assert runs == before  # nothing pending: no trip to the database thread
+        other = connect(db)  # another process (the tool server's new_context) leaves a mark
+        rollover.mark_pending(other, "t", "/root", "new_context")
+        other.commit()
+        other.close()
+        got = await store.take("t", "/root")
+        assert got is not None and got.kind == "new_context" and runs == before + 1
+        assert await store.take("t", "/root") is None
+    finally:
+        worker.close()
+
+
 async def test_manual_checkpoint_cli_and_rest(world: World, capsys):
     state = str(world.state.root)
     assert cli_main(["context", "checkpoint", "--task", world.task, "--agent", "reviewer", "--state-dir", state]) == 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from proxy.db import register_schema
@@ -109,9 +110,26 @@ def cancel_pending(conn: sqlite3.Connection, task_id: str, address: str) -> bool
 class RolloverStore:
     """The proxy's side: every read and write on its one database thread (never the event loop)."""
 
-    def __init__(self, worker: DBWorker):
+    def __init__(self, worker: DBWorker, db_path: Path | None = None):
         self.worker = worker
         self._ensured = False
+        self._db_path = db_path
+        self._reader: sqlite3.Connection | None = None
+
+    def _maybe_pending(self, task_id: str, address: str) -> bool:
+        """Whether the agent may have a pending rollover, read on the caller's own read-only connection: in
+        WAL mode a reader never waits for a writer and the unique index answers in microseconds, so a request
+        with nothing pending (nearly all of them) costs no trip to the database thread. Committed marks are
+        always seen (each read is a fresh snapshot); when it cannot tell, it says maybe."""
+        if self._db_path is None:
+            return True
+        try:
+            if self._reader is None:
+                self._reader = sqlite3.connect(f"file:{self._db_path}?mode=ro", uri=True, check_same_thread=False)
+            return self._reader.execute("SELECT 1 FROM context_rollovers WHERE task_id=? AND address=? LIMIT 1",
+                                        (task_id, address)).fetchone() is not None
+        except sqlite3.Error:  # no table yet, a busy WAL reset, no database file: ask the worker
+            return True
 
     def _ensure(self, conn: sqlite3.Connection) -> None:
         if not self._ensured:  # the worker's connection may predate this module's schema
@@ -119,6 +137,9 @@ class RolloverStore:
             self._ensured = True
 
     async def take(self, task_id: str, address: str, kinds: tuple[Kind, ...] = KINDS) -> Pending | None:
+        if not self._maybe_pending(task_id, address):
+            return None
+
         def run(conn: sqlite3.Connection) -> Pending | None:
             self._ensure(conn)
             return take_pending(conn, task_id, address, kinds)
