@@ -415,6 +415,9 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
                            "tools_pid": tools.proc.pid if tools is not None and tools.proc is not None else None,
                            "workspace": str(opts.workspace) if opts.workspace is not None else None,
                            "config": rt.config.model_dump(mode="json")})  # what both processes run
+    from proxy import memory
+
+    memory.freeze_startup_heap()  # the long-lived start-up heap out of the collector's walks (proxy/memory.py)
     print("\n".join(lines), flush=True)
     if ready is not None:
         ready.set()

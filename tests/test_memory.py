@@ -50,3 +50,22 @@ def test_trim_hands_freed_heap_back():
     assert held - base > (grown - base) / 2, "free() returned the holes by itself: the test shows nothing"
     assert after - base < (grown - base) / 4
     del keep
+
+
+def test_the_start_up_heap_is_frozen_and_garbage_is_not():
+    import gc
+
+    from proxy import memory
+
+    class Cyclic:
+        pass
+
+    a = Cyclic()
+    a.me = a  # garbage once dropped: collected before the freeze, not frozen with the rest
+    ref = __import__("weakref").ref(a)
+    del a
+    try:
+        assert memory.freeze_startup_heap() > 0
+        assert ref() is None
+    finally:
+        gc.unfreeze()
