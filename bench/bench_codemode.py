@@ -13,8 +13,8 @@ Against the tool server app started in-process on a loopback port (aiohttp runne
 4. Memory: V8 heap used by one booted isolate, and the process RSS growth per live isolate (16 isolates).
 5. Tool-definition bytes (JSON of the function specs) with every family enabled: all tools, discovery on with
    the default deferred set (a new session), and code mode (`exec` + `wait` only).
-6. A scripted task through `ctproxy up --bridge code_mode,notes` (the emulator plays the model): search the
-   notes, read three of them, write a summary note. Direct tools (search; three reads in one parallel turn;
+6. A scripted task through `ctproxy up --bridge code_mode,history,notes` (the emulator plays the model):
+   search the history, read the three items found, write a note. Direct tools (search; three reads in one turn;
    the write) against one code-mode cell (search and three reads) and the write: upstream rounds and the
    bytes of every request body the upstream received.
 Absolute figures depend on the machine; compare the ratios.
@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -191,17 +192,31 @@ async def run(rounds: int) -> dict[str, Any]:
     }
 
 
-SEARCH = {"query": "alpha"}
-READS = [{"path": f"n{i}.md"} for i in range(3)]
-WRITE = {"path": "summary.md", "text": "alpha appears in n0, n1 and n2\n"}
-CELL = ("const hits = await tools.notes_search_contents({query: 'alpha'});\n"
-        "const notes = await Promise.all(['n0.md', 'n1.md', 'n2.md'].map((path) => tools.notes_read_file({path})));\n"
-        "print(hits.output.split('\\n').length, 'hit lines');\n"
-        "for (const n of notes) print(n.output.split('\\n').slice(-2).join(' '));")
+SEARCH = {"query": "alpha fact"}
+WRITE = {"path": "summary.md", "text": "the three alpha facts, summarized\n"}
+CELL = ("const hits = await tools.history_search_contents({query: 'alpha fact'});\n"
+        "const found = hits.output.split('\\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));\n"
+        "const items = await Promise.all(found.map((h) => tools.history_read_item({item_id: h.item_id, "
+        "window_id: h.window_id})));\n"
+        "print(found.length, 'hits');\n"
+        "for (const it of items) print(it.output.split('\\n').slice(-1)[0]);")
+FACTS = [{"role": "user", "content": f"alpha fact {i}: " + "detail " * 60} for i in range(3)]
+
+
+async def _search_hits(tools_url: str, token: str, task: str) -> list[dict[str, Any]]:
+    """The items the direct path's scripted model reads (it cannot parse results; a cell can)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{tools_url}/v1/tools/history_search_contents", json=SEARCH,
+            headers={"Authorization": f"Bearer {token}", "x-ctp-task": task, "x-ctp-agent": "/root"}) as r:
+        text = (await r.json())["text"]
+    return [json.loads(line) for line in text.split("\n") if line.startswith("{")]
 
 
 async def scenario() -> dict[str, Any]:
-    """Upstream rounds and request bytes of the same task, direct tools against one cell."""
+    """The issue's task — search history, read three items, write a note — with direct tools against one
+    cell, both continuing the same conversation: upstream rounds and request bytes."""
     from bench.common import Processes
     from tests.emulator import Emulator, FunctionCall, Response, Text
 
@@ -209,35 +224,46 @@ async def scenario() -> dict[str, Any]:
     async with Emulator() as emu:
         with Processes() as procs:
             svc = await asyncio.to_thread(procs.ctproxy, emu.url,
-                                          ["--bridge", "code_mode,notes", "--enable", "code_mode"])
+                                          ["--bridge", "code_mode,history,notes", "--enable", "code_mode"])
             state = StateDir.open(procs.workdir / f"state-{svc.port}")
+            tools_url = re.search(r"tool server\s+(http://\S+)", svc.log()).group(1)  # type: ignore[union-attr]
             task = new_task(state)
             import openai
 
             client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{svc.port}/v1", api_key="sk-bench",
                                         max_retries=0, default_headers={"x-ctp-task": task, "x-ctp-agent": "/root"})
-            # setup: three notes mentioning alpha, written by the scripted model through the bridge
-            emu.script(Response([FunctionCall("notes_write_file", {"path": f"n{i}.md",
-                                                                    "text": f"note {i}\n" + "alpha line\n" * 20})
-                                 for i in range(3)]), Text("written"))
-            await client.responses.create(model="gpt-4.1", input="write three notes")
+            # setup: the conversation so far holds three facts the task will look up in the history
+            emu.script(Text("noted"))
+            await client.responses.create(model="gpt-4.1", input=FACTS)
+            hits: list[dict[str, Any]] = []
+            for _ in range(100):  # the journal writes off the request path: wait until the items are found
+                hits = await _search_hits(tools_url, state.token(), task)
+                if len(hits) >= 3:
+                    break
+                await asyncio.sleep(0.1)
+            reads = [{"item_id": h["item_id"], "window_id": h["window_id"]} for h in hits]
             plans = {
-                "direct": [FunctionCall("notes_search_contents", SEARCH),
-                           Response([FunctionCall("notes_read_file", r) for r in READS]),
+                "direct": [FunctionCall("history_search_contents", SEARCH),
+                           Response([FunctionCall("history_read_item", r) for r in reads]),
                            FunctionCall("notes_write_file", WRITE), Text("summary written")],
                 "code_mode": [FunctionCall("exec", {"code": CELL}),
                               FunctionCall("notes_write_file", WRITE), Text("summary written")],
             }
+            ask = [*FACTS, {"role": "assistant", "content": "noted"},
+                   {"role": "user", "content": "summarize what I told you in a note"}]
             for name, plan in plans.items():
                 emu.reset()
                 emu.script(*plan)
-                final = await client.responses.create(model="gpt-4.1", input="summarize my alpha notes into a note")
+                final = await client.responses.create(model="gpt-4.1", input=ask)
                 if final.output_text != "summary written":
                     raise RuntimeError(f"{name}: the scripted task did not finish: {final.output_text!r}")
                 reqs = emu.responses_requests
-                outputs = [i.get("output", "") for i in reqs[1].json["input"]
+                outputs = [str(i.get("output", "")) for r in reqs for i in r.json["input"]
                            if i.get("type") == "function_call_output"]
-                if name == "code_mode" and not any(str(o).startswith("Script completed") for o in outputs):
+                if name == "direct" and not any("alpha fact 2" in o for o in outputs):
+                    raise RuntimeError(f"the direct reads found nothing: {str(outputs)[:500]}")
+                if name == "code_mode" and not any(o.startswith("Script completed") and "3 hits" in o
+                                                   for o in outputs):
                     raise RuntimeError(f"the cell did not complete: {str(outputs)[:500]}")
                 out[name] = {"upstream_rounds": len(reqs), "request_bytes": sum(len(r.raw_body) for r in reqs)}
     out["ratio_request_bytes"] = round(ratio(out["code_mode"]["request_bytes"], out["direct"]["request_bytes"]), 3)
