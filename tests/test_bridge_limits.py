@@ -67,6 +67,8 @@ async def test_round_limit(emulator, proxy_factory):
     assert last_out["call_id"] == "c_l8" and "bridge.max_rounds" in last_out["output"]
     calls = [o for o in final.output if o.type == "mcp_call"]
     assert len(calls) == 9 and all(c.status == "completed" for c in calls[:8]) and calls[8].status == "failed"
+    # the error in the API's shape (MCPToolCallError), which the SDK parses into its own model
+    assert calls[8].error.type == "mcp_tool_execution_error" and "bridge.max_rounds" in str(calls[8].error.content)
     assert final.output_text == "stopping here"
 
 

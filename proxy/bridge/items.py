@@ -49,11 +49,31 @@ def mcp_arguments(kind: str, text: str) -> str:
     return text if kind == "function" else orjson.dumps({"input": text}).decode()
 
 
+def mcp_error(text: str) -> dict[str, Any]:
+    """A failed call's error in the API's shape (MCPToolCallError: an object, never a bare string)."""
+    return {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": text}]}
+
+
+def mcp_error_text(error: Any) -> str:
+    """The text of an mcp_call's error as an agent resends it (the object above; a string from older ctproxy)."""
+    if isinstance(error, str):
+        return error
+    if isinstance(error, Mapping):
+        content = error.get("content")
+        if isinstance(content, list):
+            return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+        if isinstance(error.get("message"), str):
+            return error["message"]
+        if content is not None:
+            return str(content)
+    return ""
+
+
 def mcp_item(call: Mapping[str, Any], status: str, output: str | None = None, error: str | None = None) -> dict:
     kind = CALL_TYPES[str(call["type"])]
     return {"type": "mcp_call", "id": mcp_id(kind, str(call.get("call_id", ""))), "server_label": SERVER_LABEL,
             "name": call.get("name", ""), "arguments": mcp_arguments(kind, call_text(call)), "output": output,
-            "error": error, "status": status}
+            "error": mcp_error(error) if error is not None else None, "status": status}
 
 
 def upstream_call(call: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,7 +161,7 @@ def _rebuild(item: Mapping[str, Any]) -> list[dict[str, Any]] | None:
             text = args
         call = {"type": "custom_tool_call", "call_id": call_id, "name": item.get("name", ""), "input": text}
     out = item.get("output")
-    text_out = out if isinstance(out, str) else str(item.get("error") or "")
+    text_out = out if isinstance(out, str) else mcp_error_text(item.get("error"))
     return [call, output_item(kind, call_id, text_out)]
 
 
