@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from proxy.bridge.specs import function_spec
 from proxy.context.bootstrap import developer_message
 
 WRITE_TOOL = "notes_write_file"
@@ -36,7 +37,7 @@ def turn_body(forwarded: Mapping[str, Any], write_spec: Mapping[str, Any], instr
     body = {k: v for k, v in forwarded.items() if k not in ("stream", "stream_options", "tool_choice", "tools",
                                                           "parallel_tool_calls", "previous_response_id")}
     body["input"] = [*items, developer_message(instruction or DEFAULT_INSTRUCTION), *extra]
-    body["tools"] = [{**write_spec, "type": "function"}]
+    body["tools"] = [{**function_spec(write_spec), "type": "function"}]  # the API's FunctionTool requires strict
     body["tool_choice"] = {"type": "function", "name": WRITE_TOOL}
     body["parallel_tool_calls"] = False
     body["stream"] = False
