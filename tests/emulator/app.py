@@ -424,12 +424,17 @@ class Emulator:
             await _hold_until_closed(request, rec)
             return web.Response(status=plan.status)  # never reaches anyone
         if plan.body is not None:
+            if plan.status >= 400:
+                rec.extra["error_body"] = plan.body  # why it was refused, for a test's report
             if store and plan.response is not None:
                 self._store(rec, plan.response)
             resp = web.Response(status=plan.status, body=plan.body)
             _set_headers(resp, plan.headers)
+            rec.answered_at = asyncio.get_running_loop().time()  # built; aiohttp writes it right after
             return resp
-        return await self._stream(request, rec, plan, store)
+        resp = await self._stream(request, rec, plan, store)
+        rec.answered_at = asyncio.get_running_loop().time()
+        return resp
 
     async def _stream(self, request: web.Request, rec: ReceivedRequest, plan: Plan, store: bool) -> web.StreamResponse:
         resp = web.StreamResponse(status=plan.status)

@@ -81,6 +81,7 @@ class ReceivedRequest:
     client_disconnected: bool = False  # the client went away while the answer was streaming
     events_sent: int = 0  # SSE events (or Raw chunks) written before the stream ended
     write_times: list[float] = field(default_factory=list)  # loop.time() after each streamed write
+    answered_at: float | None = None  # loop.time() once the whole answer was handed to the transport
     extra: dict[str, Any] = field(default_factory=dict)
 
     def header(self, name: str, default: str | None = None) -> str | None:
