@@ -1,0 +1,614 @@
+"""Context windows over a long run, and what the projection and the checkpoint turn cost (issue 13).
+
+    .venv/bin/python bench/bench_context.py [--quick] [--only long,projection,checkpoint] [--turns N]
+
+**long**: a scripted agent (the openai SDK, stateless like Codex: it resends its whole history, streams,
+declares its own function and custom tools) talks to a real `ctproxy up --bridge context,notes,history`
+in front of the validating emulator (in this process: `validate_requests=True`, so every `POST
+/v1/responses` is checked against the official OpenAPI description and the real API's input rules before
+it is answered). The scripted model forces, on a fixed schedule, every way a window changes: `new_context`
+through the bridge (alone, and in a batch with the agent's own call), the hard trigger's checkpoint turn
+(a clean write, a failed write corrected once, a turn with no write → the readable fallback), a manual
+checkpoint, remote compaction v2 before forwarding, its failure (→ the readable fallback), and an upstream
+`context_length_exceeded` (→ compaction and one retry). Checked at the end: every request validated,
+every function/custom/mcp call of the agent's history has its output, no `context_length_exceeded` (no
+error at all) reached the agent, and the journal holds every item the agent sent and received, in order.
+Printed: turns, requests, rollovers and compactions by kind, items journaled/expected, wall time, and the
+proxy's overhead per request (the agent's latency minus the emulator's own time for the upstream requests
+made during it; client and emulator share one event loop but never work at the same time).
+
+**projection**: a 1.5 MB session in a notes window (the agent resends ≈1.5 MB; ctproxy forwards the
+bootstrap and the items after the boundary) against the same request with `--disable context`, two
+`ctproxy up` processes round-robin; the latency, the proxy's overhead (minus the emulator's time) and the
+proxy's CPU per request. Then the same two bodies through `addons.chain()` in process (as
+`bench_proxy.py`'s scenario h): the context stage's own time per request.
+
+**checkpoint**: the request that runs the checkpoint turn against a plain request of the same session size:
+the agent's latency minus the two upstream round trips (the turn's and the forwarded request's, as the
+emulator measured them), next to the plain request's overhead.
+
+`tests/test_context_long_run.py` runs a short `long` with the same assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: `tests.*` and `bench.*` from the repository root
+    sys.path.insert(0, str(REPO))
+
+from bench.common import summarize, write_result  # noqa: E402
+from tests.emulator import (  # noqa: E402
+    CustomToolCall,
+    Emulator,
+    FunctionCall,
+    Reasoning,
+    ReceivedRequest,
+    Reply,
+    Response,
+    Text,
+    context_length_exceeded_400,
+    server_error_500,
+)
+from tests.support.proxyproc import ProxyProcess  # noqa: E402
+
+MODEL = "gpt-4.1"
+WINDOW = 200_000  # tokens (config `model_windows`): the scripted usage decides when a window is full
+HARD_RATIO, REMINDER_RATIO, COMPACTION_THRESHOLD = 0.85, 0.7, 0.95  # compaction above the hard trigger
+CHECKPOINT_CHOICE = {"type": "function", "name": "notes_write_file"}
+SHELL = {"type": "function", "name": "shell", "description": "Run a shell command in the workspace.",
+         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"],
+                        "additionalProperties": False}, "strict": True}
+SCRIPT = {"type": "custom", "name": "run_script", "description": "Run a Python snippet; the input is the code."}
+AGENT_TOOLS = [SHELL, SCRIPT]
+BRIDGE = "context,notes,history"
+BIG_OUTPUT = 24_000  # characters of a tool output in the turns before an overflow turn
+TURN_RE = re.compile(r"turn (\d+):")
+CALL_OUTPUT = {"function_call": "function_call_output", "custom_tool_call": "custom_tool_call_output"}
+
+
+# ---- the schedule: what the scripted model does at turn N ---------------------------------------------
+
+# Every 100 turns, in this order of turn numbers (mod 100); every other turn is ordinary work.
+SPECIAL = {10: "new_context", 20: "hard", 30: "remote", 40: "mixed", 45: "fallback", 60: "hard_fix",
+           70: "overflow", 85: "manual", 95: "hard_fail"}
+# What each special turn is expected to open in the journal (strategy of the new window).
+OPENS = {"new_context": "notes", "hard": "notes", "remote": "remote", "mixed": "notes", "fallback": "fallback",
+         "hard_fix": "notes", "overflow": "remote", "manual": "notes", "hard_fail": "fallback"}
+
+
+# An upstream `context_length_exceeded` teaches compaction a window smaller than the model table's (the
+# smallest failed size, kept): from then on compaction's threshold on that window comes before the context
+# stage's hard trigger (which reads the table), so no checkpoint turn could run at the trigger again. The
+# overflow is therefore forced once, in the last cycle, with the hard triggers before it.
+LAST_CYCLE_ONLY = {"overflow"}
+AFTER_OVERFLOW = {"hard", "hard_fix", "hard_fail"}
+
+
+def kind_of(turn: int, turns: int) -> str:
+    last_cycle = turn > (turns - 1) // 100 * 100
+    special = SPECIAL.get(turn % 100)
+    if special in LAST_CYCLE_ONLY and not last_cycle:
+        special = None
+    if special in AFTER_OVERFLOW and last_cycle and turn % 100 > 70:
+        special = None
+    if special is not None:
+        return special
+    return ("text", "shell", "custom", "reasoned")[turn % 4]
+
+
+def big_outputs(turn: int, turns: int) -> bool:
+    """The turns before the overflow fill the window with big tool outputs, as a real overflow comes."""
+    return kind_of(turn - turn % 100 + 70, turns) == "overflow" and 60 < turn % 100 < 70
+
+
+@dataclass
+class Counts:
+    """What the scripted model and the driver did, for the report and the checks."""
+
+    kinds: Counter[str] = field(default_factory=Counter)
+    checkpoint_turns: int = 0
+    scripted_errors: int = 0  # context_length_exceeded and compact 500s the script sent on purpose
+    compact_requests: int = 0
+
+
+class ScriptedModel:
+    """The emulator's default responder: decides from the forwarded request itself (the turn number in the
+    newest user message, a trailing tool output, the checkpoint turn's `tool_choice`)."""
+
+    def __init__(self, emu: Emulator, counts: Counts, turns: int):
+        self.emu, self.counts, self.turns = emu, counts, turns
+        self.checkpoint_mode = "ok"  # what the next checkpoint turn does: ok | fix | fail
+        self.overflowed: set[int] = set()
+        self.written = 0
+
+    def __call__(self, rec: ReceivedRequest) -> Reply:
+        body = rec.json if isinstance(rec.json, dict) else {}
+        items = rec.input_items
+        if body.get("tool_choice") == CHECKPOINT_CHOICE:
+            return self._checkpoint(items)
+        last = items[-1] if items else {}
+        if last.get("type") in ("function_call_output", "custom_tool_call_output"):
+            return Text(f"done after {last.get('call_id')}", deltas=2)
+        turn = _turn_of(items)
+        if turn is None:
+            return Text("no turn found", deltas=2)
+        return self._turn(turn)
+
+    def _checkpoint(self, items: list[Any]) -> Reply:
+        self.counts.checkpoint_turns += 1
+        mode, self.written = self.checkpoint_mode, self.written + 1
+        self.checkpoint_mode = "ok"
+        corrected = any(i.get("type") == "function_call_output" and str(i.get("call_id", "")).startswith("ckbad")
+                        for i in items[-3:])
+        if mode == "fail":
+            return Text("I will not write a note now.", deltas=2)
+        if mode == "fix" and not corrected:
+            self.checkpoint_mode = "fix"  # the correction round is the same turn
+            return FunctionCall("notes_write_file", {"path": "../../escape.md", "text": "x"},
+                                call_id=f"ckbad_{self.written}")
+        return FunctionCall("notes_write_file", {"path": f"checkpoints/ck-{self.written:05d}.md",
+                                                 "text": f"checkpoint {self.written}: resume the numbered turns\n"},
+                            call_id=f"ck_{self.written}")
+
+    def _turn(self, n: int) -> Reply:
+        kind = kind_of(n, self.turns)
+        usage_full = {"input_tokens": int(0.99 * WINDOW)}
+        if kind == "text":
+            return Text(f"answer to turn {n}", deltas=3)
+        if kind == "reasoned":
+            return Response([Reasoning(summary=f"thinking about {n}"), Text(f"reasoned answer {n}")])
+        if kind == "shell":
+            return FunctionCall("shell", {"cmd": f"echo {n}"}, call_id=f"sh_{n}")
+        if kind == "custom":
+            return CustomToolCall("run_script", f"print({n} * 2)", call_id=f"py_{n}")
+        if kind == "new_context":
+            return FunctionCall("new_context", {}, call_id=f"nc_{n}")
+        if kind == "mixed":  # a batch: the agent's own call and the bridged new_context
+            return Response([FunctionCall("shell", {"cmd": f"ls {n}"}, call_id=f"shm_{n}"),
+                             FunctionCall("new_context", {}, call_id=f"ncm_{n}")])
+        if kind in ("hard", "hard_fix", "hard_fail"):
+            self.checkpoint_mode = {"hard": "ok", "hard_fix": "fix", "hard_fail": "fail"}[kind]
+            return Text(f"window nearly full at {n}", usage={"input_tokens": int(0.9 * WINDOW)})
+        if kind == "remote":
+            return Text(f"window full at {n}", usage=usage_full)
+        if kind == "fallback":
+            self.emu.script_compact(server_error_500())
+            self.counts.scripted_errors += 1
+            return Text(f"window full at {n}, compaction will fail", usage=usage_full)
+        if kind == "overflow" and n not in self.overflowed:
+            self.overflowed.add(n)
+            self.counts.scripted_errors += 1
+            return context_length_exceeded_400()
+        return Text(f"answer to turn {n} after the retry", deltas=2)  # manual, overflow's retry
+
+
+def _turn_of(items: list[Any]) -> int | None:
+    for item in reversed(items):
+        if item.get("role") == "user":
+            content = item.get("content")
+            texts = [content] if isinstance(content, str) else [p.get("text", "") for p in content or []]
+            for text in texts:
+                if m := TURN_RE.search(text):
+                    return int(m.group(1))
+    return None
+
+
+# ---- the agent ---------------------------------------------------------------------------------------
+
+
+def plain(item: Any) -> dict[str, Any]:
+    """An output item as a stateless agent resends it (the SDK's model, as JSON)."""
+    return item.model_dump(mode="json", exclude_none=True)
+
+
+@dataclass
+class Sample:
+    """One agent request: its latency, and the emulator's own time for the upstream requests it caused."""
+
+    kind: str
+    latency: float
+    upstream: float
+    upstream_requests: int
+
+    @property
+    def overhead(self) -> float:
+        return self.latency - self.upstream
+
+
+class AgentError(AssertionError):
+    """Something reached the agent that must not (an HTTP error, an error event, a failed response)."""
+
+
+class StatelessAgent:
+    """Resends its whole history every request (as Codex does), streams, and runs its own tools.
+
+    The history goes in `extra_body`: the SDK's parameter transform walks every item (≈8 s for 8,000
+    items), which would measure the SDK, not the proxy; the request is the same JSON."""
+
+    def __init__(self, client: openai.AsyncOpenAI, emu: Emulator, turns: int):
+        self.client, self.emu, self.turns = client, emu, turns
+        self.history: list[dict[str, Any]] = []
+        self.samples: list[Sample] = []
+        self.upstream_statuses: Counter[int] = Counter()
+        self.requests_validated = 0
+        self.compact_bodies: list[dict[str, Any]] = []
+        self.compactions_at: list[str] = []
+        self.refusals: list[str] = []  # what the emulator answered with an error, and why (for the report)
+
+    async def request(self, kind: str) -> Any:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        final = None
+        try:
+            stream = await self.client.responses.create(
+                model=MODEL, stream=True, store=False, tools=AGENT_TOOLS, parallel_tool_calls=True,
+                include=["reasoning.encrypted_content"], extra_body={"input": self.history})
+            async for event in stream:
+                if event.type in ("error", "response.failed", "response.incomplete"):
+                    raise AgentError(f"{kind}: the agent got {event.type}: {event}")
+                if event.type == "response.completed":
+                    final = event.response
+        except openai.APIStatusError as exc:
+            raise AgentError(f"{kind}: the agent got HTTP {exc.status_code}: {exc.body}") from None
+        latency = loop.time() - start
+        if final is None:
+            raise AgentError(f"{kind}: the stream ended without response.completed")
+        self.samples.append(self._sample(kind, latency))
+        self.history.extend(plain(o) for o in final.output)
+        return final
+
+    def _sample(self, kind: str, latency: float) -> Sample:
+        upstream, count = 0.0, 0
+        for rec in self.emu.requests:
+            self.upstream_statuses[rec.status or 0] += 1
+            if rec.route == "compact":
+                self.compact_bodies.append(rec.json)
+                self.compactions_at.append(f"{len(self.history)}:{kind}")
+            elif rec.route in ("responses", "compaction") and rec.status is not None:
+                self.requests_validated += 1  # validate_requests: a body violating CreateResponse got a 400
+            if rec.status not in (None, 200):
+                self.refusals.append(f"{kind}: {rec.route} {rec.status} {rec.extra.get('error_body', b'')[:3000]!r}")
+            if rec.answered_at is not None:
+                upstream += rec.answered_at - rec.received_at
+            count += 1
+        self.emu.requests.clear()  # bounded memory over thousands of requests
+        return Sample(kind, latency, upstream, count)
+
+    async def turn(self, n: int) -> None:
+        kind = kind_of(n, self.turns)
+        self.history.append({"role": "user", "content": f"turn {n}: continue the numbered work ({kind})"})
+        resp = await self.request(kind)
+        for _ in range(4):  # the agent's own calls, then the model's answer
+            outs = [self._run(o, n) for o in resp.output if o.type in CALL_OUTPUT]
+            if not outs:
+                return
+            self.history.extend(outs)
+            resp = await self.request(kind + "+outputs")
+        raise AgentError(f"turn {n}: the model kept calling the agent's tools")
+
+    def _run(self, call: Any, n: int) -> dict[str, Any]:
+        pad = "." * BIG_OUTPUT if big_outputs(n, self.turns) else ""
+        if call.type == "function_call":
+            return {"type": "function_call_output", "call_id": call.call_id, "output": f"ran {call.arguments}{pad}"}
+        return {"type": "custom_tool_call_output", "call_id": call.call_id, "output": f"printed {call.input}{pad}"}
+
+
+# ---- checks ------------------------------------------------------------------------------------------
+
+
+def unanswered_calls(history: Sequence[dict[str, Any]]) -> list[str]:
+    """Calls of the agent's history without their output (function/custom), or mcp_calls without a result."""
+    outputs = {(i.get("type"), i.get("call_id")) for i in history}
+    missing = []
+    for item in history:
+        kind = item.get("type")
+        if kind in CALL_OUTPUT and (CALL_OUTPUT[kind], item.get("call_id")) not in outputs:
+            missing.append(f"{kind} {item.get('call_id')}")
+        elif kind == "mcp_call" and item.get("output") is None and item.get("error") is None:
+            missing.append(f"mcp_call {item.get('id')}")
+    return missing
+
+
+def call_counts(history: Sequence[dict[str, Any]]) -> Counter[str]:
+    return Counter(i["type"] for i in history if i.get("type") in ("function_call", "custom_tool_call", "mcp_call"))
+
+
+def journal_items(db_path: Path, task: str) -> list[dict[str, Any]]:
+    """The items of the task's /root sessions on their current branch, in branch order (raw JSON)."""
+    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
+        rows = db.execute(
+            "SELECT r.raw FROM journal_sessions s JOIN journal_branch b ON b.session_key = s.session_key "
+            "JOIN journal_items i ON i.item_id = b.item_id JOIN journal_raw r ON r.seq = i.seq "
+            "WHERE s.task_id = ? AND s.address = '/root' ORDER BY s.created_at, b.pos", (task,)).fetchall()
+    return [orjson.loads(raw) for (raw,) in rows]
+
+
+def window_strategies(db_path: Path, task: str) -> Counter[str]:
+    return Counter(s for s, _ in window_reasons(db_path, task).elements())
+
+
+def window_reasons(db_path: Path, task: str) -> Counter[tuple[str, str]]:
+    """(strategy, why) of every window the task's /root opened: why = the reason's category (threshold,
+    overflow, new_context, checkpoint, …)."""
+    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT strategy, coalesce(reason, '') FROM journal_windows "
+                          "WHERE task_id = ? AND address = '/root'", (task,)).fetchall()
+    return Counter((s, r.split(":")[0]) for s, r in rows)
+
+
+def same_item(journaled: dict[str, Any], sent: dict[str, Any]) -> bool:
+    """The journal keeps the item as first seen; compare what identifies it (ids, call ids, text)."""
+    for key in ("type", "role", "call_id", "id", "output", "arguments", "input"):
+        if key in sent and journaled.get(key) != sent[key]:
+            return False
+    if "content" in sent:
+        return orjson.dumps(journaled.get("content"), option=orjson.OPT_SORT_KEYS) == orjson.dumps(
+            sent["content"], option=orjson.OPT_SORT_KEYS)
+    return True
+
+
+async def wait_for_journal(db_path: Path, task: str, expected: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """The journal writes on its own thread a moment after each exchange: wait until it caught up."""
+    deadline = time.monotonic() + timeout
+    items: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        items = journal_items(db_path, task) if db_path.exists() else []
+        if len(items) >= expected:
+            return items
+        await asyncio.sleep(0.2)
+    return items
+
+
+# ---- the long run ------------------------------------------------------------------------------------
+
+
+@dataclass
+class LongRunResult:
+    turns: int
+    wall_s: float
+    samples: list[Sample]
+    counts: Counts
+    reasons: Counter[tuple[str, str]]
+    journaled: list[dict[str, Any]]
+    history: list[dict[str, Any]]
+    requests_validated: int
+    upstream_statuses: Counter[int]
+    compact_bodies: list[dict[str, Any]]
+    rollovers_metric: float | None
+    proxy_log: str
+    refusals: list[str]
+    compactions_at: list[str]
+
+    @property
+    def strategies(self) -> Counter[str]:
+        return Counter(s for s, _ in self.reasons.elements())
+
+    @property
+    def expected_windows(self) -> Counter[str]:
+        return Counter(OPENS[k] for k, n in self.counts.kinds.items() if k in OPENS for _ in range(n))
+
+    def figures(self) -> dict[str, Any]:
+        plain_turns = [s.overhead for s in self.samples if s.upstream_requests == 1]
+        every = [s.overhead for s in self.samples]
+        return {
+            "turns": self.turns, "agent_requests": len(self.samples),
+            "upstream_requests": sum(s.upstream_requests for s in self.samples),
+            "requests_validated": self.requests_validated,
+            "checkpoint_turns": self.counts.checkpoint_turns,
+            "windows_opened": dict(self.strategies - Counter({"start": 10**9})),
+            "windows_by_reason": {f"{s}/{r}": n for (s, r), n in sorted(self.reasons.items()) if s != "start"},
+            "windows_expected": dict(self.expected_windows),
+            "overflow_compactions": dict(self.overflow_strategies),
+            "learned_window_compactions": self.learned_window_compactions,
+            "compact_requests": len(self.compact_bodies),
+            "calls": dict(call_counts(self.history)),
+            "items_journaled": len(self.journaled), "items_expected": len(self.history),
+            "wall_s": round(self.wall_s, 2),
+            "overhead_ms_one_upstream_request": summarize(plain_turns).ms() if plain_turns else None,
+            "overhead_ms_all": summarize(every).ms() if every else None,
+            "agent_bytes_last": len(orjson.dumps(self.history)),
+            "rollovers_metric": self.rollovers_metric,
+        }
+
+    def problems(self) -> list[str]:
+        """Every acceptance point of the run that does not hold (empty: all hold)."""
+        out = []
+        wanted = {200: sum(self.upstream_statuses.values()) - self.counts.scripted_errors}
+        bad = {k: v for k, v in self.upstream_statuses.items() if k not in (200, 400, 500)}
+        if self.upstream_statuses[200] != wanted[200] or bad:
+            out.append(f"upstream answers other than the script's: {dict(self.upstream_statuses)} "
+                       f"({self.counts.scripted_errors} scripted errors)")
+        from tests.openapi_schema import schema_errors
+
+        for body in self.compact_bodies:
+            if errs := schema_errors("CompactResponseMethodPublicBody", body):
+                out.append(f"a /responses/compact body is invalid: {errs[0]}")
+                break
+        if missing := unanswered_calls(self.history):
+            out.append(f"{len(missing)} call(s) without their output: {missing[:5]}")
+        if len(self.journaled) != len(self.history):
+            out.append(f"the journal holds {len(self.journaled)} of the agent's {len(self.history)} items")
+        else:
+            pairs = enumerate(zip(self.journaled, self.history, strict=True))
+            wrong = [i for i, (j, s) in pairs if not same_item(j, s)]
+            if wrong:
+                out.append(f"{len(wrong)} journaled item(s) differ from the agent's, first at {wrong[0]}: "
+                           f"{self.journaled[wrong[0]]} != {self.history[wrong[0]]}")
+        opened, expected = self.opened_by_cause, self.expected_by_cause
+        # after the overflow, compaction's threshold also applies to the smaller window it learned: remote
+        # compactions the script did not force may follow (counted in the figures as `learned_window`)
+        if opened - Counter(remote=opened["remote"]) != expected - Counter(remote=expected["remote"]) or \
+                opened["remote"] < expected["remote"] or (self.learned_window_compactions and not opened["overflow"]):
+            out.append(f"windows opened {dict(opened)}, expected {dict(expected)}")
+        return out
+
+    @property
+    def learned_window_compactions(self) -> int:
+        return max(0, self.opened_by_cause["remote"] - self.expected_by_cause["remote"])
+
+    @property
+    def opened_by_cause(self) -> Counter[str]:
+        """Windows opened, by strategy; an overflow's by its cause, whatever the strategy (see
+        `overflow_strategies`: with the bridge on, the overflow's compaction is not remote today)."""
+        return Counter("overflow" if why == "overflow" else s for s, why in self.reasons.elements() if s != "start")
+
+    @property
+    def expected_by_cause(self) -> Counter[str]:
+        return Counter("overflow" if k == "overflow" else OPENS[k]
+                       for k, n in self.counts.kinds.items() if k in OPENS for _ in range(n))
+
+    @property
+    def overflow_strategies(self) -> Counter[str]:
+        return Counter(s for s, why in self.reasons.elements() if why == "overflow")
+
+
+def write_config(path: Path) -> Path:
+    path.write_text(json.dumps({
+        "model_windows": {MODEL: WINDOW},
+        "context": {"reminder_ratio": REMINDER_RATIO, "hard_ratio": HARD_RATIO},
+        "remote_compaction": {"enabled": True, "threshold": COMPACTION_THRESHOLD},
+    }))
+    return path
+
+
+def new_task(state_dir: Path) -> str:
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "task", "new", "--state-dir", str(state_dir)],
+                          capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout.strip()
+
+
+async def manual_checkpoint(proxy: ProxyProcess, task: str) -> None:
+    token = (proxy.state_dir / "token").read_text().strip()
+    headers = {"Authorization": f"Bearer {token}", "x-ctp-task": task, "x-ctp-agent": "/root"}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(200):  # the journal commits the session in the background
+            async with http.post(f"{proxy.tools_url}/v1/context/checkpoint", headers=headers,
+                                 json={"task": task, "agent": "/root"}) as r:
+                if r.status == 200:
+                    return
+            await asyncio.sleep(0.05)
+    raise AgentError("POST /v1/context/checkpoint never accepted the session")
+
+
+async def rollovers_metric(proxy: ProxyProcess) -> float | None:
+    token = (proxy.state_dir / "token").read_text().strip()
+    async with aiohttp.ClientSession() as http, http.get(
+            f"{proxy.tools_url}/metrics", headers={"Authorization": f"Bearer {token}"}) as r:
+        text = await r.text()
+    values = [float(m.group(1)) for m in re.finditer(r'^ctproxy_rollovers_total\{[^}]*\} (\S+)$', text, re.M)]
+    return sum(values) if values else None
+
+
+async def long_run(turns: int, workdir: Path, progress: bool = False) -> LongRunResult:
+    """`turns` scripted turns through a real `ctproxy up`; see the module docstring."""
+    counts = Counts()
+    workdir.mkdir(parents=True, exist_ok=True)
+    async with Emulator(validate_requests=True) as emu:
+        emu.set_default(ScriptedModel(emu, counts, turns))
+        proxy = ProxyProcess(workdir / "state", upstream=emu.url, log_path=workdir / "ctproxy.log",
+                             extra_args=["--config", str(write_config(workdir / "ctx.json")), "--bridge", BRIDGE,
+                                         "--quiet"])
+        await proxy.astart()
+        try:
+            task = new_task(proxy.state_dir)
+            headers = {"x-ctp-task": task, "x-ctp-agent": "/root"}
+            async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-long-run-not-real",
+                                          max_retries=0, timeout=120, default_headers=headers) as client:
+                agent = StatelessAgent(client, emu, turns)
+                start = time.monotonic()
+                for n in range(1, turns + 1):
+                    kind = kind_of(n, turns)
+                    counts.kinds[kind] += 1
+                    await agent.turn(n)
+                    if kind == "manual":
+                        await manual_checkpoint(proxy, task)
+                    if progress and n % 100 == 0:
+                        print(f"   … turn {n}: {len(agent.history)} items, "
+                              f"{time.monotonic() - start:.0f} s", flush=True)
+                wall = time.monotonic() - start
+            # the manual mark of a last turn would apply to a next request that never comes
+            if kind_of(turns, turns) == "manual":
+                counts.kinds["manual"] -= 1
+            db = proxy.state_dir / "ctproxy.db"
+            journaled = await wait_for_journal(db, task, len(agent.history))
+            await asyncio.sleep(0.5)  # windows commit with the writer's next batch
+            metric = await rollovers_metric(proxy)
+            return LongRunResult(turns, wall, agent.samples, counts, window_reasons(db, task), journaled,
+                                 agent.history, agent.requests_validated, agent.upstream_statuses,
+                                 agent.compact_bodies, metric, proxy.log(), agent.refusals, agent.compactions_at)
+        finally:
+            await proxy.astop()
+
+
+def print_long(result: LongRunResult) -> dict[str, Any]:
+    fig = result.figures()
+    print(f"long  {fig['turns']} turns, {fig['agent_requests']} agent requests, {fig['upstream_requests']} upstream "
+          f"requests ({fig['requests_validated']} create requests validated against the OpenAPI description, "
+          f"{fig['compact_requests']} /responses/compact), {fig['checkpoint_turns']} checkpoint-turn requests")
+    print(f"      windows by reason {fig['windows_by_reason']}")
+    print(f"      windows opened {fig['windows_opened']} (the script's {fig['windows_expected']}); overflow "
+          f"recoveries compacted as {fig['overflow_compactions']}, then {fig['learned_window_compactions']} "
+          f"compaction(s) against the window the overflow taught; "
+          f"rollovers metric {fig['rollovers_metric']}")
+    print(f"      calls {fig['calls']}; items journaled/expected {fig['items_journaled']}/{fig['items_expected']}; "
+          f"the agent's last request {fig['agent_bytes_last'] / 1e6:.2f} MB")
+    one, every = fig["overhead_ms_one_upstream_request"], fig["overhead_ms_all"]
+    print(f"      wall {fig['wall_s']} s; proxy overhead per request: one upstream request median "
+          f"{one['median']:.2f} ms p99 {one['p99']:.2f} ms; all requests median {every['median']:.2f} ms "
+          f"p99 {every['p99']:.2f} ms")
+    problems = result.problems()
+    for p in problems:
+        print(f"      NOT MET: {p}")
+    for r in result.refusals[:20]:
+        print(f"      refused: {r}")
+    if not problems:
+        print("      all checks hold: every request valid, every call answered, no error reached the agent, "
+              "the journal holds every item")
+    fig["problems"] = problems
+    return fig
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    results: dict[str, Any] = {"load_before": os.getloadavg()}
+    failed = False
+    only = set(args.only.split(",")) if args.only else {"long", "projection", "checkpoint"}
+    with tempfile.TemporaryDirectory(prefix="ctproxy-bench-context-") as tmp:
+        if "long" in only:
+            turns = args.turns or (200 if args.quick else 2000)
+            result = await long_run(turns, Path(tmp) / "long", progress=True)
+            results["long"] = print_long(result)
+            failed |= bool(results["long"]["problems"])
+    results["load_after"] = os.getloadavg()
+    write_result("context", results)
+    return 1 if failed else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="200 turns and fewer rounds")
+    parser.add_argument("--only", default="", help="comma-separated: long, projection, checkpoint")
+    parser.add_argument("--turns", type=int, default=0, help="turns of the long run (default 2000; --quick 200)")
+    return asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
