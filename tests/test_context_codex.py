@@ -1,0 +1,192 @@
+"""Issue 13: Codex CLI (`codex exec`, npm @openai/codex, installed by scripts/bootstrap.sh) through `ctproxy up`
+with the context tools reachable, against the validating emulator (every request checked against the official
+OpenAPI description and the real API's input rules). A rollover happens and Codex completes its turn (exit 0,
+its final message), in the three ways a window changes for Codex:
+
+1. over MCP (`ctproxy codex-config`): the model calls `new_context` in Codex's `mcp__ctproxy` namespace, Codex
+   runs it on the tool server, and Codex's very next sampling request starts in the new window;
+2. bridged (`--bridge context,notes`): ctproxy runs `new_context` itself and continues the turn; the model then
+   calls Codex's own shell tool, and Codex's next request (with the shell's output) starts in the new window;
+3. the hard trigger: the model's answer used 90% of the window; before forwarding Codex's next request ctproxy
+   runs the checkpoint turn (one own-notes write), rolls over, and forwards Codex's request in the new window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.emulator import Emulator, FunctionCall, Text
+from tests.support.proxyproc import ProxyProcess
+from tests.test_context_rollover import text_of
+
+pytestmark = pytest.mark.timeout(300)
+REPO = Path(__file__).resolve().parents[1]
+CODEX = REPO / ".tools" / "node_modules" / ".bin" / "codex"
+TIMEOUT = 180.0
+PROMPT = "count the files, then tell me"
+ANSWER = "Resumed in a new context window; done."
+SETTINGS = """\
+model = "gpt-5"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[otel]
+exporter = "none"
+"""
+
+
+def codex_binary() -> Path:
+    if not CODEX.exists():
+        pytest.skip(f"Codex CLI is not installed at {CODEX.relative_to(REPO)}: scripts/bootstrap.sh installs it "
+                    "(npm @openai/codex into .tools/)")
+    return CODEX
+
+
+def cli(state_dir: Path, *args: str) -> str:
+    command, *rest = args
+    done = subprocess.run([sys.executable, "-m", "proxy.cli", command, "--state-dir", str(state_dir), *rest],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+async def codex_exec(tmp: Path, proxy: ProxyProcess, emulator: Emulator,
+                     mcp: bool = True) -> tuple[str, list[dict[str, Any]]]:
+    """`codex exec --json` with the config `ctproxy codex-config` writes (the provider, and the MCP server unless
+    `mcp=False`: with the bridge, Codex's own MCP tools of the same names would displace the bridged ones), no
+    sandbox (the shell tool runs), a fresh HOME; asserts exit 0 and returns the final message and the events."""
+    home, codex_home, work = tmp / "home", tmp / "codex-home", tmp / "work"
+    for d in (home, codex_home, work):
+        d.mkdir(parents=True, exist_ok=True)
+    config = codex_home / "config.toml"
+    config.write_text(SETTINGS)
+    no_mcp = [] if mcp else ["--no-mcp"]
+    await asyncio.to_thread(cli, proxy.state_dir, "codex-config", "--write", str(config), *no_mcp)
+    last = tmp / "last-message.txt"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
+           "OPENAI_API_KEY": "sk-codex-test-not-real", "NO_COLOR": "1", "LANG": "C.UTF-8"}
+    proc = await asyncio.create_subprocess_exec(
+        str(codex_binary()), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "--json",
+        "--output-last-message", str(last), PROMPT, cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    except TimeoutError:
+        proc.kill()
+        out, err = await proc.communicate()
+        pytest.fail(f"codex exec did not finish within {TIMEOUT:.0f} s; stderr tail:\n{err.decode()[-2000:]}")
+    statuses = [(r.route, r.status) for r in emulator.requests]
+    assert proc.returncode == 0, (f"codex exec failed ({proc.returncode}): {statuses}\n{err.decode()[-3000:]}\n"
+                                  f"proxy log:\n{proxy.log()[-3000:]}")
+    events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    return (last.read_text() if last.exists() else ""), events
+
+
+def task_of(codex_home: Path) -> str:
+    data = tomllib.loads((codex_home / "config.toml").read_text())
+    return data["model_providers"]["ctproxy"]["http_headers"]["x-ctp-task"]
+
+
+def assert_new_window(items: list[dict[str, Any]]) -> None:
+    """The forwarded request starts with the notes bootstrap of window w2; Codex's prompt (window w1) is gone."""
+    texts = [text_of(i) for i in items if i.get("role") == "developer"]
+    assert any("context window w2" in t and "previous window is w1" in t for t in texts), texts
+    assert any(t.startswith("Existing notes for /root at this context-window reset") for t in texts), texts
+    assert any("Resume the unfinished work" in t for t in texts), texts
+    assert PROMPT not in json.dumps(items)
+
+
+def all_valid(emulator: Emulator) -> None:
+    """validate_requests: a body that violates CreateResponse (or the input rules) would have had a 400."""
+    turns = emulator.responses_requests
+    assert turns and all(r.status == 200 for r in turns), [(r.status, r.extra.get("error_body")) for r in turns]
+
+
+async def start(tmp_path: Path, emulator: Emulator, extra: list[str]) -> ProxyProcess:
+    return await ProxyProcess(tmp_path / "state", upstream=emulator.url, extra_args=extra).astart()
+
+
+async def test_codex_calls_new_context_over_mcp_and_its_next_request_is_in_the_new_window(tmp_path: Path) -> None:
+    async with Emulator(validate_requests=True) as emulator:
+        proxy = await start(tmp_path, emulator, [])
+        try:
+            emulator.script(FunctionCall("new_context", {}, namespace="mcp__ctproxy", call_id="call_nc"),
+                            Text(ANSWER, deltas=3))
+            last, events = await codex_exec(tmp_path, proxy, emulator)
+            assert last.strip() == ANSWER
+            calls = [e["item"] for e in events if e.get("type") == "item.completed"
+                     and e.get("item", {}).get("type") == "mcp_tool_call"]
+            assert [(c["tool"], c["status"]) for c in calls] == [("new_context", "completed")], calls
+            all_valid(emulator)
+            first, second = emulator.responses_requests
+            assert PROMPT in json.dumps(first.input_items)
+            assert_new_window(second.input_items)
+            # the new_context call and its output are before the boundary: replaced, as the rest of window w1
+            assert "call_nc" not in json.dumps(second.input_items)
+            windows = cli(proxy.state_dir, "tasks")
+            assert f"task {task_of(tmp_path / 'codex-home')}" in windows
+        finally:
+            await proxy.astop()
+
+
+async def test_codex_with_a_bridged_new_context_rolls_over_at_its_next_request(tmp_path: Path) -> None:
+    async with Emulator(validate_requests=True) as emulator:
+        proxy = await start(tmp_path, emulator, ["--bridge", "context,notes"])
+        try:
+            emulator.script(FunctionCall("new_context", {}, call_id="call_nc"),  # bridged: ctproxy runs it
+                            FunctionCall("exec_command", {"cmd": "ls | wc -l"}, call_id="call_sh"),  # Codex's own
+                            Text(ANSWER, deltas=3))
+            last, _ = await codex_exec(tmp_path, proxy, emulator, mcp=False)
+            assert last.strip() == ANSWER
+            all_valid(emulator)
+            first, round2, second = emulator.responses_requests
+            assert "new_context" in first.tool_names and PROMPT in json.dumps(first.input_items)
+            assert any(i.get("call_id") == "call_nc" and i.get("type") == "function_call_output"
+                       for i in round2.input_items)  # the bridge's round, still in window w1 (docs/context.md)
+            assert_new_window(second.input_items)
+            assert "call_sh" not in json.dumps(second.input_items)  # Codex's shell round is in window w1 too
+        finally:
+            await proxy.astop()
+
+
+async def test_codex_at_the_hard_trigger_gets_its_answer_after_the_checkpoint_turn(tmp_path: Path) -> None:
+    cfg = tmp_path / "ctx.json"
+    cfg.write_text(json.dumps({"model_windows": {"gpt-5": 100_000}, "context": {"hard_ratio": 0.85}}))
+    async with Emulator(validate_requests=True) as emulator:
+        proxy = await start(tmp_path, emulator, ["--config", str(cfg), "--bridge", "notes,context"])
+        try:
+            emulator.script(
+                FunctionCall("exec_command", {"cmd": "ls | wc -l"}, call_id="call_sh",
+                             usage={"input_tokens": 90_000}),  # the window is 90% full after this answer
+                FunctionCall("notes_write_file", {"path": "checkpoint.md", "text": "counting files; ls ran\n"},
+                             call_id="call_ck"),  # the checkpoint turn's one write
+                Text(ANSWER, deltas=3))
+            last, _ = await codex_exec(tmp_path, proxy, emulator, mcp=False)
+            assert last.strip() == ANSWER
+            all_valid(emulator)
+            first, turn, forwarded = emulator.responses_requests
+            assert PROMPT in json.dumps(first.input_items) and PROMPT in json.dumps(turn.input_items)
+            assert turn.json["tool_choice"] == {"type": "function", "name": "notes_write_file"}
+            assert [t["name"] for t in turn.json["tools"]] == ["notes_write_file"] and turn.json["stream"] is False
+            assert any(i.get("call_id") == "call_sh" for i in turn.input_items)  # the window, whole
+            notes = list((proxy.state_dir / "notes").rglob("checkpoint.md"))
+            assert [p.read_text() for p in notes] == ["counting files; ls ran\n"]
+            assert_new_window(forwarded.input_items)
+            assert '"path":"/root/notes/checkpoint.md"' in json.dumps(forwarded.input_items).replace('\\"', '"')
+            assert forwarded.json["stream"] is True  # Codex's own request, streaming as sent
+        finally:
+            await proxy.astop()
