@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: `tests.*` and `bench.*` from the repository root
     sys.path.insert(0, str(REPO))
 
-from bench.common import summarize, write_result  # noqa: E402
+from bench.common import print_table, ratio, summarize, write_result  # noqa: E402
 from tests.emulator import (  # noqa: E402
     CustomToolCall,
     Emulator,
@@ -587,6 +587,292 @@ def print_long(result: LongRunResult) -> dict[str, Any]:
     return fig
 
 
+# ---- projection: a 1.5 MB session in a notes window, context on against off ----------------------------
+
+
+BENCH_KEY = "Bearer sk-bench-context-not-real"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Timed:
+    latency: float
+    upstream: float  # the emulator's own time for the upstream requests made during this one
+    upstream_requests: int
+    forwarded_bytes: list[int]
+    answer: dict[str, Any]
+
+    @property
+    def overhead(self) -> float:
+        return self.latency - self.upstream
+
+
+async def timed_post(http: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str],
+                     emu: Emulator) -> Timed:
+    emu.requests.clear()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    async with http.post(url, data=body, headers=headers) as resp:
+        data = await resp.read()
+    latency = loop.time() - start
+    if resp.status != 200:
+        raise AgentError(f"HTTP {resp.status}: {data[:300]!r}")
+    recs = list(emu.requests)
+    emu.requests.clear()
+    upstream = sum(r.answered_at - r.received_at for r in recs if r.answered_at is not None)
+    return Timed(latency, upstream, len(recs), [len(r.body) for r in recs], orjson.loads(data))
+
+
+async def rest_tool(proxy: ProxyProcess, name: str, task: str, args: dict[str, Any]) -> None:
+    token = (proxy.state_dir / "token").read_text().strip()
+    headers = {"Authorization": f"Bearer {token}", "x-ctp-task": task, "x-ctp-agent": "/root"}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(200):  # the journal commits the session in the background
+            async with http.post(f"{proxy.tools_url}/v1/tools/{name}", json=args, headers=headers) as r:
+                if r.status == 200:
+                    return
+            await asyncio.sleep(0.05)
+    raise AgentError(f"{name} was never accepted")
+
+
+def agent_headers(task: str) -> dict[str, str]:
+    return {"content-type": "application/json", "authorization": BENCH_KEY, "x-ctp-task": task,
+            "x-ctp-agent": "/root"}
+
+
+NOTES_TOOLS = [  # declared by the agent (no bridge hop in the figures): the context tools reachable
+    {"type": "function", "name": "new_context", "description": "Start a new context window.", "strict": False,
+     "parameters": {"type": "object", "properties": {}, "additionalProperties": False}},
+    {"type": "function", "name": "notes_write_file", "description": "Write a note.", "strict": False,
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "text": {"type": "string"}}}},
+]
+
+
+async def projection(rounds: int, warmup: int, workdir: Path) -> dict[str, Any]:
+    """The same 1.5 MB request to two `ctproxy up`: context on (the session in a notes window: ctproxy forwards
+    the bootstrap and what follows the boundary) and `--disable context` (forwarded whole), round-robin."""
+    from bench.bench_proxy import make_payload
+    from bench.common import round_robin
+
+    payload = make_payload(1_500_000, stream=False, item_bytes=1000)
+    payload["tools"] = [*payload["tools"], *NOTES_TOOLS]
+    body = orjson.dumps(payload)
+    async with Emulator() as emu:
+        procs = {"context on": ProxyProcess(workdir / "on", upstream=emu.url, log_path=workdir / "on.log",
+                                            extra_args=["--quiet"]),
+                 "context off": ProxyProcess(workdir / "off", upstream=emu.url, log_path=workdir / "off.log",
+                                             extra_args=["--quiet", "--disable", "context"])}
+        for p in procs.values():
+            await p.astart()
+        try:
+            tasks = {k: new_task(p.state_dir) for k, p in procs.items()}
+            urls = {k: f"{p.url}/v1/responses" for k, p in procs.items()}
+            timeout = aiohttp.ClientTimeout(total=120)
+            async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as http:
+                for k in procs:
+                    await timed_post(http, urls[k], body, agent_headers(tasks[k]), emu)
+                await rest_tool(procs["context on"], "new_context", tasks["context on"], {})
+                first = await timed_post(http, urls["context on"], body, agent_headers(tasks["context on"]), emu)
+                if first.forwarded_bytes[0] > len(body) // 10:
+                    raise AgentError(f"the rollover did not apply: {first.forwarded_bytes} bytes forwarded")
+                samples: dict[str, list[Timed]] = {k: [] for k in procs}
+
+                async def one(name: str, url: str) -> Timed:
+                    return await timed_post(http, url, body, agent_headers(tasks[name]), emu)
+
+                for _ in range(warmup):
+                    for k in procs:
+                        await one(k, urls[k])
+                cpu0 = {k: cpu_seconds(p.proc.pid) for k, p in procs.items() if p.proc}
+                got = await round_robin(urls, rounds, one)
+                cpu1 = {k: cpu_seconds(p.proc.pid) for k, p in procs.items() if p.proc}
+                for k, v in got.items():
+                    samples[k] = list(v)
+        finally:
+            for p in procs.values():
+                await p.astop()
+    out: dict[str, Any] = {"body_bytes": len(body), "items": len(payload["input"]), "rounds": rounds}
+    for k, v in samples.items():
+        out[k] = {"latency": summarize([t.latency for t in v]).ms(),
+                  "overhead": summarize([t.overhead for t in v]).ms(),
+                  "upstream": summarize([t.upstream for t in v]).ms(),
+                  "forwarded_bytes": v[-1].forwarded_bytes[0],
+                  "cpu_ms_per_request": round((cpu1[k] - cpu0[k]) / len(v) * 1000, 3)}
+    on, off = out["context on"], out["context off"]
+    out["ratio_latency"] = round(ratio(on["latency"]["median"], off["latency"]["median"]), 4)
+    out["ratio_overhead"] = round(ratio(on["overhead"]["median"], off["overhead"]["median"]), 4)
+    out["ratio_cpu"] = round(ratio(on["cpu_ms_per_request"], off["cpu_ms_per_request"]), 4)
+    out["in_process"] = await projection_in_process(body, procs, tasks, max(10, rounds // 2))
+    return out
+
+
+async def projection_in_process(body: bytes, procs: dict[str, ProxyProcess], tasks: dict[str, str],
+                                rounds: int) -> dict[str, Any]:
+    """The same body through every hook of `addons.chain()` in this process, on a copy of each proxy's state
+    directory (so the on-session is in its notes window): the context stage's own time, and all hooks."""
+    import shutil
+
+    from mitmproxy.test import taddons
+
+    import addons
+    from bench.bench_proxy import _call_hook, _json_answer
+
+    out: dict[str, Any] = {}
+    for name, proc in procs.items():
+        with tempfile.TemporaryDirectory(prefix="ctproxy-bench-ctx-hooks-") as tmp:
+            state = Path(tmp) / "state"
+            shutil.copytree(proc.state_dir, state, ignore=shutil.ignore_patterns("*.lock", "*.sock"))
+            if name == "context off":
+                (state / "config.json").write_text(json.dumps({"context": {"enabled": False}}))
+            chain = addons.chain()
+            samples: dict[str, list[float]] = {}
+            forwarded = 0
+            with taddons.context(*chain, loadcore=False) as tctx:
+                tctx.options.update(ctp_state_dir=str(state), ctp_upstream="http://127.0.0.1:9",
+                                    ctp_trust_upstream=True)
+                for _ in range(rounds):
+                    flow = _flow(body, tasks[name])
+                    for phase in (("requestheaders", "request"), ("responseheaders", "response")):
+                        if phase[0] == "responseheaders":
+                            forwarded = len(flow.request.raw_content or b"")
+                            flow.response = _json_answer()
+                        for hook in phase:
+                            for addon in chain:
+                                fn = getattr(addon, hook, None)
+                                if fn is None:
+                                    continue
+                                t0 = time.perf_counter()
+                                await _call_hook(fn, flow)
+                                samples.setdefault(f"{type(addon).__name__}.{hook}", []).append(
+                                    time.perf_counter() - t0)
+                for addon in chain:
+                    if (done := getattr(addon, "done", None)) is not None:
+                        result = done()
+                        if asyncio.iscoroutine(result):
+                            await result
+            medians = {k: round(summarize(v).median * 1000, 4) for k, v in samples.items()}
+            out[name] = {"context_ms": medians.get("Context.request", 0.0),
+                         "all_hooks_ms": round(sum(medians.values()), 4),
+                         "forwarded_bytes": forwarded, "top": dict(sorted(medians.items(), key=lambda kv: -kv[1])[:5])}
+    return out
+
+
+def _flow(body: bytes, task: str) -> Any:
+    from mitmproxy import http
+    from mitmproxy.proxy.mode_specs import ProxyMode
+    from mitmproxy.test import tflow
+
+    flow = tflow.tflow()
+    flow.client_conn.proxy_mode = ProxyMode.parse("reverse:http://127.0.0.1:9")
+    flow.request = http.Request.make("POST", "http://127.0.0.1:9/v1/responses", body, agent_headers(task))
+    return flow
+
+
+# ---- checkpoint: the checkpoint turn's added latency -------------------------------------------------
+
+
+class CheckpointModel:
+    """Answers `fill …` with 90% of the window used, the checkpoint turn with one own-notes write, else text."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, rec: ReceivedRequest) -> Reply:
+        body = rec.json if isinstance(rec.json, dict) else {}
+        if body.get("tool_choice") == CHECKPOINT_CHOICE:
+            self.n += 1
+            return FunctionCall("notes_write_file", {"path": f"ck-{self.n}.md", "text": f"checkpoint {self.n}\n"},
+                                call_id=f"ck_{self.n}")
+        user = [i for i in rec.input_items if i.get("role") == "user"]
+        text = json.dumps(user[-1]) if user else ""
+        if "fill" in text:
+            return Text("filled", deltas=2, usage={"input_tokens": int(0.9 * CK_WINDOW)})
+        return Text("answered", deltas=2)
+
+
+CK_WINDOW = 100_000
+
+
+async def checkpoint(rounds: int, warmup: int, workdir: Path) -> dict[str, Any]:
+    """Per round: a plain request whose answer fills 90% of the window (one upstream round trip), then the
+    next request, which runs the checkpoint turn before it is forwarded (two). The checkpoint's added latency
+    = its overhead (latency minus both upstream times) minus the plain request's overhead."""
+    from bench.bench_proxy import make_payload
+
+    cfg = workdir / "ck.json"
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(json.dumps({"model_windows": {"gpt-5": CK_WINDOW}, "context": {"hard_ratio": HARD_RATIO}}))
+    base = make_payload(100_000, stream=False, item_bytes=1000)
+    base["tools"] = [*base["tools"], *NOTES_TOOLS]
+    history: list[dict[str, Any]] = base["input"][:-1]
+    plain_s: list[Timed] = []
+    ck_s: list[Timed] = []
+    async with Emulator() as emu:
+        emu.set_default(CheckpointModel())
+        proxy = ProxyProcess(workdir / "state", upstream=emu.url, log_path=workdir / "ck.log",
+                             extra_args=["--quiet", "--config", str(cfg)])
+        await proxy.astart()
+        try:
+            task = new_task(proxy.state_dir)
+            url = f"{proxy.url}/v1/responses"
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+                for i in range(warmup + rounds):
+                    pair = []
+                    for text in (f"fill the window, round {i}", f"go on, round {i}"):
+                        history.append({"type": "message", "role": "user", "content": text})
+                        req = orjson.dumps({**base, "input": history})
+                        t = await timed_post(http, url, req, agent_headers(task), emu)
+                        history.extend(t.answer["output"])
+                        pair.append(t)
+                    if pair[1].upstream_requests != 2:
+                        raise AgentError(f"round {i}: no checkpoint turn ({pair[1].upstream_requests} upstream "
+                                         "requests)")
+                    if i >= warmup:
+                        plain_s.append(pair[0])
+                        ck_s.append(pair[1])
+        finally:
+            await proxy.astop()
+    plain_o = summarize([t.overhead for t in plain_s])
+    ck_o = summarize([t.overhead for t in ck_s])
+    return {"rounds": rounds, "agent_bytes_last": len(orjson.dumps(history)),
+            "plain": {"latency": summarize([t.latency for t in plain_s]).ms(), "overhead": plain_o.ms()},
+            "checkpoint": {"latency": summarize([t.latency for t in ck_s]).ms(), "overhead": ck_o.ms(),
+                           "upstream_turn": summarize([t.upstream for t in ck_s]).ms()},
+            "added_beyond_upstream_ms": round((ck_o.median - plain_o.median) * 1000, 3),
+            "added_beyond_upstream_p99_ms": round((ck_o.p99 - plain_o.p99) * 1000, 3)}
+
+
+def print_projection(fig: dict[str, Any]) -> None:
+    on, off = fig["context on"], fig["context off"]
+    print(f"projection  {fig['body_bytes'] / 1e6:.2f} MB, {fig['items']} items, {fig['rounds']} rounds round-robin "
+          f"(medians, ms; forwarded: on {on['forwarded_bytes']:,} B, off {off['forwarded_bytes']:,} B)")
+    print_table(["", "latency", "p99", "overhead (− upstream)", "p99", "proxy CPU/request"],
+                [[k, f"{v['latency']['median']:.2f}", f"{v['latency']['p99']:.2f}", f"{v['overhead']['median']:.2f}",
+                  f"{v['overhead']['p99']:.2f}", f"{v['cpu_ms_per_request']:.2f}"] for k, v in
+                 (("context on", on), ("context off", off))])
+    print(f"   on/off: latency ×{fig['ratio_latency']:.3f}, overhead ×{fig['ratio_overhead']:.3f}, "
+          f"CPU ×{fig['ratio_cpu']:.3f}")
+    for k, v in fig["in_process"].items():
+        print(f"   in process, {k}: Context.request {v['context_ms']:.3f} ms, all hooks {v['all_hooks_ms']:.3f} ms "
+              f"(forwarded {v['forwarded_bytes']:,} B); top {v['top']}")
+
+
+def print_checkpoint(ck: dict[str, Any]) -> None:
+    p, c = ck["plain"], ck["checkpoint"]
+    print(f"checkpoint  {ck['rounds']} rounds (the agent's request grows to {ck['agent_bytes_last'] / 1e3:.0f} KB); "
+          f"medians ms")
+    print(f"   plain request: latency {p['latency']['median']:.2f}, overhead {p['overhead']['median']:.2f}")
+    print(f"   with the checkpoint turn: latency {c['latency']['median']:.2f} (two upstream round trips "
+          f"{c['upstream_turn']['median']:.2f}), overhead {c['overhead']['median']:.2f}")
+    print(f"   added beyond its upstream round trip: {ck['added_beyond_upstream_ms']:+.2f} ms median "
+          f"({ck['added_beyond_upstream_p99_ms']:+.2f} ms at p99)")
+
+
 async def main_async(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {"load_before": os.getloadavg()}
     failed = False
@@ -597,6 +883,14 @@ async def main_async(args: argparse.Namespace) -> int:
             result = await long_run(turns, Path(tmp) / "long", progress=True)
             results["long"] = print_long(result)
             failed |= bool(results["long"]["problems"])
+        if "projection" in only:
+            rounds = 10 if args.quick else 60
+            results["projection"] = fig = await projection(rounds, 2 if args.quick else 5, Path(tmp) / "projection")
+            print_projection(fig)
+        if "checkpoint" in only:
+            rounds = 8 if args.quick else 40
+            results["checkpoint"] = ck = await checkpoint(rounds, 2 if args.quick else 4, Path(tmp) / "checkpoint")
+            print_checkpoint(ck)
     results["load_after"] = os.getloadavg()
     write_result("context", results)
     return 1 if failed else 0
