@@ -206,6 +206,9 @@ class Compaction(Stage):
                         compacted_items=sess.compacted_items if sess is not None else None, endpoint=endpoint,
                         windows=windows)
 
+        if route.kind is not None:
+            info.target = compaction_target(route.kind, req.scheme, req.host, req.port, req.path, headers,
+                                            info.credentials_allowed)
         # A divergence is reported once: when the previous request still used the checkpoint.
         report = sess is None or checkpoint is None or sess.last.checkpoint_id == checkpoint.id
         projected = self._project(payload, checkpoint, info, cfg.enabled, rt, report)
@@ -335,11 +338,7 @@ class Compaction(Stage):
                        rt: runtime.Runtime) -> Checkpoint:
         prev = info.checkpoint
         boundary = choose_boundary(info.client_items, prev.boundary if prev else 0, info.window or 0)
-        req = flow.request
-        target = None
-        if info.route.kind is not None:
-            target = compaction_target(info.route.kind, req.scheme, req.host, req.port, req.path,
-                                       dict(req.headers.items()), info.credentials_allowed)
+        target = info.target
         window_key = info.windows.key if info.windows is not None else info.session_key
         plan = Plan(session_key=window_key, client_items=info.client_items, previous=prev,
                     replay_opaque=info.replay_opaque, boundary=boundary, payload=request_payload,

@@ -468,8 +468,8 @@ class LongRunResult:
 
     @property
     def opened_by_cause(self) -> Counter[str]:
-        """Windows opened, by strategy; an overflow's by its cause, whatever the strategy (see
-        `overflow_strategies`: with the bridge on, the overflow's compaction is not remote today)."""
+        """Windows opened, by strategy; an overflow's by its cause, whatever the strategy (`overflow_strategies`
+        says which)."""
         return Counter("overflow" if why == "overflow" else s for s, why in self.reasons.elements() if s != "start")
 
     @property

@@ -67,11 +67,8 @@ def test_every_forced_window_change_opened_its_window(run: LongRunResult) -> Non
     assert run.rollovers_metric is not None and run.rollovers_metric >= opened["notes"]
 
 
-@pytest.mark.xfail(strict=True, reason="with --bridge, the overflow recovery's remote compaction is not made: the "
-                   "request was re-routed to the bridge's loopback endpoint before the answer, and the compaction "
-                   "target is derived from the flow's current destination (reason overflow:compaction_count, "
-                   "then the readable fallback)")
 def test_the_overflow_is_compacted_remotely(run: LongRunResult) -> None:
+    """With the bridge on too (test_an_overflow_behind_the_bridge_is_compacted_remotely)."""
     assert run.overflow_strategies == Counter({"remote": 1})
 
 
@@ -97,3 +94,41 @@ def test_the_checkpoint_turn_offers_a_valid_function_tool(tmp_path: Path) -> Non
     body = turn_body(forwarded, spec, None)
     assert schema_errors("CreateResponse", body) == []
     assert body["tools"][0]["strict"] is bool(spec.get("strict", False))
+
+
+async def test_an_overflow_behind_the_bridge_is_compacted_remotely(emulator, proxy_factory, tmp_path: Path) -> None:
+    """Found by the long run: with `--bridge`, the agent's request is re-routed to the bridge's loopback
+    endpoint (its credentials moved into the turn's job) before the answer comes back, and the overflow
+    recovery took the compaction endpoint from the flow's destination at that time: the remote call went
+    to the bridge endpoint instead of the upstream (`overflow:compaction_count`, then the readable fallback)."""
+    import json
+
+    import openai
+
+    from bench.bench_context import new_task, window_reasons
+    from tests.emulator import Text, context_length_exceeded_400
+
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"remote_compaction": {"enabled": True}}))
+    proxy = await proxy_factory(upstream=emulator.url, extra_args=["--config", str(cfg), "--bridge", "context"])
+    task = await asyncio.to_thread(new_task, proxy.state_dir)
+    emulator.script(Text("first"), context_length_exceeded_400())
+    emulator.set_default(Text("after the retry"))
+    # a history the retry can halve (the bridged specs alone are ≈3 KB of the body)
+    history: list[dict[str, object]] = [{"role": "user", "content": "one " + "x" * 40_000}]
+    async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-overflow-test", max_retries=0,
+                                  default_headers={"x-ctp-task": task, "x-ctp-agent": "/root"}) as client:
+        first = await client.responses.create(model="gpt-4.1", store=False, input=history)
+        history += [o.model_dump(mode="json", exclude_none=True) for o in first.output]
+        history.append({"role": "user", "content": "two"})
+        resp = await client.responses.create(model="gpt-4.1", store=False, input=history)
+    assert resp.output_text == "after the retry"
+    compacts = [r for r in emulator.requests if r.route == "compact"]
+    assert len(compacts) == 1 and compacts[0].header("authorization") == "Bearer sk-overflow-test"
+    reasons: Counter[tuple[str, str]] = Counter()
+    for _ in range(100):  # windows commit with the journal writer's next batch
+        reasons = window_reasons(proxy.state_dir / "ctproxy.db", task)
+        if reasons[("remote", "overflow")]:
+            break
+        await asyncio.sleep(0.1)
+    assert reasons[("remote", "overflow")] == 1, reasons

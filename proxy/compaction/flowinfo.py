@@ -13,6 +13,7 @@ from proxy import routes
 from proxy.compaction.decision import Estimate
 from proxy.compaction.fingerprint import Fingerprint
 from proxy.compaction.journal_link import WindowSession
+from proxy.compaction.remote import Target
 from proxy.compaction.store import Checkpoint
 
 
@@ -42,3 +43,6 @@ class FlowInfo:
     # these very items, and the input-bytes budget its bootstrap must give way to (None: as it is).
     boundary_checked: bool = False
     fit_budget: int | None = None
+    # The compaction endpoint as of the request hook: a later stage (the bridge) re-routes the flow and takes
+    # its credentials off before the answer, when an overflow recovery compacts.
+    target: Target | None = None
