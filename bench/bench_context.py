@@ -245,22 +245,50 @@ class StatelessAgent:
     The history goes in `extra_body`: the SDK's parameter transform walks every item (≈8 s for 8,000
     items), which would measure the SDK, not the proxy; the request is the same JSON."""
 
-    def __init__(self, client: openai.AsyncOpenAI, emu: Emulator, turns: int):
-        self.client, self.emu, self.turns = client, emu, turns
+    def __init__(self, client: openai.AsyncOpenAI, emu: Emulator, turns: int,
+                 direct: tuple[openai.AsyncOpenAI, Emulator] | None = None):
+        self.client, self.emu, self.turns, self.direct = client, emu, turns, direct
         self.history: list[dict[str, Any]] = []
+        # (bytes of the agent's request, overhead through ctproxy − overhead of the same request sent directly)
+        self.paired: list[tuple[int, float]] = []
         self.samples: list[Sample] = []
         self.upstream_statuses: Counter[int] = Counter()
         self.requests_validated = 0
         self.compact_bodies: list[dict[str, Any]] = []
         self.compactions_at: list[str] = []
         self.refusals: list[str] = []  # what the emulator answered with an error, and why (for the report)
+        self._last_output: list[Any] = []
 
     async def request(self, kind: str) -> Any:
+        latency, final = await self._create(self.client, kind)
+        self.samples.append(self._sample(kind, latency))
+        self.history.extend(plain(o) for o in final.output)
+        return final
+
+    async def probe(self) -> None:
+        """The baseline measured in the same run: the agent's last request (the same client, the same SDK work,
+        the same bytes) sent straight to a second emulator; paired with what it cost through ctproxy."""
+        last = self.samples[-1]
+        if self.direct is None or last.upstream_requests != 1:
+            return
+        client, emu = self.direct
+        emu.requests.clear()
+        history, self.history = self.history, self.history[:-len(self._last_output)] if self._last_output else []
+        try:
+            latency, _ = await self._create(client, "probe")
+        finally:
+            self.history = history
+        upstream = sum(r.answered_at - r.received_at for r in emu.requests if r.answered_at is not None)
+        size = len(emu.requests[0].body) if emu.requests else 0
+        emu.requests.clear()
+        self.paired.append((size, last.overhead - (latency - upstream)))
+
+    async def _create(self, client: openai.AsyncOpenAI, kind: str) -> tuple[float, Any]:
         loop = asyncio.get_running_loop()
         start = loop.time()
         final = None
         try:
-            stream = await self.client.responses.create(
+            stream = await client.responses.create(
                 model=MODEL, stream=True, store=False, tools=AGENT_TOOLS, parallel_tool_calls=True,
                 include=["reasoning.encrypted_content"], extra_body={"input": self.history})
             async for event in stream:
@@ -273,9 +301,8 @@ class StatelessAgent:
         latency = loop.time() - start
         if final is None:
             raise AgentError(f"{kind}: the stream ended without response.completed")
-        self.samples.append(self._sample(kind, latency))
-        self.history.extend(plain(o) for o in final.output)
-        return final
+        self._last_output = final.output
+        return latency, final
 
     def _sample(self, kind: str, latency: float) -> Sample:
         upstream, count = 0.0, 0
@@ -398,6 +425,7 @@ class LongRunResult:
     proxy_log: str
     refusals: list[str]
     compactions_at: list[str]
+    paired: list[tuple[int, float]]
 
     @property
     def strategies(self) -> Counter[str]:
@@ -426,6 +454,9 @@ class LongRunResult:
             "wall_s": round(self.wall_s, 2),
             "overhead_ms_one_upstream_request": summarize(plain_turns).ms() if plain_turns else None,
             "overhead_ms_all": summarize(every).ms() if every else None,
+            "proxy_added_ms_vs_direct": summarize([d for _, d in self.paired]).ms() if self.paired else None,
+            "proxy_added_ms_vs_direct_by_size": {
+                label: summarize(v).ms() for label, v in _by_size(self.paired).items() if v},
             "agent_bytes_last": len(orjson.dumps(self.history)),
             "rollovers_metric": self.rollovers_metric,
         }
@@ -438,11 +469,13 @@ class LongRunResult:
         if self.upstream_statuses[200] != wanted[200] or bad:
             out.append(f"upstream answers other than the script's: {dict(self.upstream_statuses)} "
                        f"({self.counts.scripted_errors} scripted errors)")
-        from tests.openapi_schema import schema_errors
+        from tests.openapi_schema import is_valid, schema_errors
 
-        for body in self.compact_bodies:
-            if errs := schema_errors("CompactResponseMethodPublicBody", body):
-                out.append(f"a /responses/compact body is invalid: {errs[0]}")
+        for i, body in enumerate(self.compact_bodies):
+            if not is_valid("CompactResponseMethodPublicBody", body):
+                small = {**body, "input": body.get("input", [])[:3]} if isinstance(body, dict) else body
+                errs = schema_errors("CompactResponseMethodPublicBody", small) or ["(in a later item)"]
+                out.append(f"/responses/compact body {i} of {len(self.compact_bodies)} is invalid: {errs[0]}")
                 break
         if missing := unanswered_calls(self.history):
             out.append(f"{len(missing)} call(s) without their output: {missing[:5]}")
@@ -482,6 +515,16 @@ class LongRunResult:
         return Counter(s for s, why in self.reasons.elements() if why == "overflow")
 
 
+SIZE_BUCKETS = ((100_000, "< 100 KB"), (500_000, "100–500 KB"), (1_000_000, "0.5–1 MB"), (10**12, "≥ 1 MB"))
+
+
+def _by_size(paired: Sequence[tuple[int, float]]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {label: [] for _, label in SIZE_BUCKETS}
+    for size, added in paired:
+        out[next(label for bound, label in SIZE_BUCKETS if size < bound)].append(added)
+    return out
+
+
 def write_config(path: Path) -> Path:
     path.write_text(json.dumps({
         "model_windows": {MODEL: WINDOW},
@@ -518,7 +561,7 @@ async def rollovers_metric(proxy: ProxyProcess) -> float | None:
     return sum(values) if values else None
 
 
-async def long_run(turns: int, workdir: Path, progress: bool = False) -> LongRunResult:
+async def long_run(turns: int, workdir: Path, progress: bool = False, probe_every: int = 5) -> LongRunResult:
     """`turns` scripted turns through a real `ctproxy up`; see the module docstring."""
     counts = Counts()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -532,13 +575,17 @@ async def long_run(turns: int, workdir: Path, progress: bool = False) -> LongRun
             task = new_task(proxy.state_dir)
             headers = {"x-ctp-task": task, "x-ctp-agent": "/root"}
             async with openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-long-run-not-real",
-                                          max_retries=0, timeout=120, default_headers=headers) as client:
-                agent = StatelessAgent(client, emu, turns)
+                                          max_retries=0, timeout=120, default_headers=headers) as client, \
+                    Emulator() as direct, openai.AsyncOpenAI(base_url=direct.url + "/v1", api_key="sk-direct",
+                                                             max_retries=0, timeout=120) as direct_client:
+                agent = StatelessAgent(client, emu, turns, (direct_client, direct))
                 start = time.monotonic()
                 for n in range(1, turns + 1):
                     kind = kind_of(n, turns)
                     counts.kinds[kind] += 1
                     await agent.turn(n)
+                    if n % probe_every == 0:
+                        await agent.probe()
                     if kind == "manual":
                         await manual_checkpoint(proxy, task)
                     if progress and n % 100 == 0:
@@ -554,7 +601,8 @@ async def long_run(turns: int, workdir: Path, progress: bool = False) -> LongRun
             metric = await rollovers_metric(proxy)
             return LongRunResult(turns, wall, agent.samples, counts, window_reasons(db, task), journaled,
                                  agent.history, agent.requests_validated, agent.upstream_statuses,
-                                 agent.compact_bodies, metric, proxy.log(), agent.refusals, agent.compactions_at)
+                                 agent.compact_bodies, metric, proxy.log(), agent.refusals, agent.compactions_at,
+                                 agent.paired)
         finally:
             await proxy.astop()
 
@@ -572,9 +620,14 @@ def print_long(result: LongRunResult) -> dict[str, Any]:
     print(f"      calls {fig['calls']}; items journaled/expected {fig['items_journaled']}/{fig['items_expected']}; "
           f"the agent's last request {fig['agent_bytes_last'] / 1e6:.2f} MB")
     one, every = fig["overhead_ms_one_upstream_request"], fig["overhead_ms_all"]
-    print(f"      wall {fig['wall_s']} s; proxy overhead per request: one upstream request median "
-          f"{one['median']:.2f} ms p99 {one['p99']:.2f} ms; all requests median {every['median']:.2f} ms "
-          f"p99 {every['p99']:.2f} ms")
+    print(f"      wall {fig['wall_s']} s; the agent's latency minus the emulator's time (client and SDK included): "
+          f"requests with one upstream request median {one['median']:.2f} ms p99 {one['p99']:.2f} ms; all "
+          f"requests median {every['median']:.2f} ms p99 {every['p99']:.2f} ms")
+    if (added := fig["proxy_added_ms_vs_direct"]) is not None:
+        sizes = ", ".join(f"{k}: {v['median']:.2f} ms (n={v['n']})"
+                          for k, v in fig["proxy_added_ms_vs_direct_by_size"].items())
+        print(f"      ctproxy's own overhead (the same request sent directly, paired; n={added['n']}): median "
+              f"{added['median']:.2f} ms, p99 {added['p99']:.2f} ms; by the agent's request size: {sizes}")
     problems = result.problems()
     for p in problems:
         print(f"      NOT MET: {p}")
