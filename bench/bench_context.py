@@ -631,8 +631,8 @@ def print_long(result: LongRunResult) -> dict[str, Any]:
     problems = result.problems()
     for p in problems:
         print(f"      NOT MET: {p}")
-    for r in result.refusals[:20]:
-        print(f"      refused: {r}")
+    for r, n in Counter(result.refusals).most_common(5):  # the script's own errors, and any other
+        print(f"      upstream error ×{n}: {r[:200]}")
     if not problems:
         print("      all checks hold: every request valid, every call answered, no error reached the agent, "
               "the journal holds every item")
