@@ -406,6 +406,18 @@ async def wait_for_journal(db_path: Path, task: str, expected: int, timeout: flo
     return items
 
 
+async def wait_for_windows(db_path: Path, task: str, forced: int, timeout: float = 60.0) -> Counter[tuple[str, str]]:
+    """Windows commit with the journal writer's next batch: wait until the forced ones are all there."""
+    deadline = time.monotonic() + timeout
+    reasons: Counter[tuple[str, str]] = Counter()
+    while time.monotonic() < deadline:
+        reasons = window_reasons(db_path, task)
+        if sum(n for (s, _), n in reasons.items() if s != "start") >= forced:
+            break
+        await asyncio.sleep(0.2)
+    return reasons
+
+
 # ---- the long run ------------------------------------------------------------------------------------
 
 
@@ -597,9 +609,10 @@ async def long_run(turns: int, workdir: Path, progress: bool = False, probe_ever
                 counts.kinds["manual"] -= 1
             db = proxy.state_dir / "ctproxy.db"
             journaled = await wait_for_journal(db, task, len(agent.history))
-            await asyncio.sleep(0.5)  # windows commit with the writer's next batch
+            forced = sum(n for k, n in counts.kinds.items() if k in OPENS)
+            reasons = await wait_for_windows(db, task, forced)
             metric = await rollovers_metric(proxy)
-            return LongRunResult(turns, wall, agent.samples, counts, window_reasons(db, task), journaled,
+            return LongRunResult(turns, wall, agent.samples, counts, reasons, journaled,
                                  agent.history, agent.requests_validated, agent.upstream_statuses,
                                  agent.compact_bodies, metric, proxy.log(), agent.refusals, agent.compactions_at,
                                  agent.paired)
