@@ -3,7 +3,7 @@
 `new_context` (alone and in a batch with the agent's own call), the hard trigger's checkpoint turn (a
 clean write, a failed write corrected once, no write → the readable fallback), a manual checkpoint, remote
 compaction before forwarding, a failed remote compaction (→ the readable fallback) and an upstream
-`context_length_exceeded` (→ compaction and one retry) — while a stateless agent (openai SDK, streaming)
+`context_length_exceeded` (→ remote compaction and one retry) — while a stateless agent (openai SDK, streaming)
 resends its whole history every request. Every request the emulator received validates against the
 official OpenAPI description and the real API's input rules, every call has its output, nothing but
 completed responses reach the agent, every forced window change opened its window, and the journal holds
@@ -20,7 +20,7 @@ import pytest
 from bench.bench_context import OPENS, SPECIAL, LongRunResult, call_counts, kind_of, long_run
 
 pytestmark = pytest.mark.timeout(300)
-TURNS = 200  # two full cycles of the schedule: every special kind twice
+TURNS = 200  # two cycles of the schedule: every special kind twice (the overflow once, in the last cycle)
 
 
 @pytest.fixture(scope="module")
