@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 from proxy.transforms.fallback import fallback_message, is_fallback_message, shrink_fallback_text
-from proxy.transforms.items import COMPACTION_ITEM_TYPES, items_bytes, text_parts
+from proxy.transforms.items import COMPACTION_ITEM_TYPES, text_parts
 from proxy.transforms.window import WindowProjection, apply_window
 from proxy.transforms.window import boundary_matches as _window_boundary_matches
 
@@ -89,15 +91,20 @@ def fit_input(bootstrap: Sequence[Any], tail: Sequence[Any], budget_bytes: int) 
     """
     boot = list(bootstrap)
     rest = list(tail)
+    # Each item serialized once (the tail never changes): re-serializing the whole input for every
+    # dropped message made a session above its threshold pay O(messages × input) on every request.
+    sizes = [_item_bytes(it) for it in boot]
+    rest_bytes = sum(_item_bytes(it) for it in rest)
 
-    def size() -> int:
-        return items_bytes([*boot, *rest])
+    def size() -> int:  # == items_bytes([*boot, *rest]): brackets, the items, one comma between two
+        n = len(boot) + len(rest)
+        return 2 + sum(sizes) + rest_bytes + max(0, n - 1)
 
     while size() > budget_bytes:
         idx = next((i for i, it in enumerate(boot) if not _anchor(it)), None)
         if idx is None:
             break
-        del boot[idx]
+        del boot[idx], sizes[idx]
     for i, it in enumerate(boot):
         excess = size() - budget_bytes
         if excess <= 0:
@@ -105,7 +112,12 @@ def fit_input(bootstrap: Sequence[Any], tail: Sequence[Any], budget_bytes: int) 
         if is_fallback_message(it):
             text = "".join(text_parts(it))
             boot[i] = fallback_message(shrink_fallback_text(text, len(text.encode()) - excess))
+            sizes[i] = _item_bytes(boot[i])
     return [*boot, *rest] if size() <= budget_bytes else None
+
+
+def _item_bytes(item: Any) -> int:
+    return len(orjson.dumps(item))
 
 
 def _anchor(item: Any) -> bool:
