@@ -168,7 +168,7 @@ class Compaction(Stage):
         items = input_items(payload)
         if items is None or _stateful(payload):
             return
-        if client_compacts(payload):
+        if client_compacts(payload, body.facts(items) if items is payload.get("input") else None):
             debuglog.event("remote_compaction", outcome="skipped", reason="client_compacts")
             return
         ident = session_of(flow, rt.services.response_aliases)

@@ -39,7 +39,7 @@ from proxy.context import bootstrap as boot
 from proxy.context import checkpoint_turn as ckturn
 from proxy.context import reminder
 from proxy.context.rollover import Kind, RolloverStore
-from proxy.flowbody import commit_if_alone, decode_bounded, responses_body
+from proxy.flowbody import ResponsesBody, commit_if_alone, decode_bounded, responses_body
 from proxy.flowstate import state_of
 from proxy.journal import Window
 from proxy.journal.canonical import chain_at, session_root
@@ -48,7 +48,7 @@ from proxy.notes.store import NotesStore
 from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.ids import project_ids
-from proxy.transforms.items import client_compacts, input_items
+from proxy.transforms.items import InputFacts, client_compacts, input_items
 from proxy.transforms.window import WindowProjection, apply_window
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 
@@ -286,7 +286,7 @@ class Context(Stage):
 
     def _window_session(self, flow: http.HTTPFlow) -> journal_link.WindowSession | None:
         body = responses_body(flow)
-        if body is None or _stateful_or_client(body.value):
+        if body is None or _stateful_or_client(body.value, _facts(body, body.value)):
             return None
         rt = self.rt
         ident = session_of(flow, rt.services.response_aliases)
@@ -337,7 +337,7 @@ class Context(Stage):
         payload = body.value
         out = self._forward_of(flow, ws, payload, opened)
         if ws is not None:
-            out = decorate(payload, out, ws, self.rt, self._reminder(flow, ws, payload, opened))
+            out = decorate(payload, out, ws, self.rt, self._reminder(flow, ws, payload, opened), _facts(body, out))
         if out is not payload:
             body.replace(out)
             commit_if_alone(flow)
@@ -440,9 +440,16 @@ async def _no_remote(target: Any, body: dict[str, Any]) -> Any:
     raise AssertionError("the fallback after a failed checkpoint turn never calls the remote endpoint")
 
 
-def _stateful_or_client(payload: dict[str, Any]) -> bool:
+def _stateful_or_client(payload: dict[str, Any], facts: InputFacts | None = None) -> bool:
     """The upstream holds the history (previous_response_id, conversation), or the client compacts itself."""
-    return bool(payload.get("previous_response_id") or payload.get("conversation")) or client_compacts(payload)
+    return (bool(payload.get("previous_response_id") or payload.get("conversation"))
+            or client_compacts(payload, facts))
+
+
+def _facts(body: ResponsesBody, payload: dict[str, Any]) -> InputFacts | None:
+    """The one-pass facts of `payload`'s input list, cached on the body (None for a string input)."""
+    items = payload.get("input")
+    return body.facts(items) if isinstance(items, list) else None
 
 
 def _notes_index(rt: runtime.Runtime, task_id: str, address: str) -> boot.NotesSnapshot:
@@ -491,26 +498,31 @@ def forwarded_ids(agent_items: list[Any], forwarded: list[Any], mark: Any) -> li
 
 
 def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.WindowSession,
-             rt: runtime.Runtime, remind: tuple[int, int] | None = None) -> dict[str, Any]:
+             rt: runtime.Runtime, remind: tuple[int, int] | None = None,
+             facts: InputFacts | None = None) -> dict[str, Any]:
     """The forwarded copy with exactly one guidance message (only when its tools are reachable), the
     `[id: …]` markers and, when `remind` = (used, window), the hidden reminder last. `payload` is the
-    agent's request, `out` what the projection made of it."""
-    if out is not payload and _stateful_or_client(out):  # (the agent's own request was checked already)
+    agent's request, `out` what the projection made of it; `facts`: those of `out`'s input, when known
+    (only its system/developer items are then looked at for a resent guidance or reminder)."""
+    if out is not payload and _stateful_or_client(out, facts):  # (the agent's own request was checked already)
         return out
     raw = out.get("input")
     if not isinstance(raw, list):
         return out  # a string input: one new message, nothing to recover yet
     agent_items = payload.get("input")
     tools = reachable_context_tools(out, rt)
-    forwarded: list[Any] = boot.insert_guidance(raw, tools)
+    instructions = facts.instructions if facts is not None else None
+    # a reminder only ever comes back as one of the input's developer messages: none there, none to drop
+    resent = None if instructions is None or any(reminder.is_reminder(raw[k]) for k in instructions) else ()
+    forwarded: list[Any] = boot.insert_guidance(raw, tools, instructions)
     # the markers are what history_read_item takes: shown only to a session that can call it
     if rt.config.context.id_projection and "history_read_item" in tools and isinstance(agent_items, list):
         ids = forwarded_ids(agent_items, forwarded, ws.mark)
         if ids is not None:
             forwarded = list(project_ids(forwarded, ids))
     text = reminder.reminder_text(*remind, tools) if remind is not None and reminder.can_remind(tools) else None
-    forwarded = reminder.with_reminder(forwarded, text)
-    if len(forwarded) == len(raw) and all(a is b for a, b in zip(forwarded, raw, strict=True)):
+    forwarded = reminder.with_reminder(forwarded, text, resent)
+    if forwarded is raw or (len(forwarded) == len(raw) and all(a is b for a, b in zip(forwarded, raw, strict=True))):
         return out
     return {**out, "input": forwarded}
 
