@@ -148,3 +148,41 @@ def test_the_one_pass_forms_match_the_item_walks(seed):
     assert fast == boot.insert_guidance(items, tools)
     resent = None if any(reminder.is_reminder(items[k]) for k in facts.instructions) else ()
     assert reminder.with_reminder(fast, text, resent) == _plain(items, tools, text)
+
+
+# ------------------------------------------------------------------------------ the journal's snapshot
+
+
+async def test_the_journal_keeps_the_agents_items_as_sent_while_the_forwarded_copy_is_decorated(
+        emulator, proxy_factory):
+    """The journal serializes a request's items later, on its writer (off the request path): it relies on
+    no stage after it changing the agent's objects. Guidance, `[id: …]` markers and web search go into
+    the forwarded copy; the journal must hold the agent's items byte for byte as it sent them."""
+    import sqlite3
+
+    import orjson
+
+    from tests.emulator import FunctionCall, Text
+    from tests.test_context_rollover import start
+
+    agent = await start(emulator, proxy_factory)
+    emulator.script(FunctionCall("shell", {"cmd": "ls"}, call_id="c_sh"), Text("done"), Text("again"))
+    own = {"role": "developer", "content": "You are careful."}
+    resp = await agent.sample(own, {"role": "user", "content": "do the work"})
+    resp = await agent.sample(*await agent.run_calls(resp))
+    await agent.sample({"role": "user", "content": "and more"})
+    forwarded = emulator.responses_requests[-1].input_items
+    assert any("[id: " in orjson.dumps(i).decode() for i in forwarded)  # the copy was decorated
+    sent = [i for i in agent.history if i.get("role") != "assistant" and i.get("type") != "function_call"]
+    db = agent.proxy.state_dir / "ctproxy.db"
+    want = {orjson.dumps(i) for i in sent}
+    got: set[bytes] = set()
+    for _ in range(200):  # the writer commits in the background
+        with sqlite3.connect(db) as conn:
+            got = {bytes(r[0]) for r in conn.execute(
+                "SELECT r.raw FROM journal_raw r JOIN journal_items i ON i.seq = r.seq WHERE i.origin = 'input'")}
+        if want <= got:
+            break
+        await asyncio.sleep(0.05)
+    assert want <= got, (want - got)
+    assert not any(b"[id: " in raw or boot.GUIDANCE_MARKER.encode() in raw for raw in got)
