@@ -49,8 +49,29 @@ def fits(value: Any, typeinfo: Any) -> bool:
         return False
 
 
+def _plain_classes(typeinfo: Any) -> tuple[type, ...] | None:
+    """The classes an `isinstance` check stands for, when `typeinfo` is a class or a union of classes
+    (all of a message's fields): then one `isinstance` decides, as `fits` would."""
+    members = typing.get_args(typeinfo) if typing.get_origin(typeinfo) in (typing.Union, UnionType) else (typeinfo,)
+    special = (float, typing.Any, typing.TextIO, typing.BinaryIO)  # not plain isinstance checks in `fits`
+    if all(isinstance(m, type) and typing.get_origin(m) is None and m not in special for m in members):
+        return tuple(members)
+    return None
+
+
+_PLAIN: dict[Any, tuple[type, ...] | None] = {}  # typeinfo → its classes (the few types mitmproxy declares)
+
+
 def check_option_type(name: str, value: Any, typeinfo: Any) -> None:
-    if fits(value, typeinfo):
+    try:
+        plain = _PLAIN[typeinfo]
+    except KeyError:
+        plain = _PLAIN[typeinfo] = _plain_classes(typeinfo)
+    except TypeError:  # an unhashable type description
+        plain = None
+    if plain is not None and isinstance(value, plain):
+        return
+    if plain is None and fits(value, typeinfo):
         return
     _original(name, value, typeinfo)  # raises mitmproxy's own TypeError (a rare path: cycles do not matter)
 
