@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from mitmproxy import http
 
-from proxy import errors
+from proxy import errors, gcpause
 from proxy.addonlookup import find_addon
 from proxy.flowstate import state_of
 from proxy.transforms.items import InputFacts, input_facts
@@ -232,6 +232,8 @@ def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
         return None
     except ValueError:
         return None  # undecodable or an unknown encoding: untouched, as before
+    if st.gc_hold is None:  # before the parse: its allocations must not start a collection (proxy/gcpause.py)
+        st.gc_hold = gcpause.hold_for(st, len(content or b""))
     try:
         value = orjson.loads(content or b"")
     except orjson.JSONDecodeError:

@@ -69,6 +69,7 @@ class FlowState:
     settling: Settling | None = None  # a stage holds the answer, which may still be replaced (see Settling)
     web_search: str | None = None  # web_search: why it did (or did not) inject the tool
     context_usage: ContextUsage | None = None  # bridge: the last round's usage of a bridged turn (see ContextUsage)
+    gc_hold: Any = None  # flowbody: a proxy.gcpause.Hold while this flow's big parsed body is in flight
 
     def release(self) -> None:
         """The exchange is over (every stage's last hook ran): drop what only the stages needed, so that
@@ -78,6 +79,9 @@ class FlowState:
         counting (docs/benchmarks.md, session 5). `body_checked` stays set: a late reader finds no body
         rather than parsing it again."""
         self.body = None
+        if self.gc_hold is not None:  # the body goes by reference counting now: the collector may run again
+            self.gc_hold.close()
+            self.gc_hold = None
         self.client_request = None
         self.tap = None
         self.journal_mark = None

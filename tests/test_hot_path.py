@@ -186,3 +186,75 @@ async def test_the_journal_keeps_the_agents_items_as_sent_while_the_forwarded_co
         await asyncio.sleep(0.05)
     assert want <= got, (want - got)
     assert not any(b"[id: " in raw or boot.GUIDANCE_MARKER.encode() in raw for raw in got)
+
+
+# ------------------------------------------------------------------------------ the collector's pause
+
+
+class _Owner:
+    """What a hold is tied to (a flow's state, in the proxy)."""
+
+
+async def test_a_big_parse_holds_the_collector_until_its_flow_is_released(rt):
+    import orjson
+
+    from proxy import gcpause
+    from proxy.flowbody import responses_body
+
+    assert gc.isenabled()
+    small = gcpause.hold_for(_Owner(), gcpause.BIG_BODY - 1)
+    assert small is None and gc.isenabled()
+    addon = ChainAddon(chain())
+    with taddons.context(addon):
+        flow = _flow(3, False)
+        flow.request.content = orjson.dumps({"model": "gpt-5", "input": [
+            {"role": "user", "content": "x" * 1000} for _ in range(gcpause.BIG_BODY // 1000 + 1)]})
+        assert responses_body(flow) is not None
+        assert not gc.isenabled() and gcpause.paused()  # off from just before the parse
+        owner = _Owner()
+        other = gcpause.hold_for(owner, gcpause.BIG_BODY)  # a second body in flight: nested
+        assert other is not None
+        flow.response = http.Response.make(200, b"{}", {"content-type": "application/json"})
+        pending = addon.response(flow)
+        if pending is not None:
+            await pending
+        for _ in range(50):
+            if state_of(flow).gc_hold is None:
+                break
+            await asyncio.sleep(0)
+        assert state_of(flow).gc_hold is None and not gc.isenabled()  # the other one is still open
+        other.close()
+        other.close()  # idempotent
+        assert gc.isenabled() and not gcpause.paused()
+
+
+async def test_a_hold_never_closed_by_its_flow_closes_with_its_owner_and_the_watchdog_collects(monkeypatch):
+    from proxy import gcpause
+
+    monkeypatch.setattr(gcpause, "MAX_PAUSE", 0.01)
+    before = gcpause.forced
+
+    owner = _Owner()
+    assert gcpause.hold_for(owner, gcpause.BIG_BODY) is not None and not gc.isenabled()
+    for _ in range(2000):  # the watchdog collects while the collector is off
+        if gcpause.forced > before:
+            break
+        await asyncio.sleep(0.005)
+    assert gcpause.forced > before
+    del owner  # a flow dropped without its last hook: its state is freed, the hold closes
+    assert gc.isenabled()
+
+
+def test_the_collector_is_left_alone_when_it_is_off_already_or_no_loop_runs():
+    from proxy import gcpause
+
+    assert gcpause.hold_for(_Owner(), gcpause.BIG_BODY) is None  # no event loop: no watchdog, no pause
+    gc.disable()
+    try:
+
+        async def inside() -> object:
+            return gcpause.hold_for(_Owner(), gcpause.BIG_BODY)
+
+        assert asyncio.run(inside()) is None and not gc.isenabled()
+    finally:
+        gc.enable()
