@@ -19,9 +19,10 @@ issue 13) is applied from the session's current window whether or not compaction
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -32,12 +33,15 @@ from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, runtime
 from proxy import usage as usage_store
 from proxy.compaction import journal_link
-from proxy.compaction.engine import Plan, compact
+from proxy.compaction.bookkeeping import record_compaction
+from proxy.compaction.eligibility import remote_call
+from proxy.compaction.engine import Plan, compact, http_caller, retained_budget
+from proxy.compaction.fingerprint import load_key
 from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.store import Checkpoint
 from proxy.context import bootstrap as boot
 from proxy.context import checkpoint_turn as ckturn
-from proxy.context import reminder
+from proxy.context import midturn, reminder
 from proxy.context.rollover import Kind, RolloverStore
 from proxy.flowbody import ResponsesBody, commit_if_alone, decode_bounded, responses_body
 from proxy.flowstate import state_of
@@ -58,13 +62,16 @@ REPORTED_WINDOWS = 4096  # windows whose divergence this process has recorded (o
 # the checkpoint turn's own body (JSON, not streamed, not compressed) replaces these of the agent's request
 REPLACED_HEADERS = frozenset({"content-length", "content-encoding", "content-type", "accept-encoding", "accept"})
 CHECKPOINT_TIMEOUT = 120.0  # seconds for the checkpoint turn's upstream answer and for the note write
+CONTEXT_REASON = "context_"  # the reason of a compaction window this stage opened (context_threshold, …)
 
 
 def _checkpoint_projection(w: Window, rt: runtime.Runtime) -> WindowProjection | None:
     """remote / fallback, alone: the readable bootstrap, while compaction or overflow recovery is on."""
     cfg = rt.config.remote_compaction
     cp = Checkpoint.from_window(w)
-    if cp is None or not (cfg.enabled or cfg.recover_overflow):
+    # the context stage's own compactions (hard trigger, failed checkpoint turn) apply while context is on
+    ours = rt.config.context.enabled and (w.reason or "").startswith(CONTEXT_REASON)
+    if cp is None or not (cfg.enabled or cfg.recover_overflow or ours):
         return None
     return cp.record().projection(replay_opaque=False)
 
@@ -141,9 +148,11 @@ class Context(Stage):
     async def _with_rollover(self, flow: http.HTTPFlow, ws: journal_link.WindowSession) -> None:
         """The session's pending rollover, consumed at this request (whatever it holds: only
         terminating calls, a mixed batch, a steer or a follow-up), then the projection. A manual
-        checkpoint, or the hard trigger, runs the checkpoint turn first."""
+        checkpoint, or the hard trigger, runs the checkpoint turn first (strategy `notes`); at the hard
+        trigger, strategy `remote` / `fallback` compacts instead."""
         body = responses_body(flow)
         payload = body.value if body is not None else {}
+        self._offer_midturn(flow, ws, payload)
         can_turn = self._can_checkpoint(payload)
         try:
             kinds = (*ROLLOVER_KINDS, "checkpoint") if can_turn else ROLLOVER_KINDS
@@ -152,44 +161,118 @@ class Context(Stage):
             log.warning("context: could not read the pending rollover of a session")
             pending = None
         kind = pending.kind if pending is not None else None
-        if kind is None and can_turn and self.rt.config.context.strategy == "notes" and self._hard(flow, ws, payload):
-            kind = "threshold"
+        strategy = self.rt.config.context.strategy
+        if kind is None and (can_turn or strategy != "notes") and self._hard(flow, ws, payload):
+            if strategy != "notes":  # remote compaction (where eligible) or the readable fallback, no turn
+                done = await self._compact(flow, ws, "threshold", remote=strategy == "remote")
+                journal_link.record_event(ws, "hard_trigger", {"strategy": strategy, "outcome": done})
+                debuglog.event("context", outcome="hard_trigger", strategy=strategy, result=done)
+                if done != "none":
+                    return
+            else:
+                kind = "threshold"
         if kind in ("checkpoint", "threshold"):
-            outcome = await self._checkpoint_turn(flow, ws, payload)
+            outcome, executed = await self._checkpoint_turn(flow, ws, payload)
+            self._journal_turn(flow, ws, payload, executed)
             journal_link.record_event(ws, "checkpoint_turn", {"outcome": outcome, "reason": kind})
             debuglog.event("context", outcome="checkpoint_turn", result=outcome, reason=kind)
-            if outcome != "written":  # the readable compaction fallback: never a loop, never an overflow
-                opened = await self._fallback(ws, flow, kind)
-                if opened is not None:
-                    self._project(flow, ws, opened)
+            if outcome != "written":  # compaction (remote where eligible, else readable): never a loop
+                if await self._compact(flow, ws, kind, remote=True) != "none":
                     return
                 kind = f"{kind}_failed"  # nothing to compact: a notes window all the same
         opened = self._roll_over(ws, flow, kind) if kind is not None else None
         self._project(flow, ws, opened)
 
-    async def _fallback(self, ws: journal_link.WindowSession, flow: http.HTTPFlow, kind: str) -> Window | None:
-        """The checkpoint turn failed: the session falls back to compaction's readable fallback (built by
-        compaction's engine without an upstream call), at the same boundary a rollover would take."""
+    # ------------------------------------------------------------------ compaction at the hard trigger
+    def _turns(self) -> UpstreamTurns:
+        rt = self.rt
+        if rt.services.upstream is None:
+            rt.services.upstream = UpstreamTurns()
+        return rt.services.upstream
+
+    def _route(self, flow: http.HTTPFlow) -> routes.Route:
+        route = state_of(flow).route
+        if isinstance(route, routes.Route):
+            return route
+        return destination_route(flow, trusted=self.rt.upstream.trusted)
+
+    def _credentials_allowed(self, flow: http.HTTPFlow, route: routes.Route) -> bool:
+        """The one credential rule (the guard's) for a call to the request's own destination."""
+        req = flow.request
+        return routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
+                                              req.headers.items(multi=True))
+
+    def _seen(self, ws: journal_link.WindowSession, items: list[Any], n: int) -> list[Any] | None:
+        """What the model sees of `items[:n]` in a notes window (its bootstrap, then the agent's items after
+        its boundary); None when the current window is not a notes window that applies."""
+        w = ws.journal.window_of(ws.key)
+        proj = stored_projection(w, self.rt) if w is not None and w.strategy == "notes" else None
+        if proj is None or proj.boundary > n:
+            return None
+        out, outcome = apply_window({"input": items[:n]}, proj)
+        return out["input"] if outcome == "applied" else None
+
+    async def _compact(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, kind: str,
+                       remote: bool) -> str:
+        """Compact the session's window at the rollover boundary and forward this request in the new one:
+        remote compaction v2 where eligible (compaction's one rule, proxy/compaction/eligibility.py) and
+        `remote`, else the readable fallback (no upstream call). At most one compaction per agent request:
+        none when compaction already compacted this one. Returns the strategy made, or `none`."""
         body = responses_body(flow)
-        items = input_items(body.value) if body is not None else None
+        if body is None:
+            return "none"
+        payload = body.value
+        items = input_items(payload)
         n = boot.rollover_boundary(items) if items else 0
         if not items or n == 0:
-            return None
+            return "none"
         rt = self.rt
-        model = body.value.get("model") if isinstance(body.value.get("model"), str) else None
-        plan = Plan(session_key=ws.key, client_items=items, previous=journal_link.current_checkpoint(ws),
-                    replay_opaque=False, boundary=n, payload=body.value,
-                    window=usage_store.model_window(model, rt.config.model_windows), fingerprint=None, target=None,
-                    remote_blocked="checkpoint_turn_failed",
-                    reason="threshold" if kind == "threshold" else "checkpoint")
-        if plan.previous is not None and plan.previous.boundary >= n:
-            return None
+        st = state_of(flow)
+        info = st.compaction if isinstance(st.compaction, FlowInfo) else None
+        if info is not None and info.compacted:
+            return "none"  # compaction compacted this request already: never a second one
+        previous = journal_link.current_checkpoint(ws)
+        if previous is not None and previous.boundary >= n:
+            return "none"
+        model = payload.get("model") if isinstance(payload.get("model"), str) else ""
+        window = info.window if info is not None else usage_store.model_window(model, rt.config.model_windows)
+        cfg = rt.config.remote_compaction
+        if rt.services.compaction_key is None:
+            rt.services.compaction_key = load_key(rt.state.root)
+        route = self._route(flow)
+        req = flow.request
+        call = remote_call(cfg, route, req.scheme, req.host, req.port, req.path, header_map(flow),
+                           self._credentials_allowed(flow, route), model, rt.services.compaction_key)
+        blocked = call.blocked if remote else "strategy_fallback"
+        plan = Plan(session_key=ws.key, client_items=items, previous=previous,
+                    replay_opaque=bool(info is not None and info.replay_opaque and previous is not None),
+                    boundary=n, payload=payload, window=window, fingerprint=call.fingerprint,
+                    target=call.target, remote_blocked=blocked, reason=f"context_{kind}",
+                    retained_budget=retained_budget(window), seen=self._seen(ws, items, n))
+        caller = http_caller(self._turns(), cfg.timeout_seconds) if blocked is None else _no_remote
         try:
-            cp = journal_link.open_window(ws, await compact(plan, _no_remote))
-        except Exception:  # the journal or the engine refused: the notes window instead
-            log.warning("context: the compaction fallback after a failed checkpoint turn could not be opened")
-            return None
-        return ws.journal.window_of(ws.key) if cp.window_id else None
+            cp = journal_link.open_window(ws, await compact(plan, caller))
+        except Exception:  # the journal or the engine refused: the caller falls back to a notes window
+            log.warning("context: a compaction at the hard trigger could not be opened")
+            return "none"
+        ident = session_of(flow, rt.services.response_aliases)
+        try:
+            await record_compaction(dbworker.shared(rt.services, rt.state.db_path), rt.services.compaction_memo,
+                                    ident.session_key if ident is not None else ws.key, ws, cp, len(items), n,
+                                    remote_tried=blocked is None)
+        except Exception:  # compaction's records are bookkeeping: the window is open
+            log.warning("context: a compaction's records were not written")
+        proxy_metrics().rollover(cp.strategy)
+        replay = cp.strategy == "remote"
+        if info is not None:  # compaction's response hooks (overflow recovery) see this window, not the old one
+            info.checkpoint, info.replay_opaque, info.outcome = cp, replay, cp.strategy
+            info.compacted, info.compacted_items, info.fit_budget = True, len(items), None
+        out, _ = apply_projection(payload, ProjectionContext(cp.record(), replay), checked=True)
+        out = decorate(payload, out, ws, rt, None)
+        if out is not payload:
+            body.replace(out)
+            commit_if_alone(flow)
+        return cp.strategy
 
     # ------------------------------------------------------------------ the checkpoint turn
     def _tools_client(self) -> ToolClient | None:
@@ -218,55 +301,68 @@ class Context(Stage):
         return self._spec
 
     async def _checkpoint_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession,
-                               payload: dict[str, Any]) -> str:
+                               payload: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         """One turn upstream (the current window + the instruction, only the own-notes write offered and
         required), exactly one own-notes write executed (a failed one may be corrected once). Returns
-        `written` or why not (a category)."""
+        `written` or why not (a category), and the executed writes as the journal keeps them."""
         rt = self.rt
+        executed: list[dict[str, Any]] = []
         client = self._tools_client()
         if client is None:
-            return "no_tool_server"
+            return "no_tool_server", executed
         try:
             spec = await self._write_spec(client)
         except ToolServerUnreachable:
-            return "no_tool_server"
+            return "no_tool_server", executed
         if spec is None:
-            return "no_write_tool"
+            return "no_write_tool", executed
         forwarded = decorate(payload, self._forward_of(flow, ws, payload, None), ws, rt, None)
         extra: list[Any] = []
         for _attempt in range(2):
             body = ckturn.turn_body(forwarded, spec, rt.config.context.checkpoint_instruction, extra)
             answer = await self._send(flow, body)
             if answer is None:
-                return "upstream_failed"
+                return "upstream_failed", executed
             call, why = ckturn.write_call(answer)
             if call is None:
-                return why
+                return why, executed
             if not ckturn.own_path(call.arguments, ws.address):
-                return "not_own_notes"  # another agent's notes never lift the fence
+                return "not_own_notes", executed  # another agent's notes never lift the fence
             try:
                 out = await client.call(ToolCall(ckturn.WRITE_TOOL, "function", call.arguments, call_id=call.call_id,
                                                  task=ws.task_id, agent=ws.address, session=ws.key))
             except ToolServerUnreachable:
-                return "no_tool_server"
+                return "no_tool_server", executed
+            executed.append(ckturn.journal_record(call, out.output, out.is_error))
             if not out.is_error:
-                return "written"
+                return "written", executed
             extra = ckturn.correction(call, out.output)
-        return "write_failed"
+        return "write_failed", executed
+
+    def _journal_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
+                      executed: list[dict[str, Any]]) -> None:
+        """The writes the checkpoint turn executed, journaled in the window they close, after the agent's
+        items: this request's journal mark is taken again with them, so its answer follows them on the
+        branch. The agent never resends them; the journal skips them then (`mcp_call` is a hosted tool's
+        trace, proxy/journal/canonical.SKIPPABLE_TYPES)."""
+        st = state_of(flow)
+        j = st.journal
+        items = input_items(payload)
+        if not executed or ws.mark is None or j is not ws.journal or not items:
+            return  # history is off (or nothing ran): no items are journaled
+        try:
+            st.journal_mark = j.begin_request(ws.key, ws.task_id, ws.address, ws.source,
+                                              {"input": [*items, *executed]})
+        except Exception:  # the journal is a record: never a reason to fail the request
+            log.warning("context: the checkpoint turn's write was not journaled")
 
     async def _send(self, flow: http.HTTPFlow, body: dict[str, Any]) -> dict[str, Any] | None:
         """The turn through the upstream-turn service, to the request's own destination with its own
         credentials under the one credential rule; the held JSON answer, or None."""
         rt = self.rt
-        if rt.services.upstream is None:
-            rt.services.upstream = UpstreamTurns()
-        turns = rt.services.upstream
+        turns = self._turns()
         req = flow.request
-        route = state_of(flow).route
-        if not isinstance(route, routes.Route):
-            route = destination_route(flow, trusted=rt.upstream.trusted)
-        allowed = routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
-                                                 req.headers.items(multi=True))
+        allowed = self._credentials_allowed(flow, self._route(flow))
         headers = [(k, v) for k, v in req.headers.items(multi=True) if k.lower() not in REPLACED_HEADERS]
         headers += [("content-type", "application/json"), ("accept", "application/json"),
                     ("accept-encoding", "identity")]
@@ -306,6 +402,17 @@ class Context(Stage):
         n = boot.rollover_boundary(items)
         if n == 0:
             return None  # nothing precedes the agent's messages: the window would be the one it has
+        mark = ws.mark
+        boundary_item = None
+        if mark is not None and not mark.failed and len(mark.input_ids) == len(items):
+            boundary_item = mark.input_ids[n - 1] or None
+        return self._open_notes_window(ws, items, n, kind, reachable_context_tools(body.value, self.rt),
+                                       boundary_item)
+
+    def _open_notes_window(self, ws: journal_link.WindowSession, items: list[Any], n: int, kind: str,
+                           tools: tuple[str, ...], boundary_item: str | None,
+                           anchor: str | None = None) -> Window:
+        """The notes window after `items[:n]` (the agent's items), its bootstrap built once and stored."""
         rt = self.rt
         j = ws.journal
         j.session(ws.key, ws.task_id, ws.address, ws.source)
@@ -313,22 +420,49 @@ class Context(Stage):
         window_id = f"w{prev.ordinal + 1}" if prev is not None else "w1"  # the journal numbers windows so
         notes = _notes_index(rt, ws.task_id, ws.address)
         start = boot.WindowStart(ws.address, window_id, prev.window_id if prev is not None else None, notes,
-                                 tools=reachable_context_tools(body.value, rt), task_id=ws.task_id,
-                                 reason=kind)
+                                 tools=tools, task_id=ws.task_id, reason=kind)
         # a copy, not the agent's objects: the stored bootstrap is what every later request replays
         leading = orjson.loads(orjson.dumps(boot.leading_instructions(items)))
-        bootstrap = boot.build_bootstrap(start, leading)
-        mark = ws.mark
-        boundary_item = None
-        if mark is not None and not mark.failed and len(mark.input_ids) == len(items):
-            boundary_item = mark.input_ids[n - 1] or None
-        w = j.start_window(ws.key, boundary_item, "notes", {"items": bootstrap}, boundary_pos=n,
+        stored: dict[str, Any] = {"items": boot.build_bootstrap(start, leading)}
+        if anchor is not None:
+            stored[midturn.ANCHOR_KEY] = anchor
+        w = j.start_window(ws.key, boundary_item, "notes", stored, boundary_pos=n,
                            boundary_hash=chain_at(items, session_root(ws.key), n), reason=kind)
         if w.window_id != window_id:  # the identity message names another window: said, never hidden
             log.warning("context: window %s opened, the bootstrap names %s", w.window_id, window_id)
         debuglog.event("context", outcome="rollover", kind=kind, window=w.window_id, boundary=n)
         proxy_metrics().rollover("notes")
         return w
+
+    # ------------------------------------------------------------------ a bridged new_context mid-turn
+    def _offer_midturn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any]) -> None:
+        """Where the bridge runs `new_context` itself, its later rounds of this agent request roll over
+        too: the bridge calls `st.context_rollover` after a round whose bridged new_context succeeded."""
+        if "context" not in self.rt.config.bridge.families:
+            return
+        items = input_items(payload)
+        if items:
+            agent_items = list(items)  # the agent's items as sent (later stages replace, never edit, them)
+            state_of(flow).context_rollover = functools.partial(self._midturn, ws, agent_items)
+
+    async def _midturn(self, ws: journal_link.WindowSession, agent_items: list[Any],
+                       shown: Sequence[Mapping[str, Any]], payload: dict[str, Any]) -> dict[str, Any] | None:
+        """The pending `new_context` consumed now: the notes window opens after the agent's items and what
+        the turn showed so far, and the bridge's next round (`payload`) goes up in it. None: nothing pending."""
+        try:
+            pending = await self._store().take(ws.task_id, ws.address, ROLLOVER_KINDS)
+        except Exception:  # the state database is a record: the next agent request rolls over instead
+            log.warning("context: could not read the pending rollover of a session")
+            return None
+        if pending is None:
+            return None
+        full = [*agent_items, *(dict(i) for i in shown)]
+        tools = reachable_context_tools(payload, self.rt)
+        w = self._open_notes_window(ws, full, len(full), f"{pending.kind}_midturn", tools, None,
+                                    midturn.anchor_of(shown))
+        journal_link.record_event(ws, "rollover", {"outcome": "midturn", "window_id": w.window_id,
+                                                   "boundary": len(full)})
+        return midturn.in_new_window(payload, w.bootstrap["items"])
 
     def _project(self, flow: http.HTTPFlow, ws: journal_link.WindowSession | None, opened: Window | None) -> None:
         body = responses_body(flow)
@@ -407,6 +541,9 @@ class Context(Stage):
             if moved is not None:
                 proj = moved.record().projection(replay_opaque=False)
                 projected, outcome = apply_window(payload, proj, checked=True)
+        elif outcome == "diverged" and (anchored := midturn.reanchored(
+                input_items(payload) or [], proj, w.bootstrap.get(midturn.ANCHOR_KEY))) is not None:
+            projected, outcome = apply_window(payload, anchored, checked=True)  # a mid-turn window, resent
         debuglog.event("context", outcome=outcome, strategy=w.strategy, window=w.window_id)
         if outcome == "diverged":
             self._report(ws, w)

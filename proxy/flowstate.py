@@ -10,7 +10,7 @@ closing over the flow did) pins the flow, its bodies and its answer for the life
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,11 @@ class ContextUsage:
     usage: dict[str, Any] | None = None
 
 
+# context → bridge: given the items a bridged turn showed the agent so far and its next round's payload, the
+# payload in the session's new window when a bridged `new_context` rolled it over mid-turn (else None).
+ContextRollover = Callable[[Sequence[Mapping[str, Any]], dict[str, Any]], Awaitable[dict[str, Any] | None]]
+
+
 @dataclass
 class FlowState:
     """What the stages tell each other about one flow: typed fields, each written by one stage."""
@@ -70,6 +75,7 @@ class FlowState:
     web_search: str | None = None  # web_search: why it did (or did not) inject the tool
     context_usage: ContextUsage | None = None  # bridge: the last round's usage of a bridged turn (see ContextUsage)
     gc_hold: Any = None  # flowbody: a proxy.gcpause.Hold while this flow's big parsed body is in flight
+    context_rollover: ContextRollover | None = None  # context: a bridged new_context's rollover, mid-turn
 
     def release(self) -> None:
         """The exchange is over (every stage's last hook ran): drop what only the stages needed, so that
