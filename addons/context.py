@@ -34,6 +34,7 @@ from proxy import dbworker, debuglog, routes, runtime
 from proxy import usage as usage_store
 from proxy.compaction import journal_link
 from proxy.compaction.bookkeeping import record_compaction
+from proxy.compaction.decision import TAIL_FRACTION
 from proxy.compaction.eligibility import remote_call
 from proxy.compaction.engine import Plan, compact, http_caller, retained_budget
 from proxy.compaction.fingerprint import load_key
@@ -52,7 +53,7 @@ from proxy.notes.store import NotesStore
 from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.ids import project_ids
-from proxy.transforms.items import InputFacts, client_compacts, input_items
+from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, client_compacts, input_items, items_bytes
 from proxy.transforms.window import WindowProjection, apply_window
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 
@@ -291,7 +292,16 @@ class Context(Stage):
 
     def _hard(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any]) -> bool:
         used = self._usage_ratio(flow, ws, payload, self.rt.config.context.hard_ratio)
-        return used is not None
+        if used is None:
+            return False
+        # Right after a new window, a second one helps only when the agent's items since its boundary weigh
+        # something (compaction's rule, TAIL_FRACTION of the window): a bootstrap that alone is above the
+        # hard trigger would otherwise make every request run a checkpoint turn or compact (never a loop).
+        w = ws.journal.window_of(ws.key)
+        items = input_items(payload) or []
+        if w is None or w.boundary_pos is None or w.boundary_pos > len(items):
+            return True
+        return approx_tokens_for_bytes(items_bytes(items[w.boundary_pos:])) >= TAIL_FRACTION * used[1]
 
     async def _write_spec(self, client: ToolClient) -> dict[str, Any] | None:
         if self._spec is None:

@@ -41,7 +41,8 @@ def turn_body(forwarded: Mapping[str, Any], write_spec: Mapping[str, Any], instr
     body = {k: v for k, v in forwarded.items() if k not in ("stream", "stream_options", "tool_choice", "tools",
                                                           "parallel_tool_calls", "previous_response_id")}
     body["input"] = [*items, developer_message(instruction or DEFAULT_INSTRUCTION), *extra]
-    body["tools"] = [{**write_spec, "type": "function"}]
+    # the API's FunctionTool requires `strict` (the registry leaves it out when false)
+    body["tools"] = [{**write_spec, "type": "function", "strict": bool(write_spec.get("strict", False))}]
     body["tool_choice"] = {"type": "function", "name": WRITE_TOOL}
     body["parallel_tool_calls"] = False
     body["stream"] = False
