@@ -19,6 +19,7 @@ issue 13) is applied from the session's current window whether or not compaction
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections import OrderedDict
@@ -472,6 +473,10 @@ class Context(Stage):
                                     midturn.anchor_of(shown))
         journal_link.record_event(ws, "rollover", {"outcome": "midturn", "window_id": w.window_id,
                                                    "boundary": len(full)})
+        try:  # the turn's later calls run on the tool server (another process): it must see the new window
+            await asyncio.to_thread(ws.journal.flush, 10.0)
+        except Exception:
+            log.warning("context: the new window was not committed before the bridge's next round")
         return midturn.in_new_window(payload, w.bootstrap["items"])
 
     def _project(self, flow: http.HTTPFlow, ws: journal_link.WindowSession | None, opened: Window | None) -> None:

@@ -34,14 +34,13 @@ def anchor_of(shown: Sequence[Mapping[str, Any]]) -> str | None:
 
 def reanchored(items: Sequence[Any], proj: WindowProjection, anchor: str | None) -> WindowProjection | None:
     """`proj` with its boundary right after the agent's item whose id is `anchor` (the newest such item),
-    or None when there is none or it is where the boundary already is (the positional check decided)."""
+    checked for these very items (the caller applies it with `checked=True`); None when there is none.
+    Called only when the positional check failed: the same position in another form, or another one."""
     if not anchor:
         return None
     for k in range(len(items) - 1, -1, -1):
         item = items[k]
         if isinstance(item, dict) and item.get("id") == anchor:
-            if k + 1 == proj.boundary:
-                return None
             return dataclasses.replace(proj, boundary=k + 1, boundary_hash=chain_at(items, proj.root, k + 1) or "")
     return None
 
