@@ -22,7 +22,7 @@ import pytest
 from proxy.config import Config
 from proxy.status import capability_status
 from proxy.transforms.fallback import is_fallback_message
-from tests.emulator import Emulator, FunctionCall, HttpError, Text
+from tests.emulator import Emulator, FunctionCall, HttpError, Text, context_length_exceeded_400
 from tests.openapi_schema import spec_available
 from tests.test_context_reminder import BIG
 from tests.test_context_rollover import TOOLS, Agent, plain, text_of
@@ -106,7 +106,9 @@ def assert_remote_window(fwd: list[dict[str, Any]]) -> None:
     assert text_of(fwd[-1]).endswith("go on")
 
 
-FAILURES = {"no_write": Text("I will not write"), "upstream_error": HttpError(500)}
+# the turn answered without a write, failed upstream, or overflowed itself (the window plus the instruction)
+FAILURES = {"no_write": Text("I will not write"), "upstream_error": HttpError(500),
+            "overflow": context_length_exceeded_400()}
 
 
 @pytest.mark.parametrize("failure", sorted(FAILURES))
