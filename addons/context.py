@@ -63,7 +63,6 @@ log = logging.getLogger("ctproxy.context")
 REPORTED_WINDOWS = 4096  # windows whose divergence this process has recorded (once each)
 # the checkpoint turn's own body (JSON, not streamed, not compressed) replaces these of the agent's request
 REPLACED_HEADERS = frozenset({"content-length", "content-encoding", "content-type", "accept-encoding", "accept"})
-CHECKPOINT_TIMEOUT = 120.0  # seconds for the checkpoint turn's upstream answer and for the note write
 CONTEXT_REASON = "context_"  # the reason of a compaction window this stage opened (context_threshold, …)
 
 
@@ -284,7 +283,8 @@ class Context(Stage):
             except AttributeError:  # no mitmproxy master (a unit test): no tool server to call
                 url = ""
             if url:
-                self._tools = ToolClient(url, self.rt.state.token(), timeout=CHECKPOINT_TIMEOUT)
+                self._tools = ToolClient(url, self.rt.state.token(),
+                                         timeout=self.rt.config.context.checkpoint_timeout_seconds)
         return self._tools
 
     def _can_checkpoint(self, payload: dict[str, Any]) -> bool:
@@ -378,9 +378,11 @@ class Context(Stage):
         headers += [("content-type", "application/json"), ("accept", "application/json"),
                     ("accept-encoding", "identity")]
         up = turns.prepare("POST", req.url, headers, orjson.dumps(body), allowed)
+        limit = rt.config.context.checkpoint_timeout_seconds
         try:
-            held = await turns.hold(up, timeout=CHECKPOINT_TIMEOUT)
-        except (UpstreamUnavailable, UpstreamBroken):
+            async with asyncio.timeout(limit):  # the whole answer, not only its headers
+                held = await turns.hold(up, timeout=limit)
+        except (UpstreamUnavailable, UpstreamBroken, TimeoutError):
             return None
         if held.status != 200:
             return None

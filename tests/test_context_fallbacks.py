@@ -131,6 +131,18 @@ async def test_a_failed_turn_falls_back_to_remote_compaction_where_eligible(emul
     assert [i for i in later if is_compaction_item(i)] == [i for i in fwd if is_compaction_item(i)]  # replayed
 
 
+async def test_a_checkpoint_turn_that_times_out_falls_back(emulator, proxy_factory, tmp_path):
+    """The turn's upstream stays silent: past `context.checkpoint_timeout_seconds` it has failed, and the
+    agent's request goes on in the compacted window."""
+    agent = await configured(emulator, proxy_factory, tmp_path, context={"checkpoint_timeout_seconds": 1.0})
+    emulator.script(Text("a"), Text("b"), Text("never sent", stall_before_headers=True), Text("resumed"))
+    await fill(agent)
+    assert (await agent.sample({"role": "user", "content": "go on"})).output_text == "resumed"
+    assert is_turn(emulator.responses_requests[2])
+    fwd = turns(emulator)[2].input_items
+    assert any(map(is_fallback_message, fwd)) and BIG not in json.dumps(fwd)
+
+
 async def test_a_failed_turn_gets_the_readable_fallback_where_remote_is_not_eligible(emulator, proxy_factory,
                                                                                     tmp_path):
     """Custom compaction instructions make remote compaction ineligible (compaction's rule): readable."""
