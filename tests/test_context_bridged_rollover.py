@@ -140,3 +140,39 @@ async def until(check: Any) -> Any:
             return got
         await asyncio.sleep(0.1)
     raise AssertionError("not journaled in time")
+
+
+# ---------------------------------------------------------------- the pure parts (proxy/context/midturn.py)
+
+
+def test_reanchored_finds_the_boundary_in_another_form_and_nothing_else():
+    from proxy.context import midturn
+    from proxy.journal.canonical import chain_at, session_root
+    from proxy.transforms.window import WindowProjection, apply_window
+
+    root = session_root("s1")
+    shown = [{"type": "mcp_call", "id": "mcp_ctpf_c1", "name": "new_context", "arguments": "{}",
+              "server_label": "ctproxy", "output": "ok", "error": None, "status": "completed"}]
+    sent = [{"role": "user", "content": "go"}, *shown]
+    proj = WindowProjection("w2", 2, chain_at(sent, root, 2) or "", root, ({"role": "developer", "content": "boot"},))
+    assert midturn.anchor_of(shown) == "mcp_ctpf_c1" and midturn.anchor_of([]) is None
+    # the SDK's resend drops the null field: the positional check fails, the anchor finds the boundary
+    resent = [sent[0], {k: v for k, v in shown[0].items() if v is not None}, {"role": "user", "content": "more"}]
+    assert apply_window({"input": resent}, proj)[1] == "diverged"
+    moved = midturn.reanchored(resent, proj, "mcp_ctpf_c1")
+    assert moved is not None and moved.boundary == 2
+    out, outcome = apply_window({"input": resent}, moved, checked=True)
+    assert outcome == "applied" and out["input"] == [proj.bootstrap[0], resent[2]]
+    assert midturn.reanchored(resent, proj, "mcp_ctpf_other") is None  # another conversation: not applied
+    assert midturn.reanchored(resent, proj, None) is None
+
+
+def test_in_new_window_keeps_everything_but_the_input_and_the_chain():
+    from proxy.context import midturn
+
+    payload = {"model": "m", "tools": [{"type": "function", "name": "t"}], "store": False, "x_unknown": 1,
+               "previous_response_id": "resp_old", "input": [{"role": "user", "content": "old"}]}
+    boot = [{"role": "developer", "content": "boot"}]
+    out = midturn.in_new_window(payload, boot)
+    assert out == {"model": "m", "tools": payload["tools"], "store": False, "x_unknown": 1, "input": boot}
+    assert payload["input"] == [{"role": "user", "content": "old"}]  # the round's payload is not edited

@@ -269,3 +269,26 @@ def agent_events(agent: Any) -> list[dict[str, Any]]:
     finally:
         conn.close()
     return [{"kind": r[0], "detail": json.loads(r[1])} for r in rows]
+
+
+def test_remote_eligibility_is_compactions_one_rule():
+    from proxy.compaction.eligibility import remote_call
+    from proxy.config import RemoteCompactionConfig
+    from proxy.routes import Route
+
+    key = b"k" * 32
+    on = RemoteCompactionConfig(enabled=True)
+    headers = {"authorization": "Bearer sk-test"}
+    trusted = Route("api", official=False, trusted=True)
+
+    def call(cfg: Any, route: Any = trusted, hdrs: Any = headers, model: str = "gpt-4.1") -> Any:
+        return remote_call(cfg, route, "http", "127.0.0.1", 8080, "/v1/responses", hdrs, True, model, key)
+
+    ok = call(on)
+    assert ok.blocked is None and ok.target is not None and ok.target.url == "http://127.0.0.1:8080/v1/responses/compact"
+    assert ok.target.headers["authorization"] == "Bearer sk-test" and ok.fingerprint.auth_kind != "none"
+    assert call(RemoteCompactionConfig(enabled=False)).blocked == "off"
+    assert call(RemoteCompactionConfig(enabled=True, custom_instructions="x")).blocked == "custom_instructions"
+    assert call(on, Route("api", official=False, trusted=False)).blocked == "route"
+    assert call(on, hdrs={}).blocked == "auth_unknown"
+    assert call(on, model="").blocked == "auth_unknown"  # no model: no fingerprint to replay under
