@@ -92,6 +92,7 @@ class FlowState:
         self.tap = None
         self.journal_mark = None
         self.compaction = None
+        self.context_rollover = None  # (it holds the agent's items)
 
 
 def release(flow: Any) -> None:

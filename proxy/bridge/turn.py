@@ -319,6 +319,7 @@ class BridgedTurn:
         finally:
             runner.cancel()
             await stack.aclose()
+            self.job.rollover = None  # it holds the agent's items; the job itself is kept for a minute
 
     # ---- not streaming ----------------------------------------------------------------------------
 
@@ -385,6 +386,7 @@ class BridgedTurn:
                 body = held.body
         finally:
             runner.cancel()
+            self.job.rollover = None  # it holds the agent's items; the job itself is kept for a minute
 
 
 async def _read_round(merged: MergedStream, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
