@@ -454,9 +454,8 @@ class Context(Stage):
         if "context" not in self.rt.config.bridge.families:
             return
         items = input_items(payload)
-        if items:
-            agent_items = list(items)  # the agent's items as sent (later stages replace, never edit, them)
-            state_of(flow).context_rollover = functools.partial(self._midturn, ws, agent_items)
+        if items:  # the agent's items as sent: later stages make new lists, never edit this one (ADR 0006)
+            state_of(flow).context_rollover = functools.partial(self._midturn, ws, items)
 
     async def _midturn(self, ws: journal_link.WindowSession, agent_items: list[Any],
                        shown: Sequence[Mapping[str, Any]], payload: dict[str, Any]) -> dict[str, Any] | None:
