@@ -167,7 +167,7 @@ class Context(Stage):
             if strategy != "notes":  # remote compaction (where eligible) or the readable fallback, no turn
                 done = await self._compact(flow, ws, "threshold", remote=strategy == "remote")
                 journal_link.record_event(ws, "hard_trigger", {"strategy": strategy, "outcome": done})
-                debuglog.event("context", outcome="hard_trigger", strategy=strategy, result=done)
+                debuglog.event("context", phase="hard_trigger", strategy=strategy, outcome=done)
                 if done != "none":
                     return
             else:
