@@ -292,3 +292,38 @@ def test_remote_eligibility_is_compactions_one_rule():
     assert call(on, Route("api", official=False, trusted=False)).blocked == "route"
     assert call(on, hdrs={}).blocked == "auth_unknown"
     assert call(on, model="").blocked == "auth_unknown"  # no model: no fingerprint to replay under
+
+
+async def test_strategy_remote_on_the_codex_route_uses_remote_compaction_v2(emulator, proxy_factory, tmp_path):
+    """The same hard trigger for a Codex-style client (the Codex backend route, OAuth bearer, streamed):
+    remote compaction v2 is a streamed `compaction_trigger` turn on the same endpoint, and its one opaque
+    item is what the forwarded request carries, then replays."""
+    import aiohttp
+
+    from tests.test_compaction_harness import codex_turn, completed_output_text, user
+
+    cfg = tmp_path / "codex.json"
+    cfg.write_text(json.dumps({"model_windows": {"gpt-5": 16_000}, "remote_compaction": {"enabled": True,
+                                                                                         "threshold": 1.0},
+                               "context": {"reminder_ratio": 0.1, "hard_ratio": 0.15, "strategy": "remote"}}))
+    proxy = await proxy_factory(upstream=emulator.url, extra_args=["--config", str(cfg)])
+    emulator.script(Text("a"), Text("b"), Text("resumed"), Text("later"))
+    history: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession() as http:
+        for text in ("small start", BIG, "go on", "next"):
+            history.append(user(text))
+            status, events = await codex_turn(http, proxy.url, {"model": "gpt-5", "input": list(history),
+                                                                "store": False}, session_id="sess-ctx-remote")
+            assert status == 200, events
+            history.append({"type": "message", "role": "assistant", "content": completed_output_text(events)})
+    assert [m["content"] for m in history[1::2]] == ["a", "b", "resumed", "later"]
+    comps = [r for r in emulator.requests if r.route == "compaction"]
+    assert len(comps) == 1 and comps[0].path == "/backend-api/codex/responses"
+    assert comps[0].json["input"][-1] == {"type": "compaction_trigger"}
+    assert not any(map(is_turn, emulator.responses_requests))
+    fwd = [r for r in emulator.requests if r.route == "responses"]
+    assert len(fwd) == 4
+    items = [[i for i in r.json["input"] if is_compaction_item(i)] for r in fwd[2:]]
+    assert len(items[0]) == 1 and items[0] == items[1]  # compacted at "go on", replayed at "next"
+    # retained user messages, then the item: the old answers are gone (the item stands for them)
+    assert not [i for i in fwd[2].json["input"] if i.get("role") == "assistant"]
