@@ -149,29 +149,32 @@ class Context(Stage):
     async def _with_rollover(self, flow: http.HTTPFlow, ws: journal_link.WindowSession) -> None:
         """The session's pending rollover, consumed at this request (whatever it holds: only
         terminating calls, a mixed batch, a steer or a follow-up), then the projection. A manual
-        checkpoint, or the hard trigger, runs the checkpoint turn first (strategy `notes`); at the hard
-        trigger, strategy `remote` / `fallback` compacts instead."""
+        checkpoint, or the hard trigger, runs the checkpoint turn first (strategy `notes`); under strategy
+        `remote` / `fallback` both compact instead."""
         body = responses_body(flow)
         payload = body.value if body is not None else {}
         self._offer_midturn(flow, ws, payload)
         can_turn = self._can_checkpoint(payload)
-        try:
-            kinds = (*ROLLOVER_KINDS, "checkpoint") if can_turn else ROLLOVER_KINDS
+        strategy = self.rt.config.context.strategy
+        try:  # a manual checkpoint waits for a request that can serve it (the turn, or a compaction)
+            kinds = (*ROLLOVER_KINDS, "checkpoint") if can_turn or strategy != "notes" else ROLLOVER_KINDS
             pending = await self._store().take(ws.task_id, ws.address, kinds)
         except Exception:  # the state database is a record here: never a reason to fail the request
             log.warning("context: could not read the pending rollover of a session")
             pending = None
         kind = pending.kind if pending is not None else None
-        strategy = self.rt.config.context.strategy
         if kind is None and (can_turn or strategy != "notes") and self._hard(flow, ws, payload):
-            if strategy != "notes":  # remote compaction (where eligible) or the readable fallback, no turn
-                done = await self._compact(flow, ws, "threshold", remote=strategy == "remote")
-                journal_link.record_event(ws, "hard_trigger", {"strategy": strategy, "outcome": done})
-                debuglog.event("context", phase="hard_trigger", strategy=strategy, outcome=done)
-                if done != "none":
-                    return
-            else:
-                kind = "threshold"
+            kind = "threshold"
+        if kind in ("checkpoint", "threshold") and strategy != "notes":
+            # remote compaction (where eligible) or the readable fallback, instead of the checkpoint turn
+            done = await self._compact(flow, ws, kind, remote=strategy == "remote")
+            journal_link.record_event(ws, "hard_trigger" if kind == "threshold" else "manual_checkpoint",
+                                      {"strategy": strategy, "outcome": done})
+            debuglog.event("context", phase=kind, strategy=strategy, outcome=done)
+            if done != "none":
+                return
+            # nothing to compact: a manual checkpoint still rolls over (a notes window), the trigger does not
+            kind = "checkpoint_failed" if kind == "checkpoint" else None
         if kind in ("checkpoint", "threshold"):
             outcome, executed = await self._checkpoint_turn(flow, ws, payload)
             self._journal_turn(flow, ws, payload, executed)

@@ -215,8 +215,11 @@ def test_status_names_the_active_strategy():
     cfg.remote_compaction.enabled = False
     assert "strategy remote: no checkpoint turn, the proxy compacts the window first: the readable compaction " \
            "fallback (remote_compaction.enabled is false)" in capability_status(cfg, "context").reason
+    assert "a manual checkpoint compacts at the next request" in capability_status(cfg, "context").reason
     cfg.context.strategy = "fallback"
     assert "strategy fallback: no checkpoint turn" in capability_status(cfg, "context").reason
+    cfg.context.strategy = "notes"
+    assert "a manual checkpoint runs the checkpoint turn" in capability_status(cfg, "context").reason
 
 
 # ---------------------------------------------------------------- the checkpoint turn's write, journaled
@@ -327,3 +330,20 @@ async def test_strategy_remote_on_the_codex_route_uses_remote_compaction_v2(emul
     assert len(items[0]) == 1 and items[0] == items[1]  # compacted at "go on", replayed at "next"
     # retained user messages, then the item: the old answers are gone (the item stands for them)
     assert not [i for i in fwd[2].json["input"] if i.get("role") == "assistant"]
+
+
+async def test_a_manual_checkpoint_under_strategy_fallback_compacts_a_session_without_tools(emulator,
+                                                                                          proxy_factory, tmp_path):
+    """`ctproxy context checkpoint` (here its REST call) on a session that declares no tools: under strategy
+    notes it would wait for notes_write_file; under `fallback` the next request compacts at once."""
+    agent = await configured(emulator, proxy_factory, tmp_path, context={"strategy": "fallback"})
+    emulator.script(Text("a"), Text("resumed"), Text("later"))
+    history: list[dict[str, Any]] = [{"role": "user", "content": "do the work"}]
+    resp = await agent.create(input=list(history))
+    history += [plain(o) for o in resp.output]
+    assert (await agent.checkpoint())["pending_rollover"] == "checkpoint"
+    history.append({"role": "user", "content": "continue"})
+    assert (await agent.create(input=list(history))).output_text == "resumed"
+    fwd = emulator.responses_requests[1].input_items
+    assert any(map(is_fallback_message, fwd)) and "do the work" not in json.dumps(fwd[1:])
+    assert text_of(fwd[-1]).endswith("continue") and not any(map(is_turn, emulator.responses_requests))

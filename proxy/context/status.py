@@ -32,6 +32,14 @@ def hard_trigger(config: Config) -> str:
     return "strategy fallback: no checkpoint turn, the proxy replaces the window by the readable compaction fallback"
 
 
+def manual(config: Config) -> str:
+    """What a manual checkpoint (`ctproxy context checkpoint`, the REST call) does under `context.strategy`."""
+    if config.context.strategy == "notes":
+        return ("a manual checkpoint runs the checkpoint turn at the next request where notes_write_file is "
+                "reachable, else it stays pending")
+    return "a manual checkpoint compacts at the next request, as the hard trigger does"
+
+
 def context_status(config: Config) -> tuple[str, str]:
     c = config.context
     tools = (f"get_context_remaining (from the agent's last recorded usage; hard trigger at {c.hard_ratio:.0%} of "
@@ -42,7 +50,6 @@ def context_status(config: Config) -> tuple[str, str]:
                           "(a bridged new_context: at the bridge's next round); "
                           f"guidance where its tools are reachable; [id: …] projection {ids} (sessions that can call "
                           f"history_read_item); reminder at {c.reminder_ratio:.0%}; at {c.hard_ratio:.0%} "
-                          f"{hard_trigger(config)}; a manual checkpoint runs the checkpoint turn at the next request "
-                          "where notes_write_file is reachable, else it stays pending")
+                          f"{hard_trigger(config)}; {manual(config)}")
     return "active", (f"{tools}; not applied yet: the proxy does not roll over, bootstrap, add guidance or "
                       "[id: …] markers until the projection stage consumes pending rollovers (docs/context.md)")
