@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy import flowbody, httpstream, runtime
+from proxy import flowbody, httpstream, mitm_typecheck, runtime
 
 
 class Stage:
@@ -22,6 +22,7 @@ class Stage:
 
     def load(self, loader: Any) -> None:
         runtime.declare_options(loader)
+        mitm_typecheck.install()  # flows freed when they end, not by the cyclic collector (see the module)
 
     def configure(self, updated: set[str]) -> None:
         if self._rt is None or not updated.isdisjoint(runtime.OPTION_NAMES):

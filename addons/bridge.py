@@ -129,7 +129,7 @@ class Bridge(Stage):
                         timeout=rt.config.timeouts.stream_idle_seconds, registered=registered,
                         catalog=tuple(specs or ()),
                         families=tuple(cfg.families), apply_patch_form=cfg.apply_patch_form,
-                        context_usage=ContextUsage(), withheld=withheld)
+                        context_usage=ContextUsage(), withheld=withheld, rollover=st.context_rollover)
         st.context_usage = job.context_usage  # the tap records the last round's usage for the context budget
         port = await svc.start()
         path = svc.register(job, req.path)

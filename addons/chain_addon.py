@@ -15,13 +15,14 @@ that looks a stage up by name uses `proxy.addonlookup.find_addon`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from mitmproxy import exceptions
 
-from proxy import memory
+from proxy import flowstate, memory
 from proxy.addonlookup import CHAIN_ADDON_NAME
 
 log = logging.getLogger("ctproxy.chain")
@@ -132,8 +133,31 @@ class ChainAddon:
         return self._run("responseheaders", flow)
 
     def response(self, flow: Any) -> Awaitable[None] | None:
-        return self._run("response", flow)
+        return _then_release(flow, self._run("response", flow))
 
     def error(self, flow: Any) -> Awaitable[None] | None:
-        return self._run("error", flow)
+        return _then_release(flow, self._run("error", flow))
+
+
+def _then_release(flow: Any, pending: Awaitable[None] | None) -> Awaitable[None] | None:
+    """After a flow's last hook: its per-flow state is dropped once mitmproxy has sent the answer on (a
+    loop turn later, so the freeing is not on the answer's way), or at once without a running loop."""
+    if pending is None:
+        _release_soon(flow)
+        return None
+
+    async def finish() -> None:
+        await pending
+        _release_soon(flow)
+
+    return finish()
+
+
+def _release_soon(flow: Any) -> None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        flowstate.release(flow)
+        return
+    loop.call_later(0, flowstate.release, flow)
 

@@ -33,6 +33,7 @@ from addons._flow import destination_route, header_map, is_reverse, session_of
 from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, runtime, usage
 from proxy.compaction import journal_link, store
+from proxy.compaction.bookkeeping import record_compaction
 from proxy.compaction.decision import (
     HOLD_FRACTION,
     TAIL_FRACTION,
@@ -43,6 +44,7 @@ from proxy.compaction.decision import (
     estimate,
     over,
 )
+from proxy.compaction.eligibility import remote_blocked
 from proxy.compaction.engine import Plan, compact, http_caller, retained_budget
 from proxy.compaction.fingerprint import compatible, fingerprint_of, load_key, normalise_endpoint
 from proxy.compaction.flowinfo import FlowInfo
@@ -168,7 +170,7 @@ class Compaction(Stage):
         items = input_items(payload)
         if items is None or _stateful(payload):
             return
-        if client_compacts(payload):
+        if client_compacts(payload, body.facts(items) if items is payload.get("input") else None):
             debuglog.event("remote_compaction", outcome="skipped", reason="client_compacts")
             return
         ident = session_of(flow, rt.services.response_aliases)
@@ -323,16 +325,8 @@ class Compaction(Stage):
         debuglog.event("overflow_recovery", phase="window", outcome="learned", window=cache[(model, endpoint)])
 
     def _blocked(self, info: FlowInfo, rt: runtime.Runtime) -> str | None:
-        cfg = rt.config.remote_compaction
-        if not cfg.enabled:
-            return "off"
-        if cfg.custom_instructions:
-            return "custom_instructions"
-        if not info.route.eligible:
-            return "route"
-        if info.fingerprint is None or info.fingerprint.auth_kind == "none":
-            return "auth_unknown"  # an item we could never prove we may replay is not worth fetching
-        return None
+        # the one rule (proxy/compaction/eligibility.py), shared with the context stage's hard trigger
+        return remote_blocked(rt.config.remote_compaction, info.route.eligible, info.fingerprint)
 
     async def _compact(self, flow: http.HTTPFlow, info: FlowInfo, request_payload: dict[str, Any], reason: str,
                        rt: runtime.Runtime) -> Checkpoint:
@@ -346,7 +340,6 @@ class Compaction(Stage):
                     remote_blocked=self._blocked(info, rt), reason=reason, retained_budget=retained_budget(info.window))
         cp = await compact(plan, http_caller(self._turns(rt), rt.config.remote_compaction.timeout_seconds))
         n = len(info.client_items)
-        strategy = cp.strategy
         info.compacted, info.compacted_items = True, n
 
         if info.windows is not None:
@@ -355,17 +348,8 @@ class Compaction(Stage):
             except Exception as exc:
                 log.error("compaction: the window was not journaled (%s)", type(exc).__name__)
 
-        def save(conn: sqlite3.Connection) -> None:
-            store.record_compacted(conn, info.session_key, n)
-            store.record_event(conn, info.session_key, "compaction", strategy, cp.reason, cp.id)
-            if strategy == "fallback" and plan.remote_blocked is None:
-                store.mark_failed(conn, info.session_key, n)
-
-        _memo(rt).forget(info.session_key)
-        await self._db(rt).run(save)
-        journal_link.record_event(info.windows, "compaction",
-                                  {"checkpoint_id": cp.id, "strategy": strategy, "reason": cp.reason,
-                                   "boundary": boundary, "window_id": cp.window_id})
+        await record_compaction(self._db(rt), _memo(rt), info.session_key, info.windows, cp, n, boundary,
+                                remote_tried=plan.remote_blocked is None)
         return cp
 
     def _event(self, rt: runtime.Runtime, info: FlowInfo, kind: str, outcome: str, reason: str | None,

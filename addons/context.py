@@ -19,9 +19,11 @@ issue 13) is applied from the session's current window whether or not compaction
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -32,14 +34,18 @@ from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, runtime
 from proxy import usage as usage_store
 from proxy.compaction import journal_link
-from proxy.compaction.engine import Plan, compact
+from proxy.compaction.bookkeeping import record_compaction
+from proxy.compaction.decision import TAIL_FRACTION
+from proxy.compaction.eligibility import remote_call
+from proxy.compaction.engine import Plan, compact, http_caller, retained_budget
+from proxy.compaction.fingerprint import load_key
 from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.store import Checkpoint
 from proxy.context import bootstrap as boot
 from proxy.context import checkpoint_turn as ckturn
-from proxy.context import reminder
+from proxy.context import midturn, reminder
 from proxy.context.rollover import Kind, RolloverStore
-from proxy.flowbody import commit_if_alone, decode_bounded, responses_body
+from proxy.flowbody import ResponsesBody, commit_if_alone, decode_bounded, responses_body
 from proxy.flowstate import state_of
 from proxy.journal import Window
 from proxy.journal.canonical import chain_at, session_root
@@ -48,7 +54,7 @@ from proxy.notes.store import NotesStore
 from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.ids import project_ids
-from proxy.transforms.items import client_compacts, input_items
+from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, client_compacts, input_items, items_bytes
 from proxy.transforms.window import WindowProjection, apply_window
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 
@@ -57,14 +63,16 @@ log = logging.getLogger("ctproxy.context")
 REPORTED_WINDOWS = 4096  # windows whose divergence this process has recorded (once each)
 # the checkpoint turn's own body (JSON, not streamed, not compressed) replaces these of the agent's request
 REPLACED_HEADERS = frozenset({"content-length", "content-encoding", "content-type", "accept-encoding", "accept"})
-CHECKPOINT_TIMEOUT = 120.0  # seconds for the checkpoint turn's upstream answer and for the note write
+CONTEXT_REASON = "context_"  # the reason of a compaction window this stage opened (context_threshold, …)
 
 
 def _checkpoint_projection(w: Window, rt: runtime.Runtime) -> WindowProjection | None:
     """remote / fallback, alone: the readable bootstrap, while compaction or overflow recovery is on."""
     cfg = rt.config.remote_compaction
     cp = Checkpoint.from_window(w)
-    if cp is None or not (cfg.enabled or cfg.recover_overflow):
+    # the context stage's own compactions (hard trigger, failed checkpoint turn) apply while context is on
+    ours = rt.config.context.enabled and (w.reason or "").startswith(CONTEXT_REASON)
+    if cp is None or not (cfg.enabled or cfg.recover_overflow or ours):
         return None
     return cp.record().projection(replay_opaque=False)
 
@@ -141,55 +149,134 @@ class Context(Stage):
     async def _with_rollover(self, flow: http.HTTPFlow, ws: journal_link.WindowSession) -> None:
         """The session's pending rollover, consumed at this request (whatever it holds: only
         terminating calls, a mixed batch, a steer or a follow-up), then the projection. A manual
-        checkpoint, or the hard trigger, runs the checkpoint turn first."""
+        checkpoint, or the hard trigger, runs the checkpoint turn first (strategy `notes`); under strategy
+        `remote` / `fallback` both compact instead."""
         body = responses_body(flow)
         payload = body.value if body is not None else {}
+        self._offer_midturn(flow, ws, payload)
         can_turn = self._can_checkpoint(payload)
-        try:
-            kinds = (*ROLLOVER_KINDS, "checkpoint") if can_turn else ROLLOVER_KINDS
+        strategy = self.rt.config.context.strategy
+        try:  # a manual checkpoint waits for a request that can serve it (the turn, or a compaction)
+            kinds = (*ROLLOVER_KINDS, "checkpoint") if can_turn or strategy != "notes" else ROLLOVER_KINDS
             pending = await self._store().take(ws.task_id, ws.address, kinds)
         except Exception:  # the state database is a record here: never a reason to fail the request
             log.warning("context: could not read the pending rollover of a session")
             pending = None
         kind = pending.kind if pending is not None else None
-        if kind is None and can_turn and self.rt.config.context.strategy == "notes" and self._hard(flow, ws, payload):
+        if kind is None and (can_turn or strategy != "notes") and self._hard(flow, ws, payload):
             kind = "threshold"
+        if kind in ("checkpoint", "threshold") and strategy != "notes":
+            # remote compaction (where eligible) or the readable fallback, instead of the checkpoint turn
+            done = await self._compact(flow, ws, kind, remote=strategy == "remote")
+            journal_link.record_event(ws, "hard_trigger" if kind == "threshold" else "manual_checkpoint",
+                                      {"strategy": strategy, "outcome": done})
+            debuglog.event("context", phase=kind, strategy=strategy, outcome=done)
+            if done != "none":
+                return
+            # nothing to compact: a manual checkpoint still rolls over (a notes window), the trigger does not
+            kind = "checkpoint_failed" if kind == "checkpoint" else None
         if kind in ("checkpoint", "threshold"):
-            outcome = await self._checkpoint_turn(flow, ws, payload)
+            outcome, executed = await self._checkpoint_turn(flow, ws, payload)
+            self._journal_turn(flow, ws, payload, executed)
             journal_link.record_event(ws, "checkpoint_turn", {"outcome": outcome, "reason": kind})
             debuglog.event("context", outcome="checkpoint_turn", result=outcome, reason=kind)
-            if outcome != "written":  # the readable compaction fallback: never a loop, never an overflow
-                opened = await self._fallback(ws, flow, kind)
-                if opened is not None:
-                    self._project(flow, ws, opened)
+            if outcome != "written":  # compaction (remote where eligible, else readable): never a loop
+                if await self._compact(flow, ws, kind, remote=True) != "none":
                     return
                 kind = f"{kind}_failed"  # nothing to compact: a notes window all the same
         opened = self._roll_over(ws, flow, kind) if kind is not None else None
         self._project(flow, ws, opened)
 
-    async def _fallback(self, ws: journal_link.WindowSession, flow: http.HTTPFlow, kind: str) -> Window | None:
-        """The checkpoint turn failed: the session falls back to compaction's readable fallback (built by
-        compaction's engine without an upstream call), at the same boundary a rollover would take."""
+    # ------------------------------------------------------------------ compaction at the hard trigger
+    def _turns(self) -> UpstreamTurns:
+        rt = self.rt
+        if rt.services.upstream is None:
+            rt.services.upstream = UpstreamTurns()
+        return rt.services.upstream
+
+    def _route(self, flow: http.HTTPFlow) -> routes.Route:
+        route = state_of(flow).route
+        if isinstance(route, routes.Route):
+            return route
+        return destination_route(flow, trusted=self.rt.upstream.trusted)
+
+    def _credentials_allowed(self, flow: http.HTTPFlow, route: routes.Route) -> bool:
+        """The one credential rule (the guard's) for a call to the request's own destination."""
+        req = flow.request
+        return routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
+                                              req.headers.items(multi=True))
+
+    def _seen(self, ws: journal_link.WindowSession, items: list[Any], n: int) -> list[Any] | None:
+        """What the model sees of `items[:n]` in a notes window (its bootstrap, then the agent's items after
+        its boundary); None when the current window is not a notes window that applies."""
+        w = ws.journal.window_of(ws.key)
+        proj = stored_projection(w, self.rt) if w is not None and w.strategy == "notes" else None
+        if proj is None or proj.boundary > n:
+            return None
+        out, outcome = apply_window({"input": items[:n]}, proj)
+        return out["input"] if outcome == "applied" else None
+
+    async def _compact(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, kind: str,
+                       remote: bool) -> str:
+        """Compact the session's window at the rollover boundary and forward this request in the new one:
+        remote compaction v2 where eligible (compaction's one rule, proxy/compaction/eligibility.py) and
+        `remote`, else the readable fallback (no upstream call). At most one compaction per agent request:
+        none when compaction already compacted this one. Returns the strategy made, or `none`."""
         body = responses_body(flow)
-        items = input_items(body.value) if body is not None else None
+        if body is None:
+            return "none"
+        payload = body.value
+        items = input_items(payload)
         n = boot.rollover_boundary(items) if items else 0
         if not items or n == 0:
-            return None
+            return "none"
         rt = self.rt
-        model = body.value.get("model") if isinstance(body.value.get("model"), str) else None
-        plan = Plan(session_key=ws.key, client_items=items, previous=journal_link.current_checkpoint(ws),
-                    replay_opaque=False, boundary=n, payload=body.value,
-                    window=usage_store.model_window(model, rt.config.model_windows), fingerprint=None, target=None,
-                    remote_blocked="checkpoint_turn_failed",
-                    reason="threshold" if kind == "threshold" else "checkpoint")
-        if plan.previous is not None and plan.previous.boundary >= n:
-            return None
+        st = state_of(flow)
+        info = st.compaction if isinstance(st.compaction, FlowInfo) else None
+        if info is not None and info.compacted:
+            return "none"  # compaction compacted this request already: never a second one
+        previous = journal_link.current_checkpoint(ws)
+        if previous is not None and previous.boundary >= n:
+            return "none"
+        model = payload.get("model") if isinstance(payload.get("model"), str) else ""
+        window = info.window if info is not None else usage_store.model_window(model, rt.config.model_windows)
+        cfg = rt.config.remote_compaction
+        if rt.services.compaction_key is None:
+            rt.services.compaction_key = load_key(rt.state.root)
+        route = self._route(flow)
+        req = flow.request
+        call = remote_call(cfg, route, req.scheme, req.host, req.port, req.path, header_map(flow),
+                           self._credentials_allowed(flow, route), model, rt.services.compaction_key)
+        blocked = call.blocked if remote else "strategy_fallback"
+        plan = Plan(session_key=ws.key, client_items=items, previous=previous,
+                    replay_opaque=bool(info is not None and info.replay_opaque and previous is not None),
+                    boundary=n, payload=payload, window=window, fingerprint=call.fingerprint,
+                    target=call.target, remote_blocked=blocked, reason=f"context_{kind}",
+                    retained_budget=retained_budget(window), seen=self._seen(ws, items, n))
+        caller = http_caller(self._turns(), cfg.timeout_seconds) if blocked is None else _no_remote
         try:
-            cp = journal_link.open_window(ws, await compact(plan, _no_remote))
-        except Exception:  # the journal or the engine refused: the notes window instead
-            log.warning("context: the compaction fallback after a failed checkpoint turn could not be opened")
-            return None
-        return ws.journal.window_of(ws.key) if cp.window_id else None
+            cp = journal_link.open_window(ws, await compact(plan, caller))
+        except Exception:  # the journal or the engine refused: the caller falls back to a notes window
+            log.warning("context: a compaction at the hard trigger could not be opened")
+            return "none"
+        ident = session_of(flow, rt.services.response_aliases)
+        try:
+            await record_compaction(dbworker.shared(rt.services, rt.state.db_path), rt.services.compaction_memo,
+                                    ident.session_key if ident is not None else ws.key, ws, cp, len(items), n,
+                                    remote_tried=blocked is None)
+        except Exception:  # compaction's records are bookkeeping: the window is open
+            log.warning("context: a compaction's records were not written")
+        proxy_metrics().rollover(cp.strategy)
+        replay = cp.strategy == "remote"
+        if info is not None:  # compaction's response hooks (overflow recovery) see this window, not the old one
+            info.checkpoint, info.replay_opaque, info.outcome = cp, replay, cp.strategy
+            info.compacted, info.compacted_items, info.fit_budget = True, len(items), None
+        out, _ = apply_projection(payload, ProjectionContext(cp.record(), replay), checked=True)
+        out = decorate(payload, out, ws, rt, None)
+        if out is not payload:
+            body.replace(out)
+            commit_if_alone(flow)
+        return cp.strategy
 
     # ------------------------------------------------------------------ the checkpoint turn
     def _tools_client(self) -> ToolClient | None:
@@ -199,7 +286,8 @@ class Context(Stage):
             except AttributeError:  # no mitmproxy master (a unit test): no tool server to call
                 url = ""
             if url:
-                self._tools = ToolClient(url, self.rt.state.token(), timeout=CHECKPOINT_TIMEOUT)
+                self._tools = ToolClient(url, self.rt.state.token(),
+                                         timeout=self.rt.config.context.checkpoint_timeout_seconds)
         return self._tools
 
     def _can_checkpoint(self, payload: dict[str, Any]) -> bool:
@@ -208,7 +296,16 @@ class Context(Stage):
 
     def _hard(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any]) -> bool:
         used = self._usage_ratio(flow, ws, payload, self.rt.config.context.hard_ratio)
-        return used is not None
+        if used is None:
+            return False
+        # Right after a new window, a second one helps only when the agent's items since its boundary weigh
+        # something (compaction's rule, TAIL_FRACTION of the window): a bootstrap that alone is above the
+        # hard trigger would otherwise make every request run a checkpoint turn or compact (never a loop).
+        w = ws.journal.window_of(ws.key)
+        items = input_items(payload) or []
+        if w is None or w.boundary_pos is None or w.boundary_pos > len(items):
+            return True
+        return approx_tokens_for_bytes(items_bytes(items[w.boundary_pos:])) >= TAIL_FRACTION * used[1]
 
     async def _write_spec(self, client: ToolClient) -> dict[str, Any] | None:
         if self._spec is None:
@@ -218,62 +315,77 @@ class Context(Stage):
         return self._spec
 
     async def _checkpoint_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession,
-                               payload: dict[str, Any]) -> str:
+                               payload: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         """One turn upstream (the current window + the instruction, only the own-notes write offered and
         required), exactly one own-notes write executed (a failed one may be corrected once). Returns
-        `written` or why not (a category)."""
+        `written` or why not (a category), and the executed writes as the journal keeps them."""
         rt = self.rt
+        executed: list[dict[str, Any]] = []
         client = self._tools_client()
         if client is None:
-            return "no_tool_server"
+            return "no_tool_server", executed
         try:
             spec = await self._write_spec(client)
         except ToolServerUnreachable:
-            return "no_tool_server"
+            return "no_tool_server", executed
         if spec is None:
-            return "no_write_tool"
+            return "no_write_tool", executed
         forwarded = decorate(payload, self._forward_of(flow, ws, payload, None), ws, rt, None)
         extra: list[Any] = []
         for _attempt in range(2):
             body = ckturn.turn_body(forwarded, spec, rt.config.context.checkpoint_instruction, extra)
             answer = await self._send(flow, body)
             if answer is None:
-                return "upstream_failed"
+                return "upstream_failed", executed
             call, why = ckturn.write_call(answer)
             if call is None:
-                return why
+                return why, executed
             if not ckturn.own_path(call.arguments, ws.address):
-                return "not_own_notes"  # another agent's notes never lift the fence
+                return "not_own_notes", executed  # another agent's notes never lift the fence
             try:
                 out = await client.call(ToolCall(ckturn.WRITE_TOOL, "function", call.arguments, call_id=call.call_id,
                                                  task=ws.task_id, agent=ws.address, session=ws.key))
             except ToolServerUnreachable:
-                return "no_tool_server"
+                return "no_tool_server", executed
+            executed.append(ckturn.journal_record(call, out.output, out.is_error))
             if not out.is_error:
-                return "written"
+                return "written", executed
             extra = ckturn.correction(call, out.output)
-        return "write_failed"
+        return "write_failed", executed
+
+    def _journal_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
+                      executed: list[dict[str, Any]]) -> None:
+        """The writes the checkpoint turn executed, journaled in the window they close, after the agent's
+        items: this request's journal mark is taken again with them, so its answer follows them on the
+        branch. The agent never resends them; the journal skips them then (`mcp_call` is a hosted tool's
+        trace, proxy/journal/canonical.SKIPPABLE_TYPES)."""
+        st = state_of(flow)
+        j = st.journal
+        items = input_items(payload)
+        if not executed or ws.mark is None or j is not ws.journal or not items:
+            return  # history is off (or nothing ran): no items are journaled
+        try:
+            st.journal_mark = j.begin_request(ws.key, ws.task_id, ws.address, ws.source,
+                                              {"input": [*items, *executed]})
+        except Exception:  # the journal is a record: never a reason to fail the request
+            log.warning("context: the checkpoint turn's write was not journaled")
 
     async def _send(self, flow: http.HTTPFlow, body: dict[str, Any]) -> dict[str, Any] | None:
         """The turn through the upstream-turn service, to the request's own destination with its own
         credentials under the one credential rule; the held JSON answer, or None."""
         rt = self.rt
-        if rt.services.upstream is None:
-            rt.services.upstream = UpstreamTurns()
-        turns = rt.services.upstream
+        turns = self._turns()
         req = flow.request
-        route = state_of(flow).route
-        if not isinstance(route, routes.Route):
-            route = destination_route(flow, trusted=rt.upstream.trusted)
-        allowed = routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
-                                                 req.headers.items(multi=True))
+        allowed = self._credentials_allowed(flow, self._route(flow))
         headers = [(k, v) for k, v in req.headers.items(multi=True) if k.lower() not in REPLACED_HEADERS]
         headers += [("content-type", "application/json"), ("accept", "application/json"),
                     ("accept-encoding", "identity")]
         up = turns.prepare("POST", req.url, headers, orjson.dumps(body), allowed)
+        limit = rt.config.context.checkpoint_timeout_seconds
         try:
-            held = await turns.hold(up, timeout=CHECKPOINT_TIMEOUT)
-        except (UpstreamUnavailable, UpstreamBroken):
+            async with asyncio.timeout(limit):  # the whole answer, not only its headers
+                held = await turns.hold(up, timeout=limit)
+        except (UpstreamUnavailable, UpstreamBroken, TimeoutError):
             return None
         if held.status != 200:
             return None
@@ -286,7 +398,7 @@ class Context(Stage):
 
     def _window_session(self, flow: http.HTTPFlow) -> journal_link.WindowSession | None:
         body = responses_body(flow)
-        if body is None or _stateful_or_client(body.value):
+        if body is None or _stateful_or_client(body.value, _facts(body, body.value)):
             return None
         rt = self.rt
         ident = session_of(flow, rt.services.response_aliases)
@@ -306,6 +418,17 @@ class Context(Stage):
         n = boot.rollover_boundary(items)
         if n == 0:
             return None  # nothing precedes the agent's messages: the window would be the one it has
+        mark = ws.mark
+        boundary_item = None
+        if mark is not None and not mark.failed and len(mark.input_ids) == len(items):
+            boundary_item = mark.input_ids[n - 1] or None
+        return self._open_notes_window(ws, items, n, kind, reachable_context_tools(body.value, self.rt),
+                                       boundary_item)
+
+    def _open_notes_window(self, ws: journal_link.WindowSession, items: list[Any], n: int, kind: str,
+                           tools: tuple[str, ...], boundary_item: str | None,
+                           anchor: str | None = None) -> Window:
+        """The notes window after `items[:n]` (the agent's items), its bootstrap built once and stored."""
         rt = self.rt
         j = ws.journal
         j.session(ws.key, ws.task_id, ws.address, ws.source)
@@ -313,22 +436,52 @@ class Context(Stage):
         window_id = f"w{prev.ordinal + 1}" if prev is not None else "w1"  # the journal numbers windows so
         notes = _notes_index(rt, ws.task_id, ws.address)
         start = boot.WindowStart(ws.address, window_id, prev.window_id if prev is not None else None, notes,
-                                 tools=reachable_context_tools(body.value, rt), task_id=ws.task_id,
-                                 reason=kind)
+                                 tools=tools, task_id=ws.task_id, reason=kind)
         # a copy, not the agent's objects: the stored bootstrap is what every later request replays
         leading = orjson.loads(orjson.dumps(boot.leading_instructions(items)))
-        bootstrap = boot.build_bootstrap(start, leading)
-        mark = ws.mark
-        boundary_item = None
-        if mark is not None and not mark.failed and len(mark.input_ids) == len(items):
-            boundary_item = mark.input_ids[n - 1] or None
-        w = j.start_window(ws.key, boundary_item, "notes", {"items": bootstrap}, boundary_pos=n,
+        stored: dict[str, Any] = {"items": boot.build_bootstrap(start, leading)}
+        if anchor is not None:
+            stored[midturn.ANCHOR_KEY] = anchor
+        w = j.start_window(ws.key, boundary_item, "notes", stored, boundary_pos=n,
                            boundary_hash=chain_at(items, session_root(ws.key), n), reason=kind)
         if w.window_id != window_id:  # the identity message names another window: said, never hidden
             log.warning("context: window %s opened, the bootstrap names %s", w.window_id, window_id)
         debuglog.event("context", outcome="rollover", kind=kind, window=w.window_id, boundary=n)
         proxy_metrics().rollover("notes")
         return w
+
+    # ------------------------------------------------------------------ a bridged new_context mid-turn
+    def _offer_midturn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any]) -> None:
+        """Where the bridge runs `new_context` itself, its later rounds of this agent request roll over
+        too: the bridge calls `st.context_rollover` after a round whose bridged new_context succeeded."""
+        if "context" not in self.rt.config.bridge.families:
+            return
+        items = input_items(payload)
+        if items:  # the agent's items as sent: later stages make new lists, never edit this one (ADR 0006)
+            state_of(flow).context_rollover = functools.partial(self._midturn, ws, items)
+
+    async def _midturn(self, ws: journal_link.WindowSession, agent_items: list[Any],
+                       shown: Sequence[Mapping[str, Any]], payload: dict[str, Any]) -> dict[str, Any] | None:
+        """The pending `new_context` consumed now: the notes window opens after the agent's items and what
+        the turn showed so far, and the bridge's next round (`payload`) goes up in it. None: nothing pending."""
+        try:
+            pending = await self._store().take(ws.task_id, ws.address, ROLLOVER_KINDS)
+        except Exception:  # the state database is a record: the next agent request rolls over instead
+            log.warning("context: could not read the pending rollover of a session")
+            return None
+        if pending is None:
+            return None
+        full = [*agent_items, *(dict(i) for i in shown)]
+        tools = reachable_context_tools(payload, self.rt)
+        w = self._open_notes_window(ws, full, len(full), f"{pending.kind}_midturn", tools, None,
+                                    midturn.anchor_of(shown))
+        journal_link.record_event(ws, "rollover", {"outcome": "midturn", "window_id": w.window_id,
+                                                   "boundary": len(full)})
+        try:  # the turn's later calls run on the tool server (another process): it must see the new window
+            await asyncio.to_thread(ws.journal.flush, 10.0)
+        except Exception:
+            log.warning("context: the new window was not committed before the bridge's next round")
+        return midturn.in_new_window(payload, w.bootstrap["items"])
 
     def _project(self, flow: http.HTTPFlow, ws: journal_link.WindowSession | None, opened: Window | None) -> None:
         body = responses_body(flow)
@@ -337,7 +490,7 @@ class Context(Stage):
         payload = body.value
         out = self._forward_of(flow, ws, payload, opened)
         if ws is not None:
-            out = decorate(payload, out, ws, self.rt, self._reminder(flow, ws, payload, opened))
+            out = decorate(payload, out, ws, self.rt, self._reminder(flow, ws, payload, opened), _facts(body, out))
         if out is not payload:
             body.replace(out)
             commit_if_alone(flow)
@@ -407,6 +560,9 @@ class Context(Stage):
             if moved is not None:
                 proj = moved.record().projection(replay_opaque=False)
                 projected, outcome = apply_window(payload, proj, checked=True)
+        elif outcome == "diverged" and (anchored := midturn.reanchored(
+                input_items(payload) or [], proj, w.bootstrap.get(midturn.ANCHOR_KEY))) is not None:
+            projected, outcome = apply_window(payload, anchored, checked=True)  # a mid-turn window, resent
         debuglog.event("context", outcome=outcome, strategy=w.strategy, window=w.window_id)
         if outcome == "diverged":
             self._report(ws, w)
@@ -440,9 +596,16 @@ async def _no_remote(target: Any, body: dict[str, Any]) -> Any:
     raise AssertionError("the fallback after a failed checkpoint turn never calls the remote endpoint")
 
 
-def _stateful_or_client(payload: dict[str, Any]) -> bool:
+def _stateful_or_client(payload: dict[str, Any], facts: InputFacts | None = None) -> bool:
     """The upstream holds the history (previous_response_id, conversation), or the client compacts itself."""
-    return bool(payload.get("previous_response_id") or payload.get("conversation")) or client_compacts(payload)
+    return (bool(payload.get("previous_response_id") or payload.get("conversation"))
+            or client_compacts(payload, facts))
+
+
+def _facts(body: ResponsesBody, payload: dict[str, Any]) -> InputFacts | None:
+    """The one-pass facts of `payload`'s input list, cached on the body (None for a string input)."""
+    items = payload.get("input")
+    return body.facts(items) if isinstance(items, list) else None
 
 
 def _notes_index(rt: runtime.Runtime, task_id: str, address: str) -> boot.NotesSnapshot:
@@ -491,26 +654,31 @@ def forwarded_ids(agent_items: list[Any], forwarded: list[Any], mark: Any) -> li
 
 
 def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.WindowSession,
-             rt: runtime.Runtime, remind: tuple[int, int] | None = None) -> dict[str, Any]:
+             rt: runtime.Runtime, remind: tuple[int, int] | None = None,
+             facts: InputFacts | None = None) -> dict[str, Any]:
     """The forwarded copy with exactly one guidance message (only when its tools are reachable), the
     `[id: …]` markers and, when `remind` = (used, window), the hidden reminder last. `payload` is the
-    agent's request, `out` what the projection made of it."""
-    if out is not payload and _stateful_or_client(out):  # (the agent's own request was checked already)
+    agent's request, `out` what the projection made of it; `facts`: those of `out`'s input, when known
+    (only its system/developer items are then looked at for a resent guidance or reminder)."""
+    if out is not payload and _stateful_or_client(out, facts):  # (the agent's own request was checked already)
         return out
     raw = out.get("input")
     if not isinstance(raw, list):
         return out  # a string input: one new message, nothing to recover yet
     agent_items = payload.get("input")
     tools = reachable_context_tools(out, rt)
-    forwarded: list[Any] = boot.insert_guidance(raw, tools)
+    instructions = facts.instructions if facts is not None else None
+    # a reminder only ever comes back as one of the input's developer messages: none there, none to drop
+    resent = None if instructions is None or any(reminder.is_reminder(raw[k]) for k in instructions) else ()
+    forwarded: list[Any] = boot.insert_guidance(raw, tools, instructions)
     # the markers are what history_read_item takes: shown only to a session that can call it
     if rt.config.context.id_projection and "history_read_item" in tools and isinstance(agent_items, list):
         ids = forwarded_ids(agent_items, forwarded, ws.mark)
         if ids is not None:
             forwarded = list(project_ids(forwarded, ids))
     text = reminder.reminder_text(*remind, tools) if remind is not None and reminder.can_remind(tools) else None
-    forwarded = reminder.with_reminder(forwarded, text)
-    if len(forwarded) == len(raw) and all(a is b for a, b in zip(forwarded, raw, strict=True)):
+    forwarded = reminder.with_reminder(forwarded, text, resent)
+    if forwarded is raw or (len(forwarded) == len(raw) and all(a is b for a, b in zip(forwarded, raw, strict=True))):
         return out
     return {**out, "input": forwarded}
 

@@ -49,26 +49,9 @@ class _Counted:
         return chunk
 
 
-class _CountedTap(StreamTap):
-    """The tap's StreamTap, counting bytes: it shares the original's state (`__dict__`), so it *is* that
-    tap for everyone who reads it (`isinstance(..., StreamTap)`, `finish()`), at one more call per chunk."""
-
-    def __call__(self, chunk: bytes) -> bytes:
-        self.__dict__["_ctp_bytes"] = self.__dict__.get("_ctp_bytes", 0) + len(chunk)
-        return super().__call__(chunk)
-
-
-def _counted(tap: StreamTap) -> _CountedTap:
-    twin = _CountedTap.__new__(_CountedTap)
-    twin.__dict__ = tap.__dict__
-    return twin
-
-
 def _stream_bytes(stream: Any) -> int | None:
-    if isinstance(stream, _Counted):
-        return stream.n
-    if isinstance(stream, _CountedTap):
-        return int(stream.__dict__.get("_ctp_bytes", 0))
+    if isinstance(stream, (_Counted, StreamTap)):
+        return stream.n if isinstance(stream, _Counted) else stream.nbytes
     return None
 
 
@@ -164,9 +147,7 @@ class RequestLog(Stage):
         if resp is None or not self.observe:
             return
         if resp.stream is True:
-            resp.stream = _Counted()
-        elif type(resp.stream) is StreamTap:
-            resp.stream = _counted(resp.stream)
+            resp.stream = _Counted()  # (the tap's StreamTap counts what passes through it itself)
 
     def response(self, flow: http.HTTPFlow) -> None:
         st = state_of(flow)

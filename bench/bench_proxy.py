@@ -25,7 +25,9 @@ Printed: median and p99 per target, the ratios ctproxy/bare, pass-through/bare a
 acceptance targets (median pass-through/bare ≤ 1.10 for a and b; added SSE TTFB over direct ≤ 5 ms median,
 for both ctproxy columns).
 Written: bench/results/proxy.json. `--profile DIR` runs ctproxy under cProfile (DIR/ctproxy-<port>.prof);
-`--variant LABEL='--disable web_search'` adds more ctproxy columns, to attribute cost to features.
+`--variant LABEL='--disable web_search'` adds more ctproxy columns, to attribute cost to features; an ARGS
+that starts with `@DIR` runs the checkout in DIR (e.g. a `git worktree` of an earlier commit): before/after
+in one run, `--variant before='@/tmp/before'`.
 """
 
 from __future__ import annotations
@@ -375,7 +377,8 @@ def start_targets(procs: Processes, variants: dict[str, list[str]], stream_basel
     services["ctproxy"] = procs.ctproxy(emu.url)
     services[PASS] = procs.ctproxy(emu.url, extra_args=["--disable", "all"])
     for label, args in variants.items():
-        services[label] = procs.ctproxy(emu.url, extra_args=args)
+        tree = Path(args[0][1:]) if args and args[0].startswith("@") else None  # '@DIR …': that checkout's code
+        services[label] = procs.ctproxy(emu.url, extra_args=args[1:] if tree else args, tree=tree)
     urls = {"direct": f"{emu.url}/v1/responses", **{k: f"{v.url}/v1/responses" for k, v in services.items()}}
     return urls, {k: v.proc.pid for k, v in services.items()}
 

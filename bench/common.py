@@ -111,10 +111,12 @@ class Processes:
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    def _spawn(self, name: str, port: int, cmd: list[str], ready: Callable[[Service], bool]) -> Service:
+    def _spawn(self, name: str, port: int, cmd: list[str], ready: Callable[[Service], bool],
+               tree: Path | None = None) -> Service:
         log_path = self.workdir / f"{name}-{port}.log"
+        env = self.env if tree is None else {**self.env, "PYTHONPATH": str(tree)}
         with log_path.open("wb") as log:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd, cwd=tree or REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         svc = Service(name, port, proc, log_path)
         self.services.append(svc)
         deadline = time.monotonic() + START_TIMEOUT
@@ -149,8 +151,9 @@ class Processes:
         return self._spawn("mitmdump", port, cmd, lambda s: _port_open(s.port))
 
     def ctproxy(self, upstream: str, extra_args: Sequence[str] = (), trust_upstream: bool = True,
-                with_tools: bool = True) -> Service:
-        """`ctproxy up --upstream URL [--trust-upstream]` with its own state dir and free ports.
+                with_tools: bool = True, tree: Path | None = None) -> Service:
+        """`ctproxy up --upstream URL [--trust-upstream]` with its own state dir and free ports; `tree`: run
+        another checkout's code (a `git worktree` of an earlier commit), for before/after in one run.
 
         Under `CTP_BENCH_PROFILE=DIR` it runs inside cProfile (main thread: mitmproxy's event loop)."""
         port, tools_port = free_port(), free_port()
@@ -167,7 +170,7 @@ class Processes:
             Path(profile_dir).mkdir(parents=True, exist_ok=True)
             prefix += ["-m", "cProfile", "-o", str(Path(profile_dir) / f"ctproxy-{port}.prof")]
         cmd = [*prefix, "-m", "proxy.cli", *args]
-        return self._spawn("ctproxy", port, cmd, lambda s: "ctproxy ready" in s.log())
+        return self._spawn("ctproxy", port, cmd, lambda s: "ctproxy ready" in s.log(), tree)
 
 
 # ---- statistics ---------------------------------------------------------------------------------

@@ -69,6 +69,9 @@ class ContextConfig(_Section):
     id_projection: bool = Field(True, description="mark recoverable items with their journal id ([id: …]) on "
                                                   "the forwarded copy")
     checkpoint_instruction: str | None = Field(None, description="replaces the checkpoint turn's instruction")
+    checkpoint_timeout_seconds: float = Field(120.0, gt=0, description="the checkpoint turn's upstream answer, "
+                                                                      "and its note write; past it the turn has "
+                                                                      "failed (compaction instead)")
 
     @model_validator(mode="after")
     def _ratios_in_order(self) -> ContextConfig:

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import logging
 import zlib
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from mitmproxy import http
 
-from proxy import errors
+from proxy import errors, gcpause
 from proxy.addonlookup import find_addon
 from proxy.flowstate import state_of
+from proxy.transforms.items import InputFacts, input_facts
 
 log = logging.getLogger("ctproxy.body")
 
@@ -171,12 +173,22 @@ class ResponsesBody:
     value: dict[str, Any]
     changed: bool = False
     source_bytes: int = 0  # the client's body as parsed (decoded): its size, without serializing it again
+    _facts: tuple[Sequence[Any], InputFacts] | None = field(default=None, repr=False, compare=False)
 
     def replace(self, new: dict[str, Any]) -> None:
         """Adopt a transform's result; a transform that did not apply returns the same object."""
         if new is not self.value:
             self.value = new
             self.changed = True
+
+    def facts(self, items: Sequence[Any]) -> InputFacts:
+        """`input_facts(items)`, computed once per input list (the stages ask in turn, of the same list)."""
+        cached = self._facts
+        if cached is not None and cached[0] is items:
+            return cached[1]
+        facts = input_facts(items)
+        self._facts = (items, facts)
+        return facts
 
 
 def request_path(flow: http.HTTPFlow) -> str:
@@ -220,6 +232,8 @@ def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
         return None
     except ValueError:
         return None  # undecodable or an unknown encoding: untouched, as before
+    if st.gc_hold is None:  # before the parse: its allocations must not start a collection (proxy/gcpause.py)
+        st.gc_hold = gcpause.hold_for(st, len(content or b""))
     try:
         value = orjson.loads(content or b"")
     except orjson.JSONDecodeError:

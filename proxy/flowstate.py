@@ -10,7 +10,7 @@ closing over the flow did) pins the flow, its bodies and its answer for the life
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,11 @@ class ContextUsage:
     usage: dict[str, Any] | None = None
 
 
+# context → bridge: given the items a bridged turn showed the agent so far and its next round's payload, the
+# payload in the session's new window when a bridged `new_context` rolled it over mid-turn (else None).
+ContextRollover = Callable[[Sequence[Mapping[str, Any]], dict[str, Any]], Awaitable[dict[str, Any] | None]]
+
+
 @dataclass
 class FlowState:
     """What the stages tell each other about one flow: typed fields, each written by one stage."""
@@ -69,6 +74,32 @@ class FlowState:
     settling: Settling | None = None  # a stage holds the answer, which may still be replaced (see Settling)
     web_search: str | None = None  # web_search: why it did (or did not) inject the tool
     context_usage: ContextUsage | None = None  # bridge: the last round's usage of a bridged turn (see ContextUsage)
+    gc_hold: Any = None  # flowbody: a proxy.gcpause.Hold while this flow's big parsed body is in flight
+    context_rollover: ContextRollover | None = None  # context: a bridged new_context's rollover, mid-turn
+
+    def release(self) -> None:
+        """The exchange is over (every stage's last hook ran): drop what only the stages needed, so that
+        reference counting frees it now. mitmproxy keeps a finished flow in reference cycles of its own
+        layers until the cyclic collector runs; a parsed 1.5 MB body left on it made that collector free
+        thousands of containers per request, at several times the cost of freeing them by reference
+        counting (docs/benchmarks.md, session 5). `body_checked` stays set: a late reader finds no body
+        rather than parsing it again."""
+        self.body = None
+        if self.gc_hold is not None:  # the body goes by reference counting now: the collector may run again
+            self.gc_hold.close()
+            self.gc_hold = None
+        self.client_request = None
+        self.tap = None
+        self.journal_mark = None
+        self.compaction = None
+        self.context_rollover = None  # (it holds the agent's items)
+
+
+def release(flow: Any) -> None:
+    """`FlowState.release` of a flow that has state (a flow no stage touched has none to drop)."""
+    st = flow.__dict__.get(_ATTR)
+    if st is not None and st.settling is None:  # a held answer is still being decided: nothing is over
+        st.release()
 
 
 def state_of(flow: Any) -> FlowState:

@@ -200,12 +200,14 @@ class StreamTap:
         self._decoder = SSEDecoder()
         self._on_end = on_end
         self._ended = False
+        self.nbytes = 0  # what passed through (the request log's bytes out): counted here, not by a wrapper
         try:
             self._decompress: _Decompressor | None = _Decompressor(content_encoding)
         except ValueError:
             self._decompress = None  # unknown encoding: pass through, observe nothing
 
     def __call__(self, chunk: bytes) -> bytes:
+        self.nbytes += len(chunk)
         if self._decompress is not None:
             try:
                 if chunk:

@@ -257,7 +257,8 @@ async def test_new_context_and_remaining_over_rest_and_mcp(tool_server):
 
 async def test_bridged_new_context_marks_the_sessions_agent(emulator, proxy_factory):
     """A session that never declared the tools calls new_context through the bridge: the pending rollover
-    is the session's own (its task and agent as the journal resolved them)."""
+    is the session's own (its task and agent as the journal resolved them), and the bridge's next round of
+    the same request consumes it: the session's notes window opens there (tests/test_context_bridged_rollover.py)."""
     import openai
 
     from tests.emulator import FunctionCall, Text
@@ -273,11 +274,14 @@ async def test_bridged_new_context_marks_the_sessions_agent(emulator, proxy_fact
     conn = connect(proxy.state_dir / "ctproxy.db")
     try:
         for _ in range(200):  # the journal's rows are written in the background: wait for them (≤ 10 s)
-            rows = conn.execute("SELECT r.task_id, r.address, r.kind, s.session_key FROM context_rollovers r JOIN"
-                                " journal_sessions s ON s.task_id = r.task_id AND s.address = r.address").fetchall()
+            rows = conn.execute("SELECT w.task_id, w.address, w.reason, s.session_key FROM journal_windows w JOIN"
+                                " journal_sessions s ON s.session_key = w.session_key"
+                                " WHERE w.strategy = 'notes'").fetchall()
             if rows:
                 break
             await asyncio.sleep(0.05)
+        pending = conn.execute("SELECT count(*) FROM context_rollovers").fetchone()[0]
     finally:
         conn.close()
-    assert len(rows) == 1 and rows[0]["kind"] == "new_context" and rows[0]["address"] == "/root"
+    assert len(rows) == 1 and rows[0]["reason"] == "new_context_midturn" and rows[0]["address"] == "/root"
+    assert pending == 0  # consumed by the bridge's next round, not left for the agent's next request

@@ -46,6 +46,7 @@ log = logging.getLogger("ctproxy.bridge")
 
 LIMIT_MESSAGE = ("ctproxy did not run this call: this request already used its {n} rounds of ctproxy tool calls "
                  "(bridge.max_rounds). Answer with what you have now, without calling more ctproxy tools.")
+ROLLOVER_TOOL = "new_context"  # a bridged call of it may roll the session over before the next round
 UNREACHABLE_MESSAGE = ("ctproxy could not reach its tool server for {name}; whether the call changed anything is "
                        "unknown: check before calling it again")
 
@@ -74,6 +75,11 @@ class BridgeJob:
     # Awaited once before the first call runs: the session's task and agent are in the state database, which
     # the tool server (another process) reads to know the caller (the journal writes them off the request path).
     registered: Callable[[], Awaitable[Any]] | None = field(default=None, repr=False)
+    # The context stage's mid-turn rollover (FlowState.context_rollover): called after a round whose bridged
+    # `new_context` succeeded, with the items shown so far and the next round's payload; it returns that
+    # payload in the session's new window (or None: no rollover).
+    rollover: Callable[[Sequence[Mapping[str, Any]], dict[str, Any]], Awaitable[dict[str, Any] | None]] | None = \
+        field(default=None, repr=False)
 
     def reoffer(self, payload: Mapping[str, Any], carried: frozenset[str]) -> Offer:
         return select(self.catalog, self.families, payload, self.apply_patch_form, ours=self.offer.specs,
@@ -178,6 +184,8 @@ class BridgedTurn:
         self.stats = TurnStats()
         self.executed: dict[str, ExecutedCall] = {}
         self._carried: frozenset[str] | None = None  # tool discovery: what the last call said is carried
+        self._rollover_due = False  # a bridged new_context succeeded in this round
+        self._behind: set[str] = set()  # executed calls before a mid-turn rollover's boundary
 
     def request(self, body: bytes, first: bool = False) -> Any:
         headers = self.headers if first else self.next_headers
@@ -207,13 +215,30 @@ class BridgedTurn:
                           [i.data_url() for i in outcome.images])
         if outcome.carried is not None:
             self._carried = outcome.carried
+        if call.item.get("name") == ROLLOVER_TOOL and not outcome.is_error:
+            self._rollover_due = True
         self.executed[call.key] = ExecutedCall(dict(call.item), out, None)
         self.stats.bridged_calls += 1
         return out
 
+    async def _rolled(self, payload: dict[str, Any], shown: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The next round in the session's new window when this round's bridged new_context rolled it over."""
+        hook, due, self._rollover_due = self.job.rollover, self._rollover_due, False
+        if hook is None or not due:
+            return payload
+        try:
+            moved = await hook(shown, payload)
+        except Exception:  # the context stage's records failed: the turn goes on in the old window
+            log.warning("bridge: a mid-turn rollover failed; the turn goes on in the old window")
+            return payload
+        if moved is None:
+            return payload
+        self._behind.update(self.executed)  # replaced by the bootstrap: never spliced back after it
+        return moved
+
     def _finish(self, shown_id: str | None, last_id: str | None, shown: Sequence[Mapping[str, Any]],
                 pending: list[dict[str, Any]]) -> None:
-        remember(self.memory, shown, self.executed)
+        remember(self.memory, shown, {k: v for k, v in self.executed.items() if k not in self._behind})
         if shown_id and last_id:
             self.memory.remember_turn(shown_id, last_id, pending)
 
@@ -272,7 +297,7 @@ class BridgedTurn:
                     yield merged.final(end)
                     self._finish(merged.response_id, resp.get("id"), merged.output(), outputs)
                     return
-                payload = self._next_payload(payload, resp, outputs, last=over)
+                payload = await self._rolled(self._next_payload(payload, resp, outputs, last=over), merged.output())
                 merged.bridged = self.job.offer.names
                 merged.next_round()
                 try:
@@ -294,6 +319,7 @@ class BridgedTurn:
         finally:
             runner.cancel()
             await stack.aclose()
+            self.job.rollover = None  # it holds the agent's items; the job itself is kept for a minute
 
     # ---- not streaming ----------------------------------------------------------------------------
 
@@ -347,7 +373,7 @@ class BridgedTurn:
                     merged = merge_responses(rounds[0].get("id"), rounds, shown)
                     self._finish(merged.get("id"), resp.get("id"), shown, outputs)
                     return 200, orjson.dumps(merged)
-                payload = self._next_payload(payload, resp, outputs, last=over)
+                payload = await self._rolled(self._next_payload(payload, resp, outputs, last=over), shown)
                 try:
                     held = await self.turns.hold(self.request(orjson.dumps(payload)), self.job.timeout)
                 except (UpstreamUnavailable, UpstreamBroken):
@@ -360,6 +386,7 @@ class BridgedTurn:
                 body = held.body
         finally:
             runner.cancel()
+            self.job.rollover = None  # it holds the agent's items; the job itself is kept for a minute
 
 
 async def _read_round(merged: MergedStream, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

@@ -36,12 +36,17 @@ class Plan:
     fingerprint: Fingerprint | None
     target: Target | None
     remote_blocked: str | None  # why the remote call is not even tried (category), else None
-    reason: str  # threshold | overflow
+    reason: str  # threshold | overflow | context_threshold | context_checkpoint (the context stage)
     retained_budget: int = RETAINED_MESSAGE_TOKEN_BUDGET
+    # What the model sees before the boundary, when the caller knows it better than `previous` does (a notes
+    # window: its stored bootstrap, then the agent's items after its boundary); None: from `previous`.
+    seen: Sequence[Any] | None = None
 
 
 def covered(plan: Plan) -> tuple[list[Any], list[Any]]:
     """(what the model sees before the boundary, its readable form) under the previous checkpoint."""
+    if plan.seen is not None:
+        return list(plan.seen), list(plan.seen)
     start = plan.previous.boundary if plan.previous is not None else 0
     new = list(plan.client_items[start:plan.boundary])
     if plan.previous is None:

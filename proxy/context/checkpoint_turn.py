@@ -6,6 +6,10 @@ The turn is the current window as it would be forwarded, plus the checkpoint ins
 the write tool for the agent's *own* notes offered and required (`tool_choice`), one call, no stream.
 The answer is accepted only when it holds exactly one call of that tool whose path is the agent's own
 (a relative path, or an absolute one under `<agent>/notes/`): another agent's notes never lift the fence.
+
+The write the proxy executed is journaled the way the bridge journals the calls it runs: one `mcp_call`
+item (`server_label: "ctproxy"`, the tool's name, arguments, output or error), so the history tools find
+the checkpoint note's write in the window it closed (`journal_record`). The agent never sees it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from proxy.bridge.specs import function_spec
+from proxy.bridge.items import mcp_item
 from proxy.context.bootstrap import developer_message
 
 WRITE_TOOL = "notes_write_file"
@@ -37,7 +41,8 @@ def turn_body(forwarded: Mapping[str, Any], write_spec: Mapping[str, Any], instr
     body = {k: v for k, v in forwarded.items() if k not in ("stream", "stream_options", "tool_choice", "tools",
                                                           "parallel_tool_calls", "previous_response_id")}
     body["input"] = [*items, developer_message(instruction or DEFAULT_INSTRUCTION), *extra]
-    body["tools"] = [{**function_spec(write_spec), "type": "function"}]  # the API's FunctionTool requires strict
+    # the API's FunctionTool requires `strict` (the registry leaves it out when false)
+    body["tools"] = [{**write_spec, "type": "function", "strict": bool(write_spec.get("strict", False))}]
     body["tool_choice"] = {"type": "function", "name": WRITE_TOOL}
     body["parallel_tool_calls"] = False
     body["stream"] = False
@@ -80,3 +85,9 @@ def correction(call: WriteCall, error_text: str) -> list[dict[str, Any]]:
     """The failed call and its error, for the model's one chance to correct it."""
     item = {k: v for k, v in call.item.items() if k not in ("id", "status")}
     return [item, {"type": "function_call_output", "call_id": call.call_id, "output": error_text}]
+
+
+def journal_record(call: WriteCall, output: str, is_error: bool) -> dict[str, Any]:
+    """The executed write as the journal keeps it (the bridge's `mcp_call` form)."""
+    return mcp_item(call.item, "failed" if is_error else "completed", None if is_error else output,
+                    output if is_error else None)

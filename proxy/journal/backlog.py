@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 if TYPE_CHECKING:
     from proxy.journal.branch import Entry
     from proxy.journal.journal import SessionState
@@ -123,11 +125,19 @@ class RequestMark:
 @dataclass(slots=True)
 class PendingRequest:
     mark: RequestMark
-    whole: bytes  # the input items serialized by orjson when the request passed
+    whole: bytes | None  # the input items serialized by orjson (None: not yet, see `serialized`)
     previous_response_id: str | None
     items: list[Any] | None = None  # the items themselves, when the caller guarantees they stay unchanged
     queued_at: float = field(default_factory=time.monotonic)  # the crash-loss window counts from here
     prepared: Prepared | None = None  # per-item work done before taking the journal's lock (big inputs)
+
+    def serialized(self) -> bytes:
+        """The items as orjson writes them (what the resend prefix is compared on), made on first use:
+        by the writer, off the request path. Two threads may both make it; the bytes are the same."""
+        whole = self.whole
+        if whole is None:
+            whole = self.whole = orjson.dumps(self.items)
+        return whole
 
 
 @dataclass(slots=True)

@@ -38,9 +38,11 @@ _VOLATILE_ITEM_KEYS = frozenset({"id", "status", "phase", "internal_chat_message
                                  "caller", "created_by"})
 _VOLATILE_PART_KEYS = frozenset({"annotations", "logprobs", "prompt_cache_breakpoint"})
 # Output item types a client may legitimately leave out when it resends (stateless reasoning, hosted
-# tool traces); skipping them on the branch is not an edit.
+# tool traces); skipping them on the branch is not an edit. `mcp_call`: a hosted MCP call's trace, and the
+# form of the calls ctproxy itself ran (the bridge's, the checkpoint turn's note write), which an agent
+# that knows no such item drops, or never saw.
 SKIPPABLE_TYPES = frozenset({"reasoning", "web_search_call", "file_search_call", "image_generation_call",
-                             "code_interpreter_call", "mcp_list_tools"})
+                             "code_interpreter_call", "mcp_list_tools", "mcp_call"})
 COMPACTION_TYPES = frozenset({"compaction", "compaction_summary", "context_compaction"})
 
 

@@ -464,14 +464,16 @@ class Journal:
         """The request path: snapshot the input and leave its alignment to the writer's next drain (or to
         the first reader of the session). The mark's ids and kind settle the backlog when read."""
         items = input_items(payload)
-        whole = orjson.dumps(items)
         st = self._sessions.get(session_key)  # cached: no need to wait for `_lock` (the writer may hold it)
         if st is None:
             with self._lock:
                 st = self._session(session_key, task_id, address, source)
         mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
         record_fingerprint_claim(self, st.key, st.source, items)  # issue 13 defect 5 (proxy/session.py)
-        self._backlog.append(PendingRequest(mark, whole, _previous_response(payload)))
+        # The items themselves, serialized by the writer when it gets to them (`PendingRequest.serialized`):
+        # every stage after this one makes new lists and dicts and never changes the client's (ADR 0006).
+        self._backlog.append(PendingRequest(mark, None if items is not None else b"null", _previous_response(payload),
+                                            list(items) if items is not None else None))
         self._after_append()
         return mark
 
@@ -577,7 +579,7 @@ class Journal:
             p = self._backlog[0]
         except IndexError:
             return
-        if not isinstance(p, PendingRequest) or p.prepared is not None or len(p.whole) < PREPARE_MIN_BYTES:
+        if not isinstance(p, PendingRequest) or p.prepared is not None or len(p.serialized()) < PREPARE_MIN_BYTES:
             return
         st = p.mark.state
         if st is None or p.previous_response_id is not None:
@@ -585,9 +587,9 @@ class Journal:
         resend = self._resends.get(st.key)
         rest = None
         if resend is not None and resend[0] == st.generation:
-            rest = resend_rest(p.whole, resend[1], p.items)
+            rest = resend_rest(p.serialized(), resend[1], p.items)
         if rest is None:
-            resend, rest = None, (p.items if p.items is not None else orjson.loads(p.whole))
+            resend, rest = None, (p.items if p.items is not None else orjson.loads(p.serialized()))
         view = InputView(rest)
         hash_all = not st.entries  # all new: every item is hashed; else fingerprints decide most of them
         for k in range(len(view)):
@@ -602,7 +604,7 @@ class Journal:
         head = 0  # input items resolved at once by the byte prefix (the fast path)
         view: InputView | None = None
         if p.previous_response_id is not None:
-            items = p.items if p.items is not None else orjson.loads(p.whole)
+            items = p.items if p.items is not None else orjson.loads(p.serialized())
             alignment = align_stateful(st.entries, items, self._tail_position(st, p.previous_response_id))
             rest = items
         else:
@@ -616,7 +618,7 @@ class Journal:
                 rest, view, head = prep.view.items, prep.view, prep.head
                 alignment = align_resend(st.entries, rest, resend[1], view)
             elif prep is None and usable:
-                rest = resend_rest(p.whole, resend[1], p.items)
+                rest = resend_rest(p.serialized(), resend[1], p.items)
                 if rest is not None:
                     view, head = InputView(rest), len(resend[1].ids)
                     alignment = align_resend(st.entries, rest, resend[1], view)
@@ -625,7 +627,7 @@ class Journal:
                 if prep is not None and prep.resend is None:
                     rest, view = prep.view.items, prep.view
                 else:
-                    rest = p.items if p.items is not None else orjson.loads(p.whole)
+                    rest = p.items if p.items is not None else orjson.loads(p.serialized())
                     view = InputView(rest)
                 alignment = align(st.entries, rest, view)
         if view is None or view.items is not rest:
@@ -651,14 +653,14 @@ class Journal:
         if keep < len(st.entries):
             st.generation += 1
         st.entries = branch
-        if len(p.whole) <= RESEND_MAX_BYTES and p.previous_response_id is None:
+        if len(p.serialized()) <= RESEND_MAX_BYTES and p.previous_response_id is None:
             self._remember(self._resends, st.key, (st.generation, Resend(
-                p.whole, tuple(ids), (*alignment.head_positions, *rest_pos), len(branch))), CACHED_RESENDS)
+                p.serialized(), tuple(ids), (*alignment.head_positions, *rest_pos), len(branch))), CACHED_RESENDS)
         else:
             self._resends.pop(st.key, None)
         self._submit(ops + ops_branch, p.queued_at)
         self._bound_caches(keep=st.key)
-        memory.note_big_work(len(p.whole))  # a big input's objects are garbage soon: hand the pages back
+        memory.note_big_work(len(p.serialized()))  # a big input's objects are garbage soon: hand the pages back
         if alignment.kind in ("diverged", "prefix"):
             self.record_event(st.key, "branch", {"kind": alignment.kind, "kept": keep})
         p.mark.resolve(st.window.window_id, ids, alignment.kind, branch[-1].item_id if branch else None, branch)

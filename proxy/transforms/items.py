@@ -7,6 +7,8 @@ Pure functions; nothing here mutates an item.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -84,11 +86,54 @@ def item_type(item: Any) -> str:
     return "other"
 
 
-def client_compacts(payload: dict[str, Any]) -> bool:
+@dataclass(frozen=True, slots=True)
+class InputFacts:
+    """What several stages ask of every input item, found in one pass over a (2,000-item) input."""
+
+    client_compaction: bool  # an item of a type that means the client compacts itself
+    instructions: tuple[int, ...]  # positions of the system/developer items (where guidance and reminders are)
+
+
+def input_facts(items: Sequence[Any]) -> InputFacts:
+    try:  # every item a dict (the usual case): the per-item work runs in C, at ≈0.1 µs an item
+        types = set(map(dict.get, items, repeat("type")))
+        roles = list(map(dict.get, items, repeat("role")))
+    except TypeError:  # some item is not a dict, or has an unhashable type
+        return _input_facts_walk(items)
+    instructions: list[int] = []
+    for role in ("developer", "system"):
+        k = -1
+        while True:
+            try:
+                k = roles.index(role, k + 1)
+            except ValueError:
+                break
+            instructions.append(k)
+    instructions.sort()
+    return InputFacts(not types.isdisjoint(CLIENT_COMPACTION_TYPES), tuple(instructions))
+
+
+def _input_facts_walk(items: Sequence[Any]) -> InputFacts:
+    compaction = False
+    instructions: list[int] = []
+    for k, item in enumerate(items):
+        if isinstance(item, dict):
+            typ = item.get("type")
+            if isinstance(typ, str) and typ in CLIENT_COMPACTION_TYPES:
+                compaction = True
+            role = item.get("role")
+            if role == "developer" or role == "system":
+                instructions.append(k)
+    return InputFacts(compaction, tuple(instructions))
+
+
+def client_compacts(payload: dict[str, Any], facts: InputFacts | None = None) -> bool:
     """The client handles compaction itself: it sends a trigger or carries compaction items, or asks
-    for server-side compaction with `context_management`."""
+    for server-side compaction with `context_management`. `facts`: the input's, when already known."""
     if isinstance(payload.get("context_management"), list) and payload["context_management"]:
         return True
+    if facts is not None:
+        return facts.client_compaction
     items = input_items(payload) or []
     return any(isinstance(i, dict) and i.get("type") in CLIENT_COMPACTION_TYPES for i in items)
 
