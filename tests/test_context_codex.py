@@ -6,8 +6,8 @@ its final message), in the three ways a window changes for Codex:
 1. over MCP (`ctproxy codex-config`): the model calls `new_context` in Codex's `mcp__ctproxy` namespace, Codex
    runs it on the tool server, and Codex's very next sampling request starts in the new window;
 2. bridged (`--bridge context,notes`): ctproxy runs `new_context` itself and continues the turn in the new
-   window; the model then calls Codex's own shell tool, and Codex's next request (with the shell's output)
-   stays in that window;
+   window; the model then calls Codex's own shell tool and Codex completes (that Codex's next request stays
+   in the new window is an xfail: Codex drops the `mcp_call` the window's boundary is anchored on);
 3. the hard trigger: the model's answer used 90% of the window; before forwarding Codex's next request ctproxy
    runs the checkpoint turn (one own-notes write), rolls over, and forwards Codex's request in the new window.
 """
