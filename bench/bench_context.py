@@ -883,7 +883,8 @@ class CheckpointModel:
         return Text("answered", deltas=2)
 
 
-CK_WINDOW = 100_000
+CK_WINDOW = 20_000
+CK_FILL = 24_000  # bytes of tool output per round: > a quarter of CK_WINDOW in tokens (bytes / 4)
 
 
 async def checkpoint(rounds: int, warmup: int, workdir: Path) -> dict[str, Any]:
@@ -895,7 +896,7 @@ async def checkpoint(rounds: int, warmup: int, workdir: Path) -> dict[str, Any]:
     cfg = workdir / "ck.json"
     workdir.mkdir(parents=True, exist_ok=True)
     cfg.write_text(json.dumps({"model_windows": {"gpt-5": CK_WINDOW}, "context": {"hard_ratio": HARD_RATIO}}))
-    base = make_payload(100_000, stream=False, item_bytes=1000)
+    base = make_payload(30_000, stream=False, item_bytes=1000)
     base["tools"] = [*base["tools"], *NOTES_TOOLS]
     history: list[dict[str, Any]] = base["input"][:-1]
     plain_s: list[Timed] = []
@@ -911,6 +912,10 @@ async def checkpoint(rounds: int, warmup: int, workdir: Path) -> dict[str, Any]:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
                 for i in range(warmup + rounds):
                     pair = []
+                    # the hard trigger needs the items since the boundary to weigh a quarter of the window
+                    history.append({"type": "function_call", "name": "exec_command", "call_id": f"c_{i}",
+                                    "arguments": '{"cmd":"cat log"}'})
+                    history.append({"type": "function_call_output", "call_id": f"c_{i}", "output": "." * CK_FILL})
                     for text in (f"fill the window, round {i}", f"go on, round {i}"):
                         history.append({"type": "message", "role": "user", "content": text})
                         req = orjson.dumps({**base, "input": history})
