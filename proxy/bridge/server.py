@@ -2,24 +2,33 @@
 
 A mitmproxy stream callable is synchronous and cannot wait for a tool, so a request the bridge offered
 tools to is re-routed by the bridge stage to this endpoint, inside the proxy process, on 127.0.0.1 and
-a random port, under a one-time job id. The handler sends the request upstream through the
-upstream-turn service and answers with the merged lifecycle as it is produced; mitmproxy streams it to
-the agent as it would any upstream (so the tap and the journal see what the agent sees). The job
-(destination, credentials, identity, offer) never leaves memory and is dropped after a minute (it may be
-claimed again meanwhile: compaction's overflow retry re-sends the flow's request here).
+a random port, under a one-time job id. The handler answers with the merged lifecycle as it is
+produced; mitmproxy streams it to the agent as it would any upstream (so the tap and the journal see
+what the agent sees). The job (destination, credentials, identity, offer) never leaves memory and is
+dropped after a minute (it may be claimed again meanwhile: compaction's overflow retry re-sends the
+flow's request here).
+
+The first round does not wait for the loopback hop: the moment mitmproxy has finished the request (its
+hook task ends, the request written to this endpoint), the stage hands the request as forwarded to
+`launch`, which sends it upstream at once (`Launched`). The handler's first request for the job then
+takes that round instead of reading, parsing and sending its body again; any later request for the job
+(a retry), or one whose length is not what was launched, is sent as received. A launched round nobody
+claims within CLAIM_SECONDS (the request never arrived) is closed, as is one whose agent hung up first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -31,6 +40,7 @@ from proxy.files import atomic_write_text
 from proxy.flowbody import decode_bounded, max_body_bytes
 from proxy.toolclient import BridgeTool, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
+from proxy.upstream.transport import Answer
 
 log = logging.getLogger("ctproxy.bridge")
 
@@ -39,11 +49,50 @@ SEEN_FILE = "bridge-seen.json"  # in the state directory: what the running proxy
 
 JOB_TTL = 60.0
 MAX_JOBS = 10_000
+CLAIM_SECONDS = 30.0  # a launched first round whose request has not reached the endpoint by then is closed
 # Not forwarded upstream: hop-by-hop, framing, and what the endpoint's own connection added.
 DROP_REQUEST = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
                           "accept-encoding", "proxy-connection", "te", "upgrade"})
 DROP_RESPONSE = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding",
                            "date", "server"})
+
+
+@dataclass
+class Launched:
+    """A job's first round, sent upstream before its request reached the endpoint (`BridgeService.launch`)."""
+
+    turn: BridgedTurn
+    length: int  # the body's length as forwarded: the endpoint's request must have it to take this round
+    streaming: bool
+    usable: bool  # the body was a JSON object the bridge reads (else the answer is passed as it comes)
+    opened: asyncio.Future[Answer]  # round 1's answer, once its headers are in
+    stack: contextlib.AsyncExitStack  # closes round 1's answer
+    reaper: asyncio.TimerHandle | None = None
+
+    def close(self) -> None:
+        """Not claimed: stop the round (sending or open) and close its answer."""
+        if self.reaper is not None:
+            self.reaper.cancel()
+        self.opened.cancel()
+        _background(self.stack.aclose())
+
+
+_TASKS: set[asyncio.Future[Any]] = set()
+
+
+def _background(aw: Awaitable[Any]) -> None:
+    task = asyncio.ensure_future(aw)
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+
+
+def _eager(coro: Any) -> asyncio.Future[Any]:
+    """A task whose first step runs now (the request goes out in this call), not on the next loop turn."""
+    loop = asyncio.get_running_loop()
+    try:
+        return asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+    except TypeError:  # an interpreter without eager tasks
+        return loop.create_task(coro)
 
 
 @dataclass
@@ -59,8 +108,11 @@ class BridgeService:
     stats: TurnStats = field(default_factory=TurnStats)  # totals of this process: rounds, bridged calls
     seen_path: Path | None = None  # where `ctproxy status` reads what this process saw (SEEN_FILE)
     displaced: dict[str, int] = field(default_factory=dict)  # bridged tool -> requests whose agent had its own
+    launched: int = 0  # first rounds sent before their request reached the endpoint (`launch`)
     _seen_due: bool = False
     _jobs: OrderedDict[str, tuple[float, BridgeJob]] = field(default_factory=OrderedDict)
+    _launched: dict[str, Launched] = field(default_factory=dict)
+    _claimed: set[str] = field(default_factory=set)  # jobs whose first request reached the endpoint
     _runner: web.AppRunner | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -120,17 +172,65 @@ class BridgeService:
         if path is not None:
             asyncio.get_running_loop().run_in_executor(None, _write_quietly, path, data)
 
-    def register(self, job: BridgeJob, path: str) -> str:
-        """The path to re-route the agent's request to: the job's key, then the request's own path (so
-        every stage still sees a Responses request: `…/v1/responses`)."""
+    def register(self, job: BridgeJob, path: str) -> tuple[str, str]:
+        """(key, path): the job's key, and the path to re-route the agent's request to: the key, then the
+        request's own path (so every stage still sees a Responses request: `…/v1/responses`)."""
         now = time.monotonic()
         while self._jobs and (next(iter(self._jobs.values()))[0] < now - JOB_TTL or len(self._jobs) > MAX_JOBS):
-            self._jobs.popitem(last=False)
+            old, _ = self._jobs.popitem(last=False)
+            self._claimed.discard(old)
         key = secrets.token_urlsafe(18)
         self._jobs[key] = (now, job)
-        return PATH_PREFIX + key + (path if path.startswith("/") else "/" + path)
+        return key, PATH_PREFIX + key + (path if path.startswith("/") else "/" + path)
+
+    def launch(self, key: str, headers: Sequence[tuple[str, str]], body: bytes, payload: Any) -> bool:
+        """Send a job's first round upstream now: `headers` and `body` as mitmproxy forwards them to the
+        endpoint, `payload` their parsed JSON (the stage's, already decoded). Called once mitmproxy is done
+        with the request; False when the job is gone or its request already arrived (nothing sent)."""
+        entry = self._jobs.get(key)
+        if entry is None or key in self._claimed or key in self._launched:
+            return False
+        job = entry[1]
+        sent = _forwarded(headers)
+        usable = isinstance(payload, dict)
+        turn = BridgedTurn(job, self.turns_of(), self.tools, self.memory, sent, body, payload if usable else {})
+        stack = contextlib.AsyncExitStack()
+        opened = _eager(stack.enter_async_context(turn.turns.stream(turn.request(body, first=True), job.timeout)))
+        opened.add_done_callback(_retrieved)
+        launched = Launched(turn, len(body), usable and payload.get("stream") is True, usable, opened, stack)
+        launched.reaper = asyncio.get_running_loop().call_later(CLAIM_SECONDS, self._unclaimed, key, launched)
+        self._launched[key] = launched
+        self.launched += 1
+        return True
+
+    def drop_launched(self, key: str) -> None:
+        """The agent went away before its request reached the endpoint: its launched round is closed."""
+        launched = self._launched.pop(key, None)
+        if launched is not None:
+            launched.close()
+
+    def _unclaimed(self, key: str, launched: Launched) -> None:
+        if self._launched.get(key) is launched:
+            del self._launched[key]
+            log.warning("bridge: a launched round was not claimed within %.0f s and was closed", CLAIM_SECONDS)
+            launched.close()
+
+    def _claim(self, key: str, length: int | None) -> Launched | None:
+        """The launched first round for the endpoint's first request of a job, if it is that request."""
+        self._claimed.add(key)
+        launched = self._launched.pop(key, None)
+        if launched is None:
+            return None
+        if launched.reaper is not None:
+            launched.reaper.cancel()
+        if length != launched.length:  # not the request that was launched: it is sent as it came
+            launched.close()
+            return None
+        return launched
 
     async def close(self) -> None:
+        for key in list(self._launched):
+            self.drop_launched(key)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -139,25 +239,33 @@ class BridgeService:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         # Not popped: compaction's overflow retry re-sends the flow's request (to this endpoint) within the
         # job's minute; the key is unguessable and the endpoint listens on loopback only.
-        entry = self._jobs.get(request.match_info["job"])
+        key = request.match_info["job"]
+        entry = self._jobs.get(key)
         if entry is None or entry[0] < time.monotonic() - JOB_TTL:
             return _json_error(404, "unknown_bridge_job", "no such bridged request (it expired)")
         job = entry[1]
-        body = await request.read()
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROP_REQUEST]
-        headers.append(("Accept-Encoding", "identity"))  # the merger reads the events
+        launched = self._claim(key, request.content_length)
+        if launched is not None:  # its first round is on its way: the body that came here is not needed
+            turn, streaming, usable, stack = launched.turn, launched.streaming, launched.usable, launched.stack
+            opening: Awaitable[Answer] = launched.opened
+        else:
+            body = await request.read()
+            try:
+                encoding = request.headers.get("Content-Encoding", "")
+                payload = orjson.loads(decode_bounded(body, encoding, max_body_bytes()) if encoding else body)
+            except (orjson.JSONDecodeError, ValueError):  # undecodable: forwarded as it is, not bridged
+                payload = None
+            usable = isinstance(payload, dict)
+            turn = BridgedTurn(job, self.turns_of(), self.tools, self.memory, _forwarded(request.headers.items()),
+                               body, payload if usable else {})
+            streaming = usable and payload.get("stream") is True
+            stack = contextlib.AsyncExitStack()
+            opening = stack.enter_async_context(turn.turns.stream(turn.request(body, first=True), job.timeout))
         try:
-            encoding = request.headers.get("Content-Encoding", "")
-            payload = orjson.loads(decode_bounded(body, encoding, max_body_bytes()) if encoding else body)
-        except (orjson.JSONDecodeError, ValueError):  # undecodable: forwarded as it is, not bridged
-            payload = None
-        turn = BridgedTurn(job, self.turns_of(), self.tools, self.memory, headers, body,
-                           payload if isinstance(payload, dict) else {})
-        streaming = isinstance(payload, dict) and payload.get("stream") is True
-        try:
-            async with turn.turns.stream(turn.request(body, first=True), job.timeout) as answer:
+            async with stack:
+                answer = await opening
                 ctype = answer.header("content-type").lower()
-                usable = answer.status == 200 and isinstance(payload, dict) and (
+                usable = usable and answer.status == 200 and (
                     ctype.startswith("text/event-stream") if streaming else "json" in ctype)
                 resp = web.StreamResponse(status=answer.status, headers=_response_headers(answer.headers))
                 if not usable:  # an error, or nothing the bridge reads: as it came
@@ -184,6 +292,8 @@ class BridgeService:
             log.info("bridge: the agent hung up; the turn was stopped after %d round(s)", turn.stats.rounds)
             raise
         finally:
+            if launched is not None and not launched.opened.done():
+                launched.opened.cancel()
             self.stats.rounds += turn.stats.rounds
             self.stats.bridged_calls += turn.stats.bridged_calls
 
@@ -193,6 +303,19 @@ def _write_quietly(path: Path, text: str) -> None:
         atomic_write_text(path, text + "\n", mode=0o600)
     except OSError as exc:
         log.warning("bridge: %s not written (%s)", path.name, type(exc).__name__)
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    """A launched round that failed and was never claimed: its error is not "never retrieved"."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _forwarded(headers: Any) -> list[tuple[str, str]]:
+    """The request's headers as the upstream gets them (credentials are the job's, added by the turn)."""
+    out = [(k, v) for k, v in headers if k.lower() not in DROP_REQUEST]
+    out.append(("Accept-Encoding", "identity"))  # the merger reads the events
+    return out
 
 
 def _response_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:

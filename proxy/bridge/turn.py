@@ -35,10 +35,10 @@ from proxy.bridge.items import (
     upstream_call,
 )
 from proxy.bridge.merge import AGENT_ACTION_TYPES, MergedStream, PendingCall, RoundEnd, is_bridged, merge_responses
+from proxy.bridge.rawsse import EventSplitter
 from proxy.bridge.specs import Offer, replace_specs, select
 from proxy.flowstate import ContextUsage
 from proxy.metrics import proxy_metrics
-from proxy.sse import SSEDecoder
 from proxy.toolclient import BridgeTool, CallerUpstream, CallOutcome, ToolCall, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable, continue_turn
 
@@ -392,18 +392,18 @@ class BridgedTurn:
 async def _read_round(merged: MergedStream, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """One round's events through the merger, up to its terminal event (held back by the merger); what one
     upstream chunk gives is written as one chunk (one write, as the upstream did)."""
-    decoder = SSEDecoder()
+    split = EventSplitter()
     async for chunk in chunks:
         outs: list[bytes] = []
-        for ev in decoder.feed(chunk):
-            outs.extend(merged.event(ev))
+        for raw in split.feed(chunk):
+            outs.extend(merged.block(raw))
             if merged.end is not None:
                 break
         if outs:
-            yield b"".join(outs)
+            yield outs[0] if len(outs) == 1 else b"".join(outs)
         if merged.end is not None:
             return
-    for ev in decoder.close():
+    for ev in split.close():
         for out in merged.event(ev):
             yield out
 
