@@ -40,6 +40,7 @@ from proxy.upstream import UpstreamTurns
 
 log = logging.getLogger("ctproxy.bridge")
 _CREDENTIAL_NAMES = frozenset(n.encode() for n in routes.CREDENTIAL_HEADERS)
+_BODY_HEADERS = frozenset({b"content-length", b"content-encoding", b"transfer-encoding"})
 
 
 def base_url(url: str, kind: str | None) -> str:
@@ -140,10 +141,16 @@ class Bridge(Stage):
         req.scheme, req.host, req.port, req.path = "http", "127.0.0.1", port, path
         req.host_header = f"127.0.0.1:{port}"
         log.debug("bridge: offered %d tool(s), left out %d", len(offer.tools), len(offer.left_out))
-        commit_if_alone(flow)
-        hook = asyncio.current_task()  # mitmproxy's hook task: it ends once the request is forwarded
+        # The first round goes upstream the moment the request is final: when the body writer has written
+        # the body (the last stage), with the body taken off the request to the endpoint; failing that, when
+        # mitmproxy's request hook task ends (the request forwarded as it is).
+        body = st.body
+        if isinstance(body, ResponsesBody):
+            body.on_commit = functools.partial(_launch, svc, job, key, flow, path, True)
+        hook = asyncio.current_task()
         if hook is not None:
-            hook.add_done_callback(functools.partial(_forwarded, svc, key, flow, path))
+            hook.add_done_callback(lambda t: None if t.cancelled() else _launch(svc, job, key, flow, path, False))
+        commit_if_alone(flow)
 
     def error(self, flow: http.HTTPFlow) -> None:
         """The agent hung up (or the flow failed) before its request reached the endpoint: the launched
@@ -168,22 +175,36 @@ def job_key(path: str) -> str | None:
     return key or None
 
 
-def _forwarded(svc: BridgeService, key: str, flow: http.HTTPFlow, path: str, hook: asyncio.Task[object]) -> None:
-    """mitmproxy is done with the request (every stage ran; it wrote the request to the endpoint, or is
-    connecting to it): send its first round upstream now. Nothing is sent for a flow that got a response
-    from a later stage, failed, or was sent elsewhere; the endpoint then sends what it receives itself."""
+def _launch(svc: BridgeService, job: BridgeJob, key: str, flow: http.HTTPFlow, path: str, take_body: bool) -> None:
+    """Send the flow's first round upstream now (`BridgeService.launch`), unless a later stage answered it,
+    it failed or it is no longer going to the endpoint (the endpoint then sends what it receives itself).
+    `take_body`: mitmproxy has not sent the request yet, so it goes to the endpoint without its body (the
+    round has it; the flow gets it back once the endpoint has the request)."""
     req = flow.request
-    if hook.cancelled() or not flow.live or flow.response is not None or flow.error is not None \
-            or flow.intercepted or req.path != path or req.port != svc.port:
+    if not flow.live or flow.response is not None or flow.error is not None or flow.intercepted \
+            or req.path != path or req.port != svc.port:
         return
     body = state_of(flow).body
     raw = req.raw_content
     if not isinstance(body, ResponsesBody) or body.changed or raw is None:
         return  # not the committed body: the endpoint decodes what it receives
     try:
-        svc.launch(key, req.headers.items(multi=True), raw, body.value)
+        launched = svc.launch(key, req.headers.items(multi=True), raw, body.value)
     except Exception:  # the endpoint still sends the request itself
         log.exception("bridge: the first round could not be launched early")
+        return
+    if launched is None or not take_body or not raw:
+        return
+    fields = req.headers.fields
+    req.headers.fields = (*(f for f in fields if f[0].lower() not in _BODY_HEADERS), (b"content-length", b"0"))
+    req.raw_content = b""
+    job.body_taken = True
+
+    def restore() -> None:
+        req.raw_content = raw
+        req.headers.fields = fields
+
+    launched.take_body(restore)
 
 
 addons = [Bridge()]

@@ -19,13 +19,12 @@ claims within CLAIM_SECONDS (the request never arrived) is closed, as is one who
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,6 @@ from proxy.files import atomic_write_text
 from proxy.flowbody import decode_bounded, max_body_bytes
 from proxy.toolclient import BridgeTool, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
-from proxy.upstream.transport import Answer
 
 log = logging.getLogger("ctproxy.bridge")
 
@@ -57,36 +55,43 @@ DROP_RESPONSE = frozenset({"content-length", "transfer-encoding", "connection", 
                            "date", "server"})
 
 
+class _Response(web.StreamResponse):
+    # The headers go out with the first bytes of the body: one write, and one wake-up of mitmproxy, fewer.
+    _send_headers_immediately = False
+
+
 @dataclass
 class Launched:
-    """A job's first round, sent upstream before its request reached the endpoint (`BridgeService.launch`)."""
+    """A job's first round, sent upstream before its request reached the endpoint (`BridgeService.launch`):
+    `task` serves the whole answer once the endpoint's request for it arrives (`sink`)."""
 
-    turn: BridgedTurn
-    length: int  # the body's length as forwarded: the endpoint's request must have it to take this round
-    streaming: bool
-    usable: bool  # the body was a JSON object the bridge reads (else the answer is passed as it comes)
-    opened: asyncio.Future[Answer]  # round 1's answer, once its headers are in
-    stack: contextlib.AsyncExitStack  # closes round 1's answer
+    task: asyncio.Task[web.StreamResponse]
+    sink: asyncio.Future[web.Request]  # the endpoint's request to answer, set when it arrives
+    # The body length of the request mitmproxy sends to the endpoint: the endpoint's first request for the
+    # job must have it to take this round. 0 once the stage took the body off that request (`take_body`).
+    forwarded: int
+    restore: Callable[[], None] | None = field(default=None, repr=False)  # gives the flow its body back
     reaper: asyncio.TimerHandle | None = None
 
+    def take_body(self, restore: Callable[[], None]) -> None:
+        """The request to the endpoint carries no body (this round has it); `restore` puts it back on the flow
+        once the endpoint has the request (later readers — the request log, compaction's retry — see it)."""
+        self.forwarded, self.restore = 0, restore
+
+    def give_back(self) -> None:
+        restore, self.restore = self.restore, None
+        if restore is not None:
+            restore()
+
     def close(self) -> None:
-        """Not claimed: stop the round (sending or open) and close its answer."""
+        """Not claimed: stop the round (sending or open; its answer is closed) and give the flow its body."""
         if self.reaper is not None:
             self.reaper.cancel()
-        self.opened.cancel()
-        _background(self.stack.aclose())
+        self.give_back()
+        self.task.cancel()
 
 
-_TASKS: set[asyncio.Future[Any]] = set()
-
-
-def _background(aw: Awaitable[Any]) -> None:
-    task = asyncio.ensure_future(aw)
-    _TASKS.add(task)
-    task.add_done_callback(_TASKS.discard)
-
-
-def _eager(coro: Any) -> asyncio.Future[Any]:
+def _eager[T](coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
     """A task whose first step runs now (the request goes out in this call), not on the next loop turn."""
     loop = asyncio.get_running_loop()
     try:
@@ -183,25 +188,23 @@ class BridgeService:
         self._jobs[key] = (now, job)
         return key, PATH_PREFIX + key + (path if path.startswith("/") else "/" + path)
 
-    def launch(self, key: str, headers: Sequence[tuple[str, str]], body: bytes, payload: Any) -> bool:
+    def launch(self, key: str, headers: Sequence[tuple[str, str]], body: bytes, payload: Any) -> Launched | None:
         """Send a job's first round upstream now: `headers` and `body` as mitmproxy forwards them to the
-        endpoint, `payload` their parsed JSON (the stage's, already decoded). Called once mitmproxy is done
-        with the request; False when the job is gone or its request already arrived (nothing sent)."""
+        endpoint, `payload` their parsed JSON (the stage's, already decoded). Called once the request is final
+        (the body written, every stage run); None when the job is gone or its request already arrived or was
+        launched (nothing sent)."""
         entry = self._jobs.get(key)
         if entry is None or key in self._claimed or key in self._launched:
-            return False
-        job = entry[1]
-        sent = _forwarded(headers)
-        usable = isinstance(payload, dict)
-        turn = BridgedTurn(job, self.turns_of(), self.tools, self.memory, sent, body, payload if usable else {})
-        stack = contextlib.AsyncExitStack()
-        opened = _eager(stack.enter_async_context(turn.turns.stream(turn.request(body, first=True), job.timeout)))
-        opened.add_done_callback(_retrieved)
-        launched = Launched(turn, len(body), usable and payload.get("stream") is True, usable, opened, stack)
-        launched.reaper = asyncio.get_running_loop().call_later(CLAIM_SECONDS, self._unclaimed, key, launched)
+            return None
+        loop = asyncio.get_running_loop()
+        sink: asyncio.Future[web.Request] = loop.create_future()
+        task = _eager(self._serve(sink, entry[1], _forwarded(headers), body, payload))
+        task.add_done_callback(_retrieved)
+        launched = Launched(task, sink, len(body))
+        launched.reaper = loop.call_later(CLAIM_SECONDS, self._unclaimed, key, launched)
         self._launched[key] = launched
         self.launched += 1
-        return True
+        return launched
 
     def drop_launched(self, key: str) -> None:
         """The agent went away before its request reached the endpoint: its launched round is closed."""
@@ -216,16 +219,18 @@ class BridgeService:
             launched.close()
 
     def _claim(self, key: str, length: int | None) -> Launched | None:
-        """The launched first round for the endpoint's first request of a job, if it is that request."""
+        """The launched first round for the endpoint's first request of a job, if it is that request (its
+        body is then given back to the flow)."""
         self._claimed.add(key)
         launched = self._launched.pop(key, None)
         if launched is None:
             return None
         if launched.reaper is not None:
             launched.reaper.cancel()
-        if length != launched.length:  # not the request that was launched: it is sent as it came
+        if (length or 0) != launched.forwarded:  # not the request that was launched: it is sent as it came
             launched.close()
             return None
+        launched.give_back()
         return launched
 
     async def close(self) -> None:
@@ -246,28 +251,35 @@ class BridgeService:
         job = entry[1]
         launched = self._claim(key, request.content_length)
         if launched is not None:  # its first round is on its way: the body that came here is not needed
-            turn, streaming, usable, stack = launched.turn, launched.streaming, launched.usable, launched.stack
-            opening: Awaitable[Answer] = launched.opened
-        else:
-            body = await request.read()
-            try:
-                encoding = request.headers.get("Content-Encoding", "")
-                payload = orjson.loads(decode_bounded(body, encoding, max_body_bytes()) if encoding else body)
-            except (orjson.JSONDecodeError, ValueError):  # undecodable: forwarded as it is, not bridged
-                payload = None
-            usable = isinstance(payload, dict)
-            turn = BridgedTurn(job, self.turns_of(), self.tools, self.memory, _forwarded(request.headers.items()),
-                               body, payload if usable else {})
-            streaming = usable and payload.get("stream") is True
-            stack = contextlib.AsyncExitStack()
-            opening = stack.enter_async_context(turn.turns.stream(turn.request(body, first=True), job.timeout))
+            launched.sink.set_result(request)
+            return await launched.task  # (cancelling this handler cancels the round)
+        if job.body_taken and not request.content_length:  # its body went with that round, now closed
+            return _json_error(504, "bridge_round_expired", "the bridged request's first round was closed before "
+                                    "the request reached ctproxy's bridge endpoint")
+        body = await request.read()
         try:
-            async with stack:
-                answer = await opening
+            encoding = request.headers.get("Content-Encoding", "")
+            payload = orjson.loads(decode_bounded(body, encoding, max_body_bytes()) if encoding else body)
+        except (orjson.JSONDecodeError, ValueError):  # undecodable: forwarded as it is, not bridged
+            payload = None
+        sink: asyncio.Future[web.Request] = asyncio.get_running_loop().create_future()
+        sink.set_result(request)
+        return await self._serve(sink, job, _forwarded(request.headers.items()), body, payload)
+
+    async def _serve(self, sink: Awaitable[web.Request], job: BridgeJob, headers: list[tuple[str, str]],
+                     body: bytes, payload: Any) -> web.StreamResponse:
+        """Send the request upstream, then answer the endpoint's request (awaited from `sink` once the
+        first round's headers are in) with the merged lifecycle, or the upstream's answer as it came."""
+        usable = isinstance(payload, dict)
+        turn = BridgedTurn(job, self.turns_of(), self.tools, self.memory, headers, body, payload if usable else {})
+        streaming = usable and payload.get("stream") is True
+        try:
+            async with turn.turns.stream(turn.request(body, first=True), job.timeout) as answer:
+                request = await sink
                 ctype = answer.header("content-type").lower()
                 usable = usable and answer.status == 200 and (
                     ctype.startswith("text/event-stream") if streaming else "json" in ctype)
-                resp = web.StreamResponse(status=answer.status, headers=_response_headers(answer.headers))
+                resp = _Response(status=answer.status, headers=_response_headers(answer.headers))
                 if not usable:  # an error, or nothing the bridge reads: as it came
                     await resp.prepare(request)
                     async for chunk in answer.chunks:
@@ -292,8 +304,6 @@ class BridgeService:
             log.info("bridge: the agent hung up; the turn was stopped after %d round(s)", turn.stats.rounds)
             raise
         finally:
-            if launched is not None and not launched.opened.done():
-                launched.opened.cancel()
             self.stats.rounds += turn.stats.rounds
             self.stats.bridged_calls += turn.stats.bridged_calls
 
@@ -305,10 +315,10 @@ def _write_quietly(path: Path, text: str) -> None:
         log.warning("bridge: %s not written (%s)", path.name, type(exc).__name__)
 
 
-def _retrieved(fut: asyncio.Future[Any]) -> None:
-    """A launched round that failed and was never claimed: its error is not "never retrieved"."""
-    if not fut.cancelled():
-        fut.exception()
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """A launched round that ended without its request (closed, or a fault before it came)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("bridge: a launched round failed: %s", type(exc).__name__, exc_info=exc)
 
 
 def _forwarded(headers: Any) -> list[tuple[str, str]]:

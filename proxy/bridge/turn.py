@@ -80,6 +80,8 @@ class BridgeJob:
     # payload in the session's new window (or None: no rollover).
     rollover: Callable[[Sequence[Mapping[str, Any]], dict[str, Any]], Awaitable[dict[str, Any] | None]] | None = \
         field(default=None, repr=False)
+    # The stage took the body off the request to the endpoint: it travels in the launched first round only.
+    body_taken: bool = False
 
     def reoffer(self, payload: Mapping[str, Any], carried: frozenset[str]) -> Offer:
         return select(self.catalog, self.families, payload, self.apply_patch_form, ours=self.offer.specs,
