@@ -193,7 +193,10 @@ def _launch(svc: BridgeService, job: BridgeJob, key: str, flow: http.HTTPFlow, p
     except Exception:  # the endpoint still sends the request itself
         log.exception("bridge: the first round could not be launched early")
         return
-    if launched is None or not take_body or not raw:
+    if launched is None:
+        return
+    if not take_body or not raw:
+        log.debug("bridge: round 1 sent upstream when the request hook ended (the body forwarded too)")
         return
     fields = req.headers.fields
     req.headers.fields = (*(f for f in fields if f[0].lower() not in _BODY_HEADERS), (b"content-length", b"0"))
@@ -205,6 +208,7 @@ def _launch(svc: BridgeService, job: BridgeJob, key: str, flow: http.HTTPFlow, p
         req.headers.fields = fields
 
     launched.take_body(restore)
+    log.debug("bridge: round 1 sent upstream when the body was written; the request to the endpoint has none")
 
 
 addons = [Bridge()]

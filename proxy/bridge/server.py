@@ -194,8 +194,9 @@ class BridgeService:
         (the body written, every stage run); None when the job is gone or its request already arrived or was
         launched (nothing sent)."""
         entry = self._jobs.get(key)
-        if entry is None or key in self._claimed or key in self._launched:
+        if entry is None or key in self._claimed or entry[1].launched:
             return None
+        entry[1].launched = True
         loop = asyncio.get_running_loop()
         sink: asyncio.Future[web.Request] = loop.create_future()
         task = _eager(self._serve(sink, entry[1], _forwarded(headers), body, payload))
@@ -231,6 +232,7 @@ class BridgeService:
             launched.close()
             return None
         launched.give_back()
+        log.debug("bridge: the endpoint took its launched round 1")
         return launched
 
     async def close(self) -> None:

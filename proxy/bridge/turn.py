@@ -82,6 +82,7 @@ class BridgeJob:
         field(default=None, repr=False)
     # The stage took the body off the request to the endpoint: it travels in the launched first round only.
     body_taken: bool = False
+    launched: bool = False  # its first round was launched (at most once: `BridgeService.launch`)
 
     def reoffer(self, payload: Mapping[str, Any], carried: frozenset[str]) -> Offer:
         return select(self.catalog, self.families, payload, self.apply_patch_form, ours=self.offer.specs,
