@@ -130,7 +130,8 @@ async def test_a_launched_round_whose_request_never_comes_is_closed(emulator, mo
             launched = svc.launch(key, [("Content-Type", "application/json")], orjson.dumps(BODY), BODY)
             assert launched is not None
             launched.take_body(lambda: restored.append(True))
-            await until(lambda: len(emulator.responses_requests) == (1 if reaped else 2), "round 1 was sent")
+            sent = 1 if reaped else 2
+            await until(lambda n=sent: len(emulator.responses_requests) == n, "round 1 was sent")
             if not reaped:
                 svc.drop_launched(key)  # the flow failed (the agent hung up) before its request came
             rec = emulator.responses_requests[-1]
