@@ -11,9 +11,10 @@ byte. Otherwise, on a Responses create request it
 3. re-routes the request to the bridge's loopback endpoint (`proxy.bridge.server`) under a one-time job
    that keeps, in memory, the real destination, the credential headers (taken off the request here, so
    nothing but the job holds them) with the one credential rule's verdict, and the caller's identity.
-   The endpoint streams the merged answer back; its first round is sent upstream through the
-   upstream-turn service as soon as mitmproxy is done with the request (the hook task's end: every later
-   stage has run and the body is final), not after the loopback hop (`BridgeService.launch`).
+   The endpoint streams the merged answer back. Its first round is sent upstream through the
+   upstream-turn service the moment the body writer has written the body (every later stage has run),
+   not after the loopback hop, and the request to the endpoint goes without its body, which the flow gets
+   back once the endpoint has the request (`BridgeService.launch`, ADR 0007 decision 6).
 Loads alone: `mitmdump -s addons/bridge.py` (with `--set ctp_tools_url=…`).
 """
 

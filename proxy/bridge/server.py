@@ -8,12 +8,14 @@ what the agent sees). The job (destination, credentials, identity, offer) never 
 dropped after a minute (it may be claimed again meanwhile: compaction's overflow retry re-sends the
 flow's request here).
 
-The first round does not wait for the loopback hop: the moment mitmproxy has finished the request (its
-hook task ends, the request written to this endpoint), the stage hands the request as forwarded to
-`launch`, which sends it upstream at once (`Launched`). The handler's first request for the job then
-takes that round instead of reading, parsing and sending its body again; any later request for the job
-(a retry), or one whose length is not what was launched, is sent as received. A launched round nobody
-claims within CLAIM_SECONDS (the request never arrived) is closed, as is one whose agent hung up first.
+The first round does not wait for the loopback hop: the moment the request is final (the body writer
+has written the body; failing that, when mitmproxy's request hook task ends) the stage hands it as
+forwarded to `launch`, which sends it upstream at once; the request mitmproxy then writes to this
+endpoint carries no body (`Launched.take_body`). The endpoint's first request of that length for the job
+takes the launched round (`_claim`: the flow gets its body back), and that round's own task writes the
+answer; any later request for the job (a retry), or one of another length, is sent as received. A
+launched round nobody claims within CLAIM_SECONDS (the request never arrived) is closed, as is one whose
+flow failed first (the agent hung up); the flow then gets its body back too.
 """
 
 from __future__ import annotations
