@@ -45,6 +45,16 @@ from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 log = logging.getLogger("ctproxy.bridge")
 
 PATH_PREFIX = "/ctp-bridge/"
+
+
+def agent_path(path: str) -> str:
+    """The path the agent asked for, of a request the bridge stage re-routed (`/ctp-bridge/<key>/…`): what
+    logs and the dashboard show. The key is a one-time secret of the job and never leaves the process."""
+    if not path.startswith(PATH_PREFIX):
+        return path
+    rest = path[len(PATH_PREFIX):]
+    cut = rest.find("/")
+    return rest[cut:] if cut >= 0 else "/"
 SEEN_FILE = "bridge-seen.json"  # in the state directory: what the running proxy's bridge saw
 
 JOB_TTL = 60.0
