@@ -11,7 +11,10 @@ byte. Otherwise, on a Responses create request it
 3. re-routes the request to the bridge's loopback endpoint (`proxy.bridge.server`) under a one-time job
    that keeps, in memory, the real destination, the credential headers (taken off the request here, so
    nothing but the job holds them) with the one credential rule's verdict, and the caller's identity.
-   The endpoint sends it upstream through the upstream-turn service and streams the merged answer back.
+   The endpoint streams the merged answer back. Its first round is sent upstream through the
+   upstream-turn service the moment the body writer has written the body (every later stage has run),
+   not after the loopback hop, and the request to the endpoint goes without its body, which the flow gets
+   back once the endpoint has the request (`BridgeService.launch`, ADR 0007 decision 6).
 Loads alone: `mitmdump -s addons/bridge.py` (with `--set ctp_tools_url=…`).
 """
 
@@ -27,10 +30,10 @@ from addons._flow import destination_route, is_reverse, session_of
 from addons._stage import Stage
 from proxy import routes, runtime
 from proxy.bridge.items import repair_request
-from proxy.bridge.server import SEEN_FILE, BridgeService
+from proxy.bridge.server import PATH_PREFIX, SEEN_FILE, BridgeService
 from proxy.bridge.specs import OTHER_SEARCH, append_specs, select
 from proxy.bridge.turn import BridgeJob
-from proxy.flowbody import commit_if_alone, is_responses_create, responses_body
+from proxy.flowbody import ResponsesBody, commit_if_alone, is_responses_create, responses_body
 from proxy.flowstate import ContextUsage, state_of
 from proxy.toolclient import CallerUpstream, ToolClient
 from proxy.transforms.web_search import SIDECAR_TOOL, search_path
@@ -38,6 +41,7 @@ from proxy.upstream import UpstreamTurns
 
 log = logging.getLogger("ctproxy.bridge")
 _CREDENTIAL_NAMES = frozenset(n.encode() for n in routes.CREDENTIAL_HEADERS)
+_BODY_HEADERS = frozenset({b"content-length", b"content-encoding", b"transfer-encoding"})
 
 
 def base_url(url: str, kind: str | None) -> str:
@@ -132,19 +136,80 @@ class Bridge(Stage):
                         context_usage=ContextUsage(), withheld=withheld, rollover=st.context_rollover)
         st.context_usage = job.context_usage  # the tap records the last round's usage for the context budget
         port = await svc.start()
-        path = svc.register(job, req.path)
+        key, path = svc.register(job, req.path)
         if creds:  # the job holds them; the request to the loopback endpoint carries none
             req.headers.fields = tuple(f for f in req.headers.fields if f[0].lower() not in _CREDENTIAL_NAMES)
         req.scheme, req.host, req.port, req.path = "http", "127.0.0.1", port, path
         req.host_header = f"127.0.0.1:{port}"
         log.debug("bridge: offered %d tool(s), left out %d", len(offer.tools), len(offer.left_out))
+        # The first round goes upstream the moment the request is final: when the body writer has written
+        # the body (the last stage), with the body taken off the request to the endpoint; failing that, when
+        # mitmproxy's request hook task ends (the request forwarded as it is).
+        body = st.body
+        if isinstance(body, ResponsesBody):
+            body.on_commit = functools.partial(_launch, svc, job, key, flow, path, True)
+        hook = asyncio.current_task()
+        if hook is not None:
+            hook.add_done_callback(lambda t: None if t.cancelled() else _launch(svc, job, key, flow, path, False))
         commit_if_alone(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        """The agent hung up (or the flow failed) before its request reached the endpoint: the launched
+        round is closed (once claimed, the endpoint's handler is cancelled instead)."""
+        svc = self._rt.services.bridge if self._rt is not None else None
+        key = job_key(flow.request.path) if svc is not None else None
+        if svc is not None and key is not None:
+            svc.drop_launched(key)
 
     async def done(self) -> None:
         rt = self._rt
         if rt is not None and rt.services.bridge is not None:
             svc, rt.services.bridge = rt.services.bridge, None
             await svc.close()
+
+
+def job_key(path: str) -> str | None:
+    """The job key of a path the stage re-routed (`/ctp-bridge/<key>/…`), else None."""
+    if not path.startswith(PATH_PREFIX):
+        return None
+    key = path[len(PATH_PREFIX):].split("/", 1)[0]
+    return key or None
+
+
+def _launch(svc: BridgeService, job: BridgeJob, key: str, flow: http.HTTPFlow, path: str, take_body: bool) -> None:
+    """Send the flow's first round upstream now (`BridgeService.launch`), unless a later stage answered it,
+    it failed or it is no longer going to the endpoint (the endpoint then sends what it receives itself).
+    `take_body`: mitmproxy has not sent the request yet, so it goes to the endpoint without its body (the
+    round has it; the flow gets it back once the endpoint has the request)."""
+    req = flow.request
+    if not flow.live or flow.response is not None or flow.error is not None or flow.intercepted \
+            or req.path != path or req.port != svc.port:
+        return
+    body = state_of(flow).body
+    raw = req.raw_content
+    if not isinstance(body, ResponsesBody) or body.changed or raw is None:
+        return  # not the committed body: the endpoint decodes what it receives
+    try:
+        launched = svc.launch(key, req.headers.items(multi=True), raw, body.value)
+    except Exception:  # the endpoint still sends the request itself
+        log.exception("bridge: the first round could not be launched early")
+        return
+    if launched is None:
+        return
+    if not take_body or not raw:
+        log.debug("bridge: round 1 sent upstream when the request hook ended (the body forwarded too)")
+        return
+    fields = req.headers.fields
+    req.headers.fields = (*(f for f in fields if f[0].lower() not in _BODY_HEADERS), (b"content-length", b"0"))
+    req.raw_content = b""
+    job.body_taken = True
+
+    def restore() -> None:
+        req.raw_content = raw
+        req.headers.fields = fields
+
+    launched.take_body(restore)
+    log.debug("bridge: round 1 sent upstream when the body was written; the request to the endpoint has none")
 
 
 addons = [Bridge()]

@@ -26,6 +26,7 @@ from mitmproxy import ctx, http
 
 from addons._stage import Stage
 from proxy import debuglog
+from proxy.bridge.server import agent_path
 from proxy.flowbody import ResponsesBody
 from proxy.flowstate import FlowState, state_of
 from proxy.metrics import Observed, ProxyMetrics, proxy_metrics, route_label
@@ -205,7 +206,7 @@ class RequestLog(Stage):
             elif (cl := resp.headers.get("content-length", "")).isdigit():
                 bytes_out = int(cl)
         session, task, agent = _identity(st)
-        path = req.path.split("?", 1)[0]
+        path = agent_path(req.path).split("?", 1)[0]  # never the bridge's job key
         feed = self._feed or request_feed()
         return RequestRecord(
             id=feed.next_id(), at=start, method=_str(req.method) or "OTHER", path=_str(path[:200]) or "?",

@@ -1,6 +1,6 @@
 """Benchmark: the tool bridge (issue 12), bridged against not bridged, through ctproxy, in one run.
 
-    .venv/bin/python bench/bench_bridge.py [--rounds 30] [--quick]
+    .venv/bin/python bench/bench_bridge.py [--rounds 30] [--ttfb-rounds 300] [--big-kb 256] [--quick]
 
 Processes: the emulator (scripted: each turn is a `get_context_remaining` function call, then a text
 answer; afterwards its echo answer), `ctproxy up --bridge context` and `ctproxy up` without the bridge.
@@ -10,7 +10,10 @@ a) A bridged turn: one streamed request through the bridged proxy; ctproxy runs 
    2 without the bridge): what the bridge costs beyond the second upstream round trip (the tool call on
    the tool server included). Target ≤ 3 ms.
 b) A request that needs no bridged call (the echo answer): time to first byte through the bridged proxy
-   against the plain one. Target: within 0.5 ms.
+   against the plain one, `--ttfb-rounds` pairs measured back to back (the order alternating), with a small
+   body and with a `--big-kb` one (the bridge hands the body to its endpoint in memory). Target: within
+   0.5 ms. Printed: the difference of the medians and the median of the paired differences (robust to the
+   load of a shared machine drifting during the run).
 Printed: medians, p99 and the differences measured in this run; `bench/results/bridge.json`.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -79,7 +83,11 @@ async def plain_turn(http, off_url: str, i: int) -> float:
     return t1 + t2
 
 
-async def run(rounds: int) -> dict:
+def paired_median(a: list[float], b: list[float]) -> float:
+    return statistics.median(x - y for x, y in zip(a, b, strict=True))
+
+
+async def run(rounds: int, ttfb_rounds: int, big_kb: int) -> dict:
     with Processes() as procs:
         path = procs.workdir / "script.json"
         path.write_text(json.dumps(script(2 * rounds + 2)))  # every turn takes two replies
@@ -101,34 +109,59 @@ async def run(rounds: int) -> dict:
                 await read_sse(http, on.url, {"model": "gpt-4.1", "input": "warm", "stream": True})
                 await read_sse(http, off.url, {"model": "gpt-4.1", "input": "warm", "stream": True})
 
-            async def ttfb(_key: str, url: str) -> float:
-                first, _, _ = await read_sse(http, url, {"model": "gpt-4.1", "input": "no call", "stream": True})
-                return first
+            big = "b" * (big_kb * 1024)
 
-            firsts = await round_robin({"bridge on": on.url, "bridge off": off.url}, rounds * 2, ttfb)
+            def ttfb(text: str):
+                async def one(_key: str, url: str) -> float:
+                    first, _, _ = await read_sse(http, url, {"model": "gpt-4.1", "input": text, "stream": True})
+                    return first
+                return one
+
+            targets = {"bridge on": on.url, "bridge off": off.url}
+            firsts = await round_robin(targets, ttfb_rounds, ttfb("no call"))
+            big_firsts = await round_robin(targets, max(ttfb_rounds // 4, 10), ttfb(big)) if big_kb else None
     b, p = summarize(turns["bridged"]), summarize(turns["plain"])
     t_on, t_off = summarize(firsts["bridge on"]), summarize(firsts["bridge off"])
     rows = [["bridged turn (1 request)", f"{b.median * 1000:.2f}", f"{b.p99 * 1000:.2f}"],
             ["same turn, 2 requests, no bridge", f"{p.median * 1000:.2f}", f"{p.p99 * 1000:.2f}"],
             ["TTFB, no bridged call, bridge on", f"{t_on.median * 1000:.2f}", f"{t_on.p99 * 1000:.2f}"],
             ["TTFB, bridge off", f"{t_off.median * 1000:.2f}", f"{t_off.p99 * 1000:.2f}"]]
+    big_on = big_off = None
+    if big_firsts is not None:
+        big_on, big_off = summarize(big_firsts["bridge on"]), summarize(big_firsts["bridge off"])
+        rows += [[f"TTFB, {big_kb} KB body, bridge on", f"{big_on.median * 1000:.2f}", f"{big_on.p99 * 1000:.2f}"],
+                 [f"TTFB, {big_kb} KB body, bridge off", f"{big_off.median * 1000:.2f}", f"{big_off.p99 * 1000:.2f}"]]
     print_table(["path", "median ms", "p99 ms"], rows)
     added = (b.median - p.median) * 1000
     ttfb_diff = (t_on.median - t_off.median) * 1000
+    ttfb_paired = paired_median(firsts["bridge on"], firsts["bridge off"]) * 1000
     print(f"\nadded by the bridge beyond the second round trip: {added:+.2f} ms median (target ≤ 3 ms)")
-    print(f"TTFB of a request with no bridged call, bridge on − off: {ttfb_diff:+.2f} ms median (target ≤ 0.5 ms)")
-    data = {"rounds": rounds, "bridged": b.ms(), "plain": p.ms(), "ttfb_on": t_on.ms(), "ttfb_off": t_off.ms(),
-            "added_ms": round(added, 3), "ttfb_diff_ms": round(ttfb_diff, 3)}
+    print(f"TTFB of a request with no bridged call, bridge on − off: {ttfb_diff:+.2f} ms (medians), "
+          f"{ttfb_paired:+.2f} ms (median of {ttfb_rounds} paired differences) (target ≤ 0.5 ms)")
+    data = {"rounds": rounds, "ttfb_rounds": ttfb_rounds, "bridged": b.ms(), "plain": p.ms(), "ttfb_on": t_on.ms(),
+            "ttfb_off": t_off.ms(), "added_ms": round(added, 3), "ttfb_diff_ms": round(ttfb_diff, 3),
+            "ttfb_paired_ms": round(ttfb_paired, 3)}
+    if big_on is not None and big_off is not None and big_firsts is not None:
+        big_paired = paired_median(big_firsts["bridge on"], big_firsts["bridge off"]) * 1000
+        print(f"the same with a {big_kb} KB body: {(big_on.median - big_off.median) * 1000:+.2f} ms (medians), "
+              f"{big_paired:+.2f} ms (paired)")
+        data.update({"big_kb": big_kb, "ttfb_big_on": big_on.ms(), "ttfb_big_off": big_off.ms(),
+                     "ttfb_big_paired_ms": round(big_paired, 3)})
     print(f"written {write_result('bridge', data)}")
     return data
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--quick", action="store_true", help="8 rounds")
+    ap.add_argument("--rounds", type=int, default=30, help="bridged turns against two-request turns")
+    ap.add_argument("--ttfb-rounds", type=int, default=300, help="TTFB pairs, bridge on and off")
+    ap.add_argument("--big-kb", type=int, default=256, help="the big body's input size (0: not measured)")
+    ap.add_argument("--quick", action="store_true", help="8 rounds, 40 TTFB pairs")
     args = ap.parse_args()
-    asyncio.run(run(8 if args.quick else args.rounds))
+    if args.quick:
+        asyncio.run(run(8, 40, min(args.big_kb, 64)))
+    else:
+        asyncio.run(run(args.rounds, args.ttfb_rounds, args.big_kb))
 
 
 if __name__ == "__main__":

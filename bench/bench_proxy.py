@@ -402,6 +402,12 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pi
             result["ratios"][name] = ratios(stats)
             result["acceptance"][f"{key}: median pass-through/bare <= 1.10"] = ratio(
                 stats[PASS].median, stats["bare"].median) <= RATIO_BUDGET
+            if key == "b":  # issue 11: what the defaults cost over bare, against one parse and one serialization
+                floor = parse_and_serialize_ms(body)
+                added = (stats["ctproxy"].median - stats["bare"].median) * 1000
+                result["ratios"]["b_floor"] = {"ctproxy_minus_bare_ms": round(added, 3), **floor}
+                result["acceptance"]["b: ctproxy - bare <= one orjson.loads + one orjson.dumps (medians)"] = (
+                    added <= floor["loads_ms"] + floor["dumps_ms"])
             rows += latency_rows(label, stats)
         if "c" in only:
             ttfb, ttlb, events = await scenario_sse(http, urls, bodies.sse, plan.rounds_c, plan.warmup)
@@ -436,6 +442,21 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pi
     return rows
 
 
+def parse_and_serialize_ms(body: bytes, rounds: int = 30) -> dict[str, float]:
+    """One `orjson.loads` and one `orjson.dumps` of `body`, medians of a tight loop in this process (the best
+    case of each: the floor issue 11 sets for what ctproxy with its defaults may add over bare mitmdump)."""
+    value = orjson.loads(body)
+    loads, dumps = [], []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        orjson.loads(body)
+        loads.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        orjson.dumps(value)
+        dumps.append(time.perf_counter() - t)
+    return {"loads_ms": round(summarize(loads).median * 1000, 3), "dumps_ms": round(summarize(dumps).median * 1000, 3)}
+
+
 def print_report(result: dict[str, Any], names: list[str], rows: list[list[str]],
                  variants: dict[str, list[str]]) -> None:
     meta = result["meta"]
@@ -450,6 +471,10 @@ def print_report(result: dict[str, Any], names: list[str], rows: list[list[str]]
         added = result["ratios"]["c_sse_added_ttfb_over_direct_ms"]
         added_pass = result["ratios"]["c_sse_added_ttfb_over_direct_ms_pass_through"]
         print(f"added SSE TTFB over direct (median): ctproxy {added:.2f} ms, pass-through {added_pass:.2f} ms")
+    if "b_floor" in result["ratios"]:
+        f = result["ratios"]["b_floor"]
+        print(f"b: ctproxy - bare {f['ctproxy_minus_bare_ms']:.2f} ms; one orjson.loads {f['loads_ms']:.2f} ms + "
+              f"one orjson.dumps {f['dumps_ms']:.2f} ms = {f['loads_ms'] + f['dumps_ms']:.2f} ms")
     if "e_cpu_per_request" in result["scenarios"]:
         print_cpu(result["scenarios"]["e_cpu_per_request"])
     for label in variants:

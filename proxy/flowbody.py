@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,6 +174,8 @@ class ResponsesBody:
     changed: bool = False
     source_bytes: int = 0  # the client's body as parsed (decoded): its size, without serializing it again
     _facts: tuple[Sequence[Any], InputFacts] | None = field(default=None, repr=False, compare=False)
+    # Called once, when the body writer has written the final body (the bridge sends its first round then).
+    on_commit: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def replace(self, new: dict[str, Any]) -> None:
         """Adopt a transform's result; a transform that did not apply returns the same object."""
@@ -251,6 +253,9 @@ def commit_body(flow: http.HTTPFlow) -> bool:
         return False
     flow.request.content = orjson.dumps(body.value)
     body.changed = False
+    if body.on_commit is not None:
+        done, body.on_commit = body.on_commit, None
+        done()
     return True
 
 

@@ -53,9 +53,9 @@ def _plain_classes(typeinfo: Any) -> tuple[type, ...] | None:
     """The classes an `isinstance` check stands for, when `typeinfo` is a class or a union of classes
     (all of a message's fields): then one `isinstance` decides, as `fits` would."""
     members = typing.get_args(typeinfo) if typing.get_origin(typeinfo) in (typing.Union, UnionType) else (typeinfo,)
-    special = (float, typing.Any, typing.TextIO, typing.BinaryIO)  # not plain isinstance checks in `fits`
+    special = (typing.Any, typing.TextIO, typing.BinaryIO)  # not plain isinstance checks in `fits`
     if all(isinstance(m, type) and typing.get_origin(m) is None and m not in special for m in members):
-        return tuple(members)
+        return (*members, int) if float in members else tuple(members)  # a float field takes an int too
     return None
 
 

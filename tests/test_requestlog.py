@@ -149,3 +149,15 @@ async def test_an_unreachable_upstream_is_one_line(proxy_factory):
     assert len(lines) == 1, proxy.log()
     assert lines[0]["path"] == "/v1/responses" and lines[0]["status"] in (str(status), "upstream_failed")
     assert PROMPT not in proxy.log()
+
+
+async def test_a_bridged_request_is_logged_under_the_agents_path_never_the_jobs_key(emulator, proxy_factory):
+    """The bridge re-routes a request to `/ctp-bridge/<key>/v1/responses` inside the proxy; the key is a
+    one-time secret of the job: the log line and the dashboard show the path the agent asked for."""
+    proxy = await proxy_factory(upstream=emulator.url, extra_args=["--bridge", "context"])
+    async with _client(proxy) as client:
+        await client.responses.create(model="gpt-5", input=PROMPT)
+    lines = await _wait_lines(proxy, 1)
+    assert (lines[0]["method"], lines[0]["path"], lines[0]["status"]) == ("POST", "/v1/responses", "200")
+    await proxy.astop()
+    assert "ctp-bridge" not in proxy.log()

@@ -10,13 +10,19 @@ Streaming (`MergedStream`, fed the upstream's events round by round):
 - a bridged call is shown as an `mcp_call` item (added → arguments → in_progress → completed/failed →
   done), never as a call the agent should run;
 - one final terminal event whose `output` lists every round's items and whose `usage` is the sum.
-A first round without a bridged call passes through event for event (only re-framed).
+An event the merger would send on unchanged is not decoded at all (`MergedStream.block`): its bytes as
+they came (`proxy.bridge.rawsse`) when it is plainly framed, its `type` is the event's name, and its
+`sequence_number` is the next one. In the first round that is every event but the few the merger reads
+(created / in_progress for the response id, each output item's added/done, the terminal event) and those of
+a bridged call, so a round without a bridged call costs a byte scan per event; from the second round on,
+`output_index` shifts and every event is decoded.
 
 Not streaming: `merge_responses` builds the same merged `Response` object.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +30,7 @@ from typing import Any
 import orjson
 
 from proxy.bridge.items import CALL_TYPES, mcp_arguments, mcp_id, mcp_item
+from proxy.bridge.rawsse import decode_block
 from proxy.sse import SSEEvent
 
 START_EVENTS = frozenset({"response.created", "response.in_progress", "response.queued"})
@@ -32,6 +39,14 @@ FAIL_TERMINALS = frozenset({"response.failed", "error"})
 # Output items an agent acts on: a round with one of these ends the turn (a mixed round).
 AGENT_ACTION_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call", "shell_call", "computer_call",
                                 "apply_patch_call", "mcp_approval_request"})
+# Events the merger always decodes (their content decides something); the rest may pass as bytes.
+_READ = frozenset(t.encode() for t in (*HELD_TERMINALS, *FAIL_TERMINALS, "response.output_item.added",
+                                       "response.output_item.done"))
+_START = frozenset(t.encode() for t in START_EVENTS)
+# A bridged call's own events, rewritten into the mcp_call's while one is open in the round.
+_CALL_EVENTS = frozenset({b"response.function_call_arguments.delta", b"response.function_call_arguments.done",
+                          b"response.custom_tool_call_input.delta", b"response.custom_tool_call_input.done"})
+_SEQ = re.compile(rb'"sequence_number":(\d+)[,}]')
 
 
 def frame(typ: str, data: str | bytes) -> bytes:
@@ -87,6 +102,7 @@ class RoundEnd:
     calls: list[PendingCall]
     agent_action: bool  # the round also has items the agent must act on
     data: str = ""  # the terminal event's data as received
+    event: dict[str, Any] | None = None  # ... and decoded
 
 
 @dataclass
@@ -96,7 +112,8 @@ class MergedStream:
     seq: int = 0  # the next sequence_number
     round: int = 0
     offset: int = 0  # output_index shift of the current round
-    response_id: str | None = None  # the first round's: the one the agent sees throughout
+    _response_id: str | None = None  # the first round's: the one the agent sees throughout (`response_id`)
+    _start_data: bytes | str | None = None  # the first start event's data, read for the id when it is needed
     shown: dict[int, dict[str, Any]] = field(default_factory=dict)  # output_index -> finished item (agent view)
     usage: dict[str, Any] | None = None
     end: RoundEnd | None = None  # set when the current round's terminal event arrived
@@ -104,7 +121,52 @@ class MergedStream:
     _action: bool = False
     _max_index: int = -1
 
+    @property
+    def response_id(self) -> str | None:
+        if self._response_id is None and self._start_data is not None:
+            data, self._start_data = self._start_data, None
+            try:
+                resp = orjson.loads(data).get("response")
+            except (orjson.JSONDecodeError, AttributeError):
+                resp = None
+            if isinstance(resp, dict) and isinstance(resp.get("id"), str):
+                self._response_id = resp["id"]
+        return self._response_id
+
     # ---- one upstream event -----------------------------------------------------------------------
+
+    def block(self, raw: bytes | SSEEvent) -> list[bytes]:
+        """One upstream event as its block of bytes (or decoded, see `rawsse`): the block itself when the
+        merger would send it on unchanged, else what `event` makes of it."""
+        if isinstance(raw, SSEEvent):
+            return self.event(raw)
+        if self._passes(raw):
+            return [raw]
+        return [out for ev in decode_block(raw) for out in self.event(ev)]
+
+    def _passes(self, raw: bytes) -> bool:
+        """`event: T` / `data: {"type":"T",…,"sequence_number":N}` / blank line, N the next number, nothing
+        of T the merger must read or rewrite; counts it. Exactly what `event` would send, without decoding."""
+        if self.offset or not raw.startswith(b"event: "):
+            return False
+        nl = raw.find(b"\n", 7)
+        typ = raw[7:nl]
+        if typ in _READ or (self._calls and typ in _CALL_EVENTS):
+            return False
+        start = typ in _START
+        if start and self.round > 0:
+            return False  # dropped: `event` does that
+        data = nl + 7
+        if raw[nl + 1:data] != b"data: " or raw.find(b"\n", data) != len(raw) - 2 \
+                or not raw.startswith(b'{"type":"' + typ + b'"', data):
+            return False
+        m = _SEQ.search(raw, data)
+        if m is None or int(m[1]) != self.seq or raw.find(b'"sequence_number":', m.end()) >= 0:
+            return False
+        if start and self._response_id is None and self._start_data is None:
+            self._start_data = raw[data:-2]
+        self.seq += 1
+        return True
 
     def event(self, ev: SSEEvent) -> list[bytes]:
         try:
@@ -119,13 +181,13 @@ class MergedStream:
                 return []
             resp = data.get("response")
             if isinstance(resp, dict) and self.response_id is None:
-                self.response_id = resp.get("id")
+                self._response_id = resp.get("id")
             return [self._emit(typ, data, ev.data)]
         if typ in HELD_TERMINALS or typ in FAIL_TERMINALS:
             resp = data.get("response") if isinstance(data.get("response"), dict) else None
             if resp is not None:
                 self.usage = sum_usage(self.usage, resp.get("usage"))
-            self.end = RoundEnd(typ, resp, list(self._calls.values()), self._action, ev.data)
+            self.end = RoundEnd(typ, resp, list(self._calls.values()), self._action, ev.data, data)
             return []
         idx = data.get("output_index")
         call = self._calls.get(idx) if isinstance(idx, int) else None
@@ -191,11 +253,11 @@ class MergedStream:
 
     def passthrough_final(self, end: RoundEnd) -> bytes:
         """The first round had no bridged call: its terminal event as it came (renumbered if needed)."""
-        return self._emit(end.terminal, orjson.loads(end.data), end.data)
+        return self._emit(end.terminal, end.event if end.event is not None else orjson.loads(end.data), end.data)
 
     def failure(self, end: RoundEnd) -> bytes:
         if end.terminal == "error" or end.response is None:
-            return self._emit(end.terminal, orjson.loads(end.data), end.data)
+            return self._emit(end.terminal, end.event if end.event is not None else orjson.loads(end.data), end.data)
         resp = {**end.response, "id": self.response_id or end.response.get("id"), "output": self.output()}
         if self.usage is not None:
             resp["usage"] = self.usage

@@ -2,11 +2,20 @@
 
 A mitmproxy stream callable is synchronous and cannot wait for a tool, so a request the bridge offered
 tools to is re-routed by the bridge stage to this endpoint, inside the proxy process, on 127.0.0.1 and
-a random port, under a one-time job id. The handler sends the request upstream through the
-upstream-turn service and answers with the merged lifecycle as it is produced; mitmproxy streams it to
-the agent as it would any upstream (so the tap and the journal see what the agent sees). The job
-(destination, credentials, identity, offer) never leaves memory and is dropped after a minute (it may be
-claimed again meanwhile: compaction's overflow retry re-sends the flow's request here).
+a random port, under a one-time job id. The handler answers with the merged lifecycle as it is
+produced; mitmproxy streams it to the agent as it would any upstream (so the tap and the journal see
+what the agent sees). The job (destination, credentials, identity, offer) never leaves memory and is
+dropped after a minute (it may be claimed again meanwhile: compaction's overflow retry re-sends the
+flow's request here).
+
+The first round does not wait for the loopback hop: the moment the request is final (the body writer
+has written the body; failing that, when mitmproxy's request hook task ends) the stage hands it as
+forwarded to `launch`, which sends it upstream at once; the request mitmproxy then writes to this
+endpoint carries no body (`Launched.take_body`). The endpoint's first request of that length for the job
+takes the launched round (`_claim`: the flow gets its body back), and that round's own task writes the
+answer; any later request for the job (a retry), or one of another length, is sent as received. A
+launched round nobody claims within CLAIM_SECONDS (the request never arrived) is closed, as is one whose
+flow failed first (the agent hung up); the flow then gets its body back too.
 """
 
 from __future__ import annotations
@@ -17,9 +26,10 @@ import os
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -35,15 +45,71 @@ from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 log = logging.getLogger("ctproxy.bridge")
 
 PATH_PREFIX = "/ctp-bridge/"
+
+
+def agent_path(path: str) -> str:
+    """The path the agent asked for, of a request the bridge stage re-routed (`/ctp-bridge/<key>/…`): what
+    logs and the dashboard show. The key is a one-time secret of the job and never leaves the process."""
+    if not path.startswith(PATH_PREFIX):
+        return path
+    rest = path[len(PATH_PREFIX):]
+    cut = rest.find("/")
+    return rest[cut:] if cut >= 0 else "/"
 SEEN_FILE = "bridge-seen.json"  # in the state directory: what the running proxy's bridge saw
 
 JOB_TTL = 60.0
 MAX_JOBS = 10_000
+CLAIM_SECONDS = 30.0  # a launched first round whose request has not reached the endpoint by then is closed
 # Not forwarded upstream: hop-by-hop, framing, and what the endpoint's own connection added.
 DROP_REQUEST = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
                           "accept-encoding", "proxy-connection", "te", "upgrade"})
 DROP_RESPONSE = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding",
                            "date", "server"})
+
+
+class _Response(web.StreamResponse):
+    # The headers go out with the first bytes of the body: one write, and one wake-up of mitmproxy, fewer.
+    _send_headers_immediately = False
+
+
+@dataclass
+class Launched:
+    """A job's first round, sent upstream before its request reached the endpoint (`BridgeService.launch`):
+    `task` serves the whole answer once the endpoint's request for it arrives (`sink`)."""
+
+    task: asyncio.Task[web.StreamResponse]
+    sink: asyncio.Future[web.Request]  # the endpoint's request to answer, set when it arrives
+    # The body length of the request mitmproxy sends to the endpoint: the endpoint's first request for the
+    # job must have it to take this round. 0 once the stage took the body off that request (`take_body`).
+    forwarded: int
+    restore: Callable[[], None] | None = field(default=None, repr=False)  # gives the flow its body back
+    reaper: asyncio.TimerHandle | None = None
+
+    def take_body(self, restore: Callable[[], None]) -> None:
+        """The request to the endpoint carries no body (this round has it); `restore` puts it back on the flow
+        once the endpoint has the request (later readers — the request log, compaction's retry — see it)."""
+        self.forwarded, self.restore = 0, restore
+
+    def give_back(self) -> None:
+        restore, self.restore = self.restore, None
+        if restore is not None:
+            restore()
+
+    def close(self) -> None:
+        """Not claimed: stop the round (sending or open; its answer is closed) and give the flow its body."""
+        if self.reaper is not None:
+            self.reaper.cancel()
+        self.give_back()
+        self.task.cancel()
+
+
+def _eager[T](coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """A task whose first step runs now (the request goes out in this call), not on the next loop turn."""
+    loop = asyncio.get_running_loop()
+    try:
+        return asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+    except TypeError:  # an interpreter without eager tasks
+        return loop.create_task(coro)
 
 
 @dataclass
@@ -59,8 +125,11 @@ class BridgeService:
     stats: TurnStats = field(default_factory=TurnStats)  # totals of this process: rounds, bridged calls
     seen_path: Path | None = None  # where `ctproxy status` reads what this process saw (SEEN_FILE)
     displaced: dict[str, int] = field(default_factory=dict)  # bridged tool -> requests whose agent had its own
+    launched: int = 0  # first rounds sent before their request reached the endpoint (`launch`)
     _seen_due: bool = False
     _jobs: OrderedDict[str, tuple[float, BridgeJob]] = field(default_factory=OrderedDict)
+    _launched: dict[str, Launched] = field(default_factory=dict)
+    _claimed: set[str] = field(default_factory=set)  # jobs whose first request reached the endpoint
     _runner: web.AppRunner | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -120,17 +189,67 @@ class BridgeService:
         if path is not None:
             asyncio.get_running_loop().run_in_executor(None, _write_quietly, path, data)
 
-    def register(self, job: BridgeJob, path: str) -> str:
-        """The path to re-route the agent's request to: the job's key, then the request's own path (so
-        every stage still sees a Responses request: `…/v1/responses`)."""
+    def register(self, job: BridgeJob, path: str) -> tuple[str, str]:
+        """(key, path): the job's key, and the path to re-route the agent's request to: the key, then the
+        request's own path (so every stage still sees a Responses request: `…/v1/responses`)."""
         now = time.monotonic()
         while self._jobs and (next(iter(self._jobs.values()))[0] < now - JOB_TTL or len(self._jobs) > MAX_JOBS):
-            self._jobs.popitem(last=False)
+            old, _ = self._jobs.popitem(last=False)
+            self._claimed.discard(old)
         key = secrets.token_urlsafe(18)
         self._jobs[key] = (now, job)
-        return PATH_PREFIX + key + (path if path.startswith("/") else "/" + path)
+        return key, PATH_PREFIX + key + (path if path.startswith("/") else "/" + path)
+
+    def launch(self, key: str, headers: Sequence[tuple[str, str]], body: bytes, payload: Any) -> Launched | None:
+        """Send a job's first round upstream now: `headers` and `body` as mitmproxy forwards them to the
+        endpoint, `payload` their parsed JSON (the stage's, already decoded). Called once the request is final
+        (the body written, every stage run); None when the job is gone or its request already arrived or was
+        launched (nothing sent)."""
+        entry = self._jobs.get(key)
+        if entry is None or key in self._claimed or entry[1].launched:
+            return None
+        entry[1].launched = True
+        loop = asyncio.get_running_loop()
+        sink: asyncio.Future[web.Request] = loop.create_future()
+        task = _eager(self._serve(sink, entry[1], _forwarded(headers), body, payload))
+        task.add_done_callback(_retrieved)
+        launched = Launched(task, sink, len(body))
+        launched.reaper = loop.call_later(CLAIM_SECONDS, self._unclaimed, key, launched)
+        self._launched[key] = launched
+        self.launched += 1
+        return launched
+
+    def drop_launched(self, key: str) -> None:
+        """The agent went away before its request reached the endpoint: its launched round is closed."""
+        launched = self._launched.pop(key, None)
+        if launched is not None:
+            launched.close()
+
+    def _unclaimed(self, key: str, launched: Launched) -> None:
+        if self._launched.get(key) is launched:
+            del self._launched[key]
+            log.warning("bridge: a launched round was not claimed within %.0f s and was closed", CLAIM_SECONDS)
+            launched.close()
+
+    def _claim(self, key: str, length: int | None) -> Launched | None:
+        """The launched first round for the endpoint's first request of a job, if it is that request (its
+        body is then given back to the flow)."""
+        self._claimed.add(key)
+        launched = self._launched.pop(key, None)
+        if launched is None:
+            return None
+        if launched.reaper is not None:
+            launched.reaper.cancel()
+        if (length or 0) != launched.forwarded:  # not the request that was launched: it is sent as it came
+            launched.close()
+            return None
+        launched.give_back()
+        log.debug("bridge: the endpoint took its launched round 1")
+        return launched
 
     async def close(self) -> None:
+        for key in list(self._launched):
+            self.drop_launched(key)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -139,27 +258,42 @@ class BridgeService:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         # Not popped: compaction's overflow retry re-sends the flow's request (to this endpoint) within the
         # job's minute; the key is unguessable and the endpoint listens on loopback only.
-        entry = self._jobs.get(request.match_info["job"])
+        key = request.match_info["job"]
+        entry = self._jobs.get(key)
         if entry is None or entry[0] < time.monotonic() - JOB_TTL:
             return _json_error(404, "unknown_bridge_job", "no such bridged request (it expired)")
         job = entry[1]
+        launched = self._claim(key, request.content_length)
+        if launched is not None:  # its first round is on its way: the body that came here is not needed
+            launched.sink.set_result(request)
+            return await launched.task  # (cancelling this handler cancels the round)
+        if job.body_taken and not request.content_length:  # its body went with that round, now closed
+            return _json_error(504, "bridge_round_expired", "the bridged request's first round was closed before "
+                                    "the request reached ctproxy's bridge endpoint")
         body = await request.read()
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROP_REQUEST]
-        headers.append(("Accept-Encoding", "identity"))  # the merger reads the events
         try:
             encoding = request.headers.get("Content-Encoding", "")
             payload = orjson.loads(decode_bounded(body, encoding, max_body_bytes()) if encoding else body)
         except (orjson.JSONDecodeError, ValueError):  # undecodable: forwarded as it is, not bridged
             payload = None
-        turn = BridgedTurn(job, self.turns_of(), self.tools, self.memory, headers, body,
-                           payload if isinstance(payload, dict) else {})
-        streaming = isinstance(payload, dict) and payload.get("stream") is True
+        sink: asyncio.Future[web.Request] = asyncio.get_running_loop().create_future()
+        sink.set_result(request)
+        return await self._serve(sink, job, _forwarded(request.headers.items()), body, payload)
+
+    async def _serve(self, sink: Awaitable[web.Request], job: BridgeJob, headers: list[tuple[str, str]],
+                     body: bytes, payload: Any) -> web.StreamResponse:
+        """Send the request upstream, then answer the endpoint's request (awaited from `sink` once the
+        first round's headers are in) with the merged lifecycle, or the upstream's answer as it came."""
+        usable = isinstance(payload, dict)
+        turn = BridgedTurn(job, self.turns_of(), self.tools, self.memory, headers, body, payload if usable else {})
+        streaming = usable and payload.get("stream") is True
         try:
             async with turn.turns.stream(turn.request(body, first=True), job.timeout) as answer:
+                request = await sink
                 ctype = answer.header("content-type").lower()
-                usable = answer.status == 200 and isinstance(payload, dict) and (
+                usable = usable and answer.status == 200 and (
                     ctype.startswith("text/event-stream") if streaming else "json" in ctype)
-                resp = web.StreamResponse(status=answer.status, headers=_response_headers(answer.headers))
+                resp = _Response(status=answer.status, headers=_response_headers(answer.headers))
                 if not usable:  # an error, or nothing the bridge reads: as it came
                     await resp.prepare(request)
                     async for chunk in answer.chunks:
@@ -193,6 +327,19 @@ def _write_quietly(path: Path, text: str) -> None:
         atomic_write_text(path, text + "\n", mode=0o600)
     except OSError as exc:
         log.warning("bridge: %s not written (%s)", path.name, type(exc).__name__)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """A launched round that ended without its request (closed, or a fault before it came)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.warning("bridge: a launched round failed: %s", type(exc).__name__, exc_info=exc)
+
+
+def _forwarded(headers: Any) -> list[tuple[str, str]]:
+    """The request's headers as the upstream gets them (credentials are the job's, added by the turn)."""
+    out = [(k, v) for k, v in headers if k.lower() not in DROP_REQUEST]
+    out.append(("Accept-Encoding", "identity"))  # the merger reads the events
+    return out
 
 
 def _response_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:

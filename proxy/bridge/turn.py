@@ -35,10 +35,10 @@ from proxy.bridge.items import (
     upstream_call,
 )
 from proxy.bridge.merge import AGENT_ACTION_TYPES, MergedStream, PendingCall, RoundEnd, is_bridged, merge_responses
+from proxy.bridge.rawsse import EventSplitter
 from proxy.bridge.specs import Offer, replace_specs, select
 from proxy.flowstate import ContextUsage
 from proxy.metrics import proxy_metrics
-from proxy.sse import SSEDecoder
 from proxy.toolclient import BridgeTool, CallerUpstream, CallOutcome, ToolCall, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable, continue_turn
 
@@ -80,6 +80,9 @@ class BridgeJob:
     # payload in the session's new window (or None: no rollover).
     rollover: Callable[[Sequence[Mapping[str, Any]], dict[str, Any]], Awaitable[dict[str, Any] | None]] | None = \
         field(default=None, repr=False)
+    # The stage took the body off the request to the endpoint: it travels in the launched first round only.
+    body_taken: bool = False
+    launched: bool = False  # its first round was launched (at most once: `BridgeService.launch`)
 
     def reoffer(self, payload: Mapping[str, Any], carried: frozenset[str]) -> Offer:
         return select(self.catalog, self.families, payload, self.apply_patch_form, ours=self.offer.specs,
@@ -392,18 +395,18 @@ class BridgedTurn:
 async def _read_round(merged: MergedStream, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """One round's events through the merger, up to its terminal event (held back by the merger); what one
     upstream chunk gives is written as one chunk (one write, as the upstream did)."""
-    decoder = SSEDecoder()
+    split = EventSplitter()
     async for chunk in chunks:
         outs: list[bytes] = []
-        for ev in decoder.feed(chunk):
-            outs.extend(merged.event(ev))
+        for raw in split.feed(chunk):
+            outs.extend(merged.block(raw))
             if merged.end is not None:
                 break
         if outs:
-            yield b"".join(outs)
+            yield outs[0] if len(outs) == 1 else b"".join(outs)
         if merged.end is not None:
             return
-    for ev in decoder.close():
+    for ev in split.close():
         for out in merged.event(ev):
             yield out
 

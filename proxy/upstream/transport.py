@@ -64,7 +64,10 @@ class AiohttpTransport:
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout),
-                auto_decompress=False)
+                auto_decompress=False,
+                # One session serves every agent's calls: a cookie one upstream answer set must never ride
+                # along on another session's call. Headers the agent sent are passed as they are.
+                cookie_jar=aiohttp.DummyCookieJar())
         return self._http
 
     @asynccontextmanager
