@@ -70,10 +70,19 @@ def mcp_error_text(error: Any) -> str:
 
 
 def mcp_item(call: Mapping[str, Any], status: str, output: str | None = None, error: str | None = None) -> dict:
+    """The item the agent sees. `output` and `error` are left out when there is none (both are optional in
+    the OpenAPI description): clients resend items without their nulls (the openai SDK's exclude_none), and
+    the journal must find a resent item to be the one it recorded, not a second item."""
     kind = CALL_TYPES[str(call["type"])]
-    return {"type": "mcp_call", "id": mcp_id(kind, str(call.get("call_id", ""))), "server_label": SERVER_LABEL,
-            "name": call.get("name", ""), "arguments": mcp_arguments(kind, call_text(call)), "output": output,
-            "error": mcp_error(error) if error is not None else None, "status": status}
+    item: dict[str, Any] = {"type": "mcp_call", "id": mcp_id(kind, str(call.get("call_id", ""))),
+                            "server_label": SERVER_LABEL, "name": call.get("name", ""),
+                            "arguments": mcp_arguments(kind, call_text(call))}
+    if output is not None:
+        item["output"] = output
+    if error is not None:
+        item["error"] = mcp_error(error)
+    item["status"] = status
+    return item
 
 
 def upstream_call(call: Mapping[str, Any]) -> dict[str, Any]:
