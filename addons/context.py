@@ -427,7 +427,7 @@ class Context(Stage):
 
     def _open_notes_window(self, ws: journal_link.WindowSession, items: list[Any], n: int, kind: str,
                            tools: tuple[str, ...], boundary_item: str | None,
-                           anchor: str | None = None) -> Window:
+                           anchor: Mapping[str, Any] | None = None) -> Window:
         """The notes window after `items[:n]` (the agent's items), its bootstrap built once and stored."""
         rt = self.rt
         j = ws.journal
@@ -440,8 +440,8 @@ class Context(Stage):
         # a copy, not the agent's objects: the stored bootstrap is what every later request replays
         leading = orjson.loads(orjson.dumps(boot.leading_instructions(items)))
         stored: dict[str, Any] = {"items": boot.build_bootstrap(start, leading)}
-        if anchor is not None:
-            stored[midturn.ANCHOR_KEY] = anchor
+        if anchor:  # a mid-turn window: how a resend in another form still finds its boundary (midturn.py)
+            stored.update(anchor)
         w = j.start_window(ws.key, boundary_item, "notes", stored, boundary_pos=n,
                            boundary_hash=chain_at(items, session_root(ws.key), n), reason=kind)
         if w.window_id != window_id:  # the identity message names another window: said, never hidden
@@ -473,8 +473,11 @@ class Context(Stage):
             return None
         full = [*agent_items, *(dict(i) for i in shown)]
         tools = reachable_context_tools(payload, self.rt)
+        anchors = midturn.anchors_of(shown)
+        prefix = [len(agent_items), chain_at(agent_items, session_root(ws.key), len(agent_items))]
         w = self._open_notes_window(ws, full, len(full), f"{pending.kind}_midturn", tools, None,
-                                    midturn.anchor_of(shown))
+                                    {midturn.ANCHOR_KEY: anchors[0] if anchors else None,
+                                     midturn.ANCHORS_KEY: anchors, midturn.PREFIX_KEY: prefix})
         journal_link.record_event(ws, "rollover", {"outcome": "midturn", "window_id": w.window_id,
                                                    "boundary": len(full)})
         try:  # the turn's later calls run on the tool server (another process): it must see the new window
@@ -561,7 +564,9 @@ class Context(Stage):
                 proj = moved.record().projection(replay_opaque=False)
                 projected, outcome = apply_window(payload, proj, checked=True)
         elif outcome == "diverged" and (anchored := midturn.reanchored(
-                input_items(payload) or [], proj, w.bootstrap.get(midturn.ANCHOR_KEY))) is not None:
+                input_items(payload) or [], proj,
+                w.bootstrap.get(midturn.ANCHORS_KEY) or w.bootstrap.get(midturn.ANCHOR_KEY),
+                w.bootstrap.get(midturn.PREFIX_KEY))) is not None:
             projected, outcome = apply_window(payload, anchored, checked=True)  # a mid-turn window, resent
         debuglog.event("context", outcome=outcome, strategy=w.strategy, window=w.window_id)
         if outcome == "diverged":

@@ -167,6 +167,37 @@ def test_reanchored_finds_the_boundary_in_another_form_and_nothing_else():
     assert midturn.reanchored(resent, proj, None) is None
 
 
+def test_an_agent_that_drops_the_mcp_call_finds_the_boundary_by_an_older_anchor_or_its_own_items():
+    """Codex resends no `mcp_call`: the boundary is after the newest shown item it kept, else right after
+    the agent's own request items when the resend starts with exactly those."""
+    from proxy.context import midturn
+    from proxy.journal.canonical import chain_at, session_root
+    from proxy.transforms.window import WindowProjection, apply_window
+
+    root = session_root("s1")
+    agent = [{"role": "user", "content": "go"}]
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": []}
+    call = {"type": "mcp_call", "id": "mcp_ctpf_c1", "name": "new_context", "arguments": "{}",
+            "server_label": "ctproxy", "output": "ok", "status": "completed"}
+    later = [{"type": "function_call", "id": "fc_2", "call_id": "c2", "name": "shell", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c2", "output": "ran"}]
+    for shown, kept in (([reasoning, call], [reasoning]), ([call], [])):
+        full = [*agent, *shown]
+        proj = WindowProjection("w2", len(full), chain_at(full, root, len(full)) or "", root,
+                                ({"role": "developer", "content": "boot"},))
+        anchors = midturn.anchors_of(shown)
+        assert anchors == [i["id"] for i in reversed(shown)]
+        prefix = [len(agent), chain_at(agent, root, len(agent))]
+        resent = [*agent, *kept, *later]  # the mcp_call left out
+        assert apply_window({"input": resent}, proj)[1] == "diverged"
+        moved = midturn.reanchored(resent, proj, anchors, prefix)
+        assert moved is not None and moved.boundary == len(agent) + len(kept)
+        out, outcome = apply_window({"input": resent}, moved, checked=True)
+        assert outcome == "applied" and out["input"] == [proj.bootstrap[0], *later]
+        other = [{"role": "user", "content": "another conversation"}, *later]
+        assert midturn.reanchored(other, proj, anchors, prefix) is None  # not its items: never applied
+
+
 def test_in_new_window_keeps_everything_but_the_input_and_the_chain():
     from proxy.context import midturn
 

@@ -6,8 +6,8 @@ its final message), in the three ways a window changes for Codex:
 1. over MCP (`ctproxy codex-config`): the model calls `new_context` in Codex's `mcp__ctproxy` namespace, Codex
    runs it on the tool server, and Codex's very next sampling request starts in the new window;
 2. bridged (`--bridge context,notes`): ctproxy runs `new_context` itself and continues the turn in the new
-   window; the model then calls Codex's own shell tool and Codex completes (that Codex's next request stays
-   in the new window is an xfail: Codex drops the `mcp_call` the window's boundary is anchored on);
+   window; the model then calls Codex's own shell tool and Codex completes, and Codex's next request stays
+   in the new window (Codex resends no `mcp_call`: the boundary is found after its own request items);
 3. the hard trigger: the model's answer used 90% of the window; before forwarding Codex's next request ctproxy
    runs the checkpoint turn (one own-notes write), rolls over, and forwards Codex's request in the new window.
 """
@@ -172,9 +172,6 @@ async def test_codex_with_a_bridged_new_context_rolls_over_mid_turn(tmp_path: Pa
                for i in second.input_items)  # Codex ran its shell and sent the output
 
 
-@pytest.mark.xfail(strict=True, reason="Codex drops ctproxy's mcp_call from what it resends, so the mid-turn "
-                   "window's boundary (anchored on that item) is not found: the journal records "
-                   "projection/diverged and Codex's next request goes up with the old window whole")
 async def test_codex_after_a_bridged_new_context_stays_in_the_new_window(tmp_path: Path) -> None:
     _, _, second = await bridged_run(tmp_path)
     assert_new_window(second.input_items)
