@@ -315,3 +315,33 @@ async def test_cross_agent_inside_the_task_and_refusal_outside(world, tools):
     assert none.is_error and "no task" in none.text and none.details["error"] == "no_task"
     res = await tools["history_list_items"].call({}, ctx(world, task="task_0000"))
     assert res.is_error and "unknown task" in res.text
+
+
+def test_a_bare_tool_name_finds_the_agents_calls_and_the_ones_ctproxy_ran_itself():
+    """`tool_name: notes_write_file` without a namespace: an agent's call is journaled as the concept pair
+    (`notes`, `write_file`), one ctproxy ran (the bridge's `mcp_call`, the checkpoint turn's write) under its
+    server label (`ctproxy`, `notes_write_file`); both are found. With a namespace, only that one."""
+    import sqlite3
+
+    from proxy.journal.query import ItemFilter
+    from proxy.journal.schema import DDL
+
+    db = sqlite3.connect(":memory:")
+    db.executescript(DDL)
+    rows = [("a", "notes", "write_file"), ("b", "ctproxy", "notes_write_file"), ("c", "functions", "exec_command"),
+            ("d", "ctproxy", "get_context_remaining")]
+    for k, (iid, ns, name) in enumerate(rows):
+        db.execute("INSERT INTO journal_items (seq, item_id, session_key, window_id, origin, type, tool_namespace,"
+                   " tool_name, canon_hash, text, segments, chars, images, created_at) VALUES"
+                   " (?, ?, 's', 'w1', 'input', 'function_call', ?, ?, 'h', '', '[]', 0, 0, 0)", (k, iid, ns, name))
+
+    def found(flt: ItemFilter) -> list[str]:
+        where, params = flt.normalized().sql()
+        return [r[0] for r in db.execute(f"SELECT i.item_id FROM journal_items i WHERE {where} ORDER BY seq",
+                                         params)]
+
+    assert found(ItemFilter(tool_name="notes_write_file")) == ["a", "b"]
+    assert found(ItemFilter(tool_namespace="notes", tool_name="write_file")) == ["a"]
+    assert found(ItemFilter(tool_namespace="ctproxy", tool_name="notes_write_file")) == ["b"]
+    assert found(ItemFilter(tool_namespace="ctproxy")) == ["b", "d"]
+    assert found(ItemFilter(tool_name="exec_command")) == ["c"]

@@ -36,16 +36,23 @@ class ItemFilter:
     tool_namespace: str | None = None
     tool_name: str | None = None
     exclude_call_id: str | None = None  # the call being executed never finds itself
+    # The name as given, when no namespace was: a call ctproxy ran itself (the bridge, the checkpoint turn)
+    # is journaled under its own server label (`ctproxy`, `notes_write_file`), an agent's call to the same
+    # tool as the concept pair (`notes`, `write_file`): a bare name finds both.
+    as_given: str | None = None
 
     def normalized(self) -> ItemFilter:
         if self.tool_name is None:
             return self
         ns, name = self.tool_namespace, self.tool_name
+        as_given = None
         if self.tool_name.startswith(("history_", "notes_")):
             ns2, name2 = normalize_tool(ns, name)
             if ns in (None, ns2, "functions"):
+                if ns is None and (ns2, name2) != (None, name):
+                    as_given = name
                 ns, name = ns2, name2
-        return ItemFilter(self.window_id, self.role, ns, name, self.exclude_call_id)
+        return ItemFilter(self.window_id, self.role, ns, name, self.exclude_call_id, as_given)
 
     def sql(self) -> tuple[str, list[Any]]:
         clauses: list[str] = []
@@ -60,12 +67,18 @@ class ItemFilter:
             clauses.append("i.hidden = 0 AND i.control = 0")
         else:
             clauses.append("i.tool_name IS NOT NULL")
+            pair: list[str] = []
             if self.tool_namespace is not None:
-                clauses.append("i.tool_namespace = ?")
+                pair.append("i.tool_namespace = ?")
                 params.append(self.tool_namespace)
             if self.tool_name is not None:
-                clauses.append("i.tool_name = ?")
+                pair.append("i.tool_name = ?")
                 params.append(self.tool_name)
+            if self.as_given is not None:
+                clauses.append(f"(({' AND '.join(pair)}) OR i.tool_name = ?)")
+                params.append(self.as_given)
+            else:
+                clauses.extend(pair)
         if self.exclude_call_id is not None:
             clauses.append("(i.call_id IS NULL OR i.call_id != ?)")
             params.append(self.exclude_call_id)
