@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.emulator import Emulator, FunctionCall, Text
+from tests.openapi_schema import spec_available
 from tests.support.proxyproc import ProxyProcess
 from tests.test_codex_cli import TIMEOUT, codex_binary, config_toml, ctproxy_cli
 
@@ -40,7 +41,7 @@ async def codex_exec(tmp: Path, base_url: str, task: str, prompt: str) -> tuple[
 
 
 async def test_codex_exec_with_a_bridged_call_and_its_own_shell(tmp_path: Path) -> None:
-    async with Emulator(validate_requests=True) as emulator:
+    async with Emulator(validate_requests=spec_available()) as emulator:
         proxy = await ProxyProcess(tmp_path / "state", upstream=emulator.url,
                                    extra_args=["--bridge", "notes,context"]).astart()
         try:

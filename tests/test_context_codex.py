@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from tests.emulator import Emulator, FunctionCall, Text
+from tests.openapi_schema import spec_available
 from tests.support.proxyproc import ProxyProcess
 from tests.test_context_rollover import text_of
 
@@ -122,7 +123,7 @@ async def start(tmp_path: Path, emulator: Emulator, extra: list[str]) -> ProxyPr
 
 
 async def test_codex_calls_new_context_over_mcp_and_its_next_request_is_in_the_new_window(tmp_path: Path) -> None:
-    async with Emulator(validate_requests=True) as emulator:
+    async with Emulator(validate_requests=spec_available()) as emulator:
         proxy = await start(tmp_path, emulator, [])
         try:
             emulator.script(FunctionCall("new_context", {}, namespace="mcp__ctproxy", call_id="call_nc"),
@@ -148,7 +149,7 @@ async def bridged_run(tmp_path: Path) -> list[Any]:
     """Codex with `--bridge context,notes`: the model calls the bridged `new_context`, then Codex's own shell;
     Codex completes. Returns the three requests the emulator received (round 1, the bridge's round 2, and
     Codex's next request with the shell's output)."""
-    async with Emulator(validate_requests=True) as emulator:
+    async with Emulator(validate_requests=spec_available()) as emulator:
         proxy = await start(tmp_path, emulator, ["--bridge", "context,notes"])
         try:
             emulator.script(FunctionCall("new_context", {}, call_id="call_nc"),  # bridged: ctproxy runs it
@@ -180,7 +181,7 @@ async def test_codex_after_a_bridged_new_context_stays_in_the_new_window(tmp_pat
 async def test_codex_at_the_hard_trigger_gets_its_answer_after_the_checkpoint_turn(tmp_path: Path) -> None:
     cfg = tmp_path / "ctx.json"
     cfg.write_text(json.dumps({"model_windows": {"gpt-5": 100_000}, "context": {"hard_ratio": 0.85}}))
-    async with Emulator(validate_requests=True) as emulator:
+    async with Emulator(validate_requests=spec_available()) as emulator:
         proxy = await start(tmp_path, emulator, ["--config", str(cfg), "--bridge", "notes,context"])
         try:
             emulator.script(

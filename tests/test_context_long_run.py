@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench.bench_context import OPENS, SPECIAL, LongRunResult, call_counts, kind_of, long_run
+from tests.openapi_schema import spec_available
 
 pytestmark = pytest.mark.timeout(300)
 TURNS = 200  # two cycles of the schedule: every special kind twice (the overflow once, in the last cycle)
@@ -37,12 +38,17 @@ def test_the_schedule_forces_every_kind_of_window_change() -> None:
     assert set(OPENS) == set(SPECIAL.values())
 
 
-def test_every_request_validated_and_nothing_failed_reached_the_agent(run: LongRunResult) -> None:
+def test_nothing_failed_reached_the_agent(run: LongRunResult) -> None:
     statuses = run.upstream_statuses
     # the only non-200 answers are the script's own: one context_length_exceeded per overflow turn, one
     # failing /responses/compact per fallback turn; the emulator answers 400 to any invalid body
     assert statuses[200] + statuses[400] + statuses[500] == sum(statuses.values()), statuses
     assert statuses[400] + statuses[500] == run.counts.scripted_errors == 2 + 1, statuses  # 2 fallback, 1 overflow
+
+
+@pytest.mark.skipif(not spec_available(), reason="the official OpenAPI description is in ../shared/compat "
+                    "(or $CTPROXY_OPENAPI_SPEC): without it no request is validated")
+def test_every_request_validated(run: LongRunResult) -> None:
     assert run.requests_validated == sum(s.upstream_requests for s in run.samples) - len(run.compact_bodies)
     assert run.requests_validated > TURNS
     from tests.openapi_schema import is_valid
