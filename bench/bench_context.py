@@ -812,7 +812,7 @@ async def projection_in_process(body: bytes, procs: dict[str, ProxyProcess], tas
     from mitmproxy.test import taddons
 
     import addons
-    from bench.bench_proxy import _call_hook, _json_answer
+    from bench.bench_proxy import time_hooks
 
     out: dict[str, Any] = {}
     for name, proc in procs.items():
@@ -827,21 +827,12 @@ async def projection_in_process(body: bytes, procs: dict[str, ProxyProcess], tas
             with taddons.context(*chain, loadcore=False) as tctx:
                 tctx.options.update(ctp_state_dir=str(state), ctp_upstream="http://127.0.0.1:9",
                                     ctp_trust_upstream=True)
+                sizes: list[int] = []
+                record_size = sizes.append
                 for _ in range(rounds):
-                    flow = _flow(body, tasks[name])
-                    for phase in (("requestheaders", "request"), ("responseheaders", "response")):
-                        if phase[0] == "responseheaders":
-                            forwarded = len(flow.request.raw_content or b"")
-                            flow.response = _json_answer()
-                        for hook in phase:
-                            for addon in chain:
-                                fn = getattr(addon, hook, None)
-                                if fn is None:
-                                    continue
-                                t0 = time.perf_counter()
-                                await _call_hook(fn, flow)
-                                samples.setdefault(f"{type(addon).__name__}.{hook}", []).append(
-                                    time.perf_counter() - t0)
+                    await time_hooks(chain, _flow(body, tasks[name]), samples,
+                                     lambda f, add=record_size: add(len(f.request.raw_content or b"")))
+                forwarded = sizes[-1] if sizes else 0
                 for addon in chain:
                     if (done := getattr(addon, "done", None)) is not None:
                         result = done()

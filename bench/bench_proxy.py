@@ -39,6 +39,7 @@ import platform
 import shlex
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -286,19 +287,7 @@ async def hook_costs(bodies: dict[str, bytes], rounds: int) -> dict[str, dict[st
                 samples["orjson.loads (baseline)"].append(time.perf_counter() - start)
                 del parsed  # freeing 1.5 MB of objects is not part of a parse
             for _ in range(rounds):
-                flow = _chain_flow(body, 9)
-                for phase in (("requestheaders", "request"), ("responseheaders", "response")):
-                    if phase[0] == "responseheaders":
-                        flow.response = _json_answer()
-                    for hook in phase:
-                        for addon in chain:
-                            fn = getattr(addon, hook, None)
-                            if fn is None:
-                                continue
-                            start = time.perf_counter()
-                            await _call_hook(fn, flow)
-                            samples.setdefault(f"{type(addon).__name__}.{hook}", []).append(
-                                time.perf_counter() - start)
+                await time_hooks(chain, _chain_flow(body, 9), samples)
             out[label] = {k: round(summarize(v).median * 1000, 4) for k, v in samples.items()}
         for addon in chain:
             if (done := getattr(addon, "done", None)) is not None:
@@ -440,6 +429,25 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pi
             result["scenarios"]["e_cpu_per_request"] = await scenario_cpu(http, urls, pids, bodies.small,
                                                                           plan.rounds_e, plan.warmup)
     return rows
+
+
+async def time_hooks(chain: Sequence[Any], flow: Any, samples: dict[str, list[float]],
+                     before_answer: Callable[[Any], None] | None = None) -> None:
+    """One exchange of `flow` through every hook of `chain` in process (the answer is `_json_answer()`),
+    each hook's time appended to `samples["Stage.hook"]`; `before_answer` sees the flow as forwarded."""
+    for phase in (("requestheaders", "request"), ("responseheaders", "response")):
+        if phase[0] == "responseheaders":
+            if before_answer is not None:
+                before_answer(flow)
+            flow.response = _json_answer()
+        for hook in phase:
+            for addon in chain:
+                fn = getattr(addon, hook, None)
+                if fn is None:
+                    continue
+                start = time.perf_counter()
+                await _call_hook(fn, flow)
+                samples.setdefault(f"{type(addon).__name__}.{hook}", []).append(time.perf_counter() - start)
 
 
 def parse_and_serialize_ms(body: bytes, rounds: int = 30) -> dict[str, float]:
