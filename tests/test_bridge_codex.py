@@ -5,39 +5,27 @@ under the official OpenAPI description and the real API's input rules."""
 
 from __future__ import annotations
 
-import asyncio
-import os
 from pathlib import Path
 
 import pytest
 
 from tests.emulator import Emulator, FunctionCall, Text
 from tests.openapi_schema import spec_available
+from tests.support.codex import codex_env, isolated_dirs, run_codex
 from tests.support.proxyproc import ProxyProcess
-from tests.test_codex_cli import TIMEOUT, codex_binary, config_toml, ctproxy_cli
+from tests.test_codex_cli import TIMEOUT, config_toml, ctproxy_cli
 
 pytestmark = pytest.mark.timeout(300)
 ANSWER = "Noted, and the shell said hi."
 
 
 async def codex_exec(tmp: Path, base_url: str, task: str, prompt: str) -> tuple[int, str, str]:
-    home, codex_home, work = tmp / "home", tmp / "codex-home", tmp / "work"
-    for d in (home, codex_home, work):
-        d.mkdir(parents=True, exist_ok=True)
+    home, codex_home, work = isolated_dirs(tmp)
     (codex_home / "config.toml").write_text(config_toml(base_url, task))
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
-           "CTPROXY_TEST_KEY": "sk-codex-test-not-real", "NO_COLOR": "1", "LANG": "C.UTF-8"}
-    proc = await asyncio.create_subprocess_exec(
-        str(codex_binary()), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt,
-        cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        out, err = await proc.communicate()
-        pytest.fail(f"codex exec did not finish within {TIMEOUT:.0f} s; stderr tail:\n{err.decode()[-2000:]}")
-    return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+    env = codex_env(home, codex_home, CTPROXY_TEST_KEY="sk-codex-test-not-real")
+    code, out, err = await run_codex(["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+                                      prompt], work, env, TIMEOUT)
+    return code, out.decode(errors="replace"), err.decode(errors="replace")
 
 
 async def test_codex_exec_with_a_bridged_call_and_its_own_shell(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tomllib
@@ -27,12 +26,12 @@ import pytest
 
 from tests.emulator import Emulator, FunctionCall, Text
 from tests.openapi_schema import spec_available
+from tests.support.codex import codex_env, isolated_dirs, run_codex
 from tests.support.proxyproc import ProxyProcess
 from tests.test_context_rollover import text_of
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[1]
-CODEX = REPO / ".tools" / "node_modules" / ".bin" / "codex"
 TIMEOUT = 180.0
 PROMPT = "count the files, then tell me"
 ANSWER = "Resumed in a new context window; done."
@@ -51,13 +50,6 @@ exporter = "none"
 """
 
 
-def codex_binary() -> Path:
-    if not CODEX.exists():
-        pytest.skip(f"Codex CLI is not installed at {CODEX.relative_to(REPO)}: scripts/bootstrap.sh installs it "
-                    "(npm @openai/codex into .tools/)")
-    return CODEX
-
-
 def cli(state_dir: Path, *args: str) -> str:
     command, *rest = args
     done = subprocess.run([sys.executable, "-m", "proxy.cli", command, "--state-dir", str(state_dir), *rest],
@@ -71,28 +63,17 @@ async def codex_exec(tmp: Path, proxy: ProxyProcess, emulator: Emulator,
     """`codex exec --json` with the config `ctproxy codex-config` writes (the provider, and the MCP server unless
     `mcp=False`: with the bridge, Codex's own MCP tools of the same names would displace the bridged ones), no
     sandbox (the shell tool runs), a fresh HOME; asserts exit 0 and returns the final message and the events."""
-    home, codex_home, work = tmp / "home", tmp / "codex-home", tmp / "work"
-    for d in (home, codex_home, work):
-        d.mkdir(parents=True, exist_ok=True)
+    home, codex_home, work = isolated_dirs(tmp)
     config = codex_home / "config.toml"
     config.write_text(SETTINGS)
     no_mcp = [] if mcp else ["--no-mcp"]
     await asyncio.to_thread(cli, proxy.state_dir, "codex-config", "--write", str(config), *no_mcp)
     last = tmp / "last-message.txt"
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
-           "OPENAI_API_KEY": "sk-codex-test-not-real", "NO_COLOR": "1", "LANG": "C.UTF-8"}
-    proc = await asyncio.create_subprocess_exec(
-        str(codex_binary()), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "--json",
-        "--output-last-message", str(last), PROMPT, cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        out, err = await proc.communicate()
-        pytest.fail(f"codex exec did not finish within {TIMEOUT:.0f} s; stderr tail:\n{err.decode()[-2000:]}")
+    env = codex_env(home, codex_home, OPENAI_API_KEY="sk-codex-test-not-real")
+    code, out, err = await run_codex(["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+                                      "--json", "--output-last-message", str(last), PROMPT], work, env, TIMEOUT)
     statuses = [(r.route, r.status) for r in emulator.requests]
-    assert proc.returncode == 0, (f"codex exec failed ({proc.returncode}): {statuses}\n{err.decode()[-3000:]}\n"
+    assert code == 0, (f"codex exec failed ({code}): {statuses}\n{err.decode()[-3000:]}\n"
                                   f"proxy log:\n{proxy.log()[-3000:]}")
     events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
     return (last.read_text() if last.exists() else ""), events
