@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import types
 
+import fastsimdjson
 import orjson
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mitmproxy.test import taddons, tflow, tutils
 
 import addons
@@ -19,7 +22,7 @@ class Counting:
         self.dumps = 0
 
     def install(self, monkeypatch):
-        real_loads, real_dumps = orjson.loads, orjson.dumps
+        real_loads, real_dumps = fastsimdjson.loads, orjson.dumps
 
         def loads(data):
             self.loads += 1
@@ -30,8 +33,9 @@ class Counting:
             return real_dumps(obj, *a, **k)
 
         # Only the codec's own module sees the counting functions (other code hashes items with orjson).
-        fake = types.SimpleNamespace(loads=loads, dumps=dumps, JSONDecodeError=orjson.JSONDecodeError)
+        fake = types.SimpleNamespace(dumps=dumps, JSONEncodeError=orjson.JSONEncodeError)
         monkeypatch.setattr(flowbody, "orjson", fake)
+        monkeypatch.setattr(flowbody, "fastsimdjson", types.SimpleNamespace(loads=loads))
 
 
 def _flow(content: bytes, headers: tuple = ((b"content-type", b"application/json"),), path: bytes = b"/v1/responses"):
@@ -141,3 +145,51 @@ async def test_answers_do_not_make_the_tap_parse_the_request_when_nobody_reads_u
 
     runtime.uninstall()
     assert counter.loads == 0
+
+
+# ---- the parse: simdjson's (fastsimdjson), orjson's values ------------------------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=8), inner, max_size=6),
+    max_leaves=40)
+
+
+def _same(a, b) -> bool:
+    """Equal values of equal types all the way down (1 and 1.0 differ, -0.0 and 0.0 differ)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float):
+        return a.hex() == b.hex()
+    return a == b
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON, st.sampled_from([0, orjson.OPT_INDENT_2]))
+def test_the_parse_reads_every_document_as_orjson_does(value, option):
+    """The body parse went from orjson.loads to fastsimdjson.loads (speed): for every RFC 8259 document within
+    64-bit integers, the same values, types, key order and float bits."""
+    raw = orjson.dumps({"model": "gpt-5", "input": [value], "x": value}, option=option)
+    assert _same(fastsimdjson.loads(raw), orjson.loads(raw))
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"model":"gpt-5","input":"hi","x":"\\ud800"}',  # a lone surrogate: orjson cannot write it
+    b'{"model":"gpt-5","input":"hi","x":123456789012345678901234567890}',  # beyond 64 bits
+])
+async def test_a_changed_body_orjson_cannot_write_goes_on_as_the_client_sent_it(tmp_path, raw):
+    flow = _flow(raw)
+    await _run_chain(flow, tmp_path)  # web search would add its tool: the body changes
+    assert flow.request.raw_content == raw
+
+
+async def test_non_standard_numbers_are_parsed_and_forwarded_untouched_when_nothing_changes(tmp_path):
+    raw = b'{"model":"gpt-5","input":"hi","temperature":NaN}'
+    flow = _flow(raw)
+    await _run_chain(flow, tmp_path, ctp_disable=["web_search"])
+    assert flow.request.raw_content == raw
