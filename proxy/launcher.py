@@ -418,6 +418,7 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
     from proxy import memory
 
     memory.freeze_startup_heap()  # the long-lived start-up heap out of the collector's walks (proxy/memory.py)
+    memory.keep_free_heap()  # big bodies reuse freed heap pages instead of faulting new ones in (proxy/memory.py)
     print("\n".join(lines), flush=True)
     if ready is not None:
         ready.set()

@@ -79,6 +79,27 @@ def note_big_work(nbytes: int, delay: float = TRIM_DELAY) -> None:
         _timer.start()
 
 
+KEPT_FREE_HEAP = 64 << 20  # bytes of free heap top glibc keeps instead of returning them at once
+_M_TRIM_THRESHOLD = -1  # mallopt(3)
+
+
+def keep_free_heap(nbytes: int = KEPT_FREE_HEAP) -> bool:
+    """Let glibc keep up to `nbytes` of free memory at the top of its heap (`M_TRIM_THRESHOLD`; default 128 KB,
+    which hands back the memory of every big body the moment it is freed, so that the next one's parse takes its
+    pages again from the kernel, page fault by page fault). Measured inside `ctproxy up` on bench b (1.5 MB
+    requests one after another): the body's parse 1.60-1.72 → 1.33-1.45 ms. The trim after big work
+    (`note_big_work`) still returns all of it once the traffic stops. False where there is no glibc."""
+    name = ctypes.util.find_library("c")
+    if not name or _trim is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_TRIM_THRESHOLD, nbytes))
+
+
 def freeze_startup_heap() -> int:
     """Move everything alive once the proxy is up (mitmproxy, the chain, the modules: hundreds of thousands
     of objects) out of the cyclic collector's reach (`gc.freeze`). They live as long as the process; left in

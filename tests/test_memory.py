@@ -69,3 +69,11 @@ def test_the_start_up_heap_is_frozen_and_garbage_is_not():
         assert ref() is None
     finally:
         gc.unfreeze()
+
+
+def test_keep_free_heap_is_set_where_glibc_is():
+    """`ctproxy up` lets glibc keep a big body's freed heap for the next one (proxy/memory.keep_free_heap); the
+    trim after big work still hands it back."""
+    assert memory.keep_free_heap() is memory.available()
+    if memory.available():
+        assert memory.trim_now()
