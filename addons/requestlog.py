@@ -9,7 +9,7 @@ process's Prometheus metrics (`proxy/metrics.py`) and to the request feed the to
 Nothing in it can carry a header, a prompt, a tool argument or a result: values are categories, counts,
 ids and timings, and strings pass `debuglog.safe_value`.
 
-The answer's hook only takes a snapshot (`_Seen`: references and numbers, read before the flow's state is
+The answer's hook only takes a snapshot (`SeenRequest`: references and numbers, read before the flow's state is
 released); records, metrics, feed and lines are made for every pending snapshot at once, `FLUSH_SECONDS` later
 on the event loop. Measured inside `ctproxy up` (main-thread CPU, 10 KB requests one at a time): made one by
 one right after each answer, the same work cost ≈175 µs a request (the log line alone ≈70 µs: code run once
@@ -26,7 +26,6 @@ import asyncio
 import logging
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 from mitmproxy import ctx, http
@@ -39,7 +38,7 @@ from proxy.flowstate import FlowState, state_of
 from proxy.metrics import Observed, ProxyMetrics, proxy_metrics, route_label
 from proxy.session import SessionIdentity
 from proxy.sse import StreamTap
-from proxy.telemetry import DIFF_BODY_MAX, Bodies, RequestFeed, RequestRecord, request_feed
+from proxy.telemetry import DIFF_BODY_MAX, Bodies, RequestFeed, RequestRecord, SeenRequest, request_feed
 
 log = logging.getLogger("ctproxy.requests")
 
@@ -104,31 +103,7 @@ def _model(st: FlowState) -> str | None:
     return model if isinstance(model, str) else None
 
 
-@dataclass(slots=True)
-class _Seen:
-    """What a record is made of, taken from the flow when its answer is final (its state is released right
-    after): references and numbers only, turned into a `RequestRecord` later (`_build`)."""
-
-    method: str
-    path: str
-    start: float
-    end: float
-    ttfb_ms: float | None
-    status: int | None
-    error: str | None
-    ctype: str
-    stream: Any  # the response's stream callable (its byte counter), or None
-    resp_raw: int | None  # len of the buffered answer
-    content_length: str
-    sent: int
-    model: Any
-    identity: tuple[str | None, str | None, str | None]
-    stages: list[str]
-    compacted: tuple[str, str] | None  # (strategy, trigger) when this request caused a compaction
-    bodies: Bodies | None = None
-
-
-def _seen(flow: http.HTTPFlow, error: str | None) -> _Seen:
+def _seen(flow: http.HTTPFlow, error: str | None) -> SeenRequest:
     req, resp = flow.request, flow.response
     st = state_of(flow)
     start = req.timestamp_start
@@ -138,7 +113,7 @@ def _seen(flow: http.HTTPFlow, error: str | None) -> _Seen:
     raw = resp.raw_content if resp is not None else None
     status = resp.status_code if resp is not None and error is None else None
     ctype = resp.headers.get("content-type", "") if resp is not None else ""
-    return _Seen(req.method, req.path, start, end, ttfb, status, error, ctype,
+    return SeenRequest(req.method, req.path, start, end, ttfb, status, error, ctype,
                  resp.stream if resp is not None else None, len(raw) if raw is not None else None,
                  resp.headers.get("content-length", "") if resp is not None else "",
                  len(sent) if sent is not None else 0, _model(st), _identity(st), stages_of(st), _compacted(st))
@@ -187,7 +162,7 @@ class RequestLog(Stage):
         self._done: weakref.WeakSet[http.HTTPFlow] = weakref.WeakSet()
         self._metrics: ProxyMetrics | None = None
         self._feed: RequestFeed | None = None
-        self._pending: list[_Seen] = []
+        self._pending: list[SeenRequest] = []
 
     def load(self, loader: Any) -> None:
         super().load(loader)
@@ -247,7 +222,7 @@ class RequestLog(Stage):
     def done(self) -> None:
         self.flush()
 
-    def _finish(self, seen: _Seen) -> None:
+    def _finish(self, seen: SeenRequest) -> None:
         try:
             record = self._build(seen)
         except Exception as exc:  # observing must never break a request
@@ -262,7 +237,7 @@ class RequestLog(Stage):
         if self.log_lines:
             log.info(format_line(record))
 
-    def _build(self, seen: _Seen) -> RequestRecord:
+    def _build(self, seen: SeenRequest) -> RequestRecord:
         bytes_out: int | None = None
         stream = seen.ctype.lower().startswith("text/event-stream")
         counted = _stream_bytes(seen.stream)

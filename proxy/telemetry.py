@@ -63,6 +63,32 @@ class RequestRecord:
     diff: bool = False  # the bodies are kept: `/requests/{id}/diff` shows what the chain changed
 
 
+@dataclass(slots=True)
+class SeenRequest:
+    """What a record is made of, taken from the flow when its answer is final (its state is released right
+    after): references and numbers only, made into a `RequestRecord` later (addons/requestlog.py). Here, not in
+    the addon: mitmproxy loads a `-s` script without registering it in `sys.modules`, where `dataclasses`
+    looks up a class's module."""
+
+    method: str
+    path: str
+    start: float
+    end: float
+    ttfb_ms: float | None
+    status: int | None
+    error: str | None
+    ctype: str
+    stream: Any  # the response's stream callable (its byte counter), or None
+    resp_raw: int | None  # len of the buffered answer
+    content_length: str
+    sent: int
+    model: Any
+    identity: tuple[str | None, str | None, str | None]
+    stages: list[str]
+    compacted: tuple[str, str] | None  # (strategy, trigger) when this request caused a compaction
+    bodies: Bodies | None = None
+
+
 @dataclass(slots=True, frozen=True)
 class Bodies:
     client: bytes  # the request as the client sent it
