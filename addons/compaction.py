@@ -20,6 +20,7 @@ fails too it gets the original error unchanged.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sqlite3
@@ -194,23 +195,23 @@ class Compaction(Stage):
         checkpoint = journal_link.current_checkpoint(windows)
         model = payload.get("model") if isinstance(payload.get("model"), str) else ""
         req = flow.request
-        fp = None
         endpoint = normalise_endpoint(req.scheme, req.host, req.port, req.path)
+        make_fp = None
         if route.kind is not None and model:
-            fp = fingerprint_of(route.kind, model, endpoint, headers, self._key(rt))
+            make_fp = functools.partial(fingerprint_of, route.kind, model, endpoint, headers, self._key(rt))
         window = usage.model_window(model, rt.config.model_windows)
         learned = await self._learned_window(rt, db, model, endpoint) if route.eligible and model else None
         if learned is not None and (window is None or learned < window):
             window = learned  # the upstream showed a smaller window than the table says
         info = FlowInfo(session_key=key, payload=payload, client_items=items, checkpoint=None, replay_opaque=False,
-                        window=window, estimate=Estimate(0, "bytes", 1.0), fingerprint=fp, route=route,
+                        window=window, estimate=Estimate(0, "bytes", 1.0), make_fingerprint=make_fp, route=route,
                         credentials_allowed=_credentials_allowed(flow, route), hold=False, mark=mark,
                         compacted_items=sess.compacted_items if sess is not None else None, endpoint=endpoint,
                         windows=windows)
 
         if route.kind is not None:
-            info.target = compaction_target(route.kind, req.scheme, req.host, req.port, req.path, headers,
-                                            info.credentials_allowed)
+            info.make_target = functools.partial(compaction_target, route.kind, req.scheme, req.host, req.port,
+                                                 req.path, headers, info.credentials_allowed)
         # A divergence is reported once: when the previous request still used the checkpoint.
         report = sess is None or checkpoint is None or sess.last.checkpoint_id == checkpoint.id
         projected = self._project(payload, checkpoint, info, cfg.enabled, rt, report)
