@@ -111,8 +111,8 @@ class Atspi:
         (variant,) = await self._call(ref, "org.freedesktop.DBus.Properties", "Get", "ss", [interface, name])
         return variant.value
 
-    async def applications(self) -> list[Ref]:
-        (children,) = await self._call(Ref(REGISTRY, ROOT), ACCESSIBLE, "GetChildren")
+    async def applications(self, timeout: float = 15.0) -> list[Ref]:
+        (children,) = await self._call(Ref(REGISTRY, ROOT), ACCESSIBLE, "GetChildren", timeout=timeout)
         return [Ref(bus, path) for bus, path in children]
 
     async def pid_of(self, bus_name: str) -> int | None:

@@ -158,7 +158,9 @@ async def start_desktop(screen: str = "1280x800x24", *, window_manager: bool = T
 
 
 async def _wait_ready(desktop: Desktop, timeout: float) -> None:
-    """The AT-SPI bus answers, and the window manager (if one was started) has claimed the screen."""
+    """The AT-SPI registry answers on its bus, and the window manager (if one was started) has claimed the
+    screen. (The bus alone is not enough: on a loaded machine the registry daemon it launches may not answer
+    yet, and the desktop's first `list_apps` got `org.freedesktop.DBus.Error.NoReply`.)"""
     from tools_server.computer_use.linux import x11
     from tools_server.computer_use.linux.atspi import Atspi
 
@@ -168,7 +170,10 @@ async def _wait_ready(desktop: Desktop, timeout: float) -> None:
     while loop.time() < deadline:
         try:
             client = await Atspi.connect(desktop.bus_address)
-            client.close()
+            try:
+                await client.applications(timeout=max(0.5, min(5.0, deadline - loop.time())))
+            finally:
+                client.close()
             if desktop.window_manager is None or await asyncio.to_thread(
                     lambda: x11.wm_name_of(desktop.display)) is not None:
                 return
