@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import subprocess
 import sys
@@ -21,14 +20,13 @@ from typing import Any
 
 import aiohttp
 import orjson
-import pytest
 import zstandard
 
 from tests.emulator import Emulator, Text
+from tests.support.codex import codex_env, isolated_dirs, run_codex
 from tests.support.proxyproc import ProxyProcess
 
 REPO = Path(__file__).resolve().parents[1]
-CODEX = REPO / ".tools" / "node_modules" / ".bin" / "codex"
 # A copy of shared/compat/codex-cli/request-exec-first-turn.json (Codex CLI 0.169.0's first request), kept
 # in the repo so that a clone without shared/ runs these tests too.
 CAPTURED = Path(__file__).resolve().parent / "flows" / "codex-request-exec-first-turn.json"
@@ -36,13 +34,6 @@ ANSWER = "Hello from the emulator, relayed by ctproxy."
 TIMEOUT = 120.0
 # Codex's own tools in its first request (0.169.0, custom provider, unknown model → fallback metadata).
 CODEX_TOOLS = {"exec_command", "write_stdin"}
-
-
-def codex_binary() -> Path:
-    if not CODEX.exists():
-        pytest.fail(f"Codex CLI is not installed at {CODEX.relative_to(REPO)}; run scripts/bootstrap.sh "
-                    "(it installs @openai/codex into .tools/ with npm)", pytrace=False)
-    return CODEX
 
 
 def config_toml(base_url: str, task: str) -> str:
@@ -83,30 +74,17 @@ def ctproxy_cli(state_dir: Path, *args: str) -> str:
     return done.stdout
 
 
-async def run_codex(tmp: Path, base_url: str, task: str, prompt: str) -> tuple[int, str, str, str]:
+async def codex_exec(tmp: Path, base_url: str, task: str, prompt: str) -> tuple[int, str, str, str]:
     """`codex exec` in a fresh CODEX_HOME and HOME; returns (exit code, stdout, stderr, last message)."""
-    home = tmp / "home"
-    codex_home = tmp / "codex-home"
-    workdir = tmp / "work"
-    for d in (home, codex_home, workdir):
-        d.mkdir(parents=True, exist_ok=True)
+    home, codex_home, workdir = isolated_dirs(tmp)
     (codex_home / "config.toml").write_text(config_toml(base_url, task))
     last = tmp / "last-message.txt"
     # A clean environment: no stray OPENAI_* / CODEX_* from the developer's shell.
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
-           "CTPROXY_TEST_KEY": "sk-codex-test-not-real", "NO_COLOR": "1", "LANG": "C.UTF-8"}
-    proc = await asyncio.create_subprocess_exec(
-        str(codex_binary()), "exec", "--skip-git-repo-check", "--output-last-message", str(last), prompt,
-        cwd=workdir, env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        out, err = await proc.communicate()
-        pytest.fail(f"codex exec did not finish within {TIMEOUT:.0f} s; stderr tail:\n{err.decode()[-2000:]}")
+    env = codex_env(home, codex_home, CTPROXY_TEST_KEY="sk-codex-test-not-real")
+    code, out, err = await run_codex(["exec", "--skip-git-repo-check", "--output-last-message", str(last), prompt],
+                                     workdir, env, TIMEOUT)
     message = last.read_text() if last.exists() else ""
-    return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"), message
+    return code, out.decode(errors="replace"), err.decode(errors="replace"), message
 
 
 def _headers(rec: Any) -> dict[str, str]:
@@ -126,7 +104,7 @@ async def test_codex_exec_completes_a_turn_through_the_proxy(emulator: Emulator,
                                                              tmp_path: Path) -> None:
     emulator.set_default(Text(ANSWER, deltas=6))  # any retry gets the same answer
     task = ctproxy_cli(proxy.state_dir, "task", "new").strip()  # how a user tags a job's agents
-    code, out, err, last = await run_codex(tmp_path, proxy.url + "/v1", task, "say hi")
+    code, out, err, last = await codex_exec(tmp_path, proxy.url + "/v1", task, "say hi")
     assert code == 0, f"codex exec failed ({code}):\n{err[-3000:]}\nproxy log:\n{proxy.log()[-2000:]}"
     assert ANSWER in out
     assert last.strip() == ANSWER
