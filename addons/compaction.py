@@ -247,8 +247,10 @@ class Compaction(Stage):
         # decides, on the projection that stage will send (the same pure transform).
         info.boundary_checked = info.checkpoint is not None
         cp_id = info.checkpoint.id if info.checkpoint else None
-        # Coalesced: the session's newest row is all that counts (this process reads its memo, not the row).
-        db.put_latest(("forwarded", key), lambda conn: store.record_forwarded(conn, key, cp_id, len(items), sent))
+        # Coalesced: the session's newest row is all that counts (this process reads its memo, not the row). The
+        # write waits for its batch: it closes over the count, never over the items (they would live until then).
+        n_items = len(items)
+        db.put_latest(("forwarded", key), lambda conn: store.record_forwarded(conn, key, cp_id, n_items, sent))
         if want:  # a compaction wrote more than record_forwarded does: read it back next time
             _memo(rt).forget(key)
         else:  # mirror exactly what record_forwarded writes, so the next request can skip the read

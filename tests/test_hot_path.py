@@ -258,3 +258,41 @@ def test_the_collector_is_left_alone_when_it_is_off_already_or_no_loop_runs():
         assert asyncio.run(inside()) is None and not gc.isenabled()
     finally:
         gc.enable()
+
+
+# ------------------------------------------------------------------------------ what a finished flow leaves
+
+
+async def test_a_pending_database_write_does_not_keep_the_agents_input_alive(rt, monkeypatch):
+    """Compaction's per-request record is a coalesced write that waits for its batch. What it writes is a count;
+    had it closed over the input itself, each finished flow's items (thousands of objects for a 1.5 MB body)
+    would live until that batch ran, and be freed on the database thread at a moment no one chose."""
+    import sys
+
+    from proxy.dbworker import DBWorker
+    from proxy.flowbody import responses_body
+
+    monkeypatch.setattr(DBWorker, "_schedule_flush", lambda self: None)  # the batch stays pending
+    monkeypatch.setattr(DBWorker, "_take_pending", lambda self: [])  # (a read on the worker does not take it)
+    addon = ChainAddon(chain())
+    with taddons.context(addon):
+        flow = _flow(4, False)
+        body = responses_body(flow)
+        assert body is not None
+        items = body.value["input"]
+        del body
+        for hook in ("requestheaders", "request"):
+            if (pending := getattr(addon, hook)(flow)) is not None:
+                await pending
+        assert state_of(flow).compaction is not None  # compaction decided this request (and queued its record)
+        flow.response = http.Response.make(200, b"{}", {"content-type": "application/json"})
+        if (pending := addon.response(flow)) is not None:
+            await pending
+        for _ in range(50):
+            if state_of(flow).body is None:
+                break
+            await asyncio.sleep(0)
+        assert state_of(flow).body is None
+        referrers = [type(r).__name__ for r in gc.get_referrers(items) if r is not sys._getframe()]
+        assert any(key[0] == "forwarded" for key in rt.services.db._pending)  # still waiting for its batch
+        assert referrers == [], referrers
