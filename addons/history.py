@@ -138,8 +138,9 @@ class History(Stage):
         except JoinError as err:
             _refuse(flow, err)
             return
+        raw = body.client_input() if body.value.get("input") is body.parsed_input else None  # (not copied here)
         try:
-            mark = j.begin_request(key, task_id, address, ident.source, body.value)  # aligned off the request path
+            mark = j.begin_request(key, task_id, address, ident.source, body.value, raw)  # aligned off the request path
         except Exception as exc:  # the journal is a record: it never fails a request
             log.error("history: request not journaled (%s)", type(exc).__name__)
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 
 import fastsimdjson
@@ -193,3 +194,52 @@ async def test_non_standard_numbers_are_parsed_and_forwarded_untouched_when_noth
     flow = _flow(raw)
     await _run_chain(flow, tmp_path, ctp_disable=["web_search"])
     assert flow.request.raw_content == raw
+
+
+def _big_input(n: int = 400) -> list[dict]:
+    return [{"type": "message", "role": "user" if i % 2 else "assistant", "content": f"turn {i} " + "x" * 200}
+            for i in range(n)]
+
+
+async def test_a_big_input_no_stage_replaced_goes_on_as_the_client_wrote_it(tmp_path):
+    """Web search adds its tool to a big body: the body is written again, but its input as the client's own bytes
+    (here with a float and an escape orjson would write otherwise), not serialized a second time."""
+    items = _big_input()
+    client_input = orjson.dumps(items)
+    client_input = client_input.replace(b'"turn 7 ', b'"t\\u00fcrn 7 ', 1).replace(b'"turn 9 ', b'"turn 9 \\/', 1)
+    client_input = client_input.replace(b'"content":"turn 11 ', b'"x_score":1.0E3,"content":"turn 11 ', 1)
+    raw = b'{"model":"gpt-5","tools":[],"input":' + client_input + b',"store":false}'
+    flow = _flow(raw)
+    await _run_chain(flow, tmp_path)
+    sent = flow.request.content
+    assert client_input in sent  # byte for byte
+    body = orjson.loads(sent)
+    assert body["input"] == orjson.loads(client_input)
+    assert any(t.get("type") == "web_search" for t in body["tools"]) and body["store"] is False
+    assert list(body) == ["model", "tools", "input", "store", "include"]
+
+
+@pytest.mark.parametrize("raw", [
+    # the input twice: what was parsed is the last one; the bytes found would be the first (or both)
+    b'{"model":"gpt-5","input":' + orjson.dumps(_big_input()) + b',"input":' + orjson.dumps(_big_input(3)[1:]) + b'}',
+    # written with spaces: the bytes of the first item are not orjson's
+    b'{"model": "gpt-5", "input": ' + json.dumps(_big_input()).encode() + b'}',
+])
+async def test_an_input_whose_bytes_are_not_certain_is_serialized_as_before(tmp_path, raw):
+    flow = _flow(raw)
+    await _run_chain(flow, tmp_path)
+    body = orjson.loads(flow.request.content)
+    assert body["input"] == fastsimdjson.loads(raw)["input"]
+    assert flow.request.content.count(b'"input"') == 1
+    assert any(t.get("type") == "web_search" for t in body["tools"])
+
+
+async def test_an_input_twice_whose_lists_begin_alike_goes_on_as_the_client_wrote_both(tmp_path):
+    """The one case the check of the first and last items cannot tell (a repeated `input` key, the two lists with
+    the same first item; the last one checked is the last list's): the client's own members go on, both, as it
+    sent them (the upstream reads them as it would have read the client's body); never parts of each."""
+    first, second = orjson.dumps(_big_input()), orjson.dumps(_big_input(3))
+    raw = b'{"model":"gpt-5","input":' + first + b',"input":' + second + b'}'
+    flow = _flow(raw)
+    await _run_chain(flow, tmp_path)
+    assert b'"input":' + first + b',"input":' + second in flow.request.content

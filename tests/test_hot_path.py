@@ -296,3 +296,35 @@ async def test_a_pending_database_write_does_not_keep_the_agents_input_alive(rt,
         referrers = [type(r).__name__ for r in gc.get_referrers(items) if r is not sys._getframe()]
         assert any(key[0] == "forwarded" for key in rt.services.db._pending)  # still waiting for its batch
         assert referrers == [], referrers
+
+
+async def test_a_big_resend_is_journaled_on_the_clients_own_bytes_as_on_the_items(rt):
+    """History hands the journal the client's bytes of a big input (no second serialization): a resend that
+    appends is aligned as `continue`, the items already journaled keep their ids, and the journal holds the items
+    themselves, not the bytes' text."""
+    import orjson
+
+    from proxy.flowbody import responses_body
+
+    items = [{"type": "message", "role": "user" if i % 2 == 0 else "assistant",
+              "content": [{"type": "input_text" if i % 2 == 0 else "output_text", "text": f"m{i} " + "y" * 300}]}
+             for i in range(300)]
+    addon = ChainAddon(chain())
+    marks = []
+    with taddons.context(addon):
+        for n, sent in enumerate((items, [*items, {"role": "user", "content": "one more"}])):
+            flow = _flow(10 + n, False)
+            flow.request.content = orjson.dumps({"model": "gpt-5", "prompt_cache_key": "big", "input": sent})
+            body = responses_body(flow)
+            assert body is not None and body.input_span() is not None  # the fast form applies
+            for hook in ("requestheaders", "request"):
+                if (pending := getattr(addon, hook)(flow)) is not None:
+                    await pending
+            marks.append(state_of(flow).journal_mark)
+        first, second = marks
+        assert second.kind == "continue"
+        assert second.input_ids[:len(items)] == first.input_ids and len(second.input_ids) == len(items) + 1
+        journal = rt.services.journal
+        assert journal.flush()
+        key = first.session_key
+        assert len(journal.item_ids_for_session(key)) == len(items) + 1

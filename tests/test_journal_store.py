@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import sqlite3
 import time
@@ -334,9 +335,12 @@ def test_fast_resend_path_gives_the_same_ids_as_item_by_item(tmp_path: Path):
         assert runs[0] == runs[1]
 
 
-def _lazy_conversation(rng, j: Journal, key: str, lazy: bool) -> list[tuple[list[str], str, list[str]]]:
+def _lazy_conversation(rng, j: Journal, key: str, lazy: bool,
+                       as_sent: bool = False) -> list[tuple[list[str], str, list[str]]]:
     """The request path's API (`begin_request` / `end_response`, settled whenever the writer or a reader
-    gets to it) against the inline one, on the same random client behaviour, with concurrent turns."""
+    gets to it) against the inline one, on the same random client behaviour, with concurrent turns.
+    `as_sent`: the request path hands over the client's own bytes of the input (a client that writes JSON with
+    spaces, unlike orjson), as it does for a big body."""
     ident = _ident(key)
     k, task, addr = j.resolve(ident, {}, {})
     history: list[dict] = []
@@ -358,7 +362,8 @@ def _lazy_conversation(rng, j: Journal, key: str, lazy: bool) -> list[tuple[list
         second = [_out(f"b{turn}", 100 + turn)]
         meta = {"model": "gpt-5", "status": "completed", "usage": None, "error": None, "incomplete": False}
         if lazy:
-            mark = j.begin_request(k, task, addr, "fingerprint", payload)
+            sent = json.dumps(payload["input"]).encode() if as_sent and isinstance(payload["input"], list) else None
+            mark = j.begin_request(k, task, addr, "fingerprint", payload, sent)
             payload["input"].append(_msg("user", "edited by a later addon"))  # the snapshot is what counts
             other = j.begin_request(k, task, addr, "fingerprint", {"input": list(history)}) \
                 if action == "overlap" else None
@@ -386,16 +391,16 @@ def _lazy_conversation(rng, j: Journal, key: str, lazy: bool) -> list[tuple[list
 def test_request_path_backlog_gives_the_same_journal_as_inline(tmp_path: Path):
     for seed in range(12):
         runs = []
-        for lazy in (True, False):
-            j = Journal(StateDir.open(tmp_path / f"l{seed}{lazy}"))
+        for lazy, as_sent in ((True, False), (False, False), (True, True)):
+            j = Journal(StateDir.open(tmp_path / f"l{seed}{lazy}{as_sent}"))
             try:
-                runs.append(_lazy_conversation(random.Random(seed), j, "f:lazy", lazy))
+                runs.append(_lazy_conversation(random.Random(seed), j, "f:lazy", lazy, as_sent))
                 # Everything left for later reached the database without anyone asking (the writer's tick).
                 if lazy:
                     assert not j._backlog
             finally:
                 j.close()
-        assert runs[0] == runs[1]
+        assert runs[0] == runs[1] == runs[2]
         assert any(kind in ("prefix", "diverged") for _, kind, _ in runs[0])
 
 

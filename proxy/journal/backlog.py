@@ -125,18 +125,22 @@ class RequestMark:
 @dataclass(slots=True)
 class PendingRequest:
     mark: RequestMark
-    whole: bytes | None  # the input items serialized by orjson (None: not yet, see `serialized`)
+    whole: bytes | memoryview | None  # the input list's bytes: the client's own (a view of its body, copied by
+    # the writer), or orjson's (None: not yet, see `serialized`)
     previous_response_id: str | None
     items: list[Any] | None = None  # the items themselves, when the caller guarantees they stay unchanged
     queued_at: float = field(default_factory=time.monotonic)  # the crash-loss window counts from here
     prepared: Prepared | None = None  # per-item work done before taking the journal's lock (big inputs)
 
     def serialized(self) -> bytes:
-        """The items as orjson writes them (what the resend prefix is compared on), made on first use:
-        by the writer, off the request path. Two threads may both make it; the bytes are the same."""
+        """The input list's bytes (what the resend prefix is compared on): the client's own when the request path
+        had them (a big body), else the items as orjson writes them, made on first use by the writer, off the
+        request path. Two threads may both make it; the bytes are the same."""
         whole = self.whole
         if whole is None:
             whole = self.whole = orjson.dumps(self.items)
+        elif isinstance(whole, memoryview):
+            whole = self.whole = bytes(whole)
         return whole
 
 

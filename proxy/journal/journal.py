@@ -460,9 +460,11 @@ class Journal:
 
     # ------------------------------------------------------------------ ingest
     def begin_request(self, session_key: str, task_id: str, address: str, source: str | None,
-                      payload: Mapping[str, Any]) -> RequestMark:
+                      payload: Mapping[str, Any], input_bytes: bytes | memoryview | None = None) -> RequestMark:
         """The request path: snapshot the input and leave its alignment to the writer's next drain (or to
-        the first reader of the session). The mark's ids and kind settle the backlog when read."""
+        the first reader of the session). The mark's ids and kind settle the backlog when read.
+        `input_bytes`: the client's own bytes of the input list, when the caller has them (a big body): the
+        resend prefix is compared on them, and the writer need not serialize the items again."""
         items = input_items(payload)
         st = self._sessions.get(session_key)  # cached: no need to wait for `_lock` (the writer may hold it)
         if st is None:
@@ -472,7 +474,8 @@ class Journal:
         record_fingerprint_claim(self, st.key, st.source, items)  # issue 13 defect 5 (proxy/session.py)
         # The items themselves, serialized by the writer when it gets to them (`PendingRequest.serialized`):
         # every stage after this one makes new lists and dicts and never changes the client's (ADR 0006).
-        self._backlog.append(PendingRequest(mark, None if items is not None else b"null", _previous_response(payload),
+        whole = b"null" if items is None else input_bytes
+        self._backlog.append(PendingRequest(mark, whole, _previous_response(payload),
                                             list(items) if items is not None else None))
         self._after_append()
         return mark
