@@ -17,8 +17,9 @@ client sent it (`commit_body`).
 
 A big body a stage changed only beside its `input` (web search adds a tool) is written around the client's own
 bytes of that list, copied once, instead of serializing it again (`ResponsesBody.input_span`, found and checked by
-`proxy/transforms/jsonspan.py`); the journal compares a resend on the same bytes. Measured on bench b (1.5 MB,
-1,000 requests interleaved, twice): −0.55 and −0.8 ms of the proxy's CPU per request, latency level.
+`proxy/transforms/jsonspan.py`); the journal compares a resend on the same bytes. Measured on bench b's 1.5 MB
+body (docs/benchmarks.md, session 7): −0.55 to −1.8 ms of the proxy's CPU per request; latency level when the
+targets alternate request by request, −0.4 and −1.3 ms in blocks of one proxy's own requests.
 """
 
 from __future__ import annotations
