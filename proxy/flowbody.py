@@ -38,7 +38,7 @@ from proxy import errors, gcpause
 from proxy.addonlookup import find_addon
 from proxy.flowstate import state_of
 from proxy.transforms.items import InputFacts, input_facts
-from proxy.transforms.jsonspan import member_span
+from proxy.transforms.jsonspan import member_span, strip_ws
 
 log = logging.getLogger("ctproxy.body")
 
@@ -242,7 +242,7 @@ def _client_input_span(raw: bytes, keys: Sequence[str], items: list[Any]) -> tup
     start, end = span
     if raw[start] != 0x5B or raw[end - 1] != 0x5D:  # '[' … ']'
         return None
-    inner_start, inner_end = _skip_ws(raw, start + 1, end - 1)
+    inner_start, inner_end = strip_ws(raw, start + 1, end - 1)
     if not items:
         return span if inner_start == inner_end else None
     try:
@@ -252,14 +252,6 @@ def _client_input_span(raw: bytes, keys: Sequence[str], items: list[Any]) -> tup
     if raw[inner_start:inner_start + len(first)] != first or raw[inner_end - len(last):inner_end] != last:
         return None  # written otherwise than orjson would (spaces), or not the list that was parsed
     return span
-
-
-def _skip_ws(raw: bytes, start: int, end: int) -> tuple[int, int]:
-    while start < end and raw[start] in b" \t\n\r":
-        start += 1
-    while end > start and raw[end - 1] in b" \t\n\r":
-        end -= 1
-    return start, end
 
 
 def request_path(flow: http.HTTPFlow) -> str:

@@ -24,6 +24,12 @@ _WS = b" \t\n\r"
 MAX_CANDIDATES = 8  # occurrences of the key tried on each side before giving up (each costs one small parse)
 
 
+def strip_ws(raw: bytes, start: int, end: int) -> tuple[int, int]:
+    """`raw[start:end]` without the JSON whitespace at either end, as (start, end)."""
+    start = _lstrip(raw, start)
+    return (start, max(start, _rstrip(raw, end)))
+
+
 def _lstrip(raw: bytes, i: int) -> int:
     n = len(raw)
     while i < n and raw[i] in _WS:
