@@ -47,7 +47,7 @@ def session_of(flow: http.HTTPFlow, aliases: Mapping[str, str] | None) -> Sessio
         return None
     headers = header_map(flow)
     headers.update(st.identity_headers)  # x-ctp-* as the client sent them (stripped from the request)
-    ident = resolve_session(headers, body.value, aliases)
+    ident = resolve_session(headers, body.view, aliases)  # (reads a big input's first items only)
     st.session = ident
     return ident
 

@@ -58,6 +58,7 @@ from proxy.metrics import proxy_metrics
 from proxy.sse import ResponseTap, StreamTap
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
+from proxy.transforms.lazyitems import as_list
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 
 log = logging.getLogger("ctproxy.compaction")
@@ -167,7 +168,9 @@ class Compaction(Stage):
         if body is None:
             return
         debuglog.set_enabled(rt.config.debug)
-        payload = body.value
+        # A big input is read lazily here (its length, its facts, the items since the last request); it is
+        # built only where a checkpoint applies or a compaction runs.
+        payload = body.view
         items = input_items(payload)
         if items is None or _stateful(payload):
             return
@@ -193,6 +196,9 @@ class Compaction(Stage):
         windows = journal_link.window_session(rt, st.journal, mark, ident, {**headers, **st.identity_headers},
                                               payload)
         checkpoint = journal_link.current_checkpoint(windows)
+        if checkpoint is not None:  # the projection rewrites the history: the items themselves
+            payload = body.value
+            items = input_items(payload) or []
         model = payload.get("model") if isinstance(payload.get("model"), str) else ""
         req = flow.request
         endpoint = normalise_endpoint(req.scheme, req.host, req.port, req.path)
@@ -228,6 +234,8 @@ class Compaction(Stage):
             or (sess is not None and sess.force_compact and cfg.recover_overflow)
         )
         if want:
+            payload = body.value
+            info.client_items = items = input_items(payload) or []
             cp = await self._compact(flow, info, payload, "threshold", rt)
             projected = self._project(payload, cp, info, cfg.enabled, rt)
             sent = _payload_bytes(projected, input_items(projected) or [])
@@ -334,6 +342,7 @@ class Compaction(Stage):
     async def _compact(self, flow: http.HTTPFlow, info: FlowInfo, request_payload: dict[str, Any], reason: str,
                        rt: runtime.Runtime) -> Checkpoint:
         prev = info.checkpoint
+        info.client_items = as_list(info.client_items)  # (recovery may come here with a big input not built)
         boundary = choose_boundary(info.client_items, prev.boundary if prev else 0, info.window or 0)
         target = info.target
         window_key = info.windows.key if info.windows is not None else info.session_key

@@ -55,6 +55,7 @@ from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.ids import project_ids
 from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, client_compacts, input_items, items_bytes
+from proxy.transforms.lazyitems import LazyItems, as_list, is_item_list, plain_payload
 from proxy.transforms.window import WindowProjection, apply_window
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 
@@ -152,7 +153,7 @@ class Context(Stage):
         checkpoint, or the hard trigger, runs the checkpoint turn first (strategy `notes`); under strategy
         `remote` / `fallback` both compact instead."""
         body = responses_body(flow)
-        payload = body.value if body is not None else {}
+        payload = body.view if body is not None else {}  # a big input is built only where it is rewritten
         self._offer_midturn(flow, ws, payload)
         can_turn = self._can_checkpoint(payload)
         strategy = self.rt.config.context.strategy
@@ -176,6 +177,7 @@ class Context(Stage):
             # nothing to compact: a manual checkpoint still rolls over (a notes window), the trigger does not
             kind = "checkpoint_failed" if kind == "checkpoint" else None
         if kind in ("checkpoint", "threshold"):
+            payload = _built(flow, payload)
             outcome, executed = await self._checkpoint_turn(flow, ws, payload)
             self._journal_turn(flow, ws, payload, executed)
             journal_link.record_event(ws, "checkpoint_turn", {"outcome": outcome, "reason": kind})
@@ -398,7 +400,7 @@ class Context(Stage):
 
     def _window_session(self, flow: http.HTTPFlow) -> journal_link.WindowSession | None:
         body = responses_body(flow)
-        if body is None or _stateful_or_client(body.value, _facts(body, body.value)):
+        if body is None or _stateful_or_client(body.view, _facts(body, body.view)):
             return None
         rt = self.rt
         ident = session_of(flow, rt.services.response_aliases)
@@ -406,7 +408,7 @@ class Context(Stage):
             return None
         st = state_of(flow)
         return journal_link.window_session(rt, st.journal, st.journal_mark, ident,
-                                           {**header_map(flow), **st.identity_headers}, body.value)
+                                           {**header_map(flow), **st.identity_headers}, body.view)
 
     def _roll_over(self, ws: journal_link.WindowSession, flow: http.HTTPFlow, kind: str) -> Window | None:
         """Open the session's notes window at the rollover boundary: calls and their outputs before it,
@@ -471,6 +473,7 @@ class Context(Stage):
             return None
         if pending is None:
             return None
+        agent_items = as_list(agent_items)
         full = [*agent_items, *(dict(i) for i in shown)]
         tools = reachable_context_tools(payload, self.rt)
         anchors = midturn.anchors_of(shown)
@@ -490,7 +493,7 @@ class Context(Stage):
         body = responses_body(flow)
         if body is None:
             return
-        payload = body.value
+        payload = body.view
         out = self._forward_of(flow, ws, payload, opened)
         if ws is not None:
             out = decorate(payload, out, ws, self.rt, self._reminder(flow, ws, payload, opened), _facts(body, out))
@@ -503,7 +506,7 @@ class Context(Stage):
         """The window applied: compaction's decision, or the session's current window (`opened` now)."""
         info = state_of(flow).compaction
         if opened is None and isinstance(info, FlowInfo) and info.checkpoint is not None:
-            return project_decision(payload, info)  # compaction decided: apply that
+            return project_decision(_built(flow, payload), info)  # compaction decided: apply that
         return self._current(flow, payload, ws, decided=isinstance(info, FlowInfo), window=opened)
 
     def _reminder(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
@@ -557,6 +560,7 @@ class Context(Stage):
         proj = make(w, rt) if make is not None else None
         if proj is None:
             return payload
+        payload = _built(flow, payload)  # the window rewrites the history: the items themselves
         projected, outcome = apply_window(payload, proj)
         if outcome == "diverged" and (cp := Checkpoint.from_window(w)) is not None:
             moved = journal_link.journal_boundary(ws.mark, cp)  # the journal's alignment, as compaction does
@@ -607,10 +611,19 @@ def _stateful_or_client(payload: dict[str, Any], facts: InputFacts | None = None
             or client_compacts(payload, facts))
 
 
+def _built(flow: http.HTTPFlow, payload: dict[str, Any]) -> dict[str, Any]:
+    """`payload` with its input items built: the body's own dict is built in place (so `payload`, when it is that
+    dict, stays the same object), any other one is copied with the list."""
+    body = responses_body(flow)
+    if body is not None:
+        body.value  # noqa: B018  (builds the body's input in place)
+    return plain_payload(payload)
+
+
 def _facts(body: ResponsesBody, payload: dict[str, Any]) -> InputFacts | None:
     """The one-pass facts of `payload`'s input list, cached on the body (None for a string input)."""
     items = payload.get("input")
-    return body.facts(items) if isinstance(items, list) else None
+    return body.facts(items) if is_item_list(items) else None
 
 
 def _notes_index(rt: runtime.Runtime, task_id: str, address: str) -> boot.NotesSnapshot:
@@ -668,14 +681,18 @@ def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.Wind
     if out is not payload and _stateful_or_client(out, facts):  # (the agent's own request was checked already)
         return out
     raw = out.get("input")
-    if not isinstance(raw, list):
+    if not is_item_list(raw):
         return out  # a string input: one new message, nothing to recover yet
     agent_items = payload.get("input")
     tools = reachable_context_tools(out, rt)
+    if isinstance(raw, LazyItems) and (tools or remind is not None):
+        # guidance, markers or a reminder go in: the items themselves (else a big input is read lazily, and only
+        # its system/developer items are looked at)
+        raw, agent_items = raw.materialize(), as_list(agent_items)
     instructions = facts.instructions if facts is not None else None
     # a reminder only ever comes back as one of the input's developer messages: none there, none to drop
     resent = None if instructions is None or any(reminder.is_reminder(raw[k]) for k in instructions) else ()
-    forwarded: list[Any] = boot.insert_guidance(raw, tools, instructions)
+    forwarded: Sequence[Any] = boot.insert_guidance(raw, tools, instructions)
     # the markers are what history_read_item takes: shown only to a session that can call it
     if rt.config.context.id_projection and "history_read_item" in tools and isinstance(agent_items, list):
         ids = forwarded_ids(agent_items, forwarded, ws.mark)

@@ -132,15 +132,16 @@ class History(Stage):
         body = responses_body(flow)
         if body is None:
             return
-        ident, headers = _identity(flow, body.value, j)
+        payload = body.view  # identity and the journal read a big input lazily: its first items, and its bytes
+        ident, headers = _identity(flow, payload, j)
         try:
-            key, task_id, address = j.resolve(ident, headers, body.value)
+            key, task_id, address = j.resolve(ident, headers, payload)
         except JoinError as err:
             _refuse(flow, err)
             return
-        raw = body.client_input() if body.value.get("input") is body.parsed_input else None  # (not copied here)
+        raw = body.client_input() if body.is_client_input(payload.get("input")) else None  # (not copied here)
         try:
-            mark = j.begin_request(key, task_id, address, ident.source, body.value, raw)  # aligned off the request path
+            mark = j.begin_request(key, task_id, address, ident.source, payload, raw)  # aligned off the request path
         except Exception as exc:  # the journal is a record: it never fails a request
             log.error("history: request not journaled (%s)", type(exc).__name__)
             return

@@ -99,7 +99,7 @@ def _model(st: FlowState) -> str | None:
     tap = st.tap
     model = getattr(tap, "model", None)
     if not model and isinstance(st.body, ResponsesBody):
-        model = st.body.value.get("model")
+        model = st.body.view.get("model")
     return model if isinstance(model, str) else None
 
 

@@ -55,10 +55,11 @@ class WebSearch(Stage):
                     last_input = cached.input_tokens
                 else:
                     last_input = await _worker(rt).run(lambda conn: _last_input(conn, ident.session_key))
-        decision = decide_native(cfg, route.eligible, last_input, body.value)
+        payload = body.view  # only `tools`, `tool_choice` and `include` are read: a big input is not built
+        decision = decide_native(cfg, route.eligible, last_input, payload)
         state_of(flow).web_search = decision.reason
         if decision.apply:
-            body.replace(inject_web_search(body.value, WebSearchSettings.from_config(cfg)))
+            body.replace(inject_web_search(payload, WebSearchSettings.from_config(cfg)))
         debuglog.event("web_search", outcome="injected" if decision.apply else "skipped", reason=decision.reason,
                        route=route.kind, host=flow.request.host, tokens=last_input)
         commit_if_alone(flow)

@@ -15,11 +15,14 @@ UTF-8 byte-order mark, integers beyond 64 bits (which orjson read as floats). A 
 written by orjson; one orjson cannot write (a lone surrogate, an integer beyond 64 bits) goes on exactly as the
 client sent it (`commit_body`).
 
-A big body a stage changed only beside its `input` (web search adds a tool) is written around the client's own
-bytes of that list, copied once, instead of serializing it again (`ResponsesBody.input_span`, found and checked by
-`proxy/transforms/jsonspan.py`); the journal compares a resend on the same bytes. Measured on bench b's 1.5 MB
-body (docs/benchmarks.md, session 7): −0.55 to −1.8 ms of the proxy's CPU per request; latency level when the
-targets alternate request by request, −0.4 and −1.3 ms in blocks of one proxy's own requests.
+A big body (from `BIG_INPUT_BYTES`) is parsed lazily: simdjson's lazy parser validates and indexes it, the members
+beside `input` are built, and `input` is a `LazyItems` (proxy/transforms/lazyitems.py) whose items are built only
+when a stage reads them. The stages that read no more than a big input's length, first and last items and
+per-item facts read `ResponsesBody.view`; any other reader gets `ResponsesBody.value`, where the list is built
+(once, in place). On an ordinary request of a known session with the default features, no stage builds the list:
+the body writer sends the client's own bytes of it around the members a stage changed (web search adds a tool),
+and the journal reads a resend on the same bytes (`proxy/transforms/jsonspan.py` finds them; session 7 did this
+for bodies that were still built). Measured in docs/benchmarks.md, session 8.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from proxy.addonlookup import find_addon
 from proxy.flowstate import state_of
 from proxy.transforms.items import InputFacts, input_facts
 from proxy.transforms.jsonspan import member_span, strip_ws
+from proxy.transforms.lazyitems import LazyItems, plain
 
 log = logging.getLogger("ctproxy.body")
 
@@ -186,7 +190,7 @@ def refuse_if_over_limit(flow: http.HTTPFlow) -> bool:
 
 @dataclass
 class ResponsesBody:
-    value: dict[str, Any]
+    view: dict[str, Any]  # the body as the stages left it; a big body's `input` may be a LazyItems (not built yet)
     changed: bool = False
     source_bytes: int = 0  # the client's body as parsed (decoded): its size, without serializing it again
     _facts: tuple[Sequence[Any], InputFacts] | None = field(default=None, repr=False, compare=False)
@@ -197,12 +201,29 @@ class ResponsesBody:
     parsed_keys: tuple[str, ...] = field(default=(), repr=False, compare=False)  # the members as parsed, in order
     _input_span: tuple[tuple[int, int] | None] | None = field(default=None, repr=False, compare=False)
 
+    @property
+    def value(self) -> dict[str, Any]:
+        """The body with its `input` a list: a big body's items are built here, once, for a stage that reads the
+        history itself (the stages that read only what `LazyItems` answers cheaply use `view`)."""
+        view = self.view
+        inp = view.get("input")
+        if isinstance(inp, LazyItems):
+            view["input"] = inp.materialize()  # the chain's own dict; the list is the same value, built
+        return view
+
+    def is_client_input(self, items: Any) -> bool:
+        """`items` is the client's `input` list as parsed (lazy or built), which no stage has replaced."""
+        parsed = self.parsed_input
+        return items is parsed or (isinstance(parsed, LazyItems) and items is parsed.materialized
+                                   and items is not None)
+
     def input_span(self) -> tuple[int, int] | None:
         """Where the client's own bytes of its `input` list (`parsed_input`) are in `source`, when the body is big
         enough to be worth it and they can be found with certainty (`proxy/transforms/jsonspan.py`), checked
         against the first and last parsed items as orjson writes them (so a client that writes spaces gets None,
         and so does a body with `input` twice, unless both lists begin alike: then the span holds the client's
-        bytes of both members, which go on as it sent them); else None. Found once."""
+        bytes of both members, which go on as it sent them); else None. Found once. A lazy body's span was
+        found when it was parsed (the items were never built: the client's bytes are the list)."""
         if self._input_span is None:
             items = self.parsed_input
             found = None
@@ -218,14 +239,15 @@ class ResponsesBody:
 
     def replace(self, new: dict[str, Any]) -> None:
         """Adopt a transform's result; a transform that did not apply returns the same object."""
-        if new is not self.value:
-            self.value = new
+        if new is not self.view:
+            self.view = new
             self.changed = True
 
     def facts(self, items: Sequence[Any]) -> InputFacts:
         """`input_facts(items)`, computed once per input list (the stages ask in turn, of the same list)."""
         cached = self._facts
-        if cached is not None and cached[0] is items:
+        if cached is not None and (cached[0] is items or (isinstance(cached[0], LazyItems)
+                                                          and cached[0].materialized is items)):
             return cached[1]
         facts = input_facts(items)
         self._facts = (items, facts)
@@ -297,15 +319,37 @@ def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
         return None  # undecodable or an unknown encoding: untouched, as before
     if st.gc_hold is None:  # before the parse: its allocations must not start a collection (proxy/gcpause.py)
         st.gc_hold = gcpause.hold_for(st, len(content or b""))
+    content = content or b""
     try:
-        value = fastsimdjson.loads(content or b"")
+        lazy = _parse_lazy(content) if len(content) >= BIG_INPUT_BYTES else None
+        value = fastsimdjson.loads(content) if lazy is None else lazy[0]
     except (ValueError, RecursionError):  # JSONDecodeError, invalid UTF-8; a nesting json's fallback cannot read
         return None
     if not isinstance(value, dict):
         return None
-    st.body = ResponsesBody(value, source_bytes=len(content or b""), source=content or b"",
-                            parsed_input=value.get("input"), parsed_keys=tuple(value))
+    st.body = ResponsesBody(value, source_bytes=len(content), source=content, parsed_input=value.get("input"),
+                            parsed_keys=tuple(value), _input_span=(lazy[1],) if lazy is not None else None)
     return st.body
+
+
+def _parse_lazy(content: bytes) -> tuple[dict[str, Any], tuple[int, int]] | None:
+    """A big body as a dict whose `input` is a `LazyItems` over simdjson's lazy document, and where the client's
+    bytes of that list are; None when the body is not that shape (the caller parses it whole). The document is
+    validated whole here: a body that is not JSON raises as `loads` would."""
+    doc = fastsimdjson.parse(content)
+    if not isinstance(doc, fastsimdjson.Object):
+        return None  # another root, or a body simdjson refused and `json` read (then it was parsed whole)
+    keys = list(doc.keys())
+    if len(set(keys)) != len(keys) or "input" not in keys:
+        return None  # a repeated key: built whole, where the last of each counts (as `loads` reads it)
+    items = doc["input"]
+    if not isinstance(items, fastsimdjson.Array):
+        return None
+    span = member_span(content, keys, "input")
+    if span is None or content[span[0]] != 0x5B or content[span[1] - 1] != 0x5D:  # '[' … ']'
+        return None
+    value = {k: LazyItems(items, span[1] - span[0]) if k == "input" else plain(doc[k]) for k in keys}
+    return value, span
 
 
 def commit_body(flow: http.HTTPFlow) -> bool:
@@ -329,10 +373,10 @@ def commit_body(flow: http.HTTPFlow) -> bool:
 def _serialize(body: ResponsesBody) -> bytes:
     """The body as orjson writes it; a big input no stage replaced goes as the client's own bytes, copied once
     into the new body, so that adding a tool to a 1.5 MB request does not serialize 1.5 MB again."""
-    value = body.value
+    value = body.view
     items = value.get("input")
-    if not isinstance(items, list) or items is not body.parsed_input or (raw := body.client_input()) is None:
-        return orjson.dumps(value)
+    if not body.is_client_input(items) or (raw := body.client_input()) is None:
+        return orjson.dumps(body.value)  # (a list not yet built, whose bytes were not found, is built)
     keys = list(value)
     at = keys.index("input")
     before = orjson.dumps({k: value[k] for k in keys[:at]})  # '{…}'

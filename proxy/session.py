@@ -9,6 +9,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from proxy.transforms.lazyitems import is_item_list
+
 TASK_HEADER = "x-ctp-task"
 AGENT_HEADER = "x-ctp-agent"
 
@@ -30,7 +32,7 @@ def _canonical_first(payload: Mapping[str, Any]) -> Any:
     """The first input item in one spelling: `"hi"`, `[{"role":"user","content":"hi"}]` and
     `[{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}]` are one conversation."""
     inp = payload.get("input")
-    first = (inp[0] if inp else None) if isinstance(inp, list) else inp
+    first = (inp[0] if inp else None) if is_item_list(inp) else inp
     if isinstance(first, str):
         return {"role": "user", "text": first}
     if isinstance(first, dict) and (first.get("type") in (None, "message")) and "role" in first:
@@ -68,7 +70,7 @@ def _model_item_key(item: Any) -> str | None:
 
 def first_model_item(items: Any) -> str | None:
     """The key of the first model-produced item among `items`, if any."""
-    for item in items if isinstance(items, list) else ():
+    for item in items if is_item_list(items) else ():  # (a lazy list builds only the items read)
         if (key := _model_item_key(item)) is not None:
             return key
     return None
@@ -106,7 +108,7 @@ def _conversation_key(lower: Mapping[str, str], payload: Mapping[str, Any], agen
     basis = orjson.dumps([payload.get("instructions"), _canonical_first(payload)], option=orjson.OPT_SORT_KEYS)
     start = "f:" + _h(basis.decode(), agent or "")
     inp = payload.get("input")
-    model_item = first_model_item(inp) if isinstance(inp, list) else None
+    model_item = first_model_item(inp) if is_item_list(inp) else None
     if model_item is None:
         return start, "fingerprint"  # a first turn: the same history so far is the same conversation
     # Past the first turn the model's first answer tells conversations apart: the one that answered first

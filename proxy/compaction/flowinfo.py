@@ -6,7 +6,7 @@ Kept out of the addon module: mitmproxy loads `-s` scripts without registering t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +23,8 @@ class FlowInfo:
     """What the request hook decided, for the response hooks."""
 
     session_key: str
-    payload: dict[str, Any]  # the client's payload as sent (never mutated)
-    client_items: list[Any]
+    payload: dict[str, Any]  # the client's payload as sent (never mutated; a big input may be a LazyItems)
+    client_items: Sequence[Any]  # its input items: a list, or a big body's LazyItems (built where rewritten)
     checkpoint: Checkpoint | None  # the checkpoint in effect (None when absent or diverged)
     replay_opaque: bool
     window: int | None

@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from proxy.notes.store import NotesStore, iso
+from proxy.transforms.lazyitems import is_item_list
 
 GUIDANCE_MARKER = "<ctproxy_context_guidance>"
 GUIDANCE_END = "</ctproxy_context_guidance>"
@@ -129,18 +130,19 @@ def guidance_text(tools: Sequence[str]) -> str:
 
 
 def insert_guidance(items: Sequence[Any], tools: Sequence[str] = ALL_TOOLS,
-                    instructions: Sequence[int] | None = None) -> list[Any]:
+                    instructions: Sequence[int] | None = None) -> Sequence[Any]:
     """The forwarded input with exactly one guidance message. If one is there already (a bootstrap's,
     or one the agent resent), the first keeps its place, in the current wording, and any others are
     dropped; else one is placed right after the agent's own leading system/developer messages. With
     no context tool reachable, none (a resent one is dropped too). Idempotent; other items are the
-    same objects, unchanged. `instructions`: the positions of the system/developer items, when known
+    same objects, unchanged (with nothing to change, `items` itself when it is a list or a big body's lazy
+    list). `instructions`: the positions of the system/developer items, when known
     (`proxy.transforms.items.input_facts`): only they can be guidance, so the rest is not walked."""
     reachable = reachable_tools(tools)
     guidance = developer_message(guidance_text(reachable)) if reachable else None
     if instructions is not None and not any(is_guidance(items[k]) for k in instructions):
         if guidance is None:
-            return items if isinstance(items, list) else list(items)
+            return items if is_item_list(items) else list(items)
         lead = 0
         for k in instructions:  # the leading run: positions 0, 1, 2, … that are instructions
             if k != lead or not _is_leading_instruction(items[k]):

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.context.bootstrap import developer_message
+from proxy.transforms.lazyitems import is_item_list
 
 REMINDER_MARKER = "<ctproxy_context_reminder>"
 REMINDER_END = "</ctproxy_context_reminder>"
@@ -46,16 +47,17 @@ def reminder_text(used_tokens: int, window_tokens: int, tools: Sequence[str]) ->
             f"an index of your notes; continue the work there.\n{REMINDER_END}")
 
 
-def with_reminder(items: Sequence[Any], text: str | None, developers: Sequence[int] | None = None) -> list[Any]:
+def with_reminder(items: Sequence[Any], text: str | None,
+                  developers: Sequence[int] | None = None) -> Sequence[Any]:
     """`items` without any resent reminder, and with `text` as the last item when given. `developers`:
     positions that include every developer message of `items`, when known (the rest is not walked)."""
     if developers is not None and not any(is_reminder(items[k]) for k in developers):
         if text is None:
-            return items if isinstance(items, list) else list(items)
+            return items if is_item_list(items) else list(items)
         return [*items, developer_message(text)]
     out = [item for item in items if not is_reminder(item)]
     if text is None and len(out) == len(items):
-        return items if isinstance(items, list) else out  # nothing to drop or add: the same list
+        return items if is_item_list(items) else out  # nothing to drop or add: the same list
     if text is not None:
         out.append(developer_message(text))
     return out

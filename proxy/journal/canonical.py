@@ -26,6 +26,8 @@ from typing import Any
 
 import orjson
 
+from proxy.transforms.lazyitems import LazyItems
+
 try:
     # CPython's own SHA-256 (the same digests as hashlib's): measured on the proxy, hashlib's OpenSSL
     # object costs ≈35 µs a call from a cold cache against ≈15 µs, and every turn hashes a few items.
@@ -73,12 +75,13 @@ def _canon_content(content: Any, role: str | None) -> Any:
     return content
 
 
-def input_items(payload: Mapping[str, Any]) -> list[Any]:
-    """The request's input as a list of items (a string input is one user message)."""
+def input_items(payload: Mapping[str, Any]) -> list[Any] | LazyItems:
+    """The request's input as a list of items (a string input is one user message); a big body's may be a
+    `LazyItems`, not built (proxy/transforms/lazyitems.py)."""
     inp = payload.get("input")
     if isinstance(inp, str):
         return [{"role": "user", "content": inp}]
-    if isinstance(inp, list):
+    if isinstance(inp, (list, LazyItems)):
         return inp
     return []
 

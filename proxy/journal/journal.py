@@ -60,6 +60,7 @@ from proxy.journal.ops import (
 from proxy.journal.writer import JournalWriter
 from proxy.session import SessionIdentity, record_fingerprint_claim
 from proxy.state import StateDir
+from proxy.transforms.lazyitems import LazyItems, as_list
 
 log = logging.getLogger("ctproxy.journal")
 
@@ -475,8 +476,11 @@ class Journal:
         # The items themselves, serialized by the writer when it gets to them (`PendingRequest.serialized`):
         # every stage after this one makes new lists and dicts and never changes the client's (ADR 0006).
         whole = b"null" if items is None else input_bytes
-        self._backlog.append(PendingRequest(mark, whole, _previous_response(payload),
-                                            list(items) if items is not None else None))
+        if isinstance(items, LazyItems):  # a big body's items, not built: the writer reads them from the bytes
+            snapshot = None if input_bytes is not None else items.materialize()
+        else:
+            snapshot = list(items) if items is not None else None
+        self._backlog.append(PendingRequest(mark, whole, _previous_response(payload), snapshot))
         self._after_append()
         return mark
 
@@ -524,7 +528,7 @@ class Journal:
 
     def ingest_request(self, st: SessionState, payload: Mapping[str, Any]) -> RequestMark:
         """Journal the input items not on the branch yet, now; the mark has every input item's id."""
-        items = input_items(payload)
+        items = as_list(input_items(payload))
         with self._lock:
             mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
             self._backlog.append(PendingRequest(mark, orjson.dumps(items), _previous_response(payload), items))

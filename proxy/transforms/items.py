@@ -6,7 +6,7 @@ Pure functions; nothing here mutates an item.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.journal.canonical import chain_at, chain_ids, legacy_chain_hash
+from proxy.transforms.lazyitems import LazyItems, as_list
 
 Item = dict[str, Any]
 
@@ -34,10 +35,11 @@ def approx_tokens(text: str) -> int:
     return approx_tokens_for_bytes(len(text.encode("utf-8")))
 
 
-def input_items(payload: dict[str, Any]) -> list[Item] | None:
-    """The input as a list of items; a string input is one user message. None when unknown."""
+def input_items(payload: Mapping[str, Any]) -> list[Item] | LazyItems | None:
+    """The input as a list of items; a string input is one user message. None when unknown. A big body's
+    list may be a `LazyItems` (proxy/transforms/lazyitems.py) where the stage read the body's `view`."""
     inp = payload.get("input")
-    if isinstance(inp, list):
+    if isinstance(inp, (list, LazyItems)):
         return inp
     if isinstance(inp, str):
         return [{"role": "user", "content": inp}]
@@ -73,7 +75,8 @@ def item_bytes(item: Any) -> int:
 
 def items_bytes(items: Sequence[Any]) -> int:
     """Serialized size of the items (one orjson call: the brackets and commas are noise)."""
-    return len(orjson.dumps(items if isinstance(items, list) else list(items)))
+    return len(orjson.dumps(items if isinstance(items, list) else as_list(items) if isinstance(items, LazyItems)
+                            else list(items)))
 
 
 def item_type(item: Any) -> str:
@@ -95,6 +98,8 @@ class InputFacts:
 
 
 def input_facts(items: Sequence[Any]) -> InputFacts:
+    if isinstance(items, LazyItems) and items.materialized is None:
+        return _input_facts_lazy(items)
     try:  # every item a dict (the usual case): the per-item work runs in C, at ≈0.1 µs an item
         types = set(map(dict.get, items, repeat("type")))
         roles = list(map(dict.get, items, repeat("role")))
@@ -111,6 +116,14 @@ def input_facts(items: Sequence[Any]) -> InputFacts:
             instructions.append(k)
     instructions.sort()
     return InputFacts(not types.isdisjoint(CLIENT_COMPACTION_TYPES), tuple(instructions))
+
+
+def _input_facts_lazy(items: LazyItems) -> InputFacts:
+    """The same facts read from the document's views, without building the items (≈0.2 ms for 2,000)."""
+    types, roles = items.types_and_roles()
+    compaction = any(isinstance(t, str) and t in CLIENT_COMPACTION_TYPES for t in types)
+    instructions = tuple(k for k, role in enumerate(roles) if role == "developer" or role == "system")
+    return InputFacts(compaction, instructions)
 
 
 def _input_facts_walk(items: Sequence[Any]) -> InputFacts:
@@ -135,7 +148,9 @@ def client_compacts(payload: dict[str, Any], facts: InputFacts | None = None) ->
     if facts is not None:
         return facts.client_compaction
     items = input_items(payload) or []
-    return any(isinstance(i, dict) and i.get("type") in CLIENT_COMPACTION_TYPES for i in items)
+    # (a `type` that is no string, a list say, is no compaction type: never a TypeError from the set)
+    return any(isinstance(i, dict) and isinstance(t := i.get("type"), str) and t in CLIENT_COMPACTION_TYPES
+               for i in items)
 
 
 def chain_hashes(items: Sequence[Any], upto: int | None = None, root: str = "") -> list[str]:

@@ -1,0 +1,224 @@
+"""A big body's input list read lazily (proxy/transforms/lazyitems.py, proxy/flowbody.py): the same values as the
+whole parse, items built once and only when read, and the proxy's default chain forwarding and journaling a big
+request exactly as it does with the items built, without building them."""
+
+from __future__ import annotations
+
+import random
+
+import fastsimdjson
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mitmproxy.test import taddons, tflow, tutils
+
+from addons import chain
+from addons.chain_addon import ChainAddon
+from proxy import flowbody
+from proxy.flowbody import commit_body, responses_body
+from proxy.flowstate import state_of
+from proxy.transforms.items import client_compacts, input_facts, input_items, items_bytes
+from proxy.transforms.lazyitems import LazyItems, as_list, is_item_list, plain_payload
+
+
+def _lazy(items: list[object]) -> LazyItems:
+    raw = orjson.dumps(items)
+    return LazyItems(fastsimdjson.parse(raw), len(raw))
+
+
+def _items(n: int, seed: int = 0) -> list[dict[str, object]]:
+    rng = random.Random(seed)
+    out: list[dict[str, object]] = []
+    for k in range(n):
+        role = rng.choice(["user", "assistant", "developer", "system"])
+        out.append({"type": "message", "role": role,
+                    "content": [{"type": "input_text", "text": f"m{k} " + "z" * rng.randrange(0, 40)}]})
+        if rng.random() < 0.2:
+            out.append({"type": "function_call", "call_id": f"c{k}", "name": "shell", "arguments": "{}"})
+    return out
+
+
+# ------------------------------------------------------------------------------ the sequence itself
+
+
+def test_a_lazy_list_reads_as_the_list_it_views():
+    items = [*_items(150), "a string item", 7, None, [1, 2]]
+    lazy = _lazy(items)
+    assert len(lazy) == len(items) and bool(lazy) and not _lazy([])
+    assert lazy[0] == items[0] and lazy[-1] == items[-1] and lazy[-4] == "a string item"
+    assert lazy[3:9] == items[3:9] and lazy[::-7] == items[::-7] and lazy[10:] == items[10:]
+    assert list(lazy) == items and lazy == items and items == lazy and lazy == _lazy(items)
+    assert lazy != items[:-1] and lazy + ["x"] == [*items, "x"] and ["x"] + lazy == ["x", *items]  # noqa: RUF005 (the operators themselves)
+    with pytest.raises(IndexError):
+        lazy[len(items)]
+    with pytest.raises(IndexError):
+        lazy[-len(items) - 1]
+    with pytest.raises(TypeError):
+        hash(lazy)
+    with pytest.raises(TypeError):  # a JSON writer never takes it for an (empty) list
+        orjson.dumps({"input": lazy})
+
+
+def test_an_item_is_built_once_and_the_built_list_keeps_it():
+    items = _items(100, 3)
+    lazy = _lazy(items)
+    first, tenth = lazy[0], lazy[10]
+    assert lazy[0] is first and lazy.materialized is None  # reading items builds only them
+    whole = lazy.materialize()
+    assert whole == items and lazy.materialize() is whole and lazy.materialized is whole
+    assert whole[0] is first and whole[10] is tenth  # (the stages match items by identity: ADR 0006)
+    assert lazy[0] is first and lazy[5:7] == whole[5:7] and list(lazy) == whole
+    assert as_list(lazy) is whole and as_list(whole) is whole
+    assert is_item_list(lazy) and is_item_list(whole) and not is_item_list("text")
+
+
+def test_an_early_stop_builds_only_what_it_read():
+    items = _items(500, 4)
+    lazy = _lazy(items)
+    for k, _item in enumerate(lazy):
+        if k == 3:
+            break
+    assert lazy.materialized is None and repr(lazy) == f"<LazyItems {len(items)} items, 4 built>"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["message", "compaction", "function_call", "reasoning",
+                                                    "compaction_trigger"]),
+                           "role": st.sampled_from(["user", "developer", "system", "assistant"])}),
+    st.fixed_dictionaries({"role": st.one_of(st.sampled_from(["system", "user"]), st.integers(-2 ** 63, 2 ** 63 - 1))}),
+    st.fixed_dictionaries({"type": st.one_of(st.integers(0, 9), st.lists(st.integers(0, 9), max_size=2))}),
+    st.text(max_size=3), st.integers(0, 9), st.none()), max_size=30))
+def test_the_facts_read_from_the_views_are_those_of_the_built_items(items):
+    lazy = _lazy(items)
+    assert input_facts(lazy) == input_facts(items)
+    assert lazy.materialized is None
+    assert client_compacts({"input": lazy}, input_facts(lazy)) == client_compacts({"input": items})
+
+
+def test_the_helpers_of_the_input_take_a_lazy_list():
+    items = _items(80, 5)
+    lazy = _lazy(items)
+    payload = {"model": "m", "input": lazy}
+    assert input_items(payload) is lazy
+    assert items_bytes(lazy[4:9]) == items_bytes(items[4:9])
+    built = plain_payload(payload)
+    assert built == {"model": "m", "input": items} and built["input"] is lazy.materialized
+    assert plain_payload(built) is built
+
+
+# ------------------------------------------------------------------------------ the body codec
+
+
+def _flow(body: bytes) -> object:
+    req = tutils.treq(method=b"POST", scheme=b"https", host="api.openai.com", port=443, path=b"/v1/responses",
+                      content=body, headers=((b"content-type", b"application/json"),
+                                             (b"authorization", b"Bearer sk-test")))
+    flow = tflow.tflow(req=req)
+    flow.response = None
+    return flow
+
+
+def _big(extra: dict[str, object] | None = None, n: int = 1200) -> dict[str, object]:
+    return {"model": "gpt-5", "instructions": "be brief", "tools": [{"type": "function", "name": "shell"}],
+            "input": _items(n, 7), "store": False, **(extra or {})}
+
+
+def test_a_big_body_is_read_lazily_with_the_values_of_the_whole_parse():
+    payload = _big({"temperature": 1.0e3, "metadata": {"k": "\u00fc"}})
+    raw = orjson.dumps(payload).replace(b'"\xc3\xbc"', b'"\\u00fc"')  # the client's own spelling survives
+    flow = _flow(raw)
+    body = responses_body(flow)
+    assert body is not None and isinstance(body.view["input"], LazyItems)
+    assert body.view["metadata"] == {"k": "\u00fc"} and body.view["temperature"] == 1000.0
+    assert bytes(body.client_input()) == orjson.dumps(payload["input"])
+    # a change beside the input: the client's bytes of the list go on, the items never built
+    body.replace({**body.view, "tools": [*body.view["tools"], {"type": "web_search"}]})
+    assert commit_body(flow)
+    assert body.view["input"].materialized is None
+    sent = flow.request.content
+    assert orjson.loads(sent) == {**payload, "tools": [*payload["tools"], {"type": "web_search"}]}
+    assert orjson.dumps(payload["input"]) in sent
+    # a stage that reads the history gets the list, built once, with the values `loads` builds
+    assert body.value == fastsimdjson.loads(raw) | {"tools": body.view["tools"]}
+    assert isinstance(body.value["input"], list) and body.is_client_input(body.value["input"])
+
+
+@pytest.mark.parametrize("raw", [
+    pytest.param(lambda p: orjson.dumps(p)[:-1] + b',"input":[]}', id="input twice"),
+    pytest.param(lambda p: orjson.dumps(p)[:-1] + b',"store":true}', id="another key twice"),
+    pytest.param(lambda p: orjson.dumps({**p, "input": "text " * 20000}), id="string input"),
+    pytest.param(lambda p: orjson.dumps([p]), id="array root"),
+    pytest.param(lambda p: orjson.dumps(p)[:-1] + b',"x":1e400}', id="a number simdjson refuses"),
+])
+def test_what_cannot_be_read_lazily_is_parsed_whole_as_before(raw):
+    data = raw(_big())
+    body = responses_body(_flow(data))
+    want = fastsimdjson.loads(data)
+    if not isinstance(want, dict):
+        assert body is None
+        return
+    assert body is not None and not isinstance(body.view.get("input"), LazyItems)
+    assert body.view == want  # the last of a repeated key, as `loads` reads it
+
+
+def test_a_big_body_that_is_no_json_is_left_alone():
+    data = orjson.dumps(_big())[:-2]
+    assert responses_body(_flow(data)) is None
+
+
+# ------------------------------------------------------------------------------ the default chain
+
+
+async def _forward(addon: ChainAddon, payload: dict[str, object]) -> tuple[object, bytes]:
+    flow = _flow(orjson.dumps(payload))
+    for hook in ("requestheaders", "request"):
+        if (pending := addon.request(flow) if hook == "request" else addon.requestheaders(flow)) is not None:
+            await pending
+    return flow, flow.request.content
+
+
+@pytest.mark.parametrize("identity", ["prompt_cache_key", "fingerprint"])
+async def test_the_default_chain_forwards_and_journals_a_big_request_without_building_its_items(
+        rt, monkeypatch, identity):
+    """The same conversation through the default chain twice, lazily and with every body built whole (the path
+    of small bodies): the same bytes go upstream and the journal holds the same branch; lazily, no stage built
+    the items (the journal read a resend on the client's bytes)."""
+    def conversation(tag: str) -> list[dict[str, object]]:
+        extra = {"prompt_cache_key": tag} if identity == "prompt_cache_key" else {"instructions": f"be {tag}"}
+        first = _big(extra)
+        return [first, {**first, "input": [*first["input"],
+                                           {"type": "message", "role": "user", "content": "and then?"}]}]
+
+    addon = ChainAddon(chain())
+    sent: dict[str, list[bytes]] = {}
+    marks: dict[str, list[object]] = {}
+    with taddons.context(addon):
+        for tag in ("lazy", "whole"):
+            if tag == "whole":
+                monkeypatch.setattr(flowbody, "BIG_INPUT_BYTES", 1 << 40)
+            for payload in conversation(tag):
+                flow, content = await _forward(addon, payload)
+                body = state_of(flow).body
+                lazy = body.parsed_input
+                assert isinstance(lazy, LazyItems) == (tag == "lazy")
+                if tag == "lazy":
+                    assert lazy.materialized is None, "a stage built the items of a big request"
+                sent.setdefault(tag, []).append(content.replace(b"lazy", b"whole"))
+                marks.setdefault(tag, []).append(state_of(flow).journal_mark)
+        assert sent["lazy"] == sent["whole"]
+        journal = rt.services.journal
+        assert journal.flush()
+        for tag in ("lazy", "whole"):
+            first, second = marks[tag]
+            assert second.kind == "continue" and second.input_ids[:len(first.input_ids)] == first.input_ids
+        lazy_ids, whole_ids = (journal.item_ids_for_session(marks[t][0].session_key) for t in ("lazy", "whole"))
+        assert len(lazy_ids) == len(whole_ids) == len(_big()["input"]) + 1
+
+
+def test_an_integer_beyond_64_bits_beside_a_big_input_reads_as_the_whole_parse_reads_it():
+    data = orjson.dumps(_big())[:-1] + b',"seed":1180591620717411303424}'
+    body = responses_body(_flow(data))
+    assert body is not None and isinstance(body.view["input"], LazyItems)
+    assert body.view["seed"] == 2 ** 70 and body.value == fastsimdjson.loads(data)
