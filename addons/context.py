@@ -685,7 +685,8 @@ def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.Wind
         return out  # a string input: one new message, nothing to recover yet
     agent_items = payload.get("input")
     tools = reachable_context_tools(out, rt)
-    if isinstance(raw, LazyItems) and (tools or remind is not None):
+    text = reminder.reminder_text(*remind, tools) if remind is not None and reminder.can_remind(tools) else None
+    if isinstance(raw, LazyItems) and (tools or text is not None):
         # guidance, markers or a reminder go in: the items themselves (else a big input is read lazily, and only
         # its system/developer items are looked at)
         raw, agent_items = raw.materialize(), as_list(agent_items)
@@ -698,7 +699,6 @@ def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.Wind
         ids = forwarded_ids(agent_items, forwarded, ws.mark)
         if ids is not None:
             forwarded = list(project_ids(forwarded, ids))
-    text = reminder.reminder_text(*remind, tools) if remind is not None and reminder.can_remind(tools) else None
     forwarded = reminder.with_reminder(forwarded, text, resent)
     if forwarded is raw or (len(forwarded) == len(raw) and all(a is b for a, b in zip(forwarded, raw, strict=True))):
         return out
