@@ -5,17 +5,22 @@ request exactly as it does with the items built, without building them."""
 from __future__ import annotations
 
 import random
+import re
 
 import fastsimdjson
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
 
 from addons import chain
 from addons.chain_addon import ChainAddon
 from proxy import flowbody
+from proxy import usage as usage_store
+from proxy.context import bootstrap as boot
+from proxy.context import reminder
 from proxy.flowbody import commit_body, responses_body
 from proxy.flowstate import state_of
 from proxy.transforms.items import client_compacts, input_facts, input_items, items_bytes
@@ -179,18 +184,40 @@ async def _forward(addon: ChainAddon, payload: dict[str, object]) -> tuple[objec
     return flow, flow.request.content
 
 
-@pytest.mark.parametrize("identity", ["prompt_cache_key", "fingerprint"])
-async def test_the_default_chain_forwards_and_journals_a_big_request_without_building_its_items(
-        rt, monkeypatch, identity):
+_ANSWER_ITEM = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                "content": [{"type": "output_text", "text": "ok", "annotations": []}]}
+
+
+def _answer(usage_tokens: int) -> http.Response:
+    return http.Response.make(200, orjson.dumps({
+        "id": "resp_1", "object": "response", "model": "gpt-5", "status": "completed", "output": [_ANSWER_ITEM],
+        "usage": {"input_tokens": usage_tokens, "output_tokens": 10, "total_tokens": usage_tokens + 10}}),
+        {"content-type": "application/json"})
+
+
+@pytest.mark.parametrize(("identity", "shape"), [
+    ("prompt_cache_key", "plain"), ("fingerprint", "plain"),
+    ("prompt_cache_key", "reminder due"),  # the usage is near the window: a reminder is due, no tool to show it
+    ("prompt_cache_key", "context tools"),  # the agent declares the context tools: guidance and the reminder go in
+])
+async def test_the_default_chain_forwards_and_journals_a_big_request_as_with_its_items_built(
+        rt, monkeypatch, identity, shape):
     """The same conversation through the default chain twice, lazily and with every body built whole (the path
-    of small bodies): the same bytes go upstream and the journal holds the same branch; lazily, no stage built
-    the items (the journal read a resend on the client's bytes)."""
+    of small bodies): the same bytes go upstream and the journal holds the same branch. Lazily, no stage builds
+    the items unless something goes into the history (the journal reads a resend on the client's bytes)."""
+    tools = [{"type": "function", "name": "shell"}]
+    if shape == "context tools":
+        tools += [{"type": "function", "name": n} for n in ("new_context", "notes_write_file", "history_read_item")]
+
     def conversation(tag: str) -> list[dict[str, object]]:
         extra = {"prompt_cache_key": tag} if identity == "prompt_cache_key" else {"instructions": f"be {tag}"}
-        first = _big(extra)
-        return [first, {**first, "input": [*first["input"],
+        first = _big({**extra, "tools": tools})
+        answer = [_ANSWER_ITEM] if shape != "plain" else []  # the agent resends the answer it got
+        return [first, {**first, "input": [*first["input"], *answer,
                                            {"type": "message", "role": "user", "content": "and then?"}]}]
 
+    window = usage_store.model_window("gpt-5", rt.config.model_windows)
+    assert window
     addon = ChainAddon(chain())
     sent: dict[str, list[bytes]] = {}
     marks: dict[str, list[object]] = {}
@@ -198,15 +225,25 @@ async def test_the_default_chain_forwards_and_journals_a_big_request_without_bui
         for tag in ("lazy", "whole"):
             if tag == "whole":
                 monkeypatch.setattr(flowbody, "BIG_INPUT_BYTES", 1 << 40)
-            for payload in conversation(tag):
+            for n, payload in enumerate(conversation(tag)):
                 flow, content = await _forward(addon, payload)
                 body = state_of(flow).body
                 lazy = body.parsed_input
                 assert isinstance(lazy, LazyItems) == (tag == "lazy")
-                if tag == "lazy":
-                    assert lazy.materialized is None, "a stage built the items of a big request"
-                sent.setdefault(tag, []).append(content.replace(b"lazy", b"whole"))
+                if tag == "lazy":  # built only where guidance goes in (with the context tools declared)
+                    assert (lazy.materialized is not None) == (shape == "context tools"), "built for nothing"
+                # (the journal's ids in the [id: …] markers are the session's own)
+                same = re.sub(rb"\[id: it_[0-9a-f]+\]", b"[id]", content.replace(b"lazy", b"whole"))
+                sent.setdefault(tag, []).append(same)
                 marks.setdefault(tag, []).append(state_of(flow).journal_mark)
+                if n == 0 and shape != "plain":  # the first answer's usage: 80% of the model's window
+                    flow.response = _answer(int(window * 0.8))
+                    for hook in ("responseheaders", "response"):
+                        if (pending := getattr(addon, hook)(flow)) is not None:
+                            await pending
+        if shape == "context tools":
+            assert reminder.REMINDER_MARKER.encode() in sent["lazy"][1]
+            assert boot.GUIDANCE_MARKER.encode() in sent["lazy"][1]
         assert sent["lazy"] == sent["whole"]
         journal = rt.services.journal
         assert journal.flush()
@@ -214,11 +251,5 @@ async def test_the_default_chain_forwards_and_journals_a_big_request_without_bui
             first, second = marks[tag]
             assert second.kind == "continue" and second.input_ids[:len(first.input_ids)] == first.input_ids
         lazy_ids, whole_ids = (journal.item_ids_for_session(marks[t][0].session_key) for t in ("lazy", "whole"))
-        assert len(lazy_ids) == len(whole_ids) == len(_big()["input"]) + 1
-
-
-def test_an_integer_beyond_64_bits_beside_a_big_input_reads_as_the_whole_parse_reads_it():
-    data = orjson.dumps(_big())[:-1] + b',"seed":1180591620717411303424}'
-    body = responses_body(_flow(data))
-    assert body is not None and isinstance(body.view["input"], LazyItems)
-    assert body.view["seed"] == 2 ** 70 and body.value == fastsimdjson.loads(data)
+        answered = 1 if shape != "plain" else 0
+        assert len(lazy_ids) == len(whole_ids) == len(_big()["input"]) + 1 + answered
