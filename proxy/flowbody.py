@@ -348,7 +348,7 @@ def _parse_lazy(content: bytes) -> tuple[dict[str, Any], tuple[int, int]] | None
     span = member_span(content, keys, "input")
     if span is None or content[span[0]] != 0x5B or content[span[1] - 1] != 0x5D:  # '[' … ']'
         return None
-    value = {k: LazyItems(items, span[1] - span[0]) if k == "input" else plain(doc[k]) for k in keys}
+    value = {k: LazyItems(items, content, *span) if k == "input" else plain(doc[k]) for k in keys}
     return value, span
 
 

@@ -29,7 +29,7 @@ from proxy.transforms.lazyitems import LazyItems, as_list, is_item_list, plain_p
 
 def _lazy(items: list[object]) -> LazyItems:
     raw = orjson.dumps(items)
-    return LazyItems(fastsimdjson.parse(raw), len(raw))
+    return LazyItems(fastsimdjson.parse(raw), raw, 0, len(raw))
 
 
 def _items(n: int, seed: int = 0) -> list[dict[str, object]]:
@@ -100,6 +100,58 @@ def test_the_facts_read_from_the_views_are_those_of_the_built_items(items):
     assert input_facts(lazy) == input_facts(items)
     assert lazy.materialized is None
     assert client_compacts({"input": lazy}, input_facts(lazy)) == client_compacts({"input": items})
+
+
+def test_a_resent_list_reads_only_its_new_items_types_and_roles_with_the_same_answer(monkeypatch):
+    from proxy.transforms import lazyitems
+
+    seen = lazyitems._SeenLists()
+    monkeypatch.setattr(lazyitems, "_SEEN", seen)
+    rng = random.Random(11)
+    history = _items(60, 12)
+    for step in range(12):
+        edited = step == 6
+        if edited:  # an edit in the middle: not a resend of what was read before
+            history = [*history[:10], {"type": "message", "role": "system", "content": "edited"}, *history[11:]]
+        elif step != 9:  # (9: the same list again)
+            history = [*history, *_items(rng.randrange(1, 5), 100 + step)]
+        lazy = _lazy(history)
+        assert (seen.resent_by(lazy) is not None) == (step > 0 and not edited), step
+        assert lazy.types_and_roles() == ([i.get("type") for i in history], [i.get("role") for i in history])
+        assert input_facts(lazy) == input_facts(history)
+    assert len(seen._entries) == 1  # one conversation, its newest list
+
+
+def test_a_list_that_only_begins_like_one_read_before_is_read_whole(monkeypatch):
+    from proxy.transforms import lazyitems
+
+    seen = lazyitems._SeenLists()
+    monkeypatch.setattr(lazyitems, "_SEEN", seen)
+    first = [{"type": "message", "role": "user", "content": "x" * 300}]
+    lazy = _lazy(first)
+    assert lazy.types_and_roles() == (["message"], ["user"])
+    assert seen.resent_by(lazy) is not None  # itself: the same list
+    longer = _lazy([{"type": "message", "role": "user", "content": "x" * 300, "extra": 1}])  # `}` comes later
+    assert seen.resent_by(longer) is None
+    assert longer.types_and_roles() == (["message"], ["user"])
+    spaced = orjson.dumps(first)[:-1] + b', {"type": "reasoning"}]'  # a space after the comma: not compared
+    lazy = LazyItems(fastsimdjson.parse(spaced), spaced, 0, len(spaced))
+    assert seen.resent_by(lazy) is None
+    assert lazy.types_and_roles() == (["message", "reasoning"], ["user", None])
+
+
+def test_what_the_read_lists_keep_alive_is_bounded(monkeypatch):
+    from proxy.transforms import lazyitems
+
+    seen = lazyitems._SeenLists()
+    monkeypatch.setattr(lazyitems, "_SEEN", seen)
+    monkeypatch.setattr(seen, "MAX_BYTES", 40_000)
+    for k in range(30):
+        items = [{"type": "message", "role": "user", "content": f"conversation {k} " + "y" * 10_000}]
+        _lazy(items).types_and_roles()
+        assert len(seen._entries) <= seen.MAX_ENTRIES and seen._bytes <= seen.MAX_BYTES
+    _lazy([{"type": {"nested": True}, "role": "user"}]).types_and_roles()  # a view: not kept
+    assert all(not isinstance(t, fastsimdjson.Object) for e in seen._entries.values() for t in e[3])
 
 
 def test_the_helpers_of_the_input_take_a_lazy_list():

@@ -104,7 +104,7 @@ def input_facts(items: Sequence[Any]) -> InputFacts:
         found = items.types_and_roles()
         if found is None:
             return _input_facts_walk(items)
-        types, roles = found
+        types, roles = set(found[0]), found[1]
     else:
         try:
             types = set(map(dict.get, items, repeat("type")))

@@ -20,6 +20,7 @@ item the last. RFC 8259 §4 leaves such objects' meaning to the implementation; 
 from __future__ import annotations
 
 import operator
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from itertools import repeat
 from typing import Any
@@ -41,14 +42,19 @@ def plain(value: Any) -> Any:
 class LazyItems(Sequence[Any]):
     """A read-only view of a JSON array of input items; see the module's docstring."""
 
-    __slots__ = ("_all", "_array", "_built", "_n", "nbytes")
+    __slots__ = ("_all", "_array", "_built", "_n", "end", "source", "start")
 
-    def __init__(self, array: fastsimdjson.Array, nbytes: int):
+    def __init__(self, array: fastsimdjson.Array, source: bytes, start: int, end: int):
         self._array: fastsimdjson.Array | None = array
         self._n = len(array)
         self._built: dict[int, Any] = {}
         self._all: list[Any] | None = None
-        self.nbytes = nbytes  # the client's bytes of the list (brackets included)
+        self.source, self.start, self.end = source, start, end  # the list's JSON text is source[start:end]
+
+    @property
+    def nbytes(self) -> int:
+        """The client's bytes of the list (brackets included)."""
+        return self.end - self.start
 
     def __len__(self) -> int:
         return self._n
@@ -118,19 +124,85 @@ class LazyItems(Sequence[Any]):
             self._all, self._built, self._array = out, {}, None
         return self._all
 
-    def types_and_roles(self) -> tuple[set[Any], list[Any]] | None:
-        """Every item's `type` (as a set) and `role` (in order, None where absent), read from the views without
-        building the items: two C-level passes (≈0.2 ms for 2,000 items). None when some item is no object (the
-        caller walks the items then). A `type` or `role` that is itself an object or array is its view: equal
-        to no string, as the built value would be."""
+    def types_and_roles(self) -> tuple[list[Any], list[Any]] | None:
+        """Every item's `type` and `role`, in order (None where absent), read from the views without building the
+        items: two C-level passes (≈0.2 ms for 2,000 items; 0.5 ms inside the proxy, where the document is cold).
+        None when some item is no object (the caller walks the items then). A `type` or `role` that is itself an
+        object or array is its view: equal to no string, as the built value would be.
+
+        An agent resends its whole history with a few items more each time: when this list begins with the bytes
+        of one read before (without its `]`, then `,` or `]`), those items are the same and so are their types and
+        roles (`_SEEN`); only the items after them are read."""
         if self._array is None:
             return None
-        views = list(self._array)
+        seen = _SEEN.resent_by(self)
+        views = self._array[len(seen[0]):] if seen is not None else list(self._array)
         get = fastsimdjson.Object.get
         try:
-            return set(map(get, views, repeat("type"))), list(map(get, views, repeat("role")))
+            types, roles = list(map(get, views, repeat("type"))), list(map(get, views, repeat("role")))
         except TypeError:  # an item that is no object
             return None
+        plain_tail = set(map(type, types)) | set(map(type, roles)) <= _PLAIN  # (a view keeps its document alive)
+        if seen is not None:
+            types, roles = seen[0] + types, seen[1] + roles
+        if plain_tail:
+            _SEEN.remember(self, types, roles)
+        return types, roles
+
+
+class _SeenLists:
+    """The types and roles of the last big input lists read, by their first `KEY_BYTES` bytes (a conversation's
+    start), for the next request of each conversation (`LazyItems.types_and_roles`). Bounded by entries and by
+    the bytes it keeps alive (the bodies whose lists they are); only lists whose types and roles are all strings
+    (or absent) are kept, so no document is held. Used from the event loop only. Inside the proxy on bench b
+    (2,000 items): 0.4-0.5 ms for every item's type and role, 0.1 ms to find that a list resends one (one
+    memcmp of 1.5 MB)."""
+
+    KEY_BYTES = 256
+    MAX_ENTRIES = 16
+    MAX_BYTES = 64 << 20
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[bytes, tuple[bytes, int, int, list[Any], list[Any]]] = OrderedDict()
+        self._bytes = 0
+
+    def _key(self, items: LazyItems) -> bytes:
+        return items.source[items.start:items.start + self.KEY_BYTES]
+
+    def resent_by(self, items: LazyItems) -> tuple[list[Any], list[Any]] | None:
+        entry = self._entries.get(self._key(items))
+        if entry is None:
+            return None
+        source, start, end, types, roles = entry
+        cut = end - 1 - start  # the earlier list's bytes without its `]`
+        if not types or len(types) > len(items) or items.nbytes <= cut:
+            return None
+        if not items.source.startswith(memoryview(source)[start:end - 1], items.start):
+            return None
+        follows = items.source[items.start + cut]
+        if follows != 0x2C and not (follows == 0x5D and len(types) == len(items)):  # ',' or the same list's ']'
+            return None  # its last item is only the beginning of a longer one here
+        return types, roles
+
+    def remember(self, items: LazyItems, types: list[Any], roles: list[Any]) -> None:
+        """Keep `items`' types and roles (all of them strings or None) for the next request."""
+        key = self._key(items)
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= len(old[0])
+        self._entries[key] = (items.source, items.start, items.end, types, roles)
+        self._bytes += len(items.source)
+        while self._entries and (len(self._entries) > self.MAX_ENTRIES or self._bytes > self.MAX_BYTES):
+            _, dropped = self._entries.popitem(last=False)
+            self._bytes -= len(dropped[0])
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+
+_PLAIN = frozenset({str, type(None)})
+_SEEN = _SeenLists()
 
 
 def is_item_list(value: Any) -> bool:
