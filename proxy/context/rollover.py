@@ -10,12 +10,22 @@ cannot both apply it.
 
 The functions take a connection; the proxy calls them through its one database thread
 (`proxy/dbworker.py`, `RolloverStore`), the tool server and the CLI with a connection of their own.
+
+Every request of a known session asks whether its agent has a rollover pending. Read from SQLite that costs
+≈0.1 ms inside the proxy: the journal, usage and compaction commit between any two requests, so the reader's
+page cache is gone each time, and the query hands the GIL to the proxy's writer threads while SQLite runs.
+A mark therefore also touches a stamp file beside the database (`bump_stamp`, in `mark_pending`, after its
+statement has committed), and the proxy trusts its last "nothing pending" for an agent while the stamp is
+the one it read before that query (`os.stat`, a few µs). A mark made inside a caller's longer transaction
+stamps before its commit; such an answer is trusted for `EMPTY_TRUSTED_FOR` seconds at most.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -79,10 +89,45 @@ def mark_pending(conn: sqlite3.Connection, task_id: str, address: str, kind: Kin
         " kind = CASE WHEN excluded.kind = 'checkpoint' THEN 'checkpoint' ELSE context_rollovers.kind END,"
         " origin = CASE WHEN excluded.kind = 'checkpoint' THEN excluded.origin ELSE context_rollovers.origin END"
         " RETURNING task_id, address, kind, origin, window_id, requested_at",
-        (task_id, address, kind, origin, window_id, at if at is not None else time.time())).fetchone()
-    pending = _pending(row)
+        (task_id, address, kind, origin, window_id, at if at is not None else time.time())).fetchall()
+    # (all rows read: the statement is done, and committed unless the caller holds a transaction)
+    bump_stamp(conn)
+    pending = _pending(row[0] if row else None)
     assert pending is not None
     return pending
+
+
+STAMP_SUFFIX = "-rollovers.stamp"
+EMPTY_TRUSTED_FOR = 2.0  # seconds: at most this long is a "nothing pending" trusted on an unchanged stamp
+Stamp = tuple[int, int, int]
+
+
+def stamp_path(db_path: str | Path) -> Path:
+    return Path(f"{db_path}{STAMP_SUFFIX}")
+
+
+def read_stamp(db_path: str | Path) -> Stamp | None:
+    """The stamp as it is now (inode and times of the file); None when there is none yet."""
+    try:
+        st = os.stat(stamp_path(db_path))
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+
+def bump_stamp(conn: sqlite3.Connection) -> None:
+    """Tell every process that reads pending rollovers that a mark may be new (see the module's docstring)."""
+    row = conn.execute("PRAGMA database_list").fetchone()
+    path = row[2] if row is not None else ""
+    if not path:
+        return  # an in-memory database: no other process reads it
+    stamp = stamp_path(path)
+    try:
+        os.close(os.open(stamp, os.O_CREAT | os.O_WRONLY, 0o600))
+        now = time.time_ns()
+        os.utime(stamp, ns=(now, now))
+    except OSError:  # a read-only state directory: the readers then find no stamp and always query
+        pass
 
 
 def peek_pending(conn: sqlite3.Connection, task_id: str, address: str) -> Pending | None:
@@ -110,26 +155,50 @@ def cancel_pending(conn: sqlite3.Connection, task_id: str, address: str) -> bool
 class RolloverStore:
     """The proxy's side: every read and write on its one database thread (never the event loop)."""
 
+    EMPTY_KEPT = 4096  # agents whose last "nothing pending" is remembered
+
     def __init__(self, worker: DBWorker, db_path: Path | None = None):
         self.worker = worker
         self._ensured = False
         self._db_path = db_path
         self._reader: sqlite3.Connection | None = None
+        self._empty: OrderedDict[tuple[str, str], tuple[Stamp, float]] = OrderedDict()
+        self._stamp_made = False
 
     def _maybe_pending(self, task_id: str, address: str) -> bool:
-        """Whether the agent may have a pending rollover, read on the caller's own read-only connection: in
-        WAL mode a reader never waits for a writer and the unique index answers in microseconds, so a request
-        with nothing pending (nearly all of them) costs no trip to the database thread. Committed marks are
-        always seen (each read is a fresh snapshot); when it cannot tell, it says maybe."""
+        """Whether the agent may have a pending rollover. Nothing pending, found under the stamp that is still
+        there (and not long ago), is the answer again without a query; else it is read on the caller's own
+        read-only connection: in WAL mode a reader never waits for a writer, so a request with nothing pending
+        (nearly all of them) costs no trip to the database thread. Committed marks are always seen (the stamp
+        is read before the query, and a mark stamps after its commit); when it cannot tell, it says maybe."""
         if self._db_path is None:
             return True
+        key = (task_id, address)
+        stamp = read_stamp(self._db_path)
+        if stamp is None and not self._stamp_made:  # no mark yet anywhere: the stamp starts here
+            self._stamp_made = True
+            try:
+                os.close(os.open(stamp_path(self._db_path), os.O_CREAT | os.O_WRONLY, 0o600))
+            except OSError:
+                pass  # (a read-only state directory: every check queries)
+            stamp = read_stamp(self._db_path)
+        now = time.monotonic()
+        known = self._empty.get(key)
+        if stamp is not None and known is not None and known[0] == stamp and now - known[1] < EMPTY_TRUSTED_FOR:
+            return False
         try:
             if self._reader is None:
                 self._reader = sqlite3.connect(f"file:{self._db_path}?mode=ro", uri=True, check_same_thread=False)
-            return self._reader.execute("SELECT 1 FROM context_rollovers WHERE task_id=? AND address=? LIMIT 1",
-                                        (task_id, address)).fetchone() is not None
+            found = self._reader.execute("SELECT 1 FROM context_rollovers WHERE task_id=? AND address=? LIMIT 1",
+                                         (task_id, address)).fetchone() is not None
         except sqlite3.Error:  # no table yet, a busy WAL reset, no database file: ask the worker
             return True
+        self._empty.pop(key, None)
+        if not found and stamp is not None:
+            self._empty[key] = (stamp, now)
+            while len(self._empty) > self.EMPTY_KEPT:
+                self._empty.popitem(last=False)
+        return found
 
     def _ensure(self, conn: sqlite3.Connection) -> None:
         if not self._ensured:  # the worker's connection may predate this module's schema
