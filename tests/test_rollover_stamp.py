@@ -74,12 +74,39 @@ def test_a_mark_stamped_before_its_commit_is_seen_once_the_trust_runs_out(store,
     assert st._maybe_pending("task_1", "/root") is True
 
 
-def test_without_a_stamp_every_check_asks(store):
+def test_a_stamp_file_made_anew_is_mapped_again_once_the_trust_runs_out(store, monkeypatch):
     st, other = store
-    rollover.stamp_path(st._db_path).unlink()
-    st._stamp_made = True  # (as in a state directory where it cannot be made)
+    rollover.stamp_path(st._db_path).unlink()  # (someone cleaned the state directory)
+    rollover.mark_pending(other, "task_1", "/root", "new_context", "tool")  # a new file: not the one mapped
+    assert st._maybe_pending("task_1", "/root") is False  # the mapped stamp did not move: trusted for now
+    monkeypatch.setattr(rollover, "EMPTY_TRUSTED_FOR", 0.0)
+    assert st._maybe_pending("task_1", "/root") is True
+    monkeypatch.setattr(rollover, "EMPTY_TRUSTED_FOR", 2.0)
+    asyncio.run(st.take("task_1", "/root"))
+    assert st._maybe_pending("task_1", "/root") is False
+    rollover.mark_pending(other, "task_1", "/root", "new_context", "tool")
+    assert st._maybe_pending("task_1", "/root") is True  # the new file is the one mapped now
+
+
+def test_without_a_stamp_every_check_asks(store, monkeypatch):
+    st, other = store
+    st._stamp.close()
+    monkeypatch.setattr(rollover.StampView, "_open", lambda self: None)  # (a state directory it cannot write)
     for _ in range(2):
         assert st._maybe_pending("task_1", "/root") is False
     assert st._reader.queries == 2
-    rollover.mark_pending(other, "task_1", "/root", "new_context", "tool")  # makes the stamp again
+    rollover.mark_pending(other, "task_1", "/root", "new_context", "tool")
     assert st._maybe_pending("task_1", "/root") is True
+
+
+def test_a_stamp_is_a_memory_read_on_the_request_path(store, monkeypatch):
+    """No system call (it would hand the GIL to the writer threads): neither `os.stat` nor a query."""
+    import os
+
+    st, _other = store
+    assert st._maybe_pending("task_1", "/root") is False
+    calls = []
+    monkeypatch.setattr(os, "stat", lambda *a, **k: calls.append(a))
+    for _ in range(3):
+        assert st._maybe_pending("task_1", "/root") is False
+    assert calls == [] and st._reader.queries == 0

@@ -14,14 +14,16 @@ The functions take a connection; the proxy calls them through its one database t
 Every request of a known session asks whether its agent has a rollover pending. Read from SQLite that costs
 ≈0.1 ms inside the proxy: the journal, usage and compaction commit between any two requests, so the reader's
 page cache is gone each time, and the query hands the GIL to the proxy's writer threads while SQLite runs.
-A mark therefore also touches a stamp file beside the database (`bump_stamp`, in `mark_pending`, after its
-statement has committed), and the proxy trusts its last "nothing pending" for an agent while the stamp is
-the one it read before that query (`os.stat`, a few µs). A mark made inside a caller's longer transaction
-stamps before its commit; such an answer is trusted for `EMPTY_TRUSTED_FOR` seconds at most.
+A mark therefore also writes the time into a stamp file beside the database (`bump_stamp`, in `mark_pending`,
+after its statement has committed), and the proxy trusts its last "nothing pending" for an agent while the stamp
+is the one it read before that query. The proxy has the stamp mapped (`StampView`): reading it is a memory read,
+no system call. A mark made inside a caller's longer transaction stamps before its commit; such an answer is
+trusted for `EMPTY_TRUSTED_FOR` seconds at most.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import sqlite3
 import time
@@ -99,35 +101,78 @@ def mark_pending(conn: sqlite3.Connection, task_id: str, address: str, kind: Kin
 
 STAMP_SUFFIX = "-rollovers.stamp"
 EMPTY_TRUSTED_FOR = 2.0  # seconds: at most this long is a "nothing pending" trusted on an unchanged stamp
-Stamp = tuple[int, int, int]
+_STAMP_BYTES = 8
 
 
 def stamp_path(db_path: str | Path) -> Path:
     return Path(f"{db_path}{STAMP_SUFFIX}")
 
 
-def read_stamp(db_path: str | Path) -> Stamp | None:
-    """The stamp as it is now (inode and times of the file); None when there is none yet."""
-    try:
-        st = os.stat(stamp_path(db_path))
-    except OSError:
-        return None
-    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns
-
-
 def bump_stamp(conn: sqlite3.Connection) -> None:
-    """Tell every process that reads pending rollovers that a mark may be new (see the module's docstring)."""
+    """Tell every process that reads pending rollovers that a mark may be new: the stamp file's 8 bytes take the
+    time (written in place, never replaced: the readers have the file mapped; see the module's docstring)."""
     row = conn.execute("PRAGMA database_list").fetchone()
     path = row[2] if row is not None else ""
     if not path:
         return  # an in-memory database: no other process reads it
-    stamp = stamp_path(path)
     try:
-        os.close(os.open(stamp, os.O_CREAT | os.O_WRONLY, 0o600))
-        now = time.time_ns()
-        os.utime(stamp, ns=(now, now))
+        fd = os.open(stamp_path(path), os.O_CREAT | os.O_WRONLY, 0o600)
+        try:
+            os.pwrite(fd, time.time_ns().to_bytes(_STAMP_BYTES, "little"), 0)
+        finally:
+            os.close(fd)
     except OSError:  # a read-only state directory: the readers then find no stamp and always query
         pass
+
+
+class StampView:
+    """The stamp file mapped into this process's memory: reading it is a memory read. A system call on the
+    request path (`os.stat`, a query) releases the GIL, and with the writer threads busy, getting it back cost
+    ≈0.08 ms a request in process; the mapped page is the kernel's own copy of the file, so a writer's
+    `pwrite` in any process shows at once."""
+
+    def __init__(self, db_path: str | Path):
+        self.path = stamp_path(db_path)
+        self._map: mmap.mmap | None = None
+        self._ino: int | None = None
+
+    def _open(self) -> None:
+        self.close()
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+        except OSError:
+            return  # (read-only: no stamp; every check queries)
+        try:
+            st = os.fstat(fd)
+            if st.st_size < _STAMP_BYTES:
+                os.ftruncate(fd, _STAMP_BYTES)  # (only ever longer: a mapped page past the file's end would fault)
+            self._map = mmap.mmap(fd, _STAMP_BYTES, access=mmap.ACCESS_READ)
+            self._ino = st.st_ino
+        except (OSError, ValueError):
+            self._map = None
+        finally:
+            os.close(fd)
+
+    def value(self) -> bytes | None:
+        if self._map is None and self._ino is None:
+            self._open()
+            if self._map is None:
+                self._ino = -1  # tried once; `revalidate` tries again
+        return self._map[:_STAMP_BYTES] if self._map is not None else None
+
+    def revalidate(self) -> None:
+        """Map the file again if it was replaced (deleted and made anew) since it was mapped."""
+        try:
+            ino = os.stat(self.path).st_ino
+        except OSError:
+            ino = None
+        if ino != self._ino:
+            self._open()
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+        self._map, self._ino = None, None
 
 
 def peek_pending(conn: sqlite3.Connection, task_id: str, address: str) -> Pending | None:
@@ -162,8 +207,8 @@ class RolloverStore:
         self._ensured = False
         self._db_path = db_path
         self._reader: sqlite3.Connection | None = None
-        self._empty: OrderedDict[tuple[str, str], tuple[Stamp, float]] = OrderedDict()
-        self._stamp_made = False
+        self._empty: OrderedDict[tuple[str, str], tuple[bytes, float]] = OrderedDict()
+        self._stamp: StampView | None = None
 
     def _maybe_pending(self, task_id: str, address: str) -> bool:
         """Whether the agent may have a pending rollover. Nothing pending, found under the stamp that is still
@@ -174,18 +219,16 @@ class RolloverStore:
         if self._db_path is None:
             return True
         key = (task_id, address)
-        stamp = read_stamp(self._db_path)
-        if stamp is None and not self._stamp_made:  # no mark yet anywhere: the stamp starts here
-            self._stamp_made = True
-            try:
-                os.close(os.open(stamp_path(self._db_path), os.O_CREAT | os.O_WRONLY, 0o600))
-            except OSError:
-                pass  # (a read-only state directory: every check queries)
-            stamp = read_stamp(self._db_path)
+        if self._stamp is None:
+            self._stamp = StampView(self._db_path)
+        stamp = self._stamp.value()  # before the query: a mark committed after it moves the stamp after it
         now = time.monotonic()
         known = self._empty.get(key)
-        if stamp is not None and known is not None and known[0] == stamp and now - known[1] < EMPTY_TRUSTED_FOR:
-            return False
+        if known is not None and stamp is not None and known[0] == stamp:
+            if now - known[1] < EMPTY_TRUSTED_FOR:
+                return False
+            self._stamp.revalidate()  # (trust ran out: also make sure the file mapped is the one writers write)
+            stamp = self._stamp.value()
         try:
             if self._reader is None:
                 self._reader = sqlite3.connect(f"file:{self._db_path}?mode=ro", uri=True, check_same_thread=False)
