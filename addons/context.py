@@ -646,14 +646,25 @@ def declared_tool_name(tool: Any) -> str | None:
 
 
 def reachable_context_tools(payload: dict[str, Any], rt: runtime.Runtime) -> tuple[str, ...]:
-    """The context tools the session can call: bridged (`bridge.families`) or declared by the agent."""
-    names: set[str] = set()
-    for fam in rt.config.bridge.families:
-        names.update(FAMILY_TOOLS.get(fam, ()))
+    """The context tools the session can call: bridged (`bridge.families`) or declared by the agent. Asked twice
+    of one request's `tools` (the checkpoint turn's check, then the decoration): the last answer is kept."""
     tools = payload.get("tools")
+    families = rt.config.bridge.families
+    last = _last_reachable
+    if last[0] is tools and tools is not None and last[1] == families:
+        return last[2]
+    names: set[str] = set()
+    for fam in families:
+        names.update(FAMILY_TOOLS.get(fam, ()))
     if isinstance(tools, list):
         names.update(n for t in tools if (n := declared_tool_name(t)) is not None)
-    return boot.reachable_tools(names)
+    found = boot.reachable_tools(names)
+    if tools is not None:  # (the list is the request's own, never changed in place: ADR 0006)
+        last[:] = [tools, list(families), found]
+    return found
+
+
+_last_reachable: list[Any] = [None, None, ()]  # the tools list last asked of, the families then, the answer
 
 
 def forwarded_ids(agent_items: list[Any], forwarded: list[Any], mark: Any) -> list[str | None] | None:

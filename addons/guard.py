@@ -21,7 +21,7 @@ import logging
 
 from mitmproxy import ctx, http
 
-from addons._flow import destination_route, is_reverse
+from addons._flow import destination_route, header_map, is_reverse
 from addons._stage import Stage
 from proxy import routes
 from proxy.errors import ProxyError
@@ -80,9 +80,12 @@ class Guard(Stage):
         if req.method != "POST" or "/responses" not in req.path.split("?", 1)[0]:
             return  # only the agent's model turns (never, e.g., a call redirected to the tool server)
         ident = state_of(flow).identity_headers or {}
-        task = ident.get(TASK_HEADER) or req.headers.get(TASK_HEADER)
-        agent = ident.get(AGENT_HEADER) or req.headers.get(AGENT_HEADER)
-        offer = offer_of(task, agent, req.scheme, req.host, req.port, req.path, req.headers, official)
+        headers = header_map(flow)  # one pass over the raw fields (a mitmproxy `Headers.get` scans them all)
+        task = ident.get(TASK_HEADER) or headers.get(TASK_HEADER)
+        if not task:
+            return  # no task: nothing is handed over
+        agent = ident.get(AGENT_HEADER) or headers.get(AGENT_HEADER)
+        offer = offer_of(task, agent, req.scheme, req.host, req.port, req.path, headers, official)
         if offer is not None and (relay := self.relay()) is not None:
             relay.offer(offer)
 

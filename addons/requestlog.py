@@ -112,11 +112,23 @@ def _seen(flow: http.HTTPFlow, error: str | None) -> SeenRequest:
     sent = st.client_request if st.client_request is not None else req.raw_content
     raw = resp.raw_content if resp is not None else None
     status = resp.status_code if resp is not None and error is None else None
-    ctype = resp.headers.get("content-type", "") if resp is not None else ""
+    ctype, length = _content_headers(resp) if resp is not None else ("", "")
     return SeenRequest(req.method, req.path, start, end, ttfb, status, error, ctype,
                  resp.stream if resp is not None else None, len(raw) if raw is not None else None,
-                 resp.headers.get("content-length", "") if resp is not None else "",
-                 len(sent) if sent is not None else 0, _model(st), _identity(st), stages_of(st), _compacted(st))
+                 length, len(sent) if sent is not None else 0, _model(st), _identity(st), stages_of(st),
+                 _compacted(st))
+
+
+def _content_headers(resp: http.Response) -> tuple[str, str]:
+    """Content-Type and Content-Length, in one pass over the raw fields (each `Headers.get` is a pass)."""
+    ctype = length = None
+    for name, value in resp.headers.fields:
+        low = name.lower()
+        if low == b"content-type" and ctype is None:
+            ctype = value.decode("utf-8", "surrogateescape")
+        elif low == b"content-length" and length is None:
+            length = value.decode("utf-8", "surrogateescape")
+    return ctype or "", length or ""
 
 
 def _compacted(st: FlowState) -> tuple[str, str] | None:
