@@ -213,3 +213,37 @@ def test_the_writer_never_waits_for_a_thread_holding_the_journal(tmp_path: Path)
         assert j.flush() and not j._backlog
     finally:
         j.close()
+
+
+def test_a_mark_read_while_another_thread_journals_its_entry_waits_for_it(tmp_path: Path, monkeypatch):
+    """`settle` promises every caller finds the backlog journaled on return. When another thread (the writer)
+    has taken the last entry and is aligning it, the backlog is already empty: a reader of that request's mark
+    must wait for the alignment, not read ids that are not there yet (found under load: a request then got no
+    [id: …] markers)."""
+    state = StateDir.open(tmp_path / "state")
+    j = Journal(state, JournalWriter(state.db_path, batch_interval=0.01))
+    inside, go = threading.Event(), threading.Event()
+    real_align = Journal._align
+
+    def slow_align(self, p):
+        inside.set()
+        assert go.wait(30)
+        return real_align(self, p)
+
+    try:
+        key, task, addr = j.resolve(SessionIdentity("f:race", "fingerprint", None, None), {}, {})
+        monkeypatch.setattr(Journal, "_align", slow_align)
+        mark = j.begin_request(key, task, addr, "fingerprint", {"input": [{"role": "user", "content": "hi"}]})
+        other = threading.Thread(target=j.settle, kwargs={"wait": False})  # as the writer drains
+        other.start()
+        assert inside.wait(30) and not j._backlog  # it has taken the entry
+        read: list[list[str]] = []
+        reader = threading.Thread(target=lambda: read.append(list(mark.input_ids)))
+        reader.start()
+        go.set()
+        reader.join(30)
+        other.join(30)
+        assert read and len(read[0]) == 1 and read[0][0]  # the id, not an empty list
+    finally:
+        go.set()
+        j.close()

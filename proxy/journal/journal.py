@@ -578,6 +578,12 @@ class Journal:
                     self._settling = False
             finally:
                 self._lock.release()
+        if wait:
+            # The backlog is empty, but another thread may have taken its last entry and be journaling it now,
+            # under the lock: wait for that too, or the caller reads a mark not resolved yet (a request's ids,
+            # under load). A call from inside that work holds the lock already.
+            with self._lock:
+                pass
 
     def _prepare_next(self) -> None:
         """The per-item work of the next big request in the backlog, without the journal's lock (pure work
