@@ -102,7 +102,7 @@ def test_the_facts_read_from_the_views_are_those_of_the_built_items(items):
     assert client_compacts({"input": lazy}, input_facts(lazy)) == client_compacts({"input": items})
 
 
-def test_a_resent_list_reads_only_its_new_items_types_and_roles_with_the_same_answer(monkeypatch):
+def test_a_resent_list_reads_only_its_new_items_with_the_same_summary(monkeypatch):
     from proxy.transforms import lazyitems
 
     seen = lazyitems._SeenLists()
@@ -117,7 +117,9 @@ def test_a_resent_list_reads_only_its_new_items_types_and_roles_with_the_same_an
             history = [*history, *_items(rng.randrange(1, 5), 100 + step)]
         lazy = _lazy(history)
         assert (seen.resent_by(lazy) is not None) == (step > 0 and not edited), step
-        assert lazy.types_and_roles() == ([i.get("type") for i in history], [i.get("role") for i in history])
+        want = (frozenset(i.get("type") for i in history),
+                tuple(k for k, i in enumerate(history) if i.get("role") in ("developer", "system")))
+        assert lazy.type_summary() == want
         assert input_facts(lazy) == input_facts(history)
     assert len(seen._entries) == 1  # one conversation, its newest list
 
@@ -129,15 +131,15 @@ def test_a_list_that_only_begins_like_one_read_before_is_read_whole(monkeypatch)
     monkeypatch.setattr(lazyitems, "_SEEN", seen)
     first = [{"type": "message", "role": "user", "content": "x" * 300}]
     lazy = _lazy(first)
-    assert lazy.types_and_roles() == (["message"], ["user"])
+    assert lazy.type_summary() == (frozenset({"message"}), ())
     assert seen.resent_by(lazy) is not None  # itself: the same list
     longer = _lazy([{"type": "message", "role": "user", "content": "x" * 300, "extra": 1}])  # `}` comes later
     assert seen.resent_by(longer) is None
-    assert longer.types_and_roles() == (["message"], ["user"])
+    assert longer.type_summary() == (frozenset({"message"}), ())
     spaced = orjson.dumps(first)[:-1] + b', {"type": "reasoning"}]'  # a space after the comma: not compared
     lazy = LazyItems(fastsimdjson.parse(spaced), spaced, 0, len(spaced))
     assert seen.resent_by(lazy) is None
-    assert lazy.types_and_roles() == (["message", "reasoning"], ["user", None])
+    assert lazy.type_summary() == (frozenset({"message", "reasoning"}), ())
 
 
 def test_what_the_read_lists_keep_alive_is_bounded(monkeypatch):
@@ -148,10 +150,10 @@ def test_what_the_read_lists_keep_alive_is_bounded(monkeypatch):
     monkeypatch.setattr(seen, "MAX_BYTES", 40_000)
     for k in range(30):
         items = [{"type": "message", "role": "user", "content": f"conversation {k} " + "y" * 10_000}]
-        _lazy(items).types_and_roles()
+        _lazy(items).type_summary()
         assert len(seen._entries) <= seen.MAX_ENTRIES and seen._bytes <= seen.MAX_BYTES
-    _lazy([{"type": {"nested": True}, "role": "user"}]).types_and_roles()  # a view: not kept
-    assert all(not isinstance(t, fastsimdjson.Object) for e in seen._entries.values() for t in e[3])
+    _lazy([{"type": {"nested": True}, "role": "user"}]).type_summary()  # a view: not kept
+    assert all(not isinstance(t, fastsimdjson.Object) for e in seen._entries.values() for t in e[4])
 
 
 def test_the_helpers_of_the_input_take_a_lazy_list():

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.journal.canonical import chain_at, chain_ids, legacy_chain_hash
-from proxy.transforms.lazyitems import LazyItems, as_list
+from proxy.transforms.lazyitems import LazyItems, as_list, positions_of
 
 Item = dict[str, Any]
 
@@ -101,27 +101,17 @@ def input_facts(items: Sequence[Any]) -> InputFacts:
     # every item a dict (the usual case): the per-item work runs in C, at ≈0.1 µs an item; a big body's list not
     # built yet is read from its views the same way (proxy/transforms/lazyitems.py)
     if isinstance(items, LazyItems) and items.materialized is None:
-        found = items.types_and_roles()
-        if found is None:
+        summary = items.type_summary()
+        if summary is None:
             return _input_facts_walk(items)
-        types, roles = set(found[0]), found[1]
-    else:
-        try:
-            types = set(map(dict.get, items, repeat("type")))
-            roles = list(map(dict.get, items, repeat("role")))
-        except TypeError:  # some item is not a dict, or has an unhashable type
-            return _input_facts_walk(items)
-    instructions: list[int] = []
-    for role in ("developer", "system"):
-        k = -1
-        while True:
-            try:
-                k = roles.index(role, k + 1)
-            except ValueError:
-                break
-            instructions.append(k)
-    instructions.sort()
-    return InputFacts(not types.isdisjoint(CLIENT_COMPACTION_TYPES), tuple(instructions))
+        return InputFacts(not summary[0].isdisjoint(CLIENT_COMPACTION_TYPES), summary[1])
+    try:
+        types = set(map(dict.get, items, repeat("type")))
+        roles = list(map(dict.get, items, repeat("role")))
+    except TypeError:  # some item is not a dict, or has an unhashable type
+        return _input_facts_walk(items)
+    instructions = tuple(positions_of(roles, ("developer", "system")))
+    return InputFacts(not types.isdisjoint(CLIENT_COMPACTION_TYPES), instructions)
 
 
 def _input_facts_walk(items: Sequence[Any]) -> InputFacts:
