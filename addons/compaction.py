@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 from mitmproxy import http
 
-from addons._flow import destination_route, header_map, is_reverse, session_of
+from addons._flow import destination_route, header_map, header_pairs, is_reverse, session_of
 from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, runtime, usage
 from proxy.compaction import journal_link, store
@@ -80,7 +80,7 @@ def _credentials_allowed(flow: http.HTTPFlow, route: routes.Route) -> bool:
     the same credentials: a key of the wrong kind for that endpoint is refused here as there."""
     req = flow.request
     return routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
-                                          req.headers.items(multi=True))
+                                          header_pairs(flow))
 
 
 def _stateful(payload: dict[str, Any]) -> bool:

@@ -147,18 +147,36 @@ class Context(Stage):
         self._project(flow, None, None)
         return None
 
-    async def _with_rollover(self, flow: http.HTTPFlow, ws: journal_link.WindowSession) -> None:
+    def _with_rollover(self, flow: http.HTTPFlow, ws: journal_link.WindowSession) -> Awaitable[None] | None:
         """The session's pending rollover, consumed at this request (whatever it holds: only
         terminating calls, a mixed batch, a steer or a follow-up), then the projection. A manual
         checkpoint, or the hard trigger, runs the checkpoint turn first (strategy `notes`); under strategy
-        `remote` / `fallback` both compact instead."""
+        `remote` / `fallback` both compact instead. Synchronous when nothing is pending (the stamp says so
+        without the database thread) and the hard trigger is not reached: nearly every request."""
         body = responses_body(flow)
         payload = body.view if body is not None else {}  # a big input is built only where it is rewritten
         self._offer_midturn(flow, ws, payload)
         can_turn = self._can_checkpoint(payload)
         strategy = self.rt.config.context.strategy
-        try:  # a manual checkpoint waits for a request that can serve it (the turn, or a compaction)
-            kinds = (*ROLLOVER_KINDS, "checkpoint") if can_turn or strategy != "notes" else ROLLOVER_KINDS
+        # a manual checkpoint waits for a request that can serve it (the turn, or a compaction)
+        kinds = (*ROLLOVER_KINDS, "checkpoint") if can_turn or strategy != "notes" else ROLLOVER_KINDS
+        store = self._store()
+        try:
+            maybe = store.may_be_pending(ws.task_id, ws.address)
+        except Exception:  # the state database is a record here: never a reason to fail the request
+            log.warning("context: could not read the pending rollover of a session")
+            maybe = False
+        if maybe:
+            return self._take_and_roll(flow, ws, payload, can_turn, strategy, kinds)
+        kind = "threshold" if (can_turn or strategy != "notes") and self._hard(flow, ws, payload) else None
+        if kind is not None:
+            return self._roll(flow, ws, payload, kind, strategy)
+        self._project(flow, ws, None)
+        return None
+
+    async def _take_and_roll(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
+                             can_turn: bool, strategy: str, kinds: tuple[str, ...]) -> None:
+        try:
             pending = await self._store().take(ws.task_id, ws.address, kinds)
         except Exception:  # the state database is a record here: never a reason to fail the request
             log.warning("context: could not read the pending rollover of a session")
@@ -166,6 +184,10 @@ class Context(Stage):
         kind = pending.kind if pending is not None else None
         if kind is None and (can_turn or strategy != "notes") and self._hard(flow, ws, payload):
             kind = "threshold"
+        await self._roll(flow, ws, payload, kind, strategy)
+
+    async def _roll(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
+                    kind: str | None, strategy: str) -> None:
         if kind in ("checkpoint", "threshold") and strategy != "notes":
             # remote compaction (where eligible) or the readable fallback, instead of the checkpoint turn
             done = await self._compact(flow, ws, kind, remote=strategy == "remote")
@@ -658,13 +680,14 @@ def reachable_context_tools(payload: dict[str, Any], rt: runtime.Runtime) -> tup
         names.update(FAMILY_TOOLS.get(fam, ()))
     if isinstance(tools, list):
         names.update(n for t in tools if (n := declared_tool_name(t)) is not None)
-    found = boot.reachable_tools(names)
+    found = boot.reachable_tools(names) if not names.isdisjoint(_CONTEXT_TOOL_NAMES) else ()
     if tools is not None:  # (the list is the request's own, never changed in place: ADR 0006)
         last[:] = [tools, list(families), found]
     return found
 
 
-_last_reachable: list[Any] = [None, None, ()]  # the tools list last asked of, the families then, the answer
+_last_reachable: list[Any] = [None, None, ()]
+_CONTEXT_TOOL_NAMES = frozenset(boot.ALL_TOOLS)  # the tools list last asked of, the families then, the answer
 
 
 def forwarded_ids(agent_items: list[Any], forwarded: list[Any], mark: Any) -> list[str | None] | None:
@@ -702,6 +725,9 @@ def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.Wind
         # its system/developer items are looked at)
         raw, agent_items = raw.materialize(), as_list(agent_items)
     instructions = facts.instructions if facts is not None else None
+    if not tools and text is None and instructions is not None and not any(
+            boot.is_guidance(raw[k]) or reminder.is_reminder(raw[k]) for k in instructions):
+        return out  # nothing to add, and no guidance or reminder resent to drop (only instructions can be either)
     # a reminder only ever comes back as one of the input's developer messages: none there, none to drop
     resent = None if instructions is None or any(reminder.is_reminder(raw[k]) for k in instructions) else ()
     forwarded: Sequence[Any] = boot.insert_guidance(raw, tools, instructions)
@@ -718,7 +744,7 @@ def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.Wind
 
 def _other_strategies() -> bool:
     """A strategy not decided by compaction is registered (notes, issue 13)."""
-    return any(s not in COMPACTION_STRATEGIES for s in PROJECTIONS)
+    return not PROJECTIONS.keys() <= COMPACTION_STRATEGIES
 
 
 addons = [Context()]

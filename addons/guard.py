@@ -21,7 +21,7 @@ import logging
 
 from mitmproxy import ctx, http
 
-from addons._flow import destination_route, header_map, is_reverse
+from addons._flow import destination_route, header_map, header_pairs, is_reverse
 from addons._stage import Stage
 from proxy import routes
 from proxy.errors import ProxyError
@@ -103,7 +103,7 @@ class Guard(Stage):
             flow, trusted=self.rt.upstream.trusted)
         # Re-check the destination as it is now: an addon may have changed it after routing.
         req = flow.request
-        pairs = [(k, v) for k, v in req.headers.items(multi=True)]
+        pairs = header_pairs(flow)
         if routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow), pairs):
             official = routes.is_official_destination(req.scheme, req.host, req.port, req.path) is not None
             if official or route.trusted:

@@ -62,7 +62,7 @@ def _identity(flow: http.HTTPFlow, payload: dict[str, Any], j: Journal) -> tuple
             st.identity_headers = {name: headers[name] for name in ours}
         for name in ours:
             del flow.request.headers[name]
-    headers.update(st.identity_headers)
+    headers = {**headers, **st.identity_headers}  # (a new dict: header_map's is shared)
     if isinstance(st.session, SessionIdentity):
         return st.session, headers
     ident = resolve_session(headers, payload, j.aliases)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from typing import Any
 
 from mitmproxy import ctx, http
@@ -82,7 +81,11 @@ def stages_of(st: FlowState) -> list[str]:
             out.append("held")  # near the window: buffered for a possible overflow recovery
     if st.body_limit:
         out.append(f"body:{st.body_limit}")
-    return [s if isinstance(debuglog.safe_value(s), str) and s != "?" else "other" for s in out]
+    return [s if s in _FIXED_STAGES or (isinstance(debuglog.safe_value(s), str) and s != "?") else "other"
+            for s in out]
+
+
+_FIXED_STAGES = frozenset({"web_search", "window:diverged", "held"})  # no data in them: nothing to check
 
 
 def _identity(st: FlowState) -> tuple[str | None, str | None, str | None]:
@@ -164,14 +167,16 @@ def _bodies(flow: http.HTTPFlow, st: FlowState) -> Bodies | None:
     client, forwarded = st.client_request, flow.request.raw_content
     if client is None or forwarded is None or len(client) > DIFF_BODY_MAX or len(forwarded) > DIFF_BODY_MAX:
         return None
-    return Bodies(client, forwarded, flow.request.headers.get("content-encoding", ""))
+    # one pass over the raw fields (a `Headers.get` decodes every name); repeated ones joined, as it does
+    encoding = ", ".join(value.decode("utf-8", "surrogateescape") for name, value in flow.request.headers.fields
+                         if name.lower() == b"content-encoding")
+    return Bodies(client, forwarded, encoding)
 
 
 class RequestLog(Stage):
     def __init__(self) -> None:
         self.log_lines = True
         self.observe = True
-        self._done: weakref.WeakSet[http.HTTPFlow] = weakref.WeakSet()
         self._metrics: ProxyMetrics | None = None
         self._feed: RequestFeed | None = None
         self._pending: list[SeenRequest] = []
@@ -207,13 +212,14 @@ class RequestLog(Stage):
     def _later(self, flow: http.HTTPFlow, error: str | None) -> None:
         """Once per flow: its snapshot joins the pending ones, made into records `FLUSH_SECONDS` from the first
         (mitmproxy sends a buffered answer once the `response` hooks return: none of it costs the client time)."""
-        if not (self.log_lines or self.observe) or flow in self._done:
+        st = state_of(flow)
+        if not (self.log_lines or self.observe) or st.logged_by is self:
             return
-        self._done.add(flow)
+        st.logged_by = self  # (on the flow's state: a set of flows would cost a weak reference each)
         try:
             seen = _seen(flow, error)
             if self.observe:
-                seen.bodies = _bodies(flow, state_of(flow))
+                seen.bodies = _bodies(flow, st)
         except Exception as exc:  # observing must never break a request
             log.warning("request log: record failed (%s)", type(exc).__name__)
             return

@@ -51,7 +51,7 @@ def enabled() -> bool:
 
 def safe_value(value: object) -> Value:
     """The value if it is a number, bool, None or a short identifier-like token; '?' otherwise."""
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, (bool, int)):  # (a tuple: a union is checked slower)
         return value  # type: ignore[return-value]
     if isinstance(value, float):
         return round(value, 2)

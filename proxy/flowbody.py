@@ -373,6 +373,8 @@ def commit_body(flow: http.HTTPFlow) -> bool:
 def _serialize(body: ResponsesBody) -> bytes:
     """The body as orjson writes it; a big input no stage replaced goes as the client's own bytes, copied once
     into the new body, so that adding a tool to a 1.5 MB request does not serialize 1.5 MB again."""
+    if len(body.source) < BIG_INPUT_BYTES:
+        return orjson.dumps(body.value)  # (a small input is written again: cheaper than finding its bytes)
     value = body.view
     items = value.get("input")
     if not body.is_client_input(items) or (raw := body.client_input()) is None:

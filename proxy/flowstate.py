@@ -76,6 +76,10 @@ class FlowState:
     context_usage: ContextUsage | None = None  # bridge: the last round's usage of a bridged turn (see ContextUsage)
     gc_hold: Any = None  # flowbody: a proxy.gcpause.Hold while this flow's big parsed body is in flight
     context_rollover: ContextRollover | None = None  # context: a bridged new_context's rollover, mid-turn
+    # _flow.header_pairs / header_map: the request's headers decoded once per version of them (the raw fields
+    # tuple they were decoded from: mitmproxy replaces it on every change, so a stale copy is never read)
+    header_memo: tuple[Any, tuple[tuple[str, str], ...], dict[str, str]] | None = None
+    logged_by: object | None = None  # requestlog: the request log that recorded this flow (once per flow)
 
     def release(self) -> None:
         """The exchange is over (every stage's last hook ran): drop what only the stages needed, so that

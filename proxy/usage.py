@@ -10,6 +10,7 @@ import sqlite3
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from proxy.db import register_schema
 
@@ -46,12 +47,26 @@ class Usage:
 
 
 def model_window(model: str | None, windows: dict[str, int]) -> int | None:
+    """The window of `model` in `windows` (the first pattern that matches it). Asked several times per request:
+    the answers for the table last asked of are kept (a config's table is replaced, never changed in place)."""
     if not model:
         return None
-    for pattern, size in windows.items():
-        if fnmatch.fnmatchcase(model, pattern):
-            return size
-    return None
+    memo = _WINDOW_MEMO
+    if memo[0] is not windows or memo[1] != len(windows):
+        memo[:] = [windows, len(windows), {}]
+    found: dict[str, int | None] = memo[2]
+    try:
+        return found[model]
+    except KeyError:
+        pass
+    size = next((size for pattern, size in windows.items() if fnmatch.fnmatchcase(model, pattern)), None)
+    if len(found) < _WINDOW_MEMO_MODELS:
+        found[model] = size
+    return size
+
+
+_WINDOW_MEMO: list[Any] = [None, 0, {}]  # the table, its length then, model → window
+_WINDOW_MEMO_MODELS = 256
 
 
 def record_usage(conn: sqlite3.Connection, session_key: str, task: str | None, agent: str | None,

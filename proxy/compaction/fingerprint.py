@@ -45,6 +45,7 @@ def compatible(stored: Fingerprint, current: Fingerprint) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=256)  # (asked of every request; a process talks to a handful of endpoints)
 def normalise_endpoint(scheme: str, host: str, port: int, path: str) -> str:
     """The API base of a request: origin + the path up to and including /v1 or /backend-api/codex."""
     scheme = scheme.lower()

@@ -210,6 +210,11 @@ class RolloverStore:
         self._empty: OrderedDict[tuple[str, str], tuple[bytes, float]] = OrderedDict()
         self._stamp: StampView | None = None
 
+    def may_be_pending(self, task_id: str, address: str) -> bool:
+        """Whether `take` could find anything for the agent (False: it would answer None), without the database
+        thread (see `_maybe_pending`)."""
+        return self._maybe_pending(task_id, address)
+
     def _maybe_pending(self, task_id: str, address: str) -> bool:
         """Whether the agent may have a pending rollover. Nothing pending, found under the stamp that is still
         there (and not long ago), is the answer again without a query; else it is read on the caller's own
