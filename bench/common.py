@@ -112,21 +112,21 @@ class Processes:
             self._tmp.cleanup()
 
     def _spawn(self, name: str, port: int, cmd: list[str], ready: Callable[[Service], bool],
-               tree: Path | None = None) -> Service:
+               tree: Path | None = None, start_timeout: float = START_TIMEOUT) -> Service:
         log_path = self.workdir / f"{name}-{port}.log"
         env = self.env if tree is None else {**self.env, "PYTHONPATH": str(tree)}
         with log_path.open("wb") as log:
             proc = subprocess.Popen(cmd, cwd=tree or REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         svc = Service(name, port, proc, log_path)
         self.services.append(svc)
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + start_timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited early with code {proc.returncode}:\n{svc.log()[-2000:]}")
             if ready(svc):
                 return svc
             time.sleep(0.05)
-        raise RuntimeError(f"{name} did not become ready within {START_TIMEOUT:.0f} s:\n{svc.log()[-2000:]}")
+        raise RuntimeError(f"{name} did not become ready within {start_timeout:.0f} s:\n{svc.log()[-2000:]}")
 
     def emulator(self, stream_deltas: int = 3, json_deltas: int = 3, max_recorded: int = 4) -> Service:
         """The Responses emulator (tests/emulator) in its own process, answering every `POST /v1/responses`
@@ -139,19 +139,21 @@ class Processes:
         return self._spawn("emulator", port, cmd, lambda s: "listening on" in s.log())
 
     def mitmdump(self, upstream: str, scripts: Sequence[str | Path] = (), options: Mapping[str, str] = (),
-                 quiet: bool = True) -> Service:
-        """mitmdump in reverse mode to `upstream`; with no `scripts` it is the bare baseline."""
+                 quiet: bool = True, wrap: Sequence[str] = (), start_timeout: float = START_TIMEOUT) -> Service:
+        """mitmdump in reverse mode to `upstream`; with no `scripts` it is the bare baseline. `wrap`: a command
+        the process runs under (e.g. valgrind's, bench/bench_instructions.py)."""
         port = free_port()
-        cmd = [mitmdump_path(), *(["-q"] if quiet else []), "--mode", f"reverse:{upstream}@{port}",
+        cmd = [*wrap, mitmdump_path(), *(["-q"] if quiet else []), "--mode", f"reverse:{upstream}@{port}",
                "--set", "listen_host=127.0.0.1", "--set", f"confdir={self.workdir / f'mitm-{port}'}"]
         for script in scripts:
             cmd += ["-s", str(script)]
         for key, value in dict(options).items():
             cmd += ["--set", f"{key}={value}"]
-        return self._spawn("mitmdump", port, cmd, lambda s: _port_open(s.port))
+        return self._spawn("mitmdump", port, cmd, lambda s: _port_open(s.port), start_timeout=start_timeout)
 
     def ctproxy(self, upstream: str, extra_args: Sequence[str] = (), trust_upstream: bool = True,
-                with_tools: bool = True, tree: Path | None = None) -> Service:
+                with_tools: bool = True, tree: Path | None = None, wrap: Sequence[str] = (),
+                start_timeout: float = START_TIMEOUT) -> Service:
         """`ctproxy up --upstream URL [--trust-upstream]` with its own state dir and free ports; `tree`: run
         another checkout's code (a `git worktree` of an earlier commit), for before/after in one run.
 
@@ -165,12 +167,12 @@ class Processes:
         if not with_tools:
             args.append("--no-tools")
         args += list(extra_args)
-        prefix = [sys.executable]
+        prefix = [*wrap, sys.executable]
         if profile_dir := os.environ.get(PROFILE_ENV):
             Path(profile_dir).mkdir(parents=True, exist_ok=True)
             prefix += ["-m", "cProfile", "-o", str(Path(profile_dir) / f"ctproxy-{port}.prof")]
         cmd = [*prefix, "-m", "proxy.cli", *args]
-        return self._spawn("ctproxy", port, cmd, lambda s: "ctproxy ready" in s.log(), tree)
+        return self._spawn("ctproxy", port, cmd, lambda s: "ctproxy ready" in s.log(), tree, start_timeout)
 
 
 # ---- statistics ---------------------------------------------------------------------------------
