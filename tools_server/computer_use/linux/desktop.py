@@ -100,8 +100,14 @@ async def _read_line(stream: asyncio.StreamReader | None, what: str, timeout: fl
     return line.decode().strip()
 
 
+# How long Xvfb, the session bus and the AT-SPI registry may take to answer: the wait ends as soon as they do
+# (well under a second on an idle machine), so the bound costs nothing then. 30 s was once not enough on a 2-core
+# machine running two test suites and valgrind beside it (the registry had not answered).
+START_SECONDS = 120.0
+
+
 async def start_desktop(screen: str = "1280x800x24", *, window_manager: bool = True,
-                        timeout: float = 30.0) -> Desktop:
+                        timeout: float = START_SECONDS) -> Desktop:
     if need := missing_for_private_desktop():
         raise DesktopError(f"missing Debian packages: {', '.join(need)}")
     runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
