@@ -160,15 +160,14 @@ class Context(Stage):
         strategy = self.rt.config.context.strategy
         # a manual checkpoint waits for a request that can serve it (the turn, or a compaction)
         kinds = (*ROLLOVER_KINDS, "checkpoint") if can_turn or strategy != "notes" else ROLLOVER_KINDS
-        store = self._store()
         try:
-            maybe = store.may_be_pending(ws.task_id, ws.address)
+            maybe = self._store().may_be_pending(ws.task_id, ws.address)
         except Exception:  # the state database is a record here: never a reason to fail the request
             log.warning("context: could not read the pending rollover of a session")
             maybe = False
         if maybe:
             return self._take_and_roll(flow, ws, payload, can_turn, strategy, kinds)
-        kind = "threshold" if (can_turn or strategy != "notes") and self._hard(flow, ws, payload) else None
+        kind = self._threshold(flow, ws, payload, can_turn, strategy)
         if kind is not None:
             return self._roll(flow, ws, payload, kind, strategy)
         self._project(flow, ws, None)
@@ -181,10 +180,13 @@ class Context(Stage):
         except Exception:  # the state database is a record here: never a reason to fail the request
             log.warning("context: could not read the pending rollover of a session")
             pending = None
-        kind = pending.kind if pending is not None else None
-        if kind is None and (can_turn or strategy != "notes") and self._hard(flow, ws, payload):
-            kind = "threshold"
+        kind = pending.kind if pending is not None else self._threshold(flow, ws, payload, can_turn, strategy)
         await self._roll(flow, ws, payload, kind, strategy)
+
+    def _threshold(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
+                   can_turn: bool, strategy: str) -> str | None:
+        """"threshold" when nothing is pending and the hard trigger is reached (and something can serve it)."""
+        return "threshold" if (can_turn or strategy != "notes") and self._hard(flow, ws, payload) else None
 
     async def _roll(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                     kind: str | None, strategy: str) -> None:
@@ -686,8 +688,8 @@ def reachable_context_tools(payload: dict[str, Any], rt: runtime.Runtime) -> tup
     return found
 
 
-_last_reachable: list[Any] = [None, None, ()]
-_CONTEXT_TOOL_NAMES = frozenset(boot.ALL_TOOLS)  # the tools list last asked of, the families then, the answer
+_last_reachable: list[Any] = [None, None, ()]  # the tools list last asked of, the families then, the answer
+_CONTEXT_TOOL_NAMES = frozenset(boot.ALL_TOOLS)
 
 
 def forwarded_ids(agent_items: list[Any], forwarded: list[Any], mark: Any) -> list[str | None] | None:
