@@ -303,6 +303,42 @@ async def test_ctproxy_starts_a_private_desktop_when_there_is_none(tool_server: 
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
+async def test_waiting_for_the_private_desktop_never_activates_a_second_launcher() -> None:
+    """org.a11y.Bus is activatable on a session bus: asking it for the address before our own launcher has
+    claimed the name starts a stray launcher that wins the race about once in thirty starts, and then the
+    desktop's registry never answers. The readiness wait asks only whether the name is owned."""
+    import os
+    import subprocess
+
+    from tools_server.computer_use.linux import desktop
+
+    bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"], stdout=subprocess.PIPE,
+                           stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert bus.stdout is not None
+        address = bus.stdout.readline().decode().strip()
+        loop = asyncio.get_running_loop()
+        with pytest.raises(desktop.DesktopError, match="was not claimed"):
+            await desktop._wait_for_owner(address, desktop.A11Y_BUS_NAME, loop.time() + 1.0)
+        # a launcher activated by that bus would carry its address in its environment
+        strays = [pid for pid in processes_mentioning("at-spi-bus-launcher")
+                  if address.encode() in _environ_of(pid)]
+        assert strays == []
+    finally:
+        bus.terminate()
+        bus.wait(10)
+        assert bus.stdout is not None
+        bus.stdout.close()
+    assert os.environ.get("DBUS_SESSION_BUS_ADDRESS") != address
+
+
+def _environ_of(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_status_names_what_is_missing(monkeypatch: Any) -> None:
     from proxy.config import Config, set_key
     from proxy.status import capability_status

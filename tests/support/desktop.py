@@ -22,7 +22,7 @@ LAUNCHERS = ("/usr/libexec/at-spi-bus-launcher", "/usr/lib/at-spi2-core/at-spi-b
 def missing() -> str | None:
     """Why the desktop cannot be started here (what to install), or None."""
     need = [pkg for exe, pkg in (("Xvfb", "xvfb"), ("xdotool", "xdotool"), ("dbus-daemon", "dbus"),
-                                 ("openbox", "openbox")) if shutil.which(exe) is None]
+                                 ("dbus-send", "dbus"), ("openbox", "openbox")) if shutil.which(exe) is None]
     if not any(os.access(p, os.X_OK) for p in LAUNCHERS):
         need.append("at-spi2-core")
     probe = "import gi; gi.require_version('Gtk', '3.0'); from gi.repository import Gtk"
@@ -67,19 +67,32 @@ class Desktop:
             os.close(rfd)
         bus = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"],
                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+                               start_new_session=True, env={**os.environ, "DISPLAY": self.display})
         self.procs.append(bus)
         self.bus = _line(bus, 30, "dbus-daemon")
         launcher = next(p for p in LAUNCHERS if os.access(p, os.X_OK))
         self.procs.append(subprocess.Popen([launcher, "--launch-immediately"], env=self.env(),
                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                            stderr=subprocess.DEVNULL, start_new_session=True))
+        self._wait_a11y_bus()
         self.window_manager = window_manager
         if window_manager:
             self.procs.append(subprocess.Popen(["openbox", "--sm-disable"], env=self.env(), stdin=subprocess.DEVNULL,
                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                                start_new_session=True))
             self._wait_wm()
+
+    def _wait_a11y_bus(self, timeout: float = 30) -> None:
+        """Until our launcher owns org.a11y.Bus (asked without activating it): an app's GetAddress before that
+        would make the session bus start a second, stray launcher (the race the product's desktop.py waits out)."""
+        deadline = time.monotonic() + timeout
+        ask = ["dbus-send", f"--bus={self.bus}", "--print-reply=literal", "--dest=org.freedesktop.DBus",
+               "/org/freedesktop/DBus", "org.freedesktop.DBus.NameHasOwner", "string:org.a11y.Bus"]
+        while time.monotonic() < deadline:
+            if subprocess.run(ask, capture_output=True, text=True).stdout.split()[-1:] == ["true"]:
+                return
+            time.sleep(0.05)
+        raise RuntimeError("at-spi-bus-launcher did not claim org.a11y.Bus")
 
     def _wait_wm(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout

@@ -133,10 +133,12 @@ async def start_desktop(screen: str = "1280x800x24", *, window_manager: bool = T
             desktop.display = ":" + await _read_line(reader, "Xvfb", timeout)
         finally:
             transport.close()
+        # what the session bus activates on demand must reach this display too (hence the cookie)
         bus = await asyncio.create_subprocess_exec(
             "dbus-daemon", "--session", "--nofork", "--print-address=1", stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, "DISPLAY": desktop.display}, cwd=str(runtime))
+            env={**os.environ, "DISPLAY": desktop.display, "XAUTHORITY": str(desktop.xauthority)},
+            cwd=str(runtime))
         procs.append(bus)
         desktop.bus_address = await _read_line(bus.stdout, "dbus-daemon", timeout)
         launcher = at_spi_launcher()
@@ -163,6 +165,33 @@ async def start_desktop(screen: str = "1280x800x24", *, window_manager: bool = T
         raise
 
 
+A11Y_BUS_NAME = "org.a11y.Bus"
+
+
+async def _wait_for_owner(bus_address: str, name: str, deadline: float) -> None:
+    """Until our own launcher owns `name`. Asked without activation on purpose: `org.a11y.Bus` is
+    D-Bus-activatable, so a `GetAddress` sent before the launcher has claimed it starts a second launcher (outside
+    this desktop's processes, so never stopped), the two race for the name, and when the stray one wins the
+    registry it spawns cannot reach the display and dies: the desktop then never became ready (the test that
+    failed about once in three loaded runs; a start/stop loop failed once in ≈50)."""
+    from dbus_fast import Message, MessageType
+    from dbus_fast.aio import MessageBus
+
+    loop = asyncio.get_running_loop()
+    session = await MessageBus(bus_address=bus_address).connect()
+    try:
+        while loop.time() < deadline:
+            reply = await session.call(Message(
+                destination="org.freedesktop.DBus", path="/org/freedesktop/DBus", interface="org.freedesktop.DBus",
+                member="NameHasOwner", signature="s", body=[name]))
+            if reply is not None and reply.message_type == MessageType.METHOD_RETURN and reply.body[0]:
+                return
+            await asyncio.sleep(0.05)
+    finally:
+        session.disconnect()
+    raise DesktopError(f"{name} was not claimed on the private session bus in time (at-spi-bus-launcher)")
+
+
 async def _wait_ready(desktop: Desktop, timeout: float) -> None:
     """The AT-SPI registry answers on its bus, and the window manager (if one was started) has claimed the
     screen. (The bus alone is not enough: on a loaded machine the registry daemon it launches may not answer
@@ -173,6 +202,7 @@ async def _wait_ready(desktop: Desktop, timeout: float) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     last: Exception | None = None
+    await _wait_for_owner(desktop.bus_address, A11Y_BUS_NAME, deadline)
     while loop.time() < deadline:
         try:
             client = await Atspi.connect(desktop.bus_address)
