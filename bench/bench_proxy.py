@@ -23,7 +23,10 @@ Scenarios (targets interleaved round-robin, rotating who goes first, after warm-
      against one orjson.loads of the same body
 Printed: median and p99 per target, the ratios ctproxy/bare, pass-through/bare and ctproxy/direct, and the
 acceptance targets (median pass-through/bare ≤ 1.10 for a and b; added SSE TTFB over direct ≤ 5 ms median,
-for both ctproxy columns).
+for both ctproxy columns). Against every other ctproxy column (the pass-through, each variant): ctproxy − it,
+paired round by round (block by block for e), its median and a distribution-free 95 % interval, and the verdict
+"slower" or "faster" only when the interval excludes zero, else "level": medians of separate columns move by
+±0.2 ms between runs here, a difference paired by round far less.
 Written: bench/results/proxy.json. `--profile DIR` runs ctproxy under cProfile (DIR/ctproxy-<port>.prof);
 `--variant LABEL='--disable web_search'` adds more ctproxy columns, to attribute cost to features; an ARGS
 that starts with `@DIR` runs the checkout in DIR (e.g. a `git worktree` of an earlier commit): before/after
@@ -49,7 +52,17 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import PROFILE_ENV, Processes, Stats, print_table, ratio, round_robin, summarize, write_result
+from bench.common import (
+    PROFILE_ENV,
+    Processes,
+    Stats,
+    paired_difference,
+    print_table,
+    ratio,
+    round_robin,
+    summarize,
+    write_result,
+)
 
 HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-bench-not-a-real-key"}
 CONCURRENCY = 50
@@ -58,7 +71,7 @@ STREAM_DELTAS = EVENTS - 8  # + created, in_progress, item/part added, text/part
 TTFB_BUDGET_MS = 5.0
 RATIO_BUDGET = 1.10
 PASS = "pass-through"
-CPU_ROUNDS = 4  # scenario e: per target, this many blocks of requests, alternating targets
+CPU_ROUNDS = 10  # scenario e: per target, this many blocks of requests, alternating targets (paired by block)
 
 
 @dataclass(frozen=True)
@@ -152,18 +165,19 @@ async def post_stream(http: aiohttp.ClientSession, url: str, body: bytes) -> tup
 
 
 async def scenario_latency(http: aiohttp.ClientSession, urls: dict[str, str], body: bytes, rounds: int,
-                           warmup: int) -> dict[str, Stats]:
+                           warmup: int) -> dict[str, list[float]]:
+    """Seconds per request, per target, in round order."""
     await round_robin(urls, warmup, lambda _k, u: post_json(http, u, body))
-    times = await round_robin(urls, rounds, lambda _k, u: post_json(http, u, body))
-    return {k: summarize(v) for k, v in times.items()}
+    return await round_robin(urls, rounds, lambda _k, u: post_json(http, u, body))
 
 
 async def scenario_sse(http: aiohttp.ClientSession, urls: dict[str, str], body: bytes, rounds: int,
-                       warmup: int) -> tuple[dict[str, Stats], dict[str, Stats], int]:
+                       warmup: int) -> tuple[dict[str, list[float]], dict[str, list[float]], int]:
+    """Time to first and to last byte (seconds, per target, in round order) and the fewest events seen."""
     await round_robin(urls, warmup, lambda _k, u: post_stream(http, u, body))
     got = await round_robin(urls, rounds, lambda _k, u: post_stream(http, u, body))
-    ttfb = {k: summarize([s[0] for s in v]) for k, v in got.items()}
-    ttlb = {k: summarize([s[1] for s in v]) for k, v in got.items()}
+    ttfb = {k: [s[0] for s in v] for k, v in got.items()}
+    ttlb = {k: [s[1] for s in v] for k, v in got.items()}
     events = min(s[2] for v in got.values() for s in v)
     return ttfb, ttlb, events
 
@@ -190,7 +204,7 @@ async def scenario_concurrent(http: aiohttp.ClientSession, urls: dict[str, str],
         out[key] = {
             "batches": len(batches), "streams": CONCURRENCY * len(batches),
             "errors": sum(b[1] for b in batches),
-            "wall": summarize(walls),
+            "wall": summarize(walls), "walls": walls,
             "streams_per_s": round((CONCURRENCY * len(batches) - sum(b[1] for b in batches)) / total_wall, 1),
             "events_per_s": round(sum(b[2] for b in batches) / total_wall, 1),
         }
@@ -207,15 +221,18 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def scenario_cpu(http: aiohttp.ClientSession, urls: dict[str, str], pids: dict[str, int], body: bytes,
-                       rounds: int, warmup: int) -> dict[str, dict[str, float]]:
-    """CPU ms per request of each proxy process: blocks of sequential requests, targets alternating."""
+                       rounds: int, warmup: int) -> dict[str, dict[str, Any]]:
+    """CPU ms per request of each proxy process: blocks of sequential requests, targets alternating (rotating
+    who goes first, as `round_robin` does)."""
     per_block = max(1, rounds // CPU_ROUNDS)
     blocks: dict[str, list[float]] = {name: [] for name in pids}
     for name in pids:
         for _ in range(warmup * 4):
             await post_json(http, urls[name], body)
-    for _ in range(CPU_ROUNDS):
-        for name, pid in pids.items():
+    names = list(pids)
+    for r in range(CPU_ROUNDS):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            pid = pids[name]
             before = cpu_seconds(pid)
             for _ in range(per_block):
                 await post_json(http, urls[name], body)
@@ -377,6 +394,7 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pi
     """Scenarios a–e against every target; fills `result` and returns the table rows."""
     rows: list[list[str]] = []
     names = list(urls)
+    paired: dict[str, dict[str, list[float]]] = {}  # scenario → target → samples in round order (seconds)
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as http:
@@ -385,8 +403,10 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pi
                 ("b", f"b {len(bodies.big) / 1e6:.2f} MB, {bodies.big_items} items", bodies.big, plan.rounds_b)):
             if key not in only:
                 continue
-            stats = await scenario_latency(http, urls, body, rounds, plan.warmup)
+            times = await scenario_latency(http, urls, body, rounds, plan.warmup)
+            stats = {k: summarize(v) for k, v in times.items()}
             name = "a_10kb" if key == "a" else "b_1_5mb"
+            paired[name] = times
             result["scenarios"][name] = {k: s.ms() for k, s in stats.items()}
             result["ratios"][name] = ratios(stats)
             result["acceptance"][f"{key}: median pass-through/bare <= 1.10"] = ratio(
@@ -399,7 +419,10 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pi
                     added <= floor["loads_ms"] + floor["dumps_ms"])
             rows += latency_rows(label, stats)
         if "c" in only:
-            ttfb, ttlb, events = await scenario_sse(http, urls, bodies.sse, plan.rounds_c, plan.warmup)
+            ttfb_times, ttlb_times, events = await scenario_sse(http, urls, bodies.sse, plan.rounds_c, plan.warmup)
+            paired["c_sse_ttfb"], paired["c_sse_ttlb"] = ttfb_times, ttlb_times
+            ttfb = {k: summarize(v) for k, v in ttfb_times.items()}
+            ttlb = {k: summarize(v) for k, v in ttlb_times.items()}
             added = (ttfb["ctproxy"].median - ttfb["direct"].median) * 1000
             added_pass = (ttfb[PASS].median - ttfb["direct"].median) * 1000
             result["scenarios"]["c_sse_ttfb"] = {k: s.ms() for k, s in ttfb.items()}
@@ -416,8 +439,10 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pi
             rows += latency_rows("c SSE last byte", ttlb)
         if "d" in only:
             conc = await scenario_concurrent(http, urls, bodies.sse, plan.rounds_d, plan.warmup)
-            result["scenarios"]["d_concurrent"] = {k: {**v, "wall": v["wall"].ms()} for k, v in conc.items()}
+            result["scenarios"]["d_concurrent"] = {k: {**{f: x for f, x in v.items() if f != "walls"},
+                                                       "wall": v["wall"].ms()} for k, v in conc.items()}
             walls = {k: v["wall"] for k, v in conc.items()}
+            paired["d_concurrent_wall"] = {k: v["walls"] for k, v in conc.items()}
             result["ratios"]["d_concurrent_wall"] = ratios(walls)
             rows += latency_rows(f"d {CONCURRENCY} streams, batch wall", walls)
             sps = {k: v["streams_per_s"] for k, v in conc.items()}
@@ -426,9 +451,23 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pi
                          *(f"{ratio(sps[a], sps[b]):.3f}" for a, b in RATIO_COLUMNS)])
             rows.append(["  events/s", *(str(conc[k]["events_per_s"]) for k in names), *([""] * len(RATIO_COLUMNS))])
         if "e" in only and Path("/proc/self/stat").exists():
-            result["scenarios"]["e_cpu_per_request"] = await scenario_cpu(http, urls, pids, bodies.small,
-                                                                          plan.rounds_e, plan.warmup)
+            cpu = await scenario_cpu(http, urls, pids, bodies.small, plan.rounds_e, plan.warmup)
+            result["scenarios"]["e_cpu_per_request"] = cpu
+            paired["e_cpu_per_request"] = {k: [x / 1000 for x in v["blocks"]] for k, v in cpu.items()}
+    result["paired"] = paired_rows(paired)
     return rows
+
+
+def paired_rows(samples: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """For every other ctproxy (a variant, the pass-through): ctproxy − it, round by round (`Paired`), in ms."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for scenario, times in samples.items():
+        for other in [k for k in times if k not in ("direct", "bare", "bare-stream", "ctproxy")]:
+            p = paired_difference(times["ctproxy"], times[other])
+            out.setdefault(other, {})[scenario] = {"n": p.n, "median_ms": round(p.median * 1000, 3),
+                                                   "low_ms": round(p.low * 1000, 3),
+                                                   "high_ms": round(p.high * 1000, 3), "verdict": p.verdict}
+    return out
 
 
 async def time_hooks(chain: Sequence[Any], flow: Any, samples: dict[str, list[float]],
@@ -489,6 +528,11 @@ def print_report(result: dict[str, Any], names: list[str], rows: list[list[str]]
         line = ", ".join(f"{scen} {r[f'{label}/bare median']:.3f}" for scen, r in result["ratios"].items()
                          if isinstance(r, dict) and f"{label}/bare median" in r)
         print(f"variant {label} ({' '.join(variants[label])}) / bare, medians: {line}")
+    for other, scenarios in result.get("paired", {}).items():
+        print(f"ctproxy − {other}, paired round by round: median ms [95 % interval] verdict")
+        for scen, p in scenarios.items():
+            print(f"   {scen:<20} {p['median_ms']:+8.3f} [{p['low_ms']:+.3f}, {p['high_ms']:+.3f}]  {p['verdict']}"
+                  f"  (n={p['n']})")
     if "hooks" in result:
         print_hook_costs(result["hooks"])
     for name, ok in result["acceptance"].items():

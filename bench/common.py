@@ -209,6 +209,33 @@ def summarize(samples: Sequence[float]) -> Stats:
                  min(samples), max(samples))
 
 
+@dataclass
+class Paired:
+    """The median of per-round differences a − b (targets interleaved, so round i of each met the same machine),
+    with a distribution-free 95 % confidence interval: the order statistics the sign test puts around the
+    median (binomial, normal approximation). Drift between rounds cancels in a difference; what is left is
+    what a target adds."""
+
+    n: int
+    median: float
+    low: float
+    high: float
+
+    @property
+    def verdict(self) -> str:
+        """'slower' / 'faster' when the interval excludes zero, else 'level'."""
+        return "slower" if self.low > 0 else "faster" if self.high < 0 else "level"
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> Paired:
+    diffs = sorted(x - y for x, y in zip(a, b, strict=True))
+    n = len(diffs)
+    if n == 0:
+        return Paired(0, math.nan, math.nan, math.nan)
+    k = max(0, math.floor((n - 1.96 * math.sqrt(n)) / 2) - 1)  # 0-based rank of the lower bound
+    return Paired(n, statistics.median(diffs), diffs[k], diffs[n - 1 - k])
+
+
 def ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
 
