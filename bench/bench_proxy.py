@@ -12,7 +12,7 @@ Targets, each in its own process next to the emulator (tests/emulator, 200-event
   pass-through the same with `--disable all`: ctproxy passing requests through untouched (the acceptance
                target of a and b: with every feature on, the body must at least be parsed, and on a 1.5 MB
                request one parse alone costs more than 10% of bare mitmdump's latency)
-Scenarios (targets interleaved round-robin, rotating who goes first, after warm-up rounds):
+Scenarios (targets interleaved: every round each target once, in a new seeded order; after warm-up rounds):
   a  10 KB non-streaming Responses request: latency
   b  1.5 MB input (~2,000 items) non-streaming: latency
   c  SSE with a ~200-event stream: time to first body byte and to the last byte
@@ -39,6 +39,7 @@ import argparse
 import asyncio
 import os
 import platform
+import random
 import shlex
 import sys
 import time
@@ -54,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (
     PROFILE_ENV,
+    ROUND_SEED,
     Processes,
     Stats,
     paired_difference,
@@ -222,16 +224,17 @@ def cpu_seconds(pid: int) -> float:
 
 async def scenario_cpu(http: aiohttp.ClientSession, urls: dict[str, str], pids: dict[str, int], body: bytes,
                        rounds: int, warmup: int) -> dict[str, dict[str, Any]]:
-    """CPU ms per request of each proxy process: blocks of sequential requests, targets alternating (rotating
-    who goes first, as `round_robin` does)."""
+    """CPU ms per request of each proxy process: blocks of sequential requests, targets alternating."""
     per_block = max(1, rounds // CPU_ROUNDS)
     blocks: dict[str, list[float]] = {name: [] for name in pids}
     for name in pids:
         for _ in range(warmup * 4):
             await post_json(http, urls[name], body)
     names = list(pids)
-    for r in range(CPU_ROUNDS):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+    order = random.Random(ROUND_SEED)
+    for _ in range(CPU_ROUNDS):
+        order.shuffle(names)  # a new order each round, as `round_robin`'s
+        for name in names:
             pid = pids[name]
             before = cpu_seconds(pid)
             for _ in range(per_block):
