@@ -193,8 +193,8 @@ class Compaction(Stage):
         st = state_of(flow)
         mark = st.journal_mark
         # The checkpoint in effect is the journal session's current window (the journal caches it).
-        windows = journal_link.window_session(rt, st.journal, mark, ident, {**headers, **st.identity_headers},
-                                              payload)
+        windows = journal_link.window_session(rt, st.journal, mark, ident,
+                                              lambda: {**headers, **st.identity_headers}, payload)
         checkpoint = journal_link.current_checkpoint(windows)
         if checkpoint is not None:  # the projection rewrites the history: the items themselves
             payload = body.value

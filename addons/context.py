@@ -432,7 +432,7 @@ class Context(Stage):
             return None
         st = state_of(flow)
         return journal_link.window_session(rt, st.journal, st.journal_mark, ident,
-                                           {**header_map(flow), **st.identity_headers}, body.view)
+                                           lambda: {**header_map(flow), **st.identity_headers}, body.view)
 
     def _roll_over(self, ws: journal_link.WindowSession, flow: http.HTTPFlow, kind: str) -> Window | None:
         """Open the session's notes window at the rollover boundary: calls and their outputs before it,

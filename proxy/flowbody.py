@@ -300,11 +300,10 @@ def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
     st.body_checked = True
     if not is_responses_create(flow) or flow.request.raw_content is None:
         return None
-    ctype = flow.request.headers.get("content-type", "")
+    ctype, encoding = _type_and_encoding(flow.request.headers.fields)
     if ctype and "json" not in ctype.lower():
         return None
     raw = flow.request.raw_content
-    encoding = flow.request.headers.get("content-encoding", "")
     limit = max_body_bytes()
     try:
         content = decode_bounded(raw, encoding, limit)
@@ -330,6 +329,20 @@ def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
     st.body = ResponsesBody(value, source_bytes=len(content), source=content, parsed_input=value.get("input"),
                             parsed_keys=tuple(value), _input_span=(lazy[1],) if lazy is not None else None)
     return st.body
+
+
+def _type_and_encoding(fields: Sequence[tuple[bytes, bytes]]) -> tuple[str, str]:
+    """Content-Type and Content-Encoding as `Headers.get` gives them (repeats joined by ", "), in one pass over
+    the raw fields: each `Headers.get` is a pass that decodes and lower-cases every name."""
+    ctype: list[bytes] = []
+    encoding: list[bytes] = []
+    for name, value in fields:
+        if len(name) == 12 and name.lower() == b"content-type":
+            ctype.append(value)
+        elif len(name) == 16 and name.lower() == b"content-encoding":
+            encoding.append(value)
+    return (b", ".join(ctype).decode("utf-8", "surrogateescape"),
+            b", ".join(encoding).decode("utf-8", "surrogateescape"))
 
 
 def _parse_lazy(content: bytes) -> tuple[dict[str, Any], tuple[int, int]] | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,13 +44,15 @@ def _journal(rt: runtime.Runtime, from_history: Journal | None) -> Journal:
 
 
 def window_session(rt: runtime.Runtime, from_history: Journal | None, mark: RequestMark | None,
-                   ident: SessionIdentity, headers: Mapping[str, str],
+                   ident: SessionIdentity, headers: Callable[[], Mapping[str, str]],
                    payload: Mapping[str, Any]) -> WindowSession | None:
+    """The request's journal session: the history stage's mark when it ran, else resolved here (`headers`
+    is called only then: building the merged map cost every request a dict it rarely needed)."""
     j = _journal(rt, from_history)
     if isinstance(mark, RequestMark):
         return WindowSession(j, mark.session_key, mark.task_id, mark.address, ident.source, mark)
     try:
-        key, task_id, address = j.resolve(ident, headers, payload)
+        key, task_id, address = j.resolve(ident, headers(), payload)
     except JoinError:
         return None  # a request the history stage would refuse: no window of its own either
     return WindowSession(j, key, task_id, address, ident.source, None)
