@@ -8,8 +8,9 @@ Processes (each in its own OS process, so client, upstream and proxy never share
         ct = procs.ctproxy(emu.url)                  # `ctproxy up --upstream … --trust-upstream`
         ...                                          # everything is stopped (SIGTERM) on exit
 
-Statistics: `summarize(samples)` → `Stats` (n, median, p99, mean, min, max; seconds), `ratio(a, b)`.
-Order: `await round_robin(targets, rounds, fn)` interleaves targets per round, rotating the start.
+Statistics: `summarize(samples)` → `Stats` (n, median, p99, mean, min, max; seconds), `ratio(a, b)`,
+`paired_difference(a, b)` → `Paired` (median of per-round differences, 95 % interval, verdict).
+Order: `await round_robin(targets, rounds, fn)` interleaves targets per round, in a new seeded order each round.
 Output: `print_table(headers, rows)`, `write_result(name, data)` → `bench/results/<name>.json`.
 
 Profiling: with `CTP_BENCH_PROFILE=DIR` in the environment, every `ctproxy up` started here runs under
