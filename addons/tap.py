@@ -82,7 +82,7 @@ class Tap(Stage):
             st.tap = tap
             replay(flow.response.get_content(strict=False) or b"")
             replay(b"")
-        elif flow.response.raw_content is not None and "json" in flow.response.headers.get("content-type", ""):
+        elif flow.response.raw_content is not None and "json" in ctype:  # (read once above: a pass over the headers)
             try:
                 body = orjson.loads(flow.response.get_content(strict=False) or b"")
             except (orjson.JSONDecodeError, ValueError):
