@@ -393,7 +393,7 @@ def start_targets(procs: Processes, variants: dict[str, list[str]], stream_basel
 
 
 async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pids: dict[str, int], bodies: Bodies,
-                            result: dict[str, Any]) -> list[list[str]]:
+                            result: dict[str, Any], pairs: Sequence[tuple[str, str]] = ()) -> list[list[str]]:
     """Scenarios a–e against every target; fills `result` and returns the table rows."""
     rows: list[list[str]] = []
     names = list(urls)
@@ -457,20 +457,36 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pi
             cpu = await scenario_cpu(http, urls, pids, bodies.small, plan.rounds_e, plan.warmup)
             result["scenarios"]["e_cpu_per_request"] = cpu
             paired["e_cpu_per_request"] = {k: [x / 1000 for x in v["blocks"]] for k, v in cpu.items()}
-    result["paired"] = paired_rows(paired)
+    result["paired"] = paired_rows(paired, pairs)
     return rows
 
 
-def paired_rows(samples: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """For every other ctproxy (a variant, the pass-through): ctproxy − it, round by round (`Paired`), in ms."""
+def paired_rows(samples: dict[str, dict[str, list[float]]], pairs: Sequence[tuple[str, str]] = ()
+                ) -> dict[str, dict[str, dict[str, Any]]]:
+    """"A − B" → scenario → the difference round by round (`Paired`, in ms): ctproxy against every other ctproxy
+    column (a variant, the pass-through), then each of `pairs`."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for scenario, times in samples.items():
-        for other in [k for k in times if k not in ("direct", "bare", "bare-stream", "ctproxy")]:
-            p = paired_difference(times["ctproxy"], times[other])
-            out.setdefault(other, {})[scenario] = {"n": p.n, "median_ms": round(p.median * 1000, 3),
-                                                   "low_ms": round(p.low * 1000, 3),
-                                                   "high_ms": round(p.high * 1000, 3), "verdict": p.verdict}
+        wanted = [("ctproxy", k) for k in times if k not in ("direct", "bare", "bare-stream", "ctproxy")]
+        for a, b in [*wanted, *pairs]:
+            sa, sb = _column(times, a), _column(times, b)
+            if sa is None or sb is None:
+                continue
+            p = paired_difference(sa, sb)
+            out.setdefault(f"{a} − {b}", {})[scenario] = {
+                "n": p.n, "median_ms": round(p.median * 1000, 3), "low_ms": round(p.low * 1000, 3),
+                "high_ms": round(p.high * 1000, 3), "verdict": p.verdict}
     return out
+
+
+def _column(times: dict[str, list[float]], label: str) -> list[float] | None:
+    """A column's samples, or for `PREFIX*` the round-by-round mean of every column whose label starts with
+    PREFIX (several processes of one checkout: two identical processes differ by up to ≈0.15 ms on a 10 KB
+    request, more than a paired interval of one pair shows, so a before/after needs a few of each)."""
+    if not label.endswith("*"):
+        return times.get(label)
+    group = [v for k, v in times.items() if k.startswith(label[:-1])]
+    return [sum(r) / len(r) for r in zip(*group, strict=True)] if group else None
 
 
 async def time_hooks(chain: Sequence[Any], flow: Any, samples: dict[str, list[float]],
@@ -531,8 +547,8 @@ def print_report(result: dict[str, Any], names: list[str], rows: list[list[str]]
         line = ", ".join(f"{scen} {r[f'{label}/bare median']:.3f}" for scen, r in result["ratios"].items()
                          if isinstance(r, dict) and f"{label}/bare median" in r)
         print(f"variant {label} ({' '.join(variants[label])}) / bare, medians: {line}")
-    for other, scenarios in result.get("paired", {}).items():
-        print(f"ctproxy − {other}, paired round by round: median ms [95 % interval] verdict")
+    for pair, scenarios in result.get("paired", {}).items():
+        print(f"{pair}, paired round by round: median ms [95 % interval] verdict")
         for scen, p in scenarios.items():
             print(f"   {scen:<20} {p['median_ms']:+8.3f} [{p['low_ms']:+.3f}, {p['high_ms']:+.3f}]  {p['verdict']}"
                   f"  (n={p['n']})")
@@ -542,8 +558,8 @@ def print_report(result: dict[str, Any], names: list[str], rows: list[list[str]]
         print(f"acceptance  {'met   ' if ok else 'MISSED'}  {name}")
 
 
-async def run(plan: Plan, only: set[str], variants: dict[str, list[str]], stream_baseline: bool = True
-              ) -> dict[str, Any]:
+async def run(plan: Plan, only: set[str], variants: dict[str, list[str]], stream_baseline: bool = True,
+              pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     started = time.perf_counter()
     bodies = make_bodies()
     result: dict[str, Any] = {
@@ -561,7 +577,7 @@ async def run(plan: Plan, only: set[str], variants: dict[str, list[str]], stream
             urls, pids = start_targets(procs, variants, stream_baseline)
             result["meta"]["startup_s"] = round(time.perf_counter() - started, 2)
             names = list(urls)
-            rows = await network_scenarios(plan, only, urls, pids, bodies, result)
+            rows = await network_scenarios(plan, only, urls, pids, bodies, result, pairs)
     if "h" in only:
         result["hooks"] = await hook_costs({"a": bodies.small, "b": bodies.big}, plan.rounds_h)
     result["meta"]["total_s"] = round(time.perf_counter() - started, 1)
@@ -581,6 +597,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
                         help="also measure ctproxy with these extra `ctproxy up` arguments, e.g. "
                         "'no-ws=--disable web_search' (repeatable; for attributing cost)")
+    parser.add_argument("--pair", action="append", default=[], metavar="A-B",
+                        help="also print A − B paired round by round, for two columns (repeatable), e.g. "
+                        "--variant h1=@. --variant h2=@. --variant b1=@/tmp/before --variant b2=@/tmp/before "
+                        "--pair 'h*-b*' (PREFIX* = the mean of those columns, round by round: identical "
+                        "processes differ by ≈0.15 ms, so compare a few of each; docs/benchmarks.md)")
     return parser.parse_args(argv)
 
 
@@ -599,8 +620,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         os.environ[PROFILE_ENV] = str(args.profile.resolve())
     only = {s.strip() for s in args.only.split(",") if s.strip()}
+    pairs = [tuple(p.split("-", 1)) for p in args.pair]
+    if any(len(p) != 2 or not all(p) for p in pairs):
+        raise SystemExit("--pair wants A-B, two column labels")
     result = asyncio.run(run(QUICK if args.quick else FULL, only, parse_variants(args.variant),
-                             stream_baseline=not args.no_stream_baseline))
+                             stream_baseline=not args.no_stream_baseline, pairs=pairs))  # type: ignore[arg-type]
     path = write_result("proxy", result)
     print(f"written: {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
     return 0
