@@ -467,7 +467,7 @@ def paired_rows(samples: dict[str, dict[str, list[float]]], pairs: Sequence[tupl
     column (a variant, the pass-through), then each of `pairs`."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for scenario, times in samples.items():
-        wanted = [("ctproxy", k) for k in times if k not in ("direct", "bare", "bare-stream", "ctproxy")]
+        wanted = [("ctproxy", k) for k in times if k not in FIXED_COLUMNS or k == PASS]
         for a, b in [*wanted, *pairs]:
             sa, sb = _column(times, a), _column(times, b)
             if sa is None or sb is None:
@@ -479,13 +479,16 @@ def paired_rows(samples: dict[str, dict[str, list[float]]], pairs: Sequence[tupl
     return out
 
 
+FIXED_COLUMNS = frozenset({"direct", "bare", "bare-stream", "ctproxy", PASS})  # every column but the variants
+
+
 def _column(times: dict[str, list[float]], label: str) -> list[float] | None:
     """A column's samples, or for `PREFIX*` the round-by-round mean of every column whose label starts with
     PREFIX (several processes of one checkout: two identical processes differ by up to ≈0.15 ms on a 10 KB
     request, more than a paired interval of one pair shows, so a before/after needs a few of each)."""
     if not label.endswith("*"):
         return times.get(label)
-    group = [v for k, v in times.items() if k.startswith(label[:-1])]
+    group = [v for k, v in times.items() if k.startswith(label[:-1]) and k not in FIXED_COLUMNS]  # variants only
     return [sum(r) / len(r) for r in zip(*group, strict=True)] if group else None
 
 
@@ -609,7 +612,7 @@ def parse_variants(specs: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for spec in specs:
         label, sep, args = spec.partition("=")
-        if not sep or not label or label in ("direct", "bare", "bare-stream", "ctproxy", PASS):
+        if not sep or not label or label in FIXED_COLUMNS:
             raise SystemExit(f"--variant wants LABEL=ARGS with a new label, got {spec!r}")
         out[label] = shlex.split(args)
     return out

@@ -34,3 +34,11 @@ def test_few_pairs_give_the_widest_interval_and_none_give_nan() -> None:
     p = paired_difference([1.0, 2.0, 3.0], [0.5, 2.5, 2.0])
     assert (p.low, p.high) == (-0.5, 1.0) and p.verdict == "level"
     assert paired_difference([], []).n == 0
+
+
+def test_a_group_of_columns_is_only_variants_never_a_baseline_with_the_same_first_letter() -> None:
+    from bench.bench_proxy import _column
+
+    times = {"bare": [1.0, 1.0], "bare-stream": [1.0, 1.0], "b1": [3.0, 5.0], "b2": [5.0, 7.0], "ctproxy": [9.0, 9.0]}
+    assert _column(times, "b*") == [4.0, 6.0]
+    assert _column(times, "c*") is None and _column(times, "b1") == [3.0, 5.0]
