@@ -1,6 +1,6 @@
 """Proxy overhead: direct to the emulator vs bare mitmdump vs `ctproxy up`, measured in one run.
 
-    .venv/bin/python bench/bench_proxy.py [--quick] [--only a,b,c,d,e,h] [--profile DIR] [--variant L=ARGS]
+    .venv/bin/python bench/bench_proxy.py [--quick] [--only a,b,c,d,e,h] [--profile DIR] [--variant L=ARGS] [--pair A-B]
 
 Targets, each in its own process next to the emulator (tests/emulator, 200-event SSE answers):
   direct       the emulator itself
@@ -26,7 +26,8 @@ acceptance targets (median pass-through/bare ≤ 1.10 for a and b; added SSE TTF
 for both ctproxy columns). Against every other ctproxy column (the pass-through, each variant): ctproxy − it,
 paired round by round (block by block for e), its median and a distribution-free 95 % interval, and the verdict
 "slower" or "faster" only when the interval excludes zero, else "level": medians of separate columns move by
-±0.2 ms between runs here, a difference paired by round far less.
+±0.2 ms between runs here, a difference paired by round far less. Two processes of one checkout still differ by up
+to ≈0.15 ms on a, so a before/after runs a few of each as variants and compares the groups: `--pair 'h*-o*'`.
 Written: bench/results/proxy.json. `--profile DIR` runs ctproxy under cProfile (DIR/ctproxy-<port>.prof);
 `--variant LABEL='--disable web_search'` adds more ctproxy columns, to attribute cost to features; an ARGS
 that starts with `@DIR` runs the checkout in DIR (e.g. a `git worktree` of an earlier commit): before/after
