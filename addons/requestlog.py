@@ -30,7 +30,7 @@ from typing import Any
 from mitmproxy import ctx, http
 
 from addons._stage import Stage
-from proxy import debuglog
+from proxy import debuglog, rawheaders
 from proxy.bridge.server import agent_path
 from proxy.flowbody import ResponsesBody
 from proxy.flowstate import FlowState, state_of
@@ -115,23 +115,12 @@ def _seen(flow: http.HTTPFlow, error: str | None) -> SeenRequest:
     sent = st.client_request if st.client_request is not None else req.raw_content
     raw = resp.raw_content if resp is not None else None
     status = resp.status_code if resp is not None and error is None else None
-    ctype, length = _content_headers(resp) if resp is not None else ("", "")
+    ctype, length = (rawheaders.values(resp.headers.fields, b"content-type", b"content-length")
+                     if resp is not None else ("", ""))
     return SeenRequest(req.method, req.path, start, end, ttfb, status, error, ctype,
                  resp.stream if resp is not None else None, len(raw) if raw is not None else None,
                  length, len(sent) if sent is not None else 0, _model(st), _identity(st), stages_of(st),
                  _compacted(st))
-
-
-def _content_headers(resp: http.Response) -> tuple[str, str]:
-    """Content-Type and Content-Length, in one pass over the raw fields (each `Headers.get` is a pass)."""
-    ctype = length = None
-    for name, value in resp.headers.fields:
-        low = name.lower()
-        if low == b"content-type" and ctype is None:
-            ctype = value.decode("utf-8", "surrogateescape")
-        elif low == b"content-length" and length is None:
-            length = value.decode("utf-8", "surrogateescape")
-    return ctype or "", length or ""
 
 
 def _compacted(st: FlowState) -> tuple[str, str] | None:
@@ -167,9 +156,7 @@ def _bodies(flow: http.HTTPFlow, st: FlowState) -> Bodies | None:
     client, forwarded = st.client_request, flow.request.raw_content
     if client is None or forwarded is None or len(client) > DIFF_BODY_MAX or len(forwarded) > DIFF_BODY_MAX:
         return None
-    # one pass over the raw fields (a `Headers.get` decodes every name); repeated ones joined, as it does
-    encoding = ", ".join(value.decode("utf-8", "surrogateescape") for name, value in flow.request.headers.fields
-                         if name.lower() == b"content-encoding")
+    (encoding,) = rawheaders.values(flow.request.headers.fields, b"content-encoding")
     return Bodies(client, forwarded, encoding)
 
 

@@ -37,7 +37,7 @@ import fastsimdjson
 import orjson
 from mitmproxy import http
 
-from proxy import errors, gcpause
+from proxy import errors, gcpause, rawheaders
 from proxy.addonlookup import find_addon
 from proxy.flowstate import state_of
 from proxy.transforms.items import InputFacts, input_facts
@@ -300,7 +300,7 @@ def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
     st.body_checked = True
     if not is_responses_create(flow) or flow.request.raw_content is None:
         return None
-    ctype, encoding = _type_and_encoding(flow.request.headers.fields)
+    ctype, encoding = rawheaders.values(flow.request.headers.fields, b"content-type", b"content-encoding")
     if ctype and "json" not in ctype.lower():
         return None
     raw = flow.request.raw_content
@@ -329,20 +329,6 @@ def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
     st.body = ResponsesBody(value, source_bytes=len(content), source=content, parsed_input=value.get("input"),
                             parsed_keys=tuple(value), _input_span=(lazy[1],) if lazy is not None else None)
     return st.body
-
-
-def _type_and_encoding(fields: Sequence[tuple[bytes, bytes]]) -> tuple[str, str]:
-    """Content-Type and Content-Encoding as `Headers.get` gives them (repeats joined by ", "), in one pass over
-    the raw fields: each `Headers.get` is a pass that decodes and lower-cases every name."""
-    ctype: list[bytes] = []
-    encoding: list[bytes] = []
-    for name, value in fields:
-        if len(name) == 12 and name.lower() == b"content-type":
-            ctype.append(value)
-        elif len(name) == 16 and name.lower() == b"content-encoding":
-            encoding.append(value)
-    return (b", ".join(ctype).decode("utf-8", "surrogateescape"),
-            b", ".join(encoding).decode("utf-8", "surrogateescape"))
 
 
 def _parse_lazy(content: bytes) -> tuple[dict[str, Any], tuple[int, int]] | None:

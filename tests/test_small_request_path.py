@@ -111,14 +111,14 @@ def test_the_rollover_check_answers_without_the_worker_and_take_still_consumes(t
         other.close()
 
 
-def test_content_type_and_encoding_read_in_one_pass_as_headers_get_reads_them() -> None:
+def test_header_values_read_in_one_pass_as_headers_get_reads_them() -> None:
     from mitmproxy import http
 
-    from proxy.flowbody import _type_and_encoding
+    from proxy import rawheaders
 
     for fields in ([(b"Content-Type", b"application/json"), (b"content-encoding", b"gzip")],
                    [(b"CONTENT-TYPE", b"a"), (b"Content-Type", b"b"), (b"X-Other", b"y")], [],
                    [(b"content-encoding", b"\xff"), (b"Content-Encoding", b"br")]):
         headers = http.Headers(fields)
-        assert _type_and_encoding(headers.fields) == (headers.get("content-type", ""),
-                                                      headers.get("content-encoding", ""))
+        assert rawheaders.values(headers.fields, b"content-type", b"content-encoding") == (
+            headers.get("content-type", ""), headers.get("content-encoding", ""))
