@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -77,13 +76,6 @@ _LISTENING = re.compile(rb"listening on http://(?:\[[^\]]*\]|[^\s:/]+):(\d+)")
 _LOGIN = re.compile(rb"dashboard login (http://\S+/ui/login\?code=[A-Za-z0-9_-]+)")
 
 
-def _free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def _settle(fut: asyncio.Future[int | None], value: int | None) -> None:
     if not fut.done():
         fut.set_result(value)
@@ -93,7 +85,7 @@ class ToolServerProcess:
     """The tool server as a child process. It reports the port it listens on with its `listening on` line
     (stdout); until it is ready its stderr is kept, so a start-up failure becomes one line, not a traceback;
     afterwards its stderr goes to ours. With `--tools-listen HOST:0` the OS picks the port here and the child
-    gets it (it needs its port for the Host-header check); if something takes it in between, another is tried."""
+    binds it itself and reports it (never a port picked here first, which another process could take)."""
 
     def __init__(self, opts: UpOptions, state: StateDir, config_file: Path | None = None,
                  telemetry_url: str | None = None):
@@ -114,15 +106,8 @@ class ToolServerProcess:
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
     async def start(self) -> None:
-        attempts = 5 if self.opts.tools_port == 0 else 1
-        for attempt in range(attempts):
-            self.port = self.opts.tools_port or _free_port(self.opts.tools_host)
-            try:
-                await self._start_once()
-                return
-            except ToolServerPortBusy:
-                if attempt + 1 == attempts:
-                    raise
+        self.port = self.opts.tools_port  # 0: the child binds a free one and reports it (_wait_ready)
+        await self._start_once()
 
     async def _start_once(self) -> None:
         cmd = [sys.executable, "-m", "tools_server", "--listen", f"{self.opts.tools_host}:{self.port}",

@@ -96,11 +96,9 @@ async def test_without_a_workspace_the_file_and_shell_tools_are_unavailable_and_
 async def test_a_busy_port_is_a_clear_error_and_leaves_no_tool_server(proxy_factory, tmp_path):
     import asyncio
 
-    from tests.support.ports import free_port
-
     first = await proxy_factory()
     out = await asyncio.to_thread(run, "up", "--state-dir", str(tmp_path / "other"), "--listen",
-                                  f"127.0.0.1:{first.port}", "--tools-listen", f"127.0.0.1:{free_port()}")
+                                  f"127.0.0.1:{first.port}", "--tools-listen", "127.0.0.1:0")
     assert out.returncode == 1
     assert "could not start" in out.stderr and "address already in use" in out.stderr and "--listen" in out.stderr
     assert not processes_mentioning(str(tmp_path / "other"))  # its tool server was stopped

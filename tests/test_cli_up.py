@@ -15,7 +15,6 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support.ports import free_port
 from tests.support.procs import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,8 +61,8 @@ class Up:
 
 async def test_a_second_up_on_the_same_state_dir_is_refused(proxy_factory, tmp_path):
     first = await proxy_factory()
-    second = Up("--state-dir", str(first.state_dir), "--listen", f"127.0.0.1:{free_port()}",
-                "--tools-listen", f"127.0.0.1:{free_port()}", log=tmp_path / "second.log")
+    second = Up("--state-dir", str(first.state_dir), "--listen", "127.0.0.1:0",
+                "--tools-listen", "127.0.0.1:0", log=tmp_path / "second.log")
     try:
         outcome = await asyncio.to_thread(second.wait)
     finally:
@@ -101,7 +100,7 @@ async def test_a_busy_tool_server_port_is_one_line_and_leaves_nothing_behind(tmp
     busy = _listening(0)
     port = busy.getsockname()[1]
     try:
-        out = await asyncio.to_thread(cli, "up", "--state-dir", str(state), "--listen", f"127.0.0.1:{free_port()}",
+        out = await asyncio.to_thread(cli, "up", "--state-dir", str(state), "--listen", "127.0.0.1:0",
                                       "--tools-listen", f"127.0.0.1:{port}")
     finally:
         busy.close()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -49,12 +48,6 @@ def pipeline_chain() -> list[Any]:
 _original_chain = addons.chain
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @asynccontextmanager
 async def running_proxy(tmp_path: Path, upstream: str, config: dict[str, Any] | None = None,
                         monkeypatch: Any = None, debug: bool = False) -> AsyncIterator[str]:
@@ -65,8 +58,7 @@ async def running_proxy(tmp_path: Path, upstream: str, config: dict[str, Any] | 
     state.mkdir(parents=True, exist_ok=True)
     cfg_file = state / "config.json"
     cfg_file.write_text(json.dumps(config or {}))
-    port = free_port()
-    opts = UpOptions(listen_port=port, upstream=upstream, trust_upstream=True, with_tools=False, state_dir=state,
+    opts = UpOptions(listen_port=0, upstream=upstream, trust_upstream=True, with_tools=False, state_dir=state,
                      config_file=cfg_file, debug=debug)
     ready, stop = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(run_up(opts, ready, stop))
@@ -76,7 +68,7 @@ async def running_proxy(tmp_path: Path, upstream: str, config: dict[str, Any] | 
         waiter.cancel()
         raise AssertionError("the proxy did not start" + (f": {task.exception()!r}" if task.done() else ""))
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield json.loads((state / "run.json").read_text())["proxy"]  # the port it bound (listen_port 0)
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from tests.emulator import Text
-from tests.support.ports import free_port
+from tests.support.ports import closed_port
 
 WAIT = 30.0  # the bound of every wait: far above any timeout configured here
 
@@ -51,9 +51,8 @@ def _json_error(exc: openai.APIStatusError) -> dict:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_unreachable_upstream_gives_the_sdk_a_json_error(tmp_path, proxy_factory, stream):
-    port = free_port()  # nothing listens there
-    proxy = await proxy_factory(upstream=f"http://127.0.0.1:{port}")
-    with pytest.raises(openai.APIStatusError) as info:
+    with closed_port() as port, pytest.raises(openai.APIStatusError) as info:  # nothing listens there
+        proxy = await proxy_factory(upstream=f"http://127.0.0.1:{port}")
         await _client(proxy).responses.create(model="gpt-5", input="hi", stream=stream)
     exc = info.value
     assert exc.status_code == 502

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import pytest
 from openai import APIConnectionError, AsyncOpenAI
 
 from tests.emulator import Emulator, FunctionCall, Reasoning, Response, Text
-from tests.support.ports import free_port
+from tests.support.ports import listening_port
 
 REPO = Path(__file__).resolve().parents[1]
 MITMDUMP = Path(sys.executable).parent / "mitmdump"
@@ -34,7 +33,7 @@ class Mitmdump:
 
     def __init__(self, state: Path, upstream: str, log: Path):
         self.state, self.upstream, self.log = state, upstream, log
-        self.port = free_port()
+        self.port = 0  # bound by mitmdump itself, read back once it listens
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -43,21 +42,16 @@ class Mitmdump:
 
     def start(self) -> Mitmdump:
         args = [str(MITMDUMP), "--mode", f"reverse:{self.upstream}", "--listen-host", "127.0.0.1",
-                "--listen-port", str(self.port), "-q",
+                "--listen-port", "0", "-q",
                 "-s", str(REPO / "addons/session.py"), "-s", str(REPO / "addons/tap.py"),
                 "-s", str(REPO / "addons/history.py"), "--set", f"ctp_state_dir={self.state}"]
         env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(args, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, cwd=REPO, env=env)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("mitmdump exited:\n" + self.log.read_text(errors="replace"))
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("mitmdump did not listen:\n" + self.log.read_text(errors="replace"))
+        try:
+            self.port = listening_port(self.proc, what="mitmdump")
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}:\n" + self.log.read_text(errors="replace")) from None
+        return self
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:

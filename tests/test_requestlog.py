@@ -135,13 +135,14 @@ def test_route_labels_are_a_closed_set(path):
 
 
 async def test_an_unreachable_upstream_is_one_line(proxy_factory):
-    from tests.support.ports import free_port
+    from tests.support.ports import closed_port
 
-    proxy = await proxy_factory(upstream=f"http://127.0.0.1:{free_port()}")  # nothing listens there
     body = {"model": "gpt-5", "input": PROMPT}
-    async with aiohttp.ClientSession() as http, http.post(proxy.url + "/v1/responses", json=body) as r:
-        status = r.status
-        await r.read()
+    with closed_port() as port:  # nothing listens there
+        proxy = await proxy_factory(upstream=f"http://127.0.0.1:{port}")
+        async with aiohttp.ClientSession() as http, http.post(proxy.url + "/v1/responses", json=body) as r:
+            status = r.status
+            await r.read()
     assert status >= 500
     await _wait_lines(proxy, 1)
     await proxy.astop()

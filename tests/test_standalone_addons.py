@@ -12,10 +12,8 @@ from __future__ import annotations
 import ast
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +24,7 @@ import pytest
 from mitmproxy import io
 
 from tests.emulator import Emulator, ReceivedRequest
-from tests.support.ports import free_port
+from tests.support.ports import listening_port
 
 REPO = Path(__file__).resolve().parents[1]
 ADDONS_DIR = REPO / "addons"
@@ -83,14 +81,6 @@ def _options(state: Path, options: dict[str, str]) -> list[str]:
     return args
 
 
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def mitmdump(tmp_path: Path) -> Iterator[Callable[..., Mitmdump]]:
     """Factory: `mitmdump("session", emu.url, ctp_trust_upstream="true")` → a reverse proxy with that
@@ -98,24 +88,20 @@ def mitmdump(tmp_path: Path) -> Iterator[Callable[..., Mitmdump]]:
     started: list[Mitmdump] = []
 
     def start(module: str, upstream: str, **options: str) -> Mitmdump:
-        port = free_port()
         state = tmp_path / f"state-{module}-{len(started)}"
         log_path = tmp_path / f"mitmdump-{module}-{len(started)}.log"
-        cmd = [str(MITMDUMP), "-q", "-s", f"addons/{module}.py", "--mode", f"reverse:{upstream}@{port}",
+        cmd = [str(MITMDUMP), "-q", "-s", f"addons/{module}.py", "--mode", f"reverse:{upstream}@0",
                "--set", "listen_host=127.0.0.1", *_options(state, options)]
         with log_path.open("wb") as log:
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        md = Mitmdump(proc, port, log_path)
+        md = Mitmdump(proc, 0, log_path)
         started.append(md)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"mitmdump -s addons/{module}.py exited with {proc.returncode}:\n{md.log()[-3000:]}")
-            if _listening(port):
-                return md
-            time.sleep(0.05)
-        pytest.fail(f"mitmdump -s addons/{module}.py did not listen within 60 s:\n{md.log()[-3000:]}")
+        try:
+            md.port = listening_port(proc, what=f"mitmdump -s addons/{module}.py")
+        except RuntimeError as e:
+            pytest.fail(f"{e}:\n{md.log()[-3000:]}")
+        return md
 
     yield start
     for md in started:

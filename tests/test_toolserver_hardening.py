@@ -9,7 +9,6 @@ import dataclasses
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import pytest
 from proxy.config import Config, set_key
 from proxy.notes import NotesStore
 from proxy.state import StateDir
+from tests.support.ports import listening_port
 from tests.support.toolserver import ToolServerHandle
 from tests.test_history_tools import build_world
 from tools_server.app import SERVICE_KEY
@@ -277,25 +277,19 @@ async def test_x_ctp_cwd_picks_a_directory_inside_the_workspace_only(tmp_path: P
     assert list(elsewhere.iterdir()) == [] and not (tmp_path / "escaped").exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_the_tool_server_process_has_no_default_workspace(tmp_path: Path) -> None:
     """`python -m tools_server` without --workspace (as `make up` runs it from the checkout) must not
     edit the directory it was started in."""
     cwd = tmp_path / "checkout"
     cwd.mkdir()
     (cwd / "keep.txt").write_text("untouched\n")
-    port = _free_port()
     state = tmp_path / "state"
-    proc = subprocess.Popen([sys.executable, "-m", "tools_server", "--listen", f"127.0.0.1:{port}",
+    proc = subprocess.Popen([sys.executable, "-m", "tools_server", "--listen", "127.0.0.1:0",
                              "--state-dir", str(state), "--enable", "apply_patch", "--enable", "shell"],
                             cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
+        port = await asyncio.to_thread(listening_port, proc, what="the tool server")
         token = StateDir.open(state).token()
         headers = {"Authorization": f"Bearer {token}"}
         url = f"http://127.0.0.1:{port}"

@@ -152,27 +152,15 @@ async def test_keeps_content_encoding(rt):
 # ---- `mitmdump -s addons/web_search.py` against a recording upstream ---------------------------
 
 
-def _free_port() -> int:
-    import socket
+async def _wait_port(proc: subprocess.Popen) -> int:
+    """The port mitmdump bound (it was started on port 0), read from its own listening socket."""
+    from tests.support.ports import listening_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"mitmdump exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        except OSError:
-            await asyncio.sleep(0.1)
-    raise AssertionError("mitmdump did not start listening")
+    try:
+        return await asyncio.to_thread(listening_port, proc, what="mitmdump")
+    except RuntimeError as e:
+        err = proc.stderr.read().decode()[-2000:] if proc.poll() is not None else ""
+        raise AssertionError(f"{e}: {err}") from None
 
 
 @pytest.mark.timeout(120)
@@ -184,16 +172,15 @@ async def test_mitmdump_loads_it_alone(tmp_path):
     mitmdump = shutil.which("mitmdump", path=str(Path(sys.executable).parent))
     assert mitmdump, "mitmdump is installed with mitmproxy"
     async with Emulator() as emu:
-        port = _free_port()
         env = {**os.environ, "CTPROXY_HOME": str(tmp_path / "state"), "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(
             [mitmdump, "-q", "--mode", f"reverse:{emu.url}", "--listen-host", "127.0.0.1", "--listen-port",
-             str(port), "-s", str(REPO / "addons" / "web_search.py"), "--set", "ctp_trust_upstream=true",
+             "0", "-s", str(REPO / "addons" / "web_search.py"), "--set", "ctp_trust_upstream=true",
              "--set", f"confdir={tmp_path / 'mitm'}"],
             cwd=str(REPO), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         try:
-            await _wait_port(port, proc)
+            port = await _wait_port(proc)
             client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-test-standalone", max_retries=0)
             answer = await client.responses.create(model="gpt-5", input="search please")
             assert answer.output_text.startswith("You said")

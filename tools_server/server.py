@@ -14,7 +14,7 @@ from aiohttp import web
 
 from proxy.config import Config
 from proxy.state import StateDir
-from tools_server.app import create_app
+from tools_server.app import bind_port, create_app
 from tools_server.registry import Services
 
 log = logging.getLogger("ctproxy.tools")
@@ -41,6 +41,9 @@ async def serve(config: Config, state: StateDir, workspace: Path | None, host: s
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
+    if port == 0:  # the OS picked it: the Host check, the login link and the listening line need the real one
+        port = int(runner.addresses[0][1])
+        bind_port(app, port)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM) if sys.platform != "win32" else ():

@@ -1,8 +1,12 @@
-"""`ctproxy up` as a real process for end-to-end tests: free ports, wait for ready, stop with SIGTERM."""
+"""`ctproxy up` as a real process for end-to-end tests: it binds port 0 for both servers and the test reads the
+ports back from its run file (never a port picked beforehand, which another process may take), waits for ready,
+stops with SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import os
 import signal
 import subprocess
@@ -10,9 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support.ports import free_port
-
 REPO = Path(__file__).resolve().parents[2]
+_COUNT = itertools.count()
 
 
 class ProxyProcess:
@@ -20,15 +23,15 @@ class ProxyProcess:
                  mode: str = "reverse", extra_args: list[str] | None = None, with_tools: bool = True,
                  env: dict[str, str] | None = None, log_path: Path | None = None):
         self.state_dir = state_dir
-        self.port = free_port()
-        self.tools_port = free_port()
+        self.port = 0  # read back from the run file once ready
+        self.tools_port = 0
         self.upstream = upstream
         self.trust_upstream = trust_upstream
         self.mode = mode
         self.extra_args = extra_args or []
         self.with_tools = with_tools
         self.env = env or {}
-        self.log_path = log_path or state_dir.parent / f"ctproxy-{self.port}.log"
+        self.log_path = log_path or state_dir.parent / f"ctproxy-{os.getpid()}-{next(_COUNT)}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -41,7 +44,7 @@ class ProxyProcess:
 
     def args(self) -> list[str]:
         args = [sys.executable, "-m", "proxy.cli", "up", "--state-dir", str(self.state_dir),
-                "--listen", f"127.0.0.1:{self.port}", "--tools-listen", f"127.0.0.1:{self.tools_port}",
+                "--listen", "127.0.0.1:0", "--tools-listen", "127.0.0.1:0",
                 "--mode", self.mode]
         if self.upstream:
             args += ["--upstream", self.upstream]
@@ -61,10 +64,20 @@ class ProxyProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ctproxy up exited early:\n{self.log()}")
             if b"ctproxy ready" in self.log_path.read_bytes():
+                self._read_ports()
                 return self
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"ctproxy up did not become ready:\n{self.log()}")
+
+    def _read_ports(self) -> None:
+        """The ports this process bound, as its run file records them (written before it says ready)."""
+        run = json.loads((self.state_dir / "run.json").read_text())
+        if run.get("pid") != self.proc.pid:
+            raise RuntimeError(f"run.json belongs to pid {run.get('pid')}, not to this ctproxy ({self.proc.pid})")
+        self.port = int(run["proxy"].rsplit(":", 1)[1])
+        if run.get("tools"):
+            self.tools_port = int(run["tools"].rsplit(":", 1)[1])
 
     async def astart(self) -> ProxyProcess:
         return await asyncio.to_thread(self.start)
