@@ -18,9 +18,9 @@ import aiohttp
 import pytest
 
 from tests.emulator import Emulator, FunctionCall, Text
+from tests.support.codex import codex_binary
 
 REPO = Path(__file__).resolve().parents[1]
-CODEX = REPO / ".tools" / "node_modules" / ".bin" / "codex"
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -150,13 +150,6 @@ def test_write_leaves_a_file_it_cannot_merge_unchanged(tmp_path, content):
     assert out.returncode == 1
     assert "unchanged" in out.stderr and "by hand" in out.stderr
     assert path.read_text() == content
-
-
-def codex_binary() -> Path:
-    if not CODEX.exists():
-        pytest.fail(f"Codex CLI is not installed at {CODEX.relative_to(REPO)}; run scripts/bootstrap.sh "
-                    "(it installs @openai/codex into .tools/ with npm)", pytrace=False)
-    return CODEX
 
 
 # What a test needs on top of codex-config's entries: nothing that phones home, no retries.

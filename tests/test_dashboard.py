@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
+from tests.support.optional import require_tool
 from tests.test_cli_views import TURNS, drive_compacted_session, write_config
 
 CHROMIUM = "/usr/bin/chromium"
@@ -29,8 +30,7 @@ playwright_api = pytest.importorskip("playwright.async_api", reason="playwright 
 
 @pytest.fixture
 async def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: scripts/bootstrap.sh installs Debian's chromium")
+    require_tool("chromium", Path(CHROMIUM), "Debian's chromium")
     async with playwright_api.async_playwright() as pw:
         b = await pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
         yield b

@@ -29,7 +29,13 @@ def missing() -> str | None:
     gtk = subprocess.run([SYSTEM_PYTHON, "-c", probe], capture_output=True) if os.path.exists(SYSTEM_PYTHON) else None
     if gtk is None or gtk.returncode != 0:
         need.append("python3-gi gir1.2-gtk-3.0")
-    return f"the desktop test packages are not installed: {', '.join(need)} (scripts/bootstrap.sh)" if need else None
+    if not need:
+        return None
+    from tests.support.optional import setup_skipped
+
+    said = setup_skipped("desktop")
+    return (f"the desktop test packages are not installed: {', '.join(need)}"
+            + (f" (the set-up skipped {said})" if said else " (scripts/bootstrap.sh installs them)"))
 
 
 def _line(proc: subprocess.Popen, timeout: float, what: str, fd: int | None = None) -> str:
