@@ -188,6 +188,26 @@ def build_parser() -> argparse.ArgumentParser:
                     help="read the tool server's token from this environment variable (bearer_token_env_var) "
                     "instead of writing it into the file")
     cx.add_argument("--no-mcp", action="store_true", help="only the model provider, no MCP server")
+
+    pc = sub.add_parser(
+        "pi-config", help="print (or --write) the Pi models.json provider that uses ctproxy",
+        description="Pi (npm @mariozechner/pi-coding-agent) ignores OPENAI_BASE_URL for its built-in OpenAI "
+        "provider: this writes a provider `ctproxy` (OpenAI Responses API, the proxy's /v1, the task and agent "
+        "headers) into Pi's models.json; then `pi --provider ctproxy --model gpt-5`. Each Pi session stays its "
+        "own session in that task (Pi sends its session id as prompt_cache_key).")
+    _common(pc)
+    pc.add_argument("--write", type=Path, metavar="PATH",
+                    help="merge into this models.json (e.g. ~/.pi/agent/models.json) instead of printing; "
+                    "providers.ctproxy is replaced whole, everything else is kept")
+    pc.add_argument("--task", metavar="ID", help="x-ctp-task for Pi's traffic (default: a fresh `ctproxy task new`)")
+    pc.add_argument("--agent", default="/root", metavar="ADDRESS", help="x-ctp-agent (default %(default)s)")
+    pc.add_argument("--proxy", metavar="URL", help="the proxy's address (default: the running ctproxy's)")
+    pc.add_argument("--env-key", default="OPENAI_API_KEY", metavar="VAR",
+                    help="environment variable with the API key Pi sends (default %(default)s)")
+    pc.add_argument("--model", action="append", metavar="ID",
+                    help="a model Pi may pick under this provider (repeatable; default gpt-5)")
+    pc.add_argument("--web-search", choices=["on", "off"],
+                    help="send x-ctp-web-search on every request: off keeps ctproxy from adding web search")
     return parser
 
 
@@ -603,27 +623,36 @@ def merge_codex_config(existing: str, entries: dict[str, object]) -> str:
     return merged
 
 
-def cmd_codex_config(args: argparse.Namespace) -> int:
-    from proxy.files import atomic_write_text
-    from proxy.journal.cli_views import new_task
+def _client_addresses(args: argparse.Namespace, state: StateDir, client: str,
+                      want_tools: bool) -> tuple[str, str | None, list[str]]:
+    """(proxy URL, tool server URL or None, notes for the user) for a client's config: the running ctproxy's
+    addresses unless given, else the defaults of `ctproxy up`."""
     from proxy.status import read_run_file
 
-    state = _state(args)
     run = read_run_file(state)
     notes: list[str] = []
     proxy = args.proxy or (run or {}).get("proxy")
-    tools = None if args.no_mcp else (args.tools_url or (run or {}).get("tools"))
+    tools = (args.tools_url or (run or {}).get("tools")) if want_tools else None
     if run is None and not args.proxy:
         proxy = DEFAULT_PROXY
-        notes.append("ctproxy is not running: using the default addresses of `ctproxy up` (--proxy/--tools-url "
-                     "to choose)")
-    if run is None and not args.tools_url and not args.no_mcp:
+        notes.append("ctproxy is not running: using the default addresses of `ctproxy up` (--proxy"
+                     + ("/--tools-url" if want_tools else "") + " to choose)")
+    if run is None and want_tools and not args.tools_url:
         tools = DEFAULT_TOOLS
     if run is not None and run.get("mode") == "regular" and not args.proxy:
-        notes.append("the running ctproxy is an HTTPS proxy (--mode regular): Codex would need HTTPS_PROXY "
+        notes.append(f"the running ctproxy is an HTTPS proxy (--mode regular): {client} would need HTTPS_PROXY "
                      "and the CA, not a base URL; these entries assume reverse mode")
-    if run is not None and not tools and not args.no_mcp:
+    if run is not None and want_tools and not tools:
         notes.append("the running ctproxy has no tool server (--no-tools): no MCP server entry")
+    return proxy, tools, notes
+
+
+def cmd_codex_config(args: argparse.Namespace) -> int:
+    from proxy.files import atomic_write_text
+    from proxy.journal.cli_views import new_task
+
+    state = _state(args)
+    proxy, tools, notes = _client_addresses(args, state, "Codex", want_tools=not args.no_mcp)
     if not args.agent.startswith("/"):
         print(f"ctproxy codex-config: --agent must be an address such as /root, got {args.agent!r}",
               file=sys.stderr)
@@ -658,8 +687,50 @@ def cmd_codex_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pi_config(args: argparse.Namespace) -> int:
+    from proxy.files import atomic_write_text
+    from proxy.journal.cli_views import new_task
+    from proxy.piconfig import PI_NAME, PiMergeError, merge_pi_models, pi_provider
+
+    state = _state(args)
+    proxy, _, notes = _client_addresses(args, state, "Pi", want_tools=False)
+    if not args.agent.startswith("/"):
+        print(f"ctproxy pi-config: --agent must be an address such as /root, got {args.agent!r}", file=sys.stderr)
+        return 2
+    try:
+        windows = load_config(_config_path(args, state)).model_windows
+    except ConfigError as exc:
+        print(f"ctproxy pi-config: {exc}", file=sys.stderr)
+        return 2
+    task = args.task or new_task(state)
+    provider = pi_provider(proxy=proxy, task=task, agent=args.agent, env_key=args.env_key,
+                           models=args.model or ["gpt-5"], windows=windows, web_search=args.web_search)
+    for note in notes:
+        print(f"ctproxy pi-config: {note}", file=sys.stderr)
+    if args.write is None:
+        print(merge_pi_models("", provider), end="")
+        return 0
+    path = args.write.expanduser()
+    try:
+        existing = path.read_text(encoding="utf-8") if path.exists() else ""
+        merged = merge_pi_models(existing, provider)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, merged, mode=path.stat().st_mode & 0o777 if path.exists() else 0o600)
+    except PiMergeError as exc:
+        print(f"ctproxy pi-config: left {path} unchanged: {exc}; print the entry with `ctproxy pi-config` and "
+              "add it by hand", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"ctproxy pi-config: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"wrote providers.{PI_NAME} to {path} (task {task}, agent {args.agent}); "
+          f"run: pi --provider {PI_NAME} --model {provider['models'][0]['id']}")
+    return 0
+
+
 COMMANDS = {"up": cmd_up, "status": cmd_status, "replay": cmd_replay, "token": cmd_token,
             "config": cmd_config, "tasks": cmd_tasks, "task": cmd_task, "codex-config": cmd_codex_config,
+            "pi-config": cmd_pi_config,
             "show": cmd_show, "dashboard": cmd_dashboard, "context": cmd_context}
 
 

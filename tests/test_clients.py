@@ -1,0 +1,184 @@
+"""One tested step per client, as README.md's "Point a client at it" gives it (issue 27): each real client
+through a real `ctproxy up` against the emulator, which validates every request as the API would. Each test
+also shows how two runs of the same job are kept apart, as the README says for that client.
+
+Codex CLI's custom provider (`ctproxy codex-config`) has its own test in tests/test_cli_codex_config.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.emulator import Emulator
+from tests.support.codex import codex_env, isolated_dirs, run_codex
+from tests.support.optional import require_module, require_tool
+
+REPO = Path(__file__).resolve().parents[1]
+PI = REPO / ".tools" / "node_modules" / ".bin" / "pi"
+KEY = "sk-client-test-not-real"
+TIMEOUT = 180.0
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[Emulator]:
+    """The emulator answering 400 to any body that violates the official CreateResponse schema."""
+    async with Emulator(validate_requests=True) as emu:
+        yield emu
+
+
+def cli(state: Path, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "proxy.cli", *args, "--state-dir", str(state)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def tasks(state: Path) -> list[dict[str, Any]]:
+    return json.loads(cli(state, "tasks", "--json"))
+
+
+def sessions_of(state: Path, task: str) -> list[dict[str, Any]]:
+    found = [t for t in tasks(state) if t["task_id"] == task]
+    assert found, f"task {task} is not in the journal: {[t['task_id'] for t in tasks(state)]}"
+    return [s for agent in found[0]["agents"] for s in agent["sessions"]]
+
+
+def all_valid(emu: Emulator) -> None:
+    """Every request the upstream saw was accepted (the emulator validates bodies and input rules)."""
+    assert emu.responses_requests, "the upstream saw no request"
+    assert all(r.status == 200 for r in emu.responses_requests), [(r.status, r.path) for r in emu.responses_requests]
+
+
+# ---- Pi --------------------------------------------------------------------------------------------------
+
+async def pi_print(agent_dir: Path, home: Path, work: Path, prompt: str) -> str:
+    """`pi -p PROMPT --provider ctproxy` with its own config dir; Pi's answer."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "PI_CODING_AGENT_DIR": str(agent_dir),
+           "OPENAI_API_KEY": KEY, "NO_COLOR": "1", "LANG": "C.UTF-8"}
+    proc = await asyncio.create_subprocess_exec(
+        str(require_tool("pi", PI, "Pi (npm @mariozechner/pi-coding-agent)")), "-p", prompt, "--provider", "ctproxy",
+        "--model", "gpt-5", "--no-session", cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    except TimeoutError:
+        proc.kill()
+        out, err = await proc.communicate()
+        pytest.fail(f"pi did not finish within {TIMEOUT:.0f} s; stderr tail:\n{err.decode()[-2000:]}")
+    assert proc.returncode == 0, f"{err.decode()[-3000:]}\n{out.decode()[-2000:]}"
+    return out.decode()
+
+
+async def test_pi_through_the_provider_that_pi_config_writes(emulator, proxy_factory, tmp_path):
+    require_tool("pi", PI, "Pi (npm @mariozechner/pi-coding-agent)")
+    proxy = await proxy_factory(upstream=emulator.url)
+    agent_dir, home, work = tmp_path / "pi-agent", tmp_path / "home", tmp_path / "work"
+    for d in (agent_dir, home, work):
+        d.mkdir()
+    models = agent_dir / "models.json"
+    models.write_text(json.dumps({"providers": {"mine": {"baseUrl": "http://127.0.0.1:1/v1", "api": "openai-responses",
+                                                         "apiKey": "X", "models": [{"id": "m"}]}}}))
+    cli(proxy.state_dir, "pi-config", "--write", str(models))
+    written = json.loads(models.read_text())
+    assert set(written["providers"]) == {"mine", "ctproxy"}  # the user's own provider is kept
+    task = written["providers"]["ctproxy"]["headers"]["x-ctp-task"]
+
+    assert "You said: fix the build" in await pi_print(agent_dir, home, work, "fix the build")
+    # Pi's request reached the upstream through ctproxy, stripped of ctproxy's headers, and was valid.
+    all_valid(emulator)
+    first = emulator.responses_requests[0]
+    assert first.json["model"] == "gpt-5" and first.json.get("prompt_cache_key")
+    assert not [k for k, _ in first.headers if k.lower().startswith("x-ctp-")]
+    assert sessions_of(proxy.state_dir, task)  # journaled in the task pi-config made
+
+    # Runs kept apart: a second run with its own task (`ctproxy pi-config --task …`) is its own task.
+    other = cli(proxy.state_dir, "task", "new").split()[-1]
+    cli(proxy.state_dir, "pi-config", "--write", str(models), "--task", other)
+    await pi_print(agent_dir, home, work, "fix the build")
+    assert sessions_of(proxy.state_dir, other) and sessions_of(proxy.state_dir, task)
+
+
+# ---- the openai SDK -------------------------------------------------------------------------------------
+
+async def test_openai_sdk_runs_kept_apart_by_prompt_cache_key(emulator, proxy_factory):
+    from openai import AsyncOpenAI
+
+    proxy = await proxy_factory(upstream=emulator.url)
+    client = AsyncOpenAI(base_url=proxy.url + "/v1", api_key=KEY, max_retries=0)
+    try:
+        for run in ("run-1", "run-2"):  # the same job twice: the same first input
+            answer = await client.responses.create(model="gpt-5", input="summarise the log", prompt_cache_key=run)
+            assert answer.output_text == "You said: summarise the log"
+    finally:
+        await client.close()
+    all_valid(emulator)
+    keys = {s["session_key"] for t in tasks(proxy.state_dir) for a in t["agents"] for s in a["sessions"]}
+    assert len(keys) == 2, keys
+
+
+# ---- the OpenAI Agents SDK ---------------------------------------------------------------------------------
+
+async def test_agents_sdk_through_ctproxy_with_its_own_task(emulator, proxy_factory):
+    agents = require_module("openai-agents", "agents", "the OpenAI Agents SDK (PyPI openai-agents)")
+    from openai import AsyncOpenAI
+
+    proxy = await proxy_factory(upstream=emulator.url)
+    results = []
+    for _ in range(2):  # two runs of the same job, each in its own task (x-ctp-task)
+        task = cli(proxy.state_dir, "task", "new").split()[-1]
+        client = AsyncOpenAI(base_url=proxy.url + "/v1", api_key=KEY, max_retries=0,
+                             default_headers={"x-ctp-task": task})
+        model = agents.OpenAIResponsesModel(model="gpt-5", openai_client=client)
+        agent = agents.Agent(name="helper", instructions="Be brief.", model=model)
+        result = await agents.Runner.run(agent, "list the open issues",
+                                         run_config=agents.RunConfig(tracing_disabled=True))
+        await client.close()
+        results.append((task, result.final_output))
+    all_valid(emulator)
+    for task, output in results:
+        assert output == "You said: list the open issues"
+        assert sessions_of(proxy.state_dir, task)
+    assert results[0][0] != results[1][0]
+
+
+# ---- litellm ----------------------------------------------------------------------------------------------
+
+async def test_litellm_responses_through_ctproxy(emulator, proxy_factory):
+    litellm = require_module("litellm", "litellm", "litellm (PyPI litellm)")
+    proxy = await proxy_factory(upstream=emulator.url)
+    task = cli(proxy.state_dir, "task", "new").split()[-1]
+    answer = await litellm.aresponses(model="openai/gpt-5", input="tidy the imports", api_base=proxy.url + "/v1",
+                                      api_key=KEY, extra_headers={"x-ctp-task": task})
+    texts = [part.text for item in answer.output if getattr(item, "type", "") == "message" for part in item.content]
+    assert texts == ["You said: tidy the imports"]
+    all_valid(emulator)
+    assert sessions_of(proxy.state_dir, task)
+
+
+# ---- Codex CLI, built-in provider pointed at ctproxy --------------------------------------------------------
+
+async def test_codex_builtin_provider_with_openai_base_url(emulator, proxy_factory, tmp_path):
+    proxy = await proxy_factory(upstream=emulator.url)
+    home, codex_home, work = isolated_dirs(tmp_path)
+    (codex_home / "config.toml").write_text(
+        f'model = "gpt-5"\nopenai_base_url = "{proxy.url}/v1"\ncheck_for_update_on_startup = false\n'
+        '[analytics]\nenabled = false\n[feedback]\nenabled = false\n[otel]\nexporter = "none"\n')
+    last = tmp_path / "last.txt"
+    code, out, err = await run_codex(["exec", "--skip-git-repo-check", "--output-last-message", str(last),
+                                      "count the tests"], work, codex_env(home, codex_home, OPENAI_API_KEY=KEY), TIMEOUT)
+    assert code == 0, err.decode()[-3000:]
+    assert last.read_text().strip() == "You said: count the tests"
+    posts = [r for r in emulator.responses_requests if r.method == "POST"]
+    assert posts and all(r.status == 200 for r in posts)
+    # Codex keeps its runs apart by itself: its session id header makes a session of its own.
+    sessions = [s for t in tasks(proxy.state_dir) for a in t["agents"] for s in a["sessions"]]
+    assert [s["source"] for s in sessions] == ["codex"]
