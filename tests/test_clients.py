@@ -173,8 +173,9 @@ async def test_codex_builtin_provider_with_openai_base_url(emulator, proxy_facto
         f'model = "gpt-5"\nopenai_base_url = "{proxy.url}/v1"\ncheck_for_update_on_startup = false\n'
         '[analytics]\nenabled = false\n[feedback]\nenabled = false\n[otel]\nexporter = "none"\n')
     last = tmp_path / "last.txt"
-    code, out, err = await run_codex(["exec", "--skip-git-repo-check", "--output-last-message", str(last),
-                                      "count the tests"], work, codex_env(home, codex_home, OPENAI_API_KEY=KEY), TIMEOUT)
+    env = codex_env(home, codex_home, OPENAI_API_KEY=KEY)
+    code, _, err = await run_codex(["exec", "--skip-git-repo-check", "--output-last-message", str(last),
+                                    "count the tests"], work, env, TIMEOUT)
     assert code == 0, err.decode()[-3000:]
     assert last.read_text().strip() == "You said: count the tests"
     posts = [r for r in emulator.responses_requests if r.method == "POST"]
