@@ -115,6 +115,7 @@ class Bridge(Stage):
             commit_if_alone(flow)
             return
         body.replace(append_specs(body.value, offer))
+        st.bridge_offered = len(offer.tools)
         req = flow.request
         pairs = list(req.headers.items(multi=True))
         allowed = routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),

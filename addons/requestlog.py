@@ -68,6 +68,8 @@ def stages_of(st: FlowState) -> list[str]:
     out: list[str] = []
     if st.web_search == "native":
         out.append("web_search")
+    if st.bridge_offered:
+        out.append("bridge")  # it offered tools, and runs the model's calls to them
     info = st.compaction
     if info is not None:
         cp = info.checkpoint
@@ -85,7 +87,7 @@ def stages_of(st: FlowState) -> list[str]:
             for s in out]
 
 
-_FIXED_STAGES = frozenset({"web_search", "window:diverged", "held"})  # no data in them: nothing to check
+_FIXED_STAGES = frozenset({"web_search", "bridge", "window:diverged", "held"})  # no data in them: nothing to check
 
 
 def _identity(st: FlowState) -> tuple[str | None, str | None, str | None]:

@@ -20,6 +20,7 @@ from proxy.config import (
     save_config,
     set_key,
     with_overrides,
+    with_run_flags,
 )
 from proxy.state import StateDir, StateDirBusy
 
@@ -298,7 +299,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     answering = None
     if run:
         # The file as `ctproxy up` would apply it now, with the running proxy's --enable/--disable.
-        wanted = with_overrides(config, run.get("enable") or [], run.get("disable") or [])
+        wanted = with_run_flags(with_overrides(config, run.get("enable") or [], run.get("disable") or []),
+                                debug=bool(run.get("debug")), bridge=run.get("bridge"))
         config = running_config(run) or wanted  # a run.json from an older ctproxy has no snapshot
         answering = tools_answering(state, run)
     file_config = wanted if run and wanted is not config else None

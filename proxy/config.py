@@ -39,10 +39,9 @@ class WebSearchConfig(_Section):
         "auto", description="the executor's reasoning effort, independent of the agent's ('auto': not sent)")
 
     def sidecar_exposed(self) -> bool:
-        """Whether the `openai_web_search` tool is offered: backend `sidecar` (without `sidecar_model` its calls
-        say to set one, and status says unavailable), or `auto` with an executor configured."""
-        return self.enabled and (self.backend == "sidecar"
-                                 or (self.backend == "auto" and self.sidecar_model is not None))
+        """Whether the `openai_web_search` tool is offered: backend `sidecar` or `auto`, with an executor
+        configured (backend `sidecar` without one is `unavailable` in status, and not offered)."""
+        return self.enabled and self.backend in ("sidecar", "auto") and self.sidecar_model is not None
 
 
 class RemoteCompactionConfig(_Section):
@@ -375,6 +374,15 @@ def with_overrides(config: Config, enable: list[str], disable: list[str]) -> Con
         config = set_key(config, f"{name}.enabled", "false")
         if name == "remote_compaction":
             config = set_key(config, "remote_compaction.recover_overflow", "false")
+    return config
+
+
+def with_run_flags(config: Config, *, debug: bool = False, bridge: list[str] | None = None) -> Config:
+    """`ctproxy up --debug` and `--bridge FAMILY` for one run, applied in place (the model validates the
+    assignment). `ctproxy up` and `ctproxy status` both apply them, so a flag is never a pending change."""
+    config.debug = config.debug or debug
+    if bridge is not None:
+        config.bridge.families = list(bridge)
     return config
 
 

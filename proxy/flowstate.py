@@ -73,6 +73,7 @@ class FlowState:
     compaction: FlowInfo | None = None  # compaction: what it decided for this request
     settling: Settling | None = None  # a stage holds the answer, which may still be replaced (see Settling)
     web_search: str | None = None  # web_search: why it did (or did not) inject the tool
+    bridge_offered: int = 0  # bridge: how many tools it added to this request (the request log names the bridge)
     context_usage: ContextUsage | None = None  # bridge: the last round's usage of a bridged turn (see ContextUsage)
     gc_hold: Any = None  # flowbody: a proxy.gcpause.Hold while this flow's big parsed body is in flight
     context_rollover: ContextRollover | None = None  # context: a bridged new_context's rollover, mid-turn

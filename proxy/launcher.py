@@ -23,6 +23,7 @@ from pathlib import Path
 import aiohttp
 
 from proxy import __version__, runtime
+from proxy.config import with_run_flags
 from proxy.routes import parse_upstream
 from proxy.state import StateDir
 
@@ -88,8 +89,9 @@ class ToolServerProcess:
     binds it itself and reports it (never a port picked here first, which another process could take)."""
 
     def __init__(self, opts: UpOptions, state: StateDir, config_file: Path | None = None,
-                 telemetry_url: str | None = None):
+                 telemetry_url: str | None = None, upstream_kind: str = "official"):
         self.opts = opts
+        self.upstream_kind = upstream_kind  # what the credentialed tools may use (tools_server --upstream)
         self.telemetry_url = telemetry_url  # the proxy's loopback telemetry (proxy/telemetry.py)
         self.login_url: str | None = None
         self.state = state
@@ -124,6 +126,7 @@ class ToolServerProcess:
             cmd.append("--debug")
         if self.telemetry_url:
             cmd += ["--proxy-telemetry", self.telemetry_url]
+        cmd += ["--upstream", self.upstream_kind]
         # Its own process group, so a Ctrl-C on the terminal reaches us first and we stop it in order.
         self._early_stderr, self._live = [], False
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -246,9 +249,7 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     state = StateDir.open(opts.state_dir)
     rt = runtime.build(str(state.root), str(opts.config_file) if opts.config_file else None, opts.upstream,
                        opts.trust_upstream, opts.enable, opts.disable)
-    rt.config.debug = rt.config.debug or opts.debug
-    if opts.bridge is not None:
-        rt.config.bridge.families = list(opts.bridge)  # validated by the model (validate_assignment)
+    with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge)
     state.token()
 
     from proxy.status import write_run_config
@@ -258,7 +259,10 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     snapshot = write_run_config(state, rt.config) if opts.with_tools else None
     telemetry = _start_telemetry(state, rt) if opts.metrics and opts.with_tools else None  # its one reader
     telemetry_url = telemetry.url if telemetry is not None else None
-    tools = (ToolServerProcess(opts, state, config_file=snapshot, telemetry_url=telemetry_url)
+    upstream_kind = ("official" if rt.upstream.official or opts.mode == "regular" else
+                     "trusted" if rt.upstream.trusted else "untrusted")
+    tools = (ToolServerProcess(opts, state, config_file=snapshot, telemetry_url=telemetry_url,
+                               upstream_kind=upstream_kind)
              if opts.with_tools else None)
     try:
         if tools is not None:
@@ -390,16 +394,21 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
     else:
         lines.append(f"  point a client: export OPENAI_BASE_URL={scheme_url}/v1")
     lines.append("ctproxy ready (Ctrl-C stops)")
-    from proxy.status import RUN_FILE, write_run_file
+    from proxy.status import RUN_FILE, request_changes, write_run_file
 
-    write_run_file(state, {"pid": os.getpid(), "proxy": scheme_url, "mode": opts.mode, "upstream": upstream_desc,
-                           "upstream_official": rt.upstream.official or opts.mode == "regular",
-                           "upstream_trusted": rt.upstream.trusted,
-                           "enable": list(opts.enable), "disable": list(opts.disable),
-                           "tools": tools.url if tools is not None else None,
-                           "tools_pid": tools.proc.pid if tools is not None and tools.proc is not None else None,
-                           "workspace": str(opts.workspace) if opts.workspace is not None else None,
-                           "config": rt.config.model_dump(mode="json")})  # what both processes run
+    run_info = {"pid": os.getpid(), "proxy": scheme_url, "mode": opts.mode, "upstream": upstream_desc,
+                "upstream_official": rt.upstream.official or opts.mode == "regular",
+                "upstream_trusted": rt.upstream.trusted,
+                "enable": list(opts.enable), "disable": list(opts.disable),
+                "debug": opts.debug, "bridge": list(opts.bridge) if opts.bridge is not None else None,
+                # what the tools that call OpenAI themselves can use (the tool server inherits it)
+                "openai_api_key": bool(os.environ.get("OPENAI_API_KEY")),
+                "tools": tools.url if tools is not None else None,
+                "tools_pid": tools.proc.pid if tools is not None and tools.proc is not None else None,
+                "workspace": str(opts.workspace) if opts.workspace is not None else None,
+                "config": rt.config.model_dump(mode="json")}  # what both processes run
+    write_run_file(state, run_info)
+    lines.insert(2, f"  requests     {request_changes(rt.config, run_info)}  (details: ctproxy status)")
     from proxy import memory
 
     memory.freeze_startup_heap()  # the long-lived start-up heap out of the collector's walks (proxy/memory.py)

@@ -25,6 +25,11 @@ RUN_FILE = "run.json"
 RUN_CONFIG_FILE = "run.config.json"  # the config snapshot both processes of a running ctproxy run on
 
 
+# The four states, one meaning each: `deferred` is only "held back behind find_tools" (seed 004 §5.8), never
+# "starts on first use" (that is `active`); `unavailable` means every call would fail, so nothing offers it.
+DEFERRED_MEANS = "held back by tool discovery until the model loads it with find_tools"
+
+
 @dataclass(frozen=True)
 class CapabilityStatus:
     name: str
@@ -40,7 +45,8 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
     if name == "sidecar_search":  # its switch is web_search.backend (issue 15)
         from proxy.transforms.web_search import sidecar_status
 
-        return CapabilityStatus(name, *sidecar_status(config.web_search, upstream_official, upstream_trusted))
+        st = CapabilityStatus(name, *sidecar_status(config.web_search, upstream_official, upstream_trusted))
+        return _needs_api_key(st, upstream_official, upstream_trusted, run)
     section = getattr(config, name)
     if not section.enabled and name not in ("web_search", "remote_compaction"):
         hint = "" if built else "; not built in this version yet"
@@ -63,7 +69,12 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
         return CapabilityStatus(name, *status(rc.enabled, rc.threshold, rc.recover_overflow, upstream_official,
                                               upstream_trusted))
     if name == "computer_use":
-        return CapabilityStatus(name, *computer_use_status(config))
+        state, reason = computer_use_status(config)
+        if state == "active" and (held := _held_by_discovery(config, cap.tools)) is not None:
+            return CapabilityStatus(name, "deferred", f"{held}; then {reason}")
+        return CapabilityStatus(name, state, reason)
+    if name == "shell" and (problem := shell_problem(config)) is not None:
+        return CapabilityStatus(name, "unavailable", problem)
     if name == "context":
         from proxy.context.status import context_status
 
@@ -81,8 +92,9 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
     if name == "image_generation":
         from proxy.transforms.web_search import credentials_statement
 
-        return CapabilityStatus(name, "active", "gpt-image-2, one image per call, saved under artifacts/; "
-                                + credentials_statement(upstream_official, upstream_trusted, "images/generations"))
+        st = CapabilityStatus(name, "active", "gpt-image-2, one image per call, saved under artifacts/; "
+                              + credentials_statement(upstream_official, upstream_trusted, "images/generations"))
+        return _needs_api_key(st, upstream_official, upstream_trusted, run)
     return CapabilityStatus(name, "active", what)
 
 
@@ -94,7 +106,39 @@ def _held_by_discovery(config: Config, tools: tuple[str, ...]) -> str | None:
     td = config.tool_discovery
     if not td.enabled or not tools or not set(tools) <= set(td.deferred):
         return None
-    return "held back by tool discovery until the model loads it with find_tools (tool_discovery.deferred)"
+    return f"{DEFERRED_MEANS} (tool_discovery.deferred)"
+
+
+def _needs_api_key(st: CapabilityStatus, upstream_official: bool, upstream_trusted: bool,
+                   run: dict | None) -> CapabilityStatus:
+    """Image generation and sidecar search call OpenAI themselves. Behind an untrusted upstream no session's
+    credentials may be used, so only OPENAI_API_KEY in ctproxy's environment can pay for a call: without it
+    every call fails, and the capability is unavailable (and not offered), with what to do."""
+    if st.state != "active" or upstream_official or upstream_trusted:
+        return st
+    has_key = run.get("openai_api_key") if run and "openai_api_key" in run else bool(os.environ.get("OPENAI_API_KEY"))
+    if has_key:
+        return st
+    return CapabilityStatus(st.name, "unavailable",
+                            "behind an untrusted --upstream it can only use OPENAI_API_KEY, and ctproxy's environment "
+                            "has none: export OPENAI_API_KEY before `ctproxy up`, or pass --trust-upstream if that "
+                            "gateway may receive the session's API key")
+
+
+def shell_problem(config: Config) -> str | None:
+    """Why no shell command could run with this config (every call would fail), or None."""
+    from proxy.hooks import SeamConfigError, load_hooks
+
+    shell = config.shell.shell or os.environ.get("SHELL") or "/bin/sh"  # tools_server/shell/manager.resolve_shell
+    if (shutil.which(shell) if "/" not in shell else (shell if os.access(shell, os.X_OK) else None)) is None:
+        return f"shell.shell {shell!r} is not an executable here (ctproxy config set shell.shell /bin/bash)"
+    try:
+        load_hooks(config.shell.policy)
+    except SeamConfigError as exc:
+        return f"{exc} (fix shell.policy, or ctproxy config set shell.policy null)"
+    except Exception as exc:  # a hook that fails while being built refuses every call too
+        return f"shell.policy {config.shell.policy!r} fails when built: {type(exc).__name__}"
+    return None
 
 
 def _discovery_status(config: Config) -> tuple[str, str]:
@@ -108,7 +152,7 @@ def _discovery_status(config: Config) -> tuple[str, str]:
 
 def computer_use_status(config: Config) -> tuple[str, str]:
     """What this machine lacks for Computer Use, named exactly (Debian packages, Python modules, the display,
-    the session bus); `deferred` when nothing is missing (the backend starts on first use)."""
+    the session bus); `active` when nothing is missing (the backend starts on first use)."""
     import importlib.util
 
     cu = config.computer_use
@@ -124,7 +168,7 @@ def computer_use_status(config: Config) -> tuple[str, str]:
                 return "unavailable", f"ChatGPT.app's bundled runtime is missing ({path})"
         if not os.path.exists(f"{home}/computer-use/Codex Computer Use.app"):
             return "unavailable", f"the Codex Computer Use helper is not installed ({home}/computer-use)"
-        return "deferred", f"starts ChatGPT.app's app-server on first use (approval: {cu.approval_mode})"
+        return "active", f"starts ChatGPT.app's app-server on first use (approval: {cu.approval_mode})"
     missing = [pkg for exe, pkg in (("xdotool", "xdotool"),) if shutil.which(exe) is None]
     display = cu.display or os.environ.get("DISPLAY")
     bus = cu.dbus_address or os.environ.get("DBUS_SESSION_BUS_ADDRESS")
@@ -148,8 +192,8 @@ def computer_use_status(config: Config) -> tuple[str, str]:
     if problems:
         return "unavailable", "; ".join(problems)
     if private:
-        return "deferred", ("X11 + AT-SPI on a private Xvfb desktop, started on first use "
-                            f"(approval: {cu.approval_mode})")
+        return "active", ("X11 + AT-SPI on a private Xvfb desktop, started on first use "
+                          f"(approval: {cu.approval_mode})")
     return "active", f"X11 + AT-SPI on display {display} (approval: {cu.approval_mode})"
 
 
@@ -166,6 +210,23 @@ def all_statuses(config: Config, run: dict | None = None, file_config: Config | 
             st = CapabilityStatus(st.name, st.state, st.reason, note)
         out.append(st)
     return out
+
+
+REQUEST_STAGES = ("web_search", "context", "remote_compaction")  # the capabilities that rewrite requests
+
+
+def request_changes(config: Config, run: dict | None = None) -> str:
+    """One line of what this ctproxy changes in agents' requests: the banner's `requests` line."""
+    official = bool(run.get("upstream_official", True)) if run else True
+    trusted = bool(run.get("upstream_trusted", False)) if run else False
+    parts = []
+    for name in REQUEST_STAGES:
+        st = capability_status(config, name, official, trusted, run)
+        parts.append(f"{name} {st.state}" + (f" ({config.web_search.backend})" if name == "web_search"
+                                              and st.state == "active" else ""))
+    families = list(config.bridge.families)
+    parts.append(f"bridge {', '.join(families)}" if families else "bridge off")
+    return "; ".join(parts)
 
 
 def _drift(running: Config, wanted: Config, name: str) -> str:

@@ -36,6 +36,9 @@ def main() -> None:
     parser.add_argument("--proxy-telemetry", metavar="URL",
                         help="the proxy's loopback telemetry (set by `ctproxy up`): its metrics join /metrics and "
                         "its requests the dashboard")
+    parser.add_argument("--upstream", choices=["official", "trusted", "untrusted"], default="official",
+                        help="the proxy's upstream (set by `ctproxy up`): behind an untrusted one the tools that "
+                        "call OpenAI can only use OPENAI_API_KEY (default %(default)s)")
     parser.add_argument("--parent-pid", type=int, metavar="PID",
                         help="stop when this process is gone (set by `ctproxy up`)")
     args = parser.parse_args()
@@ -46,7 +49,7 @@ def main() -> None:
     config = with_overrides(load_config(config_path_from_env(state.root, args.config)), args.enable, args.disable)
     host, _, port = args.listen.rpartition(":")
     asyncio.run(serve(config, state, args.workspace, host.strip("[]") or "127.0.0.1", int(port),
-                      parent_pid=args.parent_pid, proxy_telemetry=args.proxy_telemetry))
+                      parent_pid=args.parent_pid, proxy_telemetry=args.proxy_telemetry, upstream=args.upstream))
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ async def call_tool(request: web.Request) -> web.Response:
             cwd=headers.get("x-ctp-cwd") or None, call_id=headers.get("x-ctp-call-id") or None,
         )
     except ToolError as exc:
-        status = 404 if exc.code == "unknown_tool" else 400
+        status = {"unknown_tool": 404, "unavailable": 503}.get(exc.code, 400)
         return _json_error(status, exc.code, exc.message)
     return web.json_response(result.to_json())
 

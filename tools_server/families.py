@@ -27,7 +27,15 @@ def build_families(services: Services) -> list[ToolFamily]:
 
 
 def build_registry(services: Services) -> Registry:
-    registry = Registry(build_families(services), services.config)
+    from proxy.config import CAPABILITIES
+    from proxy.status import capability_status
+
+    unavailable = {}
+    for name in CAPABILITIES:
+        st = capability_status(services.config, name, services.upstream_official, services.upstream_trusted)
+        if st.state == "unavailable":
+            unavailable[name] = st.reason
+    registry = Registry(build_families(services), services.config, unavailable)
     # code mode dispatches nested calls and find_tools searches through the registry itself
     services.extras["registry"] = registry
     return registry

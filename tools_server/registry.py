@@ -83,6 +83,10 @@ class Services:
     # (memory only, tools_server/credentials.py), and the upstream-turn service they send through.
     session_credentials: SessionCredentials = field(default_factory=SessionCredentials, repr=False)
     upstream_turns: UpstreamTurns = field(default_factory=UpstreamTurns, repr=False)
+    # The upstream the proxy in front sends model requests to (`ctproxy up` passes it): judges which
+    # capabilities can work here (proxy.status), as `ctproxy status` does. Official unless told otherwise.
+    upstream_official: bool = True
+    upstream_trusted: bool = False
 
 
 @dataclass(frozen=True)
@@ -259,9 +263,11 @@ class ToolFamily(Protocol):
 
 
 class Registry:
-    def __init__(self, families: Iterable[ToolFamily], config: Config):
+    def __init__(self, families: Iterable[ToolFamily], config: Config, unavailable: dict[str, str] | None = None):
         self.families = list(families)
         self.config = config
+        # capability -> why every call would fail (`ctproxy status` says `unavailable`): its tools are not offered
+        self.unavailable = dict(unavailable or {})
         self._all: dict[str, Tool] = {}
         for fam in self.families:
             for tool in fam.tools():
@@ -272,14 +278,23 @@ class Registry:
     def all_tools(self) -> list[Tool]:
         return list(self._all.values())
 
+    def _offered(self, tool: Tool) -> bool:
+        return self.config.enabled(tool.capability) and tool.capability not in self.unavailable
+
     def enabled_tools(self) -> list[Tool]:
-        return [t for t in self._all.values() if self.config.enabled(t.capability)]
+        return [t for t in self._all.values() if self._offered(t)]
 
     def get(self, name: str) -> Tool | None:
         tool = self._all.get(name)
-        if tool is None or not self.config.enabled(tool.capability):
+        if tool is None or not self._offered(tool):
             return None
         return tool
+
+    def unavailable_reason(self, name: str) -> str | None:
+        """Why tool `name` is not offered although its capability is switched on, or None."""
+        tool = self._all.get(name)
+        return self.unavailable.get(tool.capability) if tool is not None and self.config.enabled(tool.capability) \
+            else None
 
     async def close(self) -> None:
         for fam in self.families:

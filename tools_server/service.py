@@ -29,6 +29,8 @@ class ToolService:
                    call_id: str | None = None,
                    confirm: Callable[[str], Awaitable[ConfirmAnswer]] | None = None) -> ToolResult:
         tool = self.registry.get(name)
+        if tool is None and (why := self.registry.unavailable_reason(name)) is not None:
+            raise ToolError(f"'{name}' is unavailable here: {why}", code="unavailable")
         if tool is None:
             known = ", ".join(sorted(t.name for t in self.registry.enabled_tools())) or "none"
             raise ToolError(f"unknown or disabled tool '{clip(name, 80)}'; enabled tools: {known}", code="unknown_tool")

@@ -12,12 +12,12 @@ input or output. A hook that raises refuses the call (fail closed); nothing runs
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from proxy.hooks import SeamConfigError, load_hooks  # noqa: F401 (the seam's loader, shared with status)
 from tools_server.shell.errors import ShellError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -35,32 +35,6 @@ class InvocationCall:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class SeamConfigError(ValueError):
-    """The configured hook path cannot be loaded."""
-
-
-def load_hooks(dotted: str | None) -> Any | None:
-    """Resolve the hooks object named in config; None when no hook is configured."""
-    if not dotted:
-        return None
-    module_name, sep, attr = dotted.partition(":")
-    if not sep:
-        module_name, _, attr = dotted.rpartition(".")
-    if not module_name or not attr:
-        raise SeamConfigError(f"shell.policy must be 'module:attribute', got {dotted!r}")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise SeamConfigError(f"shell.policy {dotted!r} cannot be loaded: {exc}") from exc
-    if isinstance(obj, type) or (not (hasattr(obj, "policy") or hasattr(obj, "context")) and callable(obj)):
-        obj = obj()  # a class or a factory: build the hooks object once
-    if not (hasattr(obj, "policy") or hasattr(obj, "context")):
-        raise SeamConfigError(f"shell.policy {dotted!r} has neither policy() nor context()")
-    return obj
 
 
 async def _maybe_await(value: Any) -> Any:
