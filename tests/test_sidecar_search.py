@@ -128,9 +128,11 @@ async def test_no_executor_or_no_credentials_are_clear_errors(tool_server, emula
     srv = await tool_server(SIDECAR)
     res = await srv.rest("openai_web_search", {"query": QUERY}, task=TASK)
     assert res.details["error"] == "no_credentials" and "OPENAI_API_KEY" in res.text
-    bare = await tool_server({"web_search.backend": "sidecar"})  # no executor: the call says what to set
+    bare = await tool_server({"web_search.backend": "sidecar"})  # no executor: unavailable, says what to set
+    assert "openai_web_search" not in [t["name"] for t in await bare.list_rest()]
     res = await bare.rest("openai_web_search", {"query": QUERY}, task=TASK)
-    assert res.details["error"] == "not_configured" and "web_search.sidecar_model" in res.text
+    assert res.status == 503 and res.body["error"]["code"] == "unavailable"
+    assert "web_search.sidecar_model" in res.body["error"]["message"]
     assert "openai_web_search" not in [t["name"] for t in await (await tool_server({})).list_rest()]  # off by default
     assert search_requests(emulator) == []
 
