@@ -291,10 +291,10 @@ class Registry:
         return tool
 
     def unavailable_reason(self, name: str) -> str | None:
-        """Why tool `name` is not offered although its capability is switched on, or None."""
+        """Why tool `name` is not offered although its capability is switched on, or None (status judged the
+        capability `unavailable`, which it does only for one that is switched on)."""
         tool = self._all.get(name)
-        return self.unavailable.get(tool.capability) if tool is not None and self.config.enabled(tool.capability) \
-            else None
+        return self.unavailable.get(tool.capability) if tool is not None else None
 
     async def close(self) -> None:
         for fam in self.families:
