@@ -156,7 +156,9 @@ async def _send_error(ws: web.WebSocketResponse, rec: ReceivedRequest, plan: Pla
     err = orjson.loads(plan.body or b"{}")
     rec.extra["error_body"] = plan.body
     payload = err if isinstance(err, dict) and "error" in err else {"error": err}
-    await ws.send_str(orjson.dumps({"type": "error", "status": plan.status, **payload}).decode())
+    frame = orjson.dumps({"type": "error", "status": plan.status, **payload}).decode()
+    rec.extra["frames"] = [frame]
+    await ws.send_str(frame)
     return True
 
 
@@ -171,6 +173,7 @@ async def _stream(ws: web.WebSocketResponse, rec: ReceivedRequest, plan: Plan) -
         for index in range(limit):
             for text in _sse_data(chunks[index]):
                 await ws.send_str(text)
+                rec.extra.setdefault("frames", []).append(text)  # what the client should receive, as sent
             rec.events_sent += 1
             rec.write_times.append(loop.time())
             if delay := plan.delays.get(index):

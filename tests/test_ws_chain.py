@@ -1,0 +1,147 @@
+"""The Responses WebSocket through ctproxy (issue 28): a plain aiohttp `ws_connect` client, `ctproxy up` as a
+real process, the emulator upstream speaking WebSocket mode. Each `response.create` runs through the chain
+(journal, bridge, request log) and goes upstream over ctproxy's own socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.emulator import Emulator, FunctionCall, Text
+
+pytestmark = pytest.mark.timeout(180)
+
+TERMINAL = {"response.completed", "response.failed", "response.incomplete", "error"}
+BETA = {"OpenAI-Beta": "responses_websockets=2026-02-06", "Authorization": "Bearer sk-test-ws"}
+
+
+def user(text: str) -> list[dict[str, Any]]:
+    return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}]
+
+
+async def turn(ws: aiohttp.ClientWebSocketResponse, body: dict[str, Any] | str) -> list[str]:
+    await ws.send_str(body if isinstance(body, str) else orjson.dumps({"type": "response.create", **body}).decode())
+    frames: list[str] = []
+    while True:
+        msg = await ws.receive(timeout=60)
+        assert msg.type == aiohttp.WSMsgType.TEXT, msg
+        frames.append(msg.data)
+        if orjson.loads(msg.data)["type"] in TERMINAL:
+            return frames
+
+
+def events(frames: list[str]) -> list[dict[str, Any]]:
+    return [orjson.loads(f) for f in frames]
+
+
+async def wait_for(cond, what: str, timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.05)
+
+
+async def test_two_creates_chained_on_one_connection_run_through_the_chain(proxy_factory, tmp_path) -> None:
+    async with Emulator(validate_requests=True) as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url)
+        emu.script(Text("first answer"), Text("second answer"))
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            first = events(await turn(ws, {"model": "gpt-5", "store": False, "input": user("hello over ws")}))
+            assert first[-1]["type"] == "response.completed", first[-1]
+            rid = first[-1]["response"]["id"]
+            second = events(await turn(ws, {"model": "gpt-5", "store": False, "previous_response_id": rid,
+                                            "input": user("and again")}))
+            assert second[-1]["type"] == "response.completed", second[-1]
+            assert second[-1]["response"]["output"][0]["content"][0]["text"] == "second answer"
+        creates = [r for r in emu.requests if r.transport == "ws"]
+        assert len(creates) == 2 and creates[0].ws_connection == creates[1].ws_connection == 1
+        assert all(r.status == 200 for r in creates)
+        assert not [r for r in emu.requests if r.transport == "http"], "nothing fell back to HTTP"
+        upgrade = dict(emu.ws_upgrades[0])
+        assert upgrade["OpenAI-Beta"] == "responses_websockets=2026-02-06"
+        assert upgrade.get("Authorization") == "Bearer sk-test-ws"  # trusted upstream: the credential rule says so
+        assert "x-ctproxy-ws" not in {k.lower() for k in upgrade}
+        assert creates[1].json.get("stream") is None, "the chain's stream flag never reaches the socket"
+        # The journal holds the session: both user texts, both answers.
+        await wait_for(lambda: proxy.log_path.read_bytes().count(b"ctproxy-request POST /v1/responses") >= 2, "log")
+        tasks = orjson.loads(await asyncio.to_thread(_tasks, proxy))
+        sessions = [s for t in tasks for a in t["agents"] for s in a["sessions"]]
+        assert len(sessions) == 1 and sessions[0]["items"] == 4 and sessions[0]["responses"] == 2, tasks
+        assert "hello over ws" in tasks[0]["label"]
+        log = proxy.log()
+        lines = [ln for ln in log.splitlines() if "ctproxy-request POST /v1/responses" in ln]
+        assert len(lines) == 2 and all("transport=ws" in ln for ln in lines), log[-2000:]
+        assert "/ctp-ws" not in log, "a connection's key never shows in the log"
+
+
+def _tasks(proxy) -> str:
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "proxy.cli", "tasks", "--state-dir", str(proxy.state_dir), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    return res.stdout + res.stderr
+
+
+async def test_every_stage_off_frames_pass_byte_for_byte(proxy_factory) -> None:
+    async with Emulator() as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url, extra_args=["--disable", "all"])
+        create = '{"type":"response.create","model":"gpt-5","input":"hi","x_unknown":{"keep":[1,2]},"store":false}'
+        emu.script(Text("same bytes"))
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            frames = await turn(ws, create)
+        assert emu.requests[-1].raw_body == create.encode(), "the create reached the upstream byte for byte"
+        # …and the upstream's frames reached the client as the upstream sent them.
+        assert frames == emu.requests[-1].extra["frames"]
+
+
+async def test_a_bad_frame_gets_an_error_event_and_the_connection_stays_usable(proxy_factory) -> None:
+    async with Emulator() as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url)
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            await ws.send_str("{this is not json")
+            bad = orjson.loads((await ws.receive(timeout=60)).data)
+            assert bad["type"] == "error" and bad["error"]["code"] == "invalid_json"
+            ok = events(await turn(ws, {"model": "gpt-5", "input": user("still there?")}))
+            assert ok[-1]["type"] == "response.completed"
+            # An unknown message passes upstream unchanged; the upstream's answer reaches the client.
+            await ws.send_str('{"type":"response.teleport","x":1}')
+            answer = orjson.loads((await ws.receive(timeout=60)).data)
+            assert answer["type"] == "error" and answer["error"]["param"] == "type"
+        assert emu.ws_other_messages == [{"type": "response.teleport", "x": 1}]
+
+
+async def test_a_refused_upgrade_reaches_the_client_as_the_refusal(proxy_factory) -> None:
+    async with Emulator(ws_refuse=426) as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url)
+        with pytest.raises(aiohttp.WSServerHandshakeError) as caught:
+            await http.ws_connect(proxy.url + "/v1/responses", headers=BETA)
+        assert caught.value.status == 426
+
+
+async def test_a_bridged_call_inside_a_websocket_turn(proxy_factory) -> None:
+    async with Emulator(validate_requests=True) as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url, extra_args=["--bridge", "context,notes"])
+        emu.script(FunctionCall("get_context_remaining", {}, call_id="call_ctx1"), Text("all good", deltas=4),
+                   Text("next turn"))
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            evs = events(await turn(ws, {"model": "gpt-5", "store": False, "input": user("context left?")}))
+            types = [e["type"] for e in evs]
+            assert types.count("response.created") == 1 and types[-1] == "response.completed", types
+            final = evs[-1]["response"]
+            assert [o["type"] for o in final["output"]] == ["mcp_call", "message"]
+            seqs = [e["sequence_number"] for e in evs]
+            assert seqs == sorted(set(seqs))
+            # The merged id chains the next create on the same connection (mapped to the last round's).
+            nxt = events(await turn(ws, {"model": "gpt-5", "store": False, "previous_response_id": final["id"],
+                                         "input": user("thanks")}))
+            assert nxt[-1]["type"] == "response.completed", nxt[-1]
+        creates = [r for r in emu.requests if r.transport == "ws"]
+        assert len(creates) == 3 and {r.ws_connection for r in creates} == {1}, [r.path for r in emu.requests]
+        assert [r.status for r in creates] == [200, 200, 200]
+        assert any(t.get("name") == "get_context_remaining" for t in creates[0].json["tools"])
+        assert json.dumps(final)
