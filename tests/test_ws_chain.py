@@ -145,3 +145,59 @@ async def test_a_bridged_call_inside_a_websocket_turn(proxy_factory) -> None:
         assert [r.status for r in creates] == [200, 200, 200]
         assert any(t.get("name") == "get_context_remaining" for t in creates[0].json["tools"])
         assert json.dumps(final)
+
+
+async def test_the_client_leaving_mid_turn_cancels_the_bridged_tool(proxy_factory, tmp_path) -> None:
+    from tests.support.procs import processes_mentioning
+
+    work = tmp_path / "ws"
+    work.mkdir()
+    marker = "ctp-ws-hangup-4242"
+    async with Emulator() as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url, extra_args=["--bridge", "shell", "--enable", "shell",
+                                                                  "--workspace", str(work)])
+        emu.script(FunctionCall("exec_command", {"cmd": f"sleep 60; echo {marker}", "yield_time_ms": 30000}),
+                   Text("never sent"))
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            await ws.send_str(orjson.dumps({"type": "response.create", "model": "gpt-5", "input": "run it"}).decode())
+            while True:
+                msg = await ws.receive(timeout=60)
+                assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                if orjson.loads(msg.data)["type"] == "response.mcp_call.in_progress":
+                    break
+            await wait_for(lambda: bool(processes_mentioning(marker)), "the bridged command started")
+        # the client left: the command is stopped, and no further round goes upstream
+        await wait_for(lambda: not processes_mentioning(marker), "the command stopped")
+        await asyncio.sleep(0.5)
+        assert len([r for r in emu.requests if r.transport == "ws"]) == 1
+        await wait_for(lambda: bool(emu.ws_closed), "the upstream socket closed")
+
+
+async def test_the_upstream_leaving_mid_turn_reaches_the_client(proxy_factory) -> None:
+    async with Emulator() as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url)
+        emu.script(Text("cut short", deltas=4, disconnect_after=3))
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            evs = events(await turn(ws, {"model": "gpt-5", "input": user("hi")}))
+            assert evs[0]["type"] == "response.created"
+            assert evs[-1]["type"] == "error", evs[-1]
+            closing = await ws.receive(timeout=60)
+            assert closing.type == aiohttp.WSMsgType.CLOSE and closing.data == 1011, closing
+
+
+async def test_close_codes_and_the_connection_limit_reach_the_client(proxy_factory) -> None:
+    async with Emulator(ws_connection_limit=1.0) as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url)
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            ok = events(await turn(ws, {"model": "gpt-5", "input": user("hi")}))
+            assert ok[-1]["type"] == "response.completed"
+            limit = orjson.loads((await ws.receive(timeout=60)).data)
+            assert limit["error"]["code"] == "websocket_connection_limit_reached"
+            closing = await ws.receive(timeout=60)
+            assert closing.type == aiohttp.WSMsgType.CLOSE and closing.data == 1000
+            assert closing.extra == "websocket_connection_limit_reached"
+        # The client's own close code reaches the upstream.
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            await ws.close(code=4001, message=b"bye")
+        await wait_for(lambda: len(emu.ws_closed) == 2, "the second socket closed")
+        assert emu.ws_closed[-1][1] == 4001

@@ -38,7 +38,9 @@ TERMINAL = frozenset({"response.completed", "response.failed", "response.incompl
 HANDSHAKE = frozenset({"host", "upgrade", "connection", "sec-websocket-key", "sec-websocket-version",
                        "sec-websocket-extensions", "sec-websocket-accept", "content-length", "transfer-encoding",
                        "keep-alive", "proxy-connection", "te", "accept-encoding", WS_HEADER})
-_CLOSED = object()  # the upstream socket ended while a turn was reading
+_CLOSED = object()
+_ENDED = frozenset({aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED,
+                    aiohttp.WSMsgType.ERROR})  # the upstream socket ended while a turn was reading
 
 
 class SocketRefused(Exception):
@@ -96,8 +98,14 @@ class UpstreamSocket:
 
     async def _read(self) -> None:
         ws = self.ws
+        reason = ""
         try:
-            async for msg in ws:
+            while True:
+                msg = await ws.receive()
+                if msg.type in _ENDED:
+                    if msg.type == aiohttp.WSMsgType.CLOSE and isinstance(msg.extra, str):
+                        reason = msg.extra
+                    break
                 if msg.type == aiohttp.WSMsgType.TEXT:
                     sink = self.sink
                     if sink is not None:
@@ -112,8 +120,7 @@ class UpstreamSocket:
             log.debug("ws: the upstream socket's reader stopped", exc_info=True)
         finally:
             self.close_code = ws.close_code if ws.close_code is not None else 1006
-            ext = ws.extra if hasattr(ws, "extra") else None
-            self.close_reason = ext if isinstance(ext, str) else ""
+            self.close_reason = reason
             if self.sink is not None:
                 self.sink.put_nowait(_CLOSED)
                 self.sink = None
