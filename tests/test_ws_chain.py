@@ -201,3 +201,22 @@ async def test_close_codes_and_the_connection_limit_reach_the_client(proxy_facto
             await ws.close(code=4001, message=b"bye")
         await wait_for(lambda: len(emu.ws_closed) == 2, "the second socket closed")
         assert emu.ws_closed[-1][1] == 4001
+
+
+async def test_http_proxy_mode_runs_the_creates_through_the_chain(proxy_factory) -> None:
+    """Regular (HTTP proxy) mode: the client's socket to a non-official host goes through ctproxy as a proxy;
+    its creates run through the chain, and the guard strips the credentials as it does for HTTP."""
+    async with Emulator() as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(mode="regular", with_tools=False)
+        emu.script(Text("via the proxy"), Text("again"))
+        async with http.ws_connect(emu.url + "/v1/responses", headers=BETA, proxy=proxy.url) as ws:
+            first = events(await turn(ws, {"model": "gpt-5", "store": False, "input": user("hi")}))
+            assert first[-1]["type"] == "response.completed", first[-1]
+            second = events(await turn(ws, {"model": "gpt-5", "store": False, "input": [],
+                                            "previous_response_id": first[-1]["response"]["id"]}))
+            assert second[-1]["type"] == "response.completed", second[-1]
+        creates = [r for r in emu.requests if r.transport == "ws" and r.route == "responses"]
+        assert len(creates) == 2 and {r.ws_connection for r in creates} == {1}
+        assert "authorization" not in {k.lower() for k, _ in emu.ws_upgrades[0]}, "not an official host"
+        await wait_for(lambda: proxy.log_path.read_bytes().count(b"ctproxy-request POST") >= 2, "log")
+        assert all("transport=ws" in ln for ln in proxy.log().splitlines() if "ctproxy-request POST" in ln)
