@@ -29,8 +29,10 @@ from proxy.flowstate import state_of
 from proxy.upstream import WS_HEADER, UpstreamTurns
 from proxy.upstream.ws import HANDSHAKE
 from proxy.ws import UP_PREFIX, WsJob, WsService
+from proxy.ws.server import CREATE_HEADERS
 
 _WS_HEADER = WS_HEADER.encode()
+_OWN = frozenset(k.lower() for k, _ in CREATE_HEADERS) | {"content-encoding", "content-length"}
 _CREDENTIALS = frozenset(n.encode() for n in routes.CREDENTIAL_HEADERS)
 
 
@@ -102,7 +104,7 @@ class WebSocket(Stage):
             # each create goes through this chain: to the listen address (HTTPS proxy mode: through it)
             chain_url=f"http://{lhost}:{listen[1]}{client_path}" if reverse else req.url,
             chain_proxy=None if reverse else f"http://{lhost}:{listen[1]}",
-            create_headers=tuple((k, v) for k, v in client if k.lower() not in HANDSHAKE),
+            create_headers=tuple((k, v) for k, v in client if k.lower() not in HANDSHAKE and k.lower() not in _OWN),
             timeout=self.rt.config.timeouts.stream_idle_seconds,
         )
         state_of(flow).transport = "ws"

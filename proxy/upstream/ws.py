@@ -209,12 +209,23 @@ class UpstreamSocket:
     @staticmethod
     async def _events(kind: str, frame: str, sink: asyncio.Queue[Any],
                       release: Callable[[], None]) -> AsyncIterator[bytes]:
+        """The turn's events as SSE, each chunk every event that had already arrived (one write downstream for
+        a burst, not one per event)."""
         while True:
+            out = [sse_frame(kind, frame)]
+            while kind not in TERMINAL and not sink.empty():
+                item = sink.get_nowait()
+                if item is _CLOSED:
+                    release()
+                    yield b"".join(out)
+                    raise UpstreamBroken()
+                kind, frame = item
+                out.append(sse_frame(kind, frame))
             if kind in TERMINAL:
                 release()  # the socket is free for the next turn before the reader even sees the end
-                yield sse_frame(kind, frame)
+                yield b"".join(out)
                 return
-            yield sse_frame(kind, frame)
+            yield b"".join(out)
             item = await sink.get()
             if item is _CLOSED:
                 release()

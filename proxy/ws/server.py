@@ -50,6 +50,9 @@ UP_PREFIX = "/ctp-ws-up/"  # a create's flow, when the chain forwards it: over t
 JOB_TTL = 60.0
 MAX_JOBS = 10_000
 DEFAULT_MAX_MESSAGE = 256 * 1024 * 1024
+# What a create's POST says about itself (the client's upgrade headers of these names are left out).
+CREATE_HEADERS = (("Content-Type", "application/json"), ("Accept", "text/event-stream"),
+                  ("Accept-Encoding", "identity"))
 # What the upstream's refusal and the create's answer do not pass on.
 DROP_RESPONSE = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding",
                            "date", "server", "upgrade"})
@@ -339,8 +342,7 @@ class _Connection:
         sock.verbatim = (data, text)
         sock.error_verbatim = None
         svc.creates += 1
-        headers = [*job.create_headers, ("Content-Type", "application/json"), ("Accept", "text/event-stream"),
-                   ("Accept-Encoding", "identity"), (WS_HEADER, self.key)]
+        headers = [*job.create_headers, *CREATE_HEADERS, (WS_HEADER, self.key)]
         try:
             async with svc._client().post(job.chain_url, data=data, headers=headers, proxy=job.chain_proxy,
                                           ssl=False) as resp:
@@ -375,8 +377,9 @@ def _error_event(status: int, body: bytes) -> str:
         parsed = None
     err = parsed.get("error") if isinstance(parsed, dict) else None
     if not isinstance(err, dict):
+        text = body[:300].decode(errors="replace").strip() if body else ""
         err = {"type": "server_error" if status >= 500 else "invalid_request_error", "code": None,
-               "message": f"ctproxy answered {status}.", "param": None}
+               "message": text or f"HTTP {status}", "param": None}
     return orjson.dumps({"type": "error", "status": status, "error": err}).decode()
 
 
