@@ -13,7 +13,7 @@ It runs after the guard, on two kinds of flow:
   bridge re-routed to its endpoint stays there (its rounds go over the connection's upstream socket by the
   same key), anything else is re-routed to the adapter's endpoint, which sends it over that socket.
 `ctp_ws` false turns the stage off: the socket is then relayed untouched and no stage sees the creates.
-`ctp_ws_max_message_mib` bounds one message, decompressed (default 256 MiB: Codex sends whole requests).
+`limits.ws_max_message_bytes` bounds one message, decompressed (default 256 MiB: Codex sends whole requests).
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ class WebSocket(Stage):
     def load(self, loader) -> None:
         super().load(loader)
         loader.add_option("ctp_ws", bool, True, "run Responses WebSocket creates through the chain")
-        loader.add_option("ctp_ws_max_message_mib", int, 256, "the largest WebSocket message, decompressed (MiB)")
 
     def _enabled(self) -> bool:
         try:
@@ -67,11 +66,7 @@ class WebSocket(Stage):
                 if rt.services.upstream is None:
                     rt.services.upstream = UpstreamTurns()
                 return rt.services.upstream
-            try:
-                mib = int(ctx.options.ctp_ws_max_message_mib)
-            except (AttributeError, KeyError):
-                mib = 256
-            self._svc = WsService(turns, max_message=max(1, mib) * 1024 * 1024)
+            self._svc = WsService(turns, max_message=rt.config.limits.ws_max_message_bytes)
         return self._svc
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
@@ -128,6 +123,11 @@ class WebSocket(Stage):
         req.scheme, req.host, req.port = "http", "127.0.0.1", svc.port
         req.path = UP_PREFIX + key + (path if path.startswith("/") else "/" + path)
         req.host_header = f"127.0.0.1:{svc.port}"
+
+    def bound(self, rt: runtime.Runtime) -> None:
+        svc = self._svc
+        if svc is not None:
+            svc.max_message = rt.config.limits.ws_max_message_bytes  # for the next connections
 
     async def done(self) -> None:
         svc, self._svc = self._svc, None

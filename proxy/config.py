@@ -212,6 +212,10 @@ class LimitsConfig(_Section):
         64 * 1024 * 1024, ge=1024,
         description="largest (decoded) request body ctproxy reads: a larger plain body passes through untouched "
                     "with the features skipped; a compressed body that inflates past it is refused with a 413")
+    ws_max_message_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024,
+        description="largest Responses WebSocket message, decompressed, either way (Codex sends a whole request "
+                    "as one message); a larger one closes the socket with 1009 (docs/websocket.md)")
 
 
 class TimeoutsConfig(_Section):

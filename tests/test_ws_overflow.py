@@ -38,3 +38,29 @@ async def test_an_overflow_event_is_compacted_and_retried_before_the_client_sees
         compact = [r for r in emu.requests if r.route == "compact"]
         assert len(compact) == 1 and compact[0].transport == "http"
         assert "x-ctproxy-ws" not in {k.lower() for k, _ in compact[0].headers}, "the key never leaves ctproxy"
+
+
+async def test_a_message_above_aiohttps_default_passes_and_one_above_the_limit_closes_with_1009(tmp_path) -> None:
+    """The message limit is `limits.ws_max_message_bytes` (default 256 MiB): an 8 MiB create (twice aiohttp's
+    default limit) runs through the chain and reaches the upstream; with the limit at 1 MiB, a 2 MiB one closes the
+    socket with 1009 (message too big) and nothing reaches the upstream."""
+    big = '{"type":"response.create","model":"gpt-5","store":false,"input":"' + "x" * (8 * 1024 * 1024) + '"}'
+    async with Emulator(ws_max_message=0) as emu, running_proxy(tmp_path, emu.url, {}) as base, \
+            aiohttp.ClientSession() as http:
+        async with http.ws_connect(base + "/v1/responses", max_msg_size=0) as ws:
+            await ws.send_str(big)
+            while True:
+                msg = await ws.receive(timeout=120)
+                assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                if orjson.loads(msg.data)["type"] in TERMINAL:
+                    break
+        assert orjson.loads(msg.data)["type"] == "response.completed"
+        assert emu.requests[-1].json["input"] == "x" * (8 * 1024 * 1024)
+    small = tmp_path / "small"
+    async with Emulator() as emu, running_proxy(small, emu.url, {"limits": {"ws_max_message_bytes": 1 << 20}}) \
+            as base, aiohttp.ClientSession() as http:
+        async with http.ws_connect(base + "/v1/responses") as ws:
+            await ws.send_str(big[: 2 << 20])
+            msg = await ws.receive(timeout=120)
+            assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1009, msg
+        assert not [r for r in emu.requests if r.transport == "ws" and r.route == "responses"]
