@@ -28,7 +28,7 @@ from proxy import routes, runtime
 from proxy.flowstate import state_of
 from proxy.upstream import WS_HEADER, UpstreamTurns
 from proxy.upstream.ws import HANDSHAKE
-from proxy.ws import UP_PREFIX, WsJob, WsService
+from proxy.ws import PATH_PREFIX, UP_PREFIX, WsJob, WsService
 from proxy.ws.server import CREATE_HEADERS
 
 _WS_HEADER = WS_HEADER.encode()
@@ -107,6 +107,14 @@ class WebSocket(Stage):
         req.headers.fields = tuple(f for f in req.headers.fields if f[0].lower() not in _CREDENTIALS)
         req.scheme, req.host, req.port, req.path = "http", "127.0.0.1", port, route
         req.host_header = f"127.0.0.1:{port}"
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        """mitmproxy keeps every message of a socket on its flow (`flow.websocket.messages`) for the socket's
+        life: for a socket relayed to the adapter — Codex sends whole requests, hundreds of MiB, for up to an
+        hour — only the message being relayed is kept."""
+        ws = flow.websocket
+        if ws is not None and len(ws.messages) > 1 and flow.request.path.startswith(PATH_PREFIX):
+            del ws.messages[:-1]
 
     def _create(self, flow: http.HTTPFlow) -> None:
         req = flow.request
