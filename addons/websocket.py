@@ -13,7 +13,7 @@ It runs after the guard, on two kinds of flow:
   bridge re-routed to its endpoint stays there (its rounds go over the connection's upstream socket by the
   same key), anything else is re-routed to the adapter's endpoint, which sends it over that socket.
 `ctp_ws` false turns the stage off: the socket is then relayed untouched and no stage sees the creates.
-`limits.ws_max_message_bytes` bounds one message, decompressed (default 256 MiB: Codex sends whole requests).
+`websocket.max_message_bytes` bounds one message, decompressed (default 256 MiB: Codex sends whole requests).
 """
 
 from __future__ import annotations
@@ -55,10 +55,7 @@ class WebSocket(Stage):
         loader.add_option("ctp_ws", bool, True, "run Responses WebSocket creates through the chain")
 
     def _enabled(self) -> bool:
-        try:
-            return bool(ctx.options.ctp_ws)
-        except (AttributeError, KeyError):
-            return True
+        return bool(_option("ctp_ws", True))
 
     def _service(self, rt: runtime.Runtime) -> WsService:
         if self._svc is None:
@@ -66,7 +63,7 @@ class WebSocket(Stage):
                 if rt.services.upstream is None:
                     rt.services.upstream = UpstreamTurns()
                 return rt.services.upstream
-            self._svc = WsService(turns, max_message=rt.config.limits.ws_max_message_bytes)
+            self._svc = WsService(turns, max_message=rt.config.websocket.max_message_bytes)
         return self._svc
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
@@ -108,6 +105,23 @@ class WebSocket(Stage):
         req.scheme, req.host, req.port, req.path = "http", "127.0.0.1", port, route
         req.host_header = f"127.0.0.1:{port}"
 
+    def response(self, flow: http.HTTPFlow) -> None:
+        """The adapter accepted the client's socket: mitmproxy relays its bytes as they are (its raw TCP
+        relay) instead of parsing, re-framing and recording every WebSocket message. The client and the
+        adapter then negotiate compression between themselves, and the adapter's message bound applies to
+        the decompressed size before anything is inflated elsewhere."""
+        if (flow.websocket is not None and flow.response is not None and flow.response.status_code == 101
+                and flow.request.path.startswith(PATH_PREFIX) and self.rt.config.websocket.raw_relay
+                and _option("rawtcp", True)):
+            flow.websocket = None
+
+    def tcp_message(self, flow) -> None:
+        """The raw relay records every chunk on its flow for the socket's life: for the adapter's sockets only
+        the chunk in flight is kept."""
+        svc = self._svc
+        if svc is not None and len(flow.messages) > 1 and flow.server_conn.address == ("127.0.0.1", svc.port):
+            del flow.messages[:-1]
+
     def websocket_message(self, flow: http.HTTPFlow) -> None:
         """mitmproxy keeps every message of a socket on its flow (`flow.websocket.messages`) for the socket's
         life: for a socket relayed to the adapter — Codex sends whole requests, hundreds of MiB, for up to an
@@ -135,12 +149,19 @@ class WebSocket(Stage):
     def bound(self, rt: runtime.Runtime) -> None:
         svc = self._svc
         if svc is not None:
-            svc.max_message = rt.config.limits.ws_max_message_bytes  # for the next connections
+            svc.max_message = rt.config.websocket.max_message_bytes  # for the next connections
 
     async def done(self) -> None:
         svc, self._svc = self._svc, None
         if svc is not None:
             await svc.close()
+
+
+def _option(name: str, default: object) -> object:
+    try:
+        return getattr(ctx.options, name)
+    except (AttributeError, KeyError):
+        return default
 
 
 addons = [WebSocket()]

@@ -13,6 +13,8 @@ b) `--conversations` WebSocket conversations at once (each its own connection, 3
 c) A `--loop-calls`-call tool loop: over one WebSocket (each create chains the previous response by
    `previous_response_id` and sends only the call's output) against the same loop over HTTP (each request
    resends the whole input, as Codex does with `store: false`), directly and through ctproxy.
+d) `--soak S` (0: skipped): `--conversations` conversations keep turning for S seconds (each connection
+   chains its creates by `previous_response_id`); ctproxy's resident memory every 10 s.
 Printed: a table per part and the ratios; `bench/results/ws.json`.
 """
 
@@ -165,7 +167,40 @@ async def http_loop(url: str, http: aiohttp.ClientSession, calls: int, i: int) -
     return took
 
 
-async def run(rounds: int, n_conv: int, loop_calls: int, loops: int) -> dict[str, Any]:
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+async def soak(url: str, pid: int, http: aiohttp.ClientSession, n: int, seconds: float) -> dict[str, Any]:
+    stop = time.monotonic() + seconds
+    turns = 0
+    samples: list[tuple[float, float]] = [(0.0, rss_mib(pid))]
+    t0 = time.monotonic()
+
+    async def conversation(c: int) -> None:
+        nonlocal turns
+        async with http.ws_connect(url + "/v1/responses", headers=HEADERS) as ws:
+            prev = None
+            while time.monotonic() < stop:
+                body: dict[str, Any] = {"model": "gpt-5", "store": False, "input": [user(f"c{c} " + "w" * 2000)]}
+                if prev:
+                    body["previous_response_id"] = prev
+                prev = (await ws_turn(ws, body))["id"]
+                turns += 1
+
+    async def sampler() -> None:
+        while time.monotonic() < stop:
+            await asyncio.sleep(10)
+            samples.append((round(time.monotonic() - t0, 1), rss_mib(pid)))
+
+    await asyncio.gather(sampler(), *(conversation(c) for c in range(n)))
+    return {"turns": turns, "rss_mib": samples}
+
+
+async def run(rounds: int, n_conv: int, loop_calls: int, loops: int, soak_s: float = 0) -> dict[str, Any]:
     with Processes() as procs:
         port = free_port()
         emu = procs._spawn("emulator", port, [sys.executable, "-m", "tests.emulator", "--port", str(port),
@@ -219,6 +254,10 @@ async def run(rounds: int, n_conv: int, loop_calls: int, loops: int) -> dict[str
                 "ws/http direct": ratio(lm["ws direct"], lm["http direct"]),
                 "ws/http through ctproxy": ratio(lm["ws ctproxy"], lm["http ctproxy"]),
             }
+            if soak_s:
+                out["soak"] = await soak(ct.url, ct.proc.pid, http, n_conv, soak_s)
+                print_table(["soak: s", "ctproxy RSS MiB"], out["soak"]["rss_mib"])
+                print(f"soak: {out['soak']['turns']} turns in {soak_s:.0f} s over {n_conv} connections")
         print(json.dumps({k: v for k, v in out.items() if "ratio" in k}, indent=2))
         return out
 
@@ -229,11 +268,12 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=50)
     parser.add_argument("--loop-calls", type=int, default=20)
     parser.add_argument("--loops", type=int, default=5)
+    parser.add_argument("--soak", type=float, default=0, metavar="S", help="a memory soak of S seconds (0: none)")
     parser.add_argument("--quick", action="store_true", help="a few rounds only (a smoke run)")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.conversations, args.loops = 8, 10, 2
-    result = asyncio.run(run(args.rounds, args.conversations, args.loop_calls, args.loops))
+    result = asyncio.run(run(args.rounds, args.conversations, args.loop_calls, args.loops, args.soak))
     path = write_result("ws", {"args": vars(args), **result})
     print(f"written: {path}")
 

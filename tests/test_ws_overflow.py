@@ -41,13 +41,16 @@ async def test_an_overflow_event_is_compacted_and_retried_before_the_client_sees
 
 
 async def test_a_message_above_aiohttps_default_passes_and_one_above_the_limit_closes_with_1009(tmp_path) -> None:
-    """The message limit is `limits.ws_max_message_bytes` (default 256 MiB): an 8 MiB create (twice aiohttp's
+    # (with mitmproxy's WebSocket relay; through the raw relay an over-limit message ends the socket without
+    # the close frame reaching the client: docs/websocket.md, Not yet)
+    """The message limit is `websocket.max_message_bytes` (default 256 MiB): an 8 MiB create (twice aiohttp's
     default limit) runs through the chain and reaches the upstream; with the limit at 1 MiB, a 2 MiB one closes the
     socket with 1009 (message too big) and nothing reaches the upstream."""
     big = '{"type":"response.create","model":"gpt-5","store":false,"input":"' + "x" * (8 * 1024 * 1024) + '"}'
     async with Emulator(ws_max_message=0) as emu, running_proxy(tmp_path, emu.url, {}) as base, \
             aiohttp.ClientSession() as http:
-        async with http.ws_connect(base + "/v1/responses", max_msg_size=0) as ws:
+        async with http.ws_connect(base + "/v1/responses", max_msg_size=0, compress=15) as ws:
+            assert ws.compress == 15, "the adapter negotiated compression as the client asked (raw relay)"
             await ws.send_str(big)
             while True:
                 msg = await ws.receive(timeout=120)
@@ -57,10 +60,27 @@ async def test_a_message_above_aiohttps_default_passes_and_one_above_the_limit_c
         assert orjson.loads(msg.data)["type"] == "response.completed"
         assert emu.requests[-1].json["input"] == "x" * (8 * 1024 * 1024)
     small = tmp_path / "small"
-    async with Emulator() as emu, running_proxy(small, emu.url, {"limits": {"ws_max_message_bytes": 1 << 20}}) \
+    async with Emulator() as emu, running_proxy(small, emu.url, {"websocket": {"max_message_bytes": 1 << 20,
+                                                                                      "raw_relay": False}}) \
             as base, aiohttp.ClientSession() as http:
         async with http.ws_connect(base + "/v1/responses") as ws:
             await ws.send_str(big[: 2 << 20])
             msg = await ws.receive(timeout=120)
             assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1009, msg
-        assert not [r for r in emu.requests if r.transport == "ws" and r.route == "responses"]
+        # Compressed (permessage-deflate, as the client asked): a 2 MiB message that deflates to a few KiB is
+        # bounded by its decompressed size (a compression bomb never inflates past the limit).
+        async with http.ws_connect(base + "/v1/responses", compress=15) as ws:
+            assert ws.compress == 15, "compression was negotiated as the client asked"
+            ok = '{"type":"response.create","model":"gpt-5","input":"' + "y" * (512 * 1024) + '"}'
+            await ws.send_str(ok)
+            while True:
+                msg = await ws.receive(timeout=120)
+                assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                if orjson.loads(msg.data)["type"] in TERMINAL:
+                    break
+            assert orjson.loads(msg.data)["type"] == "response.completed"
+            await ws.send_str(big[: 2 << 20])
+            msg = await ws.receive(timeout=120)
+            assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1009, msg
+        sent = [r for r in emu.requests if r.transport == "ws" and r.route == "responses"]
+        assert len(sent) == 1 and sent[0].json["input"] == "y" * (512 * 1024)

@@ -50,3 +50,22 @@ def test_the_relay_flow_keeps_only_the_message_in_flight() -> None:
     n = len(other.websocket.messages)
     WebSocket().websocket_message(other)
     assert len(other.websocket.messages) == n
+
+
+def test_the_raw_relay_to_the_adapter_keeps_only_the_chunk_in_flight() -> None:
+    from mitmproxy.tcp import TCPMessage
+
+    stage = WebSocket()
+    from proxy.ws import WsService
+
+    stage._svc = WsService(lambda: None, port=4321)
+    flow = tflow.ttcpflow()
+    flow.server_conn.address = ("127.0.0.1", 4321)
+    flow.messages = [TCPMessage(True, b"x" * 100) for _ in range(4)]
+    last = flow.messages[-1]
+    stage.tcp_message(flow)
+    assert flow.messages == [last]
+    other = tflow.ttcpflow()  # another TCP relay keeps mitmproxy's record
+    n = len(other.messages)
+    stage.tcp_message(other)
+    assert len(other.messages) == n
