@@ -220,3 +220,37 @@ async def test_http_proxy_mode_runs_the_creates_through_the_chain(proxy_factory)
         assert "authorization" not in {k.lower() for k, _ in emu.ws_upgrades[0]}, "not an official host"
         await wait_for(lambda: proxy.log_path.read_bytes().count(b"ctproxy-request POST") >= 2, "log")
         assert all("transport=ws" in ln for ln in proxy.log().splitlines() if "ctproxy-request POST" in ln)
+
+
+async def test_a_new_context_rollover_across_websocket_turns(proxy_factory) -> None:
+    """A stateless client over one socket (it resends its whole history, as Codex does), `--bridge
+    context,notes`: the model saves a note and calls `new_context`; the turn's next round and the client's
+    next create on the same connection go up in the new window (the notes bootstrap, byte for byte)."""
+    from tests.test_context_bridged_rollover import NOTE
+    from tests.test_context_rollover import assert_bootstrap, start
+
+    async with Emulator(validate_requests=True) as emu, aiohttp.ClientSession() as http:
+        agent = await start(emu, proxy_factory, ["--bridge", "context,notes"])
+        emu.script(FunctionCall("notes_write_file", {"path": "checkpoint.md", "text": NOTE}, call_id="c_w"),
+                   FunctionCall("new_context", {}, call_id="c_nc"), Text("resumed from the checkpoint"),
+                   Text("second answer"))
+        headers = {**BETA, "x-ctp-task": agent.task, "x-ctp-agent": "/root"}
+        history: list[dict[str, Any]] = [*user("do the work")]
+        async with http.ws_connect(agent.proxy.url + "/v1/responses", headers=headers) as ws:
+            first = events(await turn(ws, {"model": "gpt-4.1", "store": False, "input": history}))
+            assert first[-1]["type"] == "response.completed", first[-1]
+            out = first[-1]["response"]["output"]
+            assert [(o["type"], o.get("name")) for o in out] == [
+                ("mcp_call", "notes_write_file"), ("mcp_call", "new_context"), ("message", None)]
+            history += [*out, *user("and now?")]
+            second = events(await turn(ws, {"model": "gpt-4.1", "store": False, "input": history}))
+            assert second[-1]["type"] == "response.completed", second[-1]
+        reqs = [r for r in emu.requests if r.route == "responses"]
+        assert len(reqs) == 4 and all(r.transport == "ws" and r.status == 200 for r in reqs)
+        assert {r.ws_connection for r in reqs} == {1}
+        third = reqs[2].input_items  # the round right after the bridged new_context: the new window only
+        assert_bootstrap(third, "/root/notes/checkpoint.md")
+        assert "do the work" not in orjson.dumps(third).decode()
+        nxt = reqs[3].input_items  # the client's next create: the same window, byte for byte
+        assert orjson.dumps(nxt[:4]) == orjson.dumps(third)
+        assert "do the work" not in orjson.dumps(nxt).decode() and "and now?" in orjson.dumps(nxt[-1]).decode()
