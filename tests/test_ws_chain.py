@@ -254,3 +254,26 @@ async def test_a_new_context_rollover_across_websocket_turns(proxy_factory) -> N
         nxt = reqs[3].input_items  # the client's next create: the same window, byte for byte
         assert orjson.dumps(nxt[:4]) == orjson.dumps(third)
         assert "do the work" not in orjson.dumps(nxt).decode() and "and now?" in orjson.dumps(nxt[-1]).decode()
+
+
+async def test_creates_waiting_on_one_connection_are_bounded(proxy_factory) -> None:
+    """Creates run one at a time per connection; at most 16 wait behind the running one (each may be hundreds
+    of MiB): a burst of 20 gets an error event for each one beyond, the others all complete, in order."""
+    async with Emulator() as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url, extra_args=["--disable", "all"])
+        emu.set_default(Text("slow answer", latency=0.05))
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            for i in range(20):
+                await ws.send_str(orjson.dumps({"type": "response.create", "model": "gpt-5",
+                                                "input": f"burst {i}"}).decode())
+            done, refused = [], []
+            while len(done) + len(refused) < 20:
+                ev = orjson.loads((await ws.receive(timeout=60)).data)
+                if ev["type"] == "response.completed":
+                    done.append(ev["response"]["id"])
+                elif ev["type"] == "error":
+                    assert ev["error"]["code"] == "too_many_pending_creates", ev
+                    refused.append(ev)
+        assert refused and len(done) >= 16
+        said = [r.json["input"] for r in emu.requests if r.transport == "ws" and r.route == "responses"]
+        assert said == [f"burst {i}" for i in range(len(done))], "the creates ran in the order they came"

@@ -50,6 +50,7 @@ UP_PREFIX = "/ctp-ws-up/"  # a create's flow, when the chain forwards it: over t
 JOB_TTL = 60.0
 MAX_JOBS = 10_000
 DEFAULT_MAX_MESSAGE = 256 * 1024 * 1024
+MAX_PENDING = 16  # creates a connection may have waiting behind the running one (each may be hundreds of MiB)
 # What a create's POST says about itself (the client's upgrade headers of these names are left out).
 CREATE_HEADERS = (("Content-Type", "application/json"), ("Accept", "text/event-stream"),
                   ("Accept-Encoding", "identity"))
@@ -241,7 +242,7 @@ class _Connection:
     key: str
     queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = field(default_factory=asyncio.Queue)
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    busy: bool = False
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # no create is running
 
     async def run(self) -> None:
         svc, sock = self.svc, self.sock
@@ -279,6 +280,10 @@ class _Connection:
             return
         kind = obj.get("type")
         if kind == "response.create":
+            if self.queue.qsize() >= MAX_PENDING:
+                await self._send(error_frame(429, "too_many_pending_creates", f"ctproxy holds at most {MAX_PENDING} "
+                                             "creates waiting on one connection; wait for the running ones to end."))
+                return
             self.queue.put_nowait((text, obj))
         else:  # response.steer, future types: ctproxy does not interpret them
             await self._to_upstream(text)
@@ -303,10 +308,9 @@ class _Connection:
     async def _upstream_closed(self, code: int | None, reason: str) -> None:
         # The create in flight (if any) ends with the upstream's error first; then the client's socket closes
         # with the upstream's code.
-        for _ in range(200):
-            if not self.busy:
-                break
-            await asyncio.sleep(0.05)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10.0):
+                await self.idle.wait()
         if not self.client.closed:
             usable = code is not None and 1000 <= code < 5000 and code not in (1005, 1006)
             await self.client.close(code=code if usable else 1011, message=reason.encode()[:120])
@@ -318,10 +322,11 @@ class _Connection:
 
     async def _creates(self) -> None:
         while True:
+            self.idle.set()
             item = await self.queue.get()
             if item is None:
                 return
-            self.busy = True
+            self.idle.clear()
             try:
                 await self._create(*item)
             except asyncio.CancelledError:
@@ -331,7 +336,7 @@ class _Connection:
                 await self._send(error_frame(500, "ctproxy_error", "ctproxy could not run this request.",
                                              "server_error"))
             finally:
-                self.busy = False
+                self.idle.set()
 
     async def _create(self, text: str, obj: dict[str, Any]) -> None:
         svc, sock, job = self.svc, self.sock, self.job
