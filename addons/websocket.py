@@ -25,6 +25,7 @@ from mitmproxy import ctx, http
 from addons._flow import is_reverse
 from addons._stage import Stage
 from proxy import routes, runtime
+from proxy.bridge.server import PATH_PREFIX as BRIDGE_PREFIX
 from proxy.flowstate import state_of
 from proxy.upstream import WS_HEADER, UpstreamTurns
 from proxy.upstream.ws import HANDSHAKE
@@ -138,7 +139,7 @@ class WebSocket(Stage):
             del req.headers[WS_HEADER]
             return
         state_of(flow).transport = "ws"
-        if req.host == "127.0.0.1" and req.path.startswith("/ctp-bridge/"):
+        if req.host == "127.0.0.1" and req.path.startswith(BRIDGE_PREFIX):
             return  # the bridge's endpoint sends its rounds over the socket (the key rides along)
         path = req.path
         req.headers.fields = tuple(f for f in req.headers.fields if f[0].lower() not in _CREDENTIALS)

@@ -36,8 +36,9 @@ WS_HEADER = "x-ctproxy-ws"  # the connection key a create's flow carries (loopba
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
 # Not copied from the client's upgrade to ctproxy's own: the handshake's own headers and hop-by-hop ones.
 HANDSHAKE = frozenset({"host", "upgrade", "connection", "sec-websocket-key", "sec-websocket-version",
-                       "sec-websocket-extensions", "sec-websocket-accept", "content-length", "transfer-encoding",
-                       "keep-alive", "proxy-connection", "te", "accept-encoding", WS_HEADER})
+                       "sec-websocket-extensions", "sec-websocket-accept", "sec-websocket-protocol",
+                       "content-length", "transfer-encoding", "keep-alive", "proxy-connection", "te",
+                       "accept-encoding", WS_HEADER})
 _CLOSED = object()
 _ENDED = frozenset({aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED,
                     aiohttp.WSMsgType.ERROR})  # the upstream socket ended while a turn was reading
