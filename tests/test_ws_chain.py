@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from tests.emulator import Emulator, FunctionCall, Text
+from tests.openapi_schema import spec_available
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -46,7 +47,7 @@ async def wait_for(cond, what: str, timeout: float = 30.0) -> None:
 
 
 async def test_two_creates_chained_on_one_connection_run_through_the_chain(proxy_factory, tmp_path) -> None:
-    async with Emulator(validate_requests=True) as emu, aiohttp.ClientSession() as http:
+    async with Emulator(validate_requests=spec_available()) as emu, aiohttp.ClientSession() as http:
         proxy = await proxy_factory(upstream=emu.url)
         emu.script(Text("first answer"), Text("second answer"))
         async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
@@ -124,7 +125,7 @@ async def test_a_refused_upgrade_reaches_the_client_as_the_refusal(proxy_factory
 
 
 async def test_a_bridged_call_inside_a_websocket_turn(proxy_factory) -> None:
-    async with Emulator(validate_requests=True) as emu, aiohttp.ClientSession() as http:
+    async with Emulator(validate_requests=spec_available()) as emu, aiohttp.ClientSession() as http:
         proxy = await proxy_factory(upstream=emu.url, extra_args=["--bridge", "context,notes"])
         emu.script(FunctionCall("get_context_remaining", {}, call_id="call_ctx1"), Text("all good", deltas=4),
                    Text("next turn"))
@@ -229,7 +230,7 @@ async def test_a_new_context_rollover_across_websocket_turns(proxy_factory) -> N
     from tests.test_context_bridged_rollover import NOTE
     from tests.test_context_rollover import assert_bootstrap, start
 
-    async with Emulator(validate_requests=True) as emu, aiohttp.ClientSession() as http:
+    async with Emulator(validate_requests=spec_available()) as emu, aiohttp.ClientSession() as http:
         agent = await start(emu, proxy_factory, ["--bridge", "context,notes"])
         emu.script(FunctionCall("notes_write_file", {"path": "checkpoint.md", "text": NOTE}, call_id="c_w"),
                    FunctionCall("new_context", {}, call_id="c_nc"), Text("resumed from the checkpoint"),

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from tests.emulator import Emulator, FunctionCall, Text
+from tests.openapi_schema import spec_available
 from tests.support.codex import codex_env, isolated_dirs, run_codex
 
 pytestmark = pytest.mark.timeout(300)
@@ -65,7 +66,7 @@ async def journaled(state_dir: Path, at_least: int) -> list[dict]:
 
 
 async def test_codex_builtin_provider_runs_its_websocket_turns_through_the_chain(proxy_factory, tmp_path) -> None:
-    async with Emulator(validate_requests=True) as emu:
+    async with Emulator(validate_requests=spec_available()) as emu:
         emu.set_default(Text(ANSWER, deltas=5))
         proxy = await proxy_factory(upstream=emu.url)
         code, out, err = await codex_exec(tmp_path, proxy.url + "/v1", "say hi")
@@ -87,7 +88,7 @@ async def test_codex_builtin_provider_runs_its_websocket_turns_through_the_chain
 
 
 async def test_codex_gets_a_bridged_call_inside_a_websocket_turn(proxy_factory, tmp_path) -> None:
-    async with Emulator(validate_requests=True) as emu:
+    async with Emulator(validate_requests=spec_available()) as emu:
         emu.script(FunctionCall("get_context_remaining", {}, call_id="call_ws_ctx"))
         emu.set_default(Text(ANSWER, deltas=5))
         proxy = await proxy_factory(upstream=emu.url, extra_args=["--bridge", "context"])

@@ -32,7 +32,7 @@ def user(text: str) -> list[dict[str, Any]]:
 
 
 async def test_two_creates_chain_on_the_connection_even_unstored() -> None:
-    async with Emulator(validate_requests=True) as emu, aiohttp.ClientSession() as http:
+    async with Emulator(validate_requests=openapi_schema.spec_available()) as emu, aiohttp.ClientSession() as http:
         emu.script(FunctionCall("shell", {"cmd": "ls"}), Text("done"))
         async with http.ws_connect(emu.url + "/v1/responses",
                                    headers={"OpenAI-Beta": "responses_websockets=2026-02-06"}) as ws:
@@ -61,7 +61,7 @@ async def test_two_creates_chain_on_the_connection_even_unstored() -> None:
 
 
 async def test_input_is_validated_as_on_http_and_the_connection_stays_usable() -> None:
-    async with Emulator(validate_requests=True) as emu, aiohttp.ClientSession() as http:
+    async with Emulator(validate_requests=openapi_schema.spec_available()) as emu, aiohttp.ClientSession() as http:
         async with http.ws_connect(emu.url + "/v1/responses") as ws:
             orphan = await turn(ws, {"model": "gpt-5", "input": [
                 {"type": "function_call_output", "call_id": "call_x", "output": "?"}]})
@@ -80,7 +80,7 @@ async def test_input_is_validated_as_on_http_and_the_connection_stays_usable() -
 
 
 async def test_a_warm_up_generates_nothing_and_can_be_chained_from() -> None:
-    async with Emulator(validate_requests=True) as emu, aiohttp.ClientSession() as http:
+    async with Emulator(validate_requests=openapi_schema.spec_available()) as emu, aiohttp.ClientSession() as http:
         async with http.ws_connect(emu.url + "/v1/responses") as ws:
             warm = await turn(ws, {"model": "gpt-5", "store": False, "generate": False, "input": user("hi")})
             assert [e["type"] for e in warm][-1] == "response.completed"

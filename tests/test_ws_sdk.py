@@ -10,13 +10,14 @@ import openai
 import pytest
 
 from tests.emulator import Emulator, Text
+from tests.openapi_schema import spec_available
 
 pytest.importorskip("websockets", reason="the SDK's WebSocket client needs `websockets` (pyproject test extras)")
 pytestmark = pytest.mark.timeout(180)
 
 
 async def test_the_sdk_websocket_client_chains_two_creates_through_ctproxy(proxy_factory) -> None:
-    async with Emulator(validate_requests=True) as emu:
+    async with Emulator(validate_requests=spec_available()) as emu:
         proxy = await proxy_factory(upstream=emu.url)
         emu.script(Text("first over the sdk"), Text("second over the sdk"))
         client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test-sdk-ws", max_retries=0)
