@@ -18,6 +18,7 @@ def chain() -> list[Any]:
     from addons.session import Session
     from addons.tap import Tap
     from addons.web_search import WebSearch
+    from addons.websocket import WebSocket
 
     return [
         Routing(),  # where the request goes, and its route
@@ -30,6 +31,7 @@ def chain() -> list[Any]:
         Bridge(),  # 4 tools: bridged tool specs; a request offered them is answered by the bridge's endpoint
         WebSearch(),  # 5 native web_search on official routes
         Guard(),  # 6 credentials only to official endpoints
+        WebSocket(),  # Responses WebSocket: each response.create runs through this chain; the socket's ends
         BodyWriter(),  # the body is serialized once, at the end
         RequestLog(),  # answers only: one log line, the metrics and the dashboard's feed, once the answer is final
     ]

@@ -29,7 +29,7 @@ log = logging.getLogger("ctproxy.chain")
 
 # Every hook a stage of ours may define; the chain addon forwards exactly these.
 HOOKS = ("load", "configure", "running", "done", "requestheaders", "request", "responseheaders", "response",
-         "error")
+         "error", "websocket_message", "tcp_message")
 
 
 def stage_name(stage: Any) -> str:
@@ -137,6 +137,12 @@ class ChainAddon:
 
     def error(self, flow: Any) -> Awaitable[None] | None:
         return _then_release(flow, self._run("error", flow))
+
+    def websocket_message(self, flow: Any) -> Awaitable[None] | None:
+        return self._run("websocket_message", flow)
+
+    def tcp_message(self, flow: Any) -> Awaitable[None] | None:
+        return self._run("tcp_message", flow)
 
 
 def _then_release(flow: Any, pending: Awaitable[None] | None) -> Awaitable[None] | None:

@@ -38,6 +38,7 @@ from proxy.metrics import Observed, ProxyMetrics, proxy_metrics, route_label
 from proxy.session import SessionIdentity
 from proxy.sse import StreamTap
 from proxy.telemetry import DIFF_BODY_MAX, Bodies, RequestFeed, RequestRecord, SeenRequest, request_feed
+from proxy.ws import agent_path as ws_agent_path
 
 log = logging.getLogger("ctproxy.requests")
 
@@ -122,7 +123,7 @@ def _seen(flow: http.HTTPFlow, error: str | None) -> SeenRequest:
     return SeenRequest(req.method, req.path, start, end, ttfb, status, error, ctype,
                  resp.stream if resp is not None else None, len(raw) if raw is not None else None,
                  length, len(sent) if sent is not None else 0, _model(st), _identity(st), stages_of(st),
-                 _compacted(st))
+                 _compacted(st), transport=st.transport)
 
 
 def _compacted(st: FlowState) -> tuple[str, str] | None:
@@ -148,6 +149,8 @@ def format_line(r: RequestRecord) -> str:
     if r.bytes_out is not None:
         parts.append(f"out={r.bytes_out}B")
     parts.append("stages=" + (",".join(r.stages) or "none"))
+    if r.transport != "http":
+        parts.append(f"transport={r.transport}")
     if r.session:
         parts.append(f"session={r.session}")
     return "ctproxy-request " + " ".join(parts)
@@ -263,7 +266,7 @@ class RequestLog(Stage):
         elif seen.content_length.isdigit():
             bytes_out = int(seen.content_length)
         session, task, agent = seen.identity
-        path = agent_path(seen.path).split("?", 1)[0]  # never the bridge's job key
+        path = ws_agent_path(agent_path(seen.path)).split("?", 1)[0]  # never the bridge's or a socket's key
         feed = self._feed or request_feed()
         ttfb = seen.ttfb_ms
         return RequestRecord(
@@ -271,7 +274,7 @@ class RequestLog(Stage):
             route=route_label(path), status=seen.status, ms=round((seen.end - seen.start) * 1000, 2),
             ttfb_ms=round(ttfb, 2) if ttfb is not None else None, bytes_in=seen.sent, bytes_out=bytes_out,
             stream=stream, model=_str(seen.model), session=_str(session), task=_str(task), agent=_str(agent),
-            stages=seen.stages, error=seen.error)
+            stages=seen.stages, error=seen.error, transport=seen.transport or "http")
 
     @staticmethod
     def _observe(m: ProxyMetrics, r: RequestRecord, compacted: tuple[str, str] | None) -> None:

@@ -213,6 +213,19 @@ class LimitsConfig(_Section):
                     "with the features skipped; a compressed body that inflates past it is refused with a 413")
 
 
+class WebSocketConfig(_Section):
+    """The Responses WebSocket adapter (docs/websocket.md, ADR 0009)."""
+
+    max_message_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024,
+        description="largest Responses WebSocket message, decompressed, either way (Codex sends a whole request "
+                    "as one message); a larger one ends the socket (1009 with raw_relay off)")
+    raw_relay: bool = Field(
+        True, description="mitmproxy relays the client's socket to the adapter as raw bytes (fast; compression "
+                          "and the size bound are the adapter's); false: as WebSocket messages (mitmproxy parses, "
+                          "inflates and re-frames each one; an over-limit message gets a 1009 close frame)")
+
+
 class TimeoutsConfig(_Section):
     """Upstream timeouts for the agent's own requests (docs/pipeline.md, "Timeouts"); null turns one off."""
 
@@ -237,6 +250,7 @@ class Config(_Section):
     computer_use: ComputerUseConfig = Field(default_factory=ComputerUseConfig)
     bridge: BridgeConfig = Field(default_factory=BridgeConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    websocket: WebSocketConfig = Field(default_factory=WebSocketConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     model_windows: dict[str, int] = Field(
         default_factory=lambda: dict(DEFAULT_MODEL_WINDOWS),

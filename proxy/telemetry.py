@@ -61,6 +61,7 @@ class RequestRecord:
     stages: list[str] = field(default_factory=list)  # what the chain did: web_search, compaction:remote, …
     error: str | None = None  # a category (e.g. upstream_unreachable), never a message
     diff: bool = False  # the bodies are kept: `/requests/{id}/diff` shows what the chain changed
+    transport: str = "http"  # "ws": a create (or the upgrade) of the Responses WebSocket mode
 
 
 @dataclass(slots=True)
@@ -87,6 +88,7 @@ class SeenRequest:
     stages: list[str]
     compacted: tuple[str, str] | None  # (strategy, trigger) when this request caused a compaction
     bodies: Bodies | None = None
+    transport: str | None = None  # FlowState.transport
 
 
 @dataclass(slots=True, frozen=True)

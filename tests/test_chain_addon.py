@@ -102,8 +102,8 @@ def test_a_stage_with_a_hook_the_chain_does_not_forward_is_an_error() -> None:
         def request(self, flow: Any) -> None:
             pass
 
-        def websocket_message(self, flow: Any) -> None:
+        def dns_request(self, flow: Any) -> None:
             pass
 
-    with pytest.raises(TypeError, match="websocket_message"):
+    with pytest.raises(TypeError, match="dns_request"):
         ChainAddon([Watcher()])

@@ -16,15 +16,20 @@ from proxy.upstream.transport import (
     UpstreamRequest,
     UpstreamUnavailable,
 )
+from proxy.upstream.ws import WS_HEADER, SocketRefused, UpstreamSocket, open_socket
 
 __all__ = [
+    "WS_HEADER",
     "AiohttpTransport",
     "HeldAnswer",
     "MemoryTransport",
+    "SocketRefused",
     "Transport",
     "UpstreamBroken",
     "UpstreamRequest",
+    "UpstreamSocket",
     "UpstreamTurns",
     "UpstreamUnavailable",
     "continue_turn",
+    "open_socket",
 ]

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.routes import CREDENTIAL_HEADERS
 from proxy.upstream.transport import AiohttpTransport, Answer, Transport, UpstreamRequest
+from proxy.upstream.ws import SOCKET_TRANSPORT, WS_HEADER, is_ws_request
 
 HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "host"})
 
@@ -40,16 +41,29 @@ class UpstreamTurns:
                      and (credentials_allowed or k.lower() not in CREDENTIAL_HEADERS))
         return UpstreamRequest(method, url, kept, body, credentials_allowed)
 
+    def route(self, request: UpstreamRequest) -> tuple[UpstreamRequest, Transport]:
+        """A create that came over a Responses WebSocket goes back over its connection's upstream socket
+        (proxy/upstream/ws.py), whatever stage sends it; everything else over the one HTTP transport, without
+        the connection key (a compaction call of such a session, say)."""
+        if not is_ws_request(request):
+            return request, self.transport
+        if request.method == "POST" and request.url.split("?", 1)[0].endswith("/responses"):
+            return request, SOCKET_TRANSPORT
+        return replace(request, headers=tuple((k, v) for k, v in request.headers if k.lower() != WS_HEADER)), \
+            self.transport
+
     @asynccontextmanager
     async def stream(self, request: UpstreamRequest, timeout: float | None = None) -> AsyncIterator[Answer]:
         """The answer with its body as it arrives (an SSE turn read event by event)."""
-        async with self.transport.open(request, timeout) as answer:
+        request, transport = self.route(request)
+        async with transport.open(request, timeout) as answer:
             yield answer
 
     async def hold(self, request: UpstreamRequest, timeout: float | None = None) -> HeldAnswer:
         """The whole answer, read before returning (a retry that replaces an answer the agent has not
         seen yet). Raises UpstreamUnavailable / UpstreamBroken."""
-        async with self.transport.open(request, timeout) as answer:
+        request, transport = self.route(request)
+        async with transport.open(request, timeout) as answer:
             body = b"".join([chunk async for chunk in answer.chunks])
             headers = [(k, v) for k, v in answer.headers if k.lower() not in HOP_HEADERS]
             return HeldAnswer(answer.status, headers, body)

@@ -45,6 +45,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "ids the bounded store forgot)",
     )
     parser.add_argument(
+        "--tool-loop", type=int, default=0, metavar="N",
+        help="to a request offering a `lookup` tool: call it (call ids loop_1…loop_N) until the input carries "
+        "the output of loop_N, then the echo answer (bench/bench_ws.py's tool loop)",
+    )
+    parser.add_argument(
         "--max-recorded", type=int, default=100, help="keep at most this many requests in memory (bodies included)"
     )
     return parser.parse_args(argv)
@@ -70,6 +75,8 @@ async def serve(args: argparse.Namespace) -> None:
             return echo_reply(rec, args.deltas if streams else args.json_deltas)
 
         emu.set_default(reply)
+    if args.tool_loop:
+        emu.set_default(tool_loop(args.tool_loop, args.deltas))
     await emu.start(args.host, args.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -80,6 +87,27 @@ async def serve(args: argparse.Namespace) -> None:
         await stop.wait()
     finally:
         await emu.close()
+
+
+def tool_loop(calls: int, deltas: int):
+    """The default reply of a tool loop: the next `lookup` call after the newest `loop_K` output."""
+    from .replies import FunctionCall
+
+    def reply(rec: ReceivedRequest) -> object:
+        body = rec.json if isinstance(rec.json, dict) else {}
+        if not any(isinstance(t, dict) and t.get("name") == "lookup" for t in body.get("tools") or []):
+            return echo_reply(rec, deltas)  # not the loop's request
+        done = 0
+        for item in body.get("input") or []:
+            if isinstance(item, dict) and item.get("type") == "function_call_output":
+                call = str(item.get("call_id", ""))
+                if call.startswith("loop_") and call[5:].isdigit():
+                    done = max(done, int(call[5:]))
+        if done >= calls:
+            return echo_reply(rec, deltas)
+        return FunctionCall("lookup", {"key": f"k{done + 1}"}, call_id=f"loop_{done + 1}")
+
+    return reply
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ Routes (each under `/v1` and the Codex prefix `/backend-api/codex`):
                                    ends with `compaction_trigger` is answered from its own queue
   POST   …/responses/compact       `CompactResource`
   POST   …/responses/input_tokens  `{"object":"response.input_tokens","input_tokens":N}`
+  GET    …/responses               with `Upgrade: websocket`: the Responses WebSocket mode (websocket.py)
   GET    …/responses/{id}          a stored `Response` (store != false), else 404
   DELETE …/responses/{id}
   *      anything else             recorded, answered with the real 404 `Invalid URL` error
@@ -81,6 +82,9 @@ class Emulator:
         max_stored: int = 1000,
         context_limit_bytes: int | None = None,
         check_input_items: bool = True,
+        ws_refuse: int | None = None,
+        ws_connection_limit: float = 3600.0,
+        ws_max_message: int = 0,
     ):
         self.default_deltas = default_deltas
         self.validate_requests = validate_requests  # answer 400 when a body violates CreateResponse
@@ -97,6 +101,15 @@ class Emulator:
         # (as in the upstream issue 11 measured). None: no limit.
         self.context_limit_bytes = context_limit_bytes
         self.requests: list[ReceivedRequest] = []
+        # WebSocket mode (websocket.py): refuse upgrades with this status (426: no WebSocket mode), a
+        # connection's lifetime, the message size limit (0: none), and what the sockets saw.
+        self.ws_refuse = ws_refuse
+        self.ws_connection_limit = ws_connection_limit
+        self.ws_max_message = ws_max_message
+        self.ws_connections = 0
+        self.ws_upgrades: list[list[tuple[str, str]]] = []  # each accepted upgrade's headers
+        self.ws_other_messages: list[Any] = []  # client messages that were not response.create
+        self.ws_closed: list[tuple[int, int | None]] = []  # (connection, close code) as each socket ended
         self.stored: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._max_stored = max_stored
         # What a stored response adds to a `previous_response_id` chain: (its previous id, its input with
@@ -119,6 +132,7 @@ class Emulator:
         app = web.Application(client_max_size=MAX_BODY)
         for prefix in PREFIXES:
             app.router.add_post(f"{prefix}/responses", self._responses)
+            app.router.add_get(f"{prefix}/responses", self._websocket)
             app.router.add_post(f"{prefix}/responses/compact", self._compact)
             app.router.add_post(f"{prefix}/responses/input_tokens", self._input_tokens)
             app.router.add_get(f"{prefix}/responses/{{response_id}}", self._retrieve)
@@ -241,7 +255,7 @@ class Emulator:
             body = decode_body(raw, request.headers.get("Content-Encoding"))
         except BodyDecodeError as exc:
             body, error = raw, error_plan(400, str(exc), "invalid_request_error")
-        rec = ReceivedRequest(
+        rec = self._remember(ReceivedRequest(
             method=request.method,
             path=request.path,
             query=request.query_string,
@@ -251,12 +265,15 @@ class Emulator:
             json=parse_json(body, request.headers.get("Content-Type")) if error is None else None,
             received_at=asyncio.get_running_loop().time(),
             route=route,
-        )
+        ))
+        return rec, error
+
+    def _remember(self, rec: ReceivedRequest) -> ReceivedRequest:
         self.requests.append(rec)
         if self.max_recorded is not None and len(self.requests) > 2 * self.max_recorded:
             del self.requests[: len(self.requests) - self.max_recorded]  # amortised trimming
         self._arrived.set()
-        return rec, error
+        return rec
 
     async def _parsed(self, request: web.Request, route: str) -> tuple[ReceivedRequest, Plan | None]:
         """Record, then check what every JSON endpoint requires: a JSON object body."""
@@ -287,7 +304,12 @@ class Emulator:
         plan.stall_before_headers = bool(getattr(reply, "stall_before_headers", False))
         return await self._send(request, rec, plan, store=True)
 
-    def _check_create(self, body: dict[str, Any]) -> Plan | None:
+    async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        from .websocket import serve
+
+        return await serve(self, request)
+
+    def _check_create(self, body: dict[str, Any], local: Mapping[str, Any] | None = None) -> Plan | None:
         if self.validate_requests:
             from ..openapi_schema import schema_errors
 
@@ -298,16 +320,18 @@ class Emulator:
             msg = "Missing required parameter: 'model'."
             return error_plan(400, msg, "invalid_request_error", "model", "missing_required_parameter")
         prev = body.get("previous_response_id")
-        if self.check_previous_response_id and prev is not None and prev not in self.stored:
+        if (self.check_previous_response_id and prev is not None and prev not in self.stored
+                and prev not in (local or {})):
             msg = f"Previous response with id '{prev}' not found."
             return error_plan(400, msg, "invalid_request_error", "previous_response_id", "previous_response_not_found")
         return None
 
-    def _chain(self, prev: str | None) -> tuple[list[Any], bool]:
-        """The items of a `previous_response_id` chain, oldest first, and whether all of it is known."""
+    def _chain(self, prev: str | None, local: Mapping[str, Any] | None = None) -> tuple[list[Any], bool]:
+        """The items of a `previous_response_id` chain, oldest first, and whether all of it is known (`local`:
+        a WebSocket connection's latest response, which chains even when not stored)."""
         parts: list[list[Any]] = []
         while prev is not None:
-            turn = self._turns.get(prev)
+            turn = self._turns.get(prev) or (local or {}).get(prev)
             if turn is None:
                 return [x for part in reversed(parts) for x in part], False
             prev, inputs, outputs = turn
@@ -317,13 +341,13 @@ class Emulator:
     def _resolved_input(self, body: dict[str, Any]) -> tuple[list[Any], InputError | None]:
         return resolve_references(request_input(body), self._stored_items, body.get("store", True) is not False)
 
-    def _check_input(self, body: dict[str, Any]) -> Plan | None:
+    def _check_input(self, body: dict[str, Any], local: Mapping[str, Any] | None = None) -> Plan | None:
         if not self.check_input_items:
             return None
         items, problem = self._resolved_input(body)
         if problem is None:
             prev = body.get("previous_response_id")
-            chain, known = self._chain(prev if isinstance(prev, str) else None)
+            chain, known = self._chain(prev if isinstance(prev, str) else None, local)
             problem = input_problem(chain, items, self._followers, known)
         if problem is None:
             return None

@@ -82,6 +82,8 @@ class ReceivedRequest:
     events_sent: int = 0  # SSE events (or Raw chunks) written before the stream ended
     write_times: list[float] = field(default_factory=list)  # loop.time() after each streamed write
     answered_at: float | None = None  # loop.time() once the whole answer was handed to the transport
+    transport: str = "http"  # "ws": a `response.create` message of the Responses WebSocket mode
+    ws_connection: int | None = None  # which WebSocket connection (1, 2, …) it came over
     extra: dict[str, Any] = field(default_factory=dict)
 
     def header(self, name: str, default: str | None = None) -> str | None:

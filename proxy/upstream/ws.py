@@ -1,0 +1,312 @@
+"""ctproxy's own Responses WebSocket toward the upstream, one per client connection (ADR 0009).
+
+The client's socket ends in ctproxy (`proxy/ws/`); each of its `response.create` messages runs through the
+addon chain as a `POST …/responses` flow, and what that flow sends upstream — mitmproxy's forward (through
+the adapter's loopback endpoint), a bridged round, compaction's overflow retry — reaches `UpstreamTurns`
+carrying the connection's key in `WS_HEADER`. `UpstreamTurns` then sends it over this socket instead of HTTP
+(`socket_transport`): the request body becomes one `response.create` text frame (the client's own text,
+byte for byte, when no stage changed the body), and the answer is the turn's events framed as SSE
+(`event:` + `data:` with the frame's text unchanged), up to and including the terminal event, so the stages
+read it as they read any streamed answer. An `error` event as a turn's first event is answered like the HTTP
+error it stands for (its status, `{"error": …}` as JSON): overflow recovery works as on HTTP, and the
+adapter gives the client the upstream's own frame back.
+
+Frames that arrive while no turn is reading (answers to messages ctproxy does not interpret, events after a
+turn's terminal event) go to the client as they are (`on_idle`), in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from proxy.routes import CREDENTIAL_HEADERS
+from proxy.upstream.transport import Answer, UpstreamBroken, UpstreamRequest, UpstreamUnavailable
+
+log = logging.getLogger("ctproxy.ws")
+
+WS_HEADER = "x-ctproxy-ws"  # the connection key a create's flow carries (loopback only; never sent upstream)
+TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
+# Not copied from the client's upgrade to ctproxy's own: the handshake's own headers and hop-by-hop ones.
+HANDSHAKE = frozenset({"host", "upgrade", "connection", "sec-websocket-key", "sec-websocket-version",
+                       "sec-websocket-extensions", "sec-websocket-accept", "sec-websocket-protocol",
+                       "content-length", "transfer-encoding", "keep-alive", "proxy-connection", "te",
+                       "accept-encoding", WS_HEADER})
+_CLOSED = object()
+_ENDED = frozenset({aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED,
+                    aiohttp.WSMsgType.ERROR})  # the upstream socket ended while a turn was reading
+
+
+class SocketRefused(Exception):
+    """The upstream answered the upgrade with an HTTP status instead of 101 (426: no WebSocket mode)."""
+
+    def __init__(self, status: int, headers: list[tuple[str, str]], body: bytes):
+        super().__init__(status)
+        self.status, self.headers, self.body = status, headers, body
+
+
+def event_type(text: str) -> str:
+    """The `type` of an event frame, read off its start when it comes first (the upstream's events do);
+    else parsed. '' for a frame that is not a JSON object."""
+    if text.startswith('{"type":"'):
+        end = text.find('"', 9)
+        if end > 0 and "\\" not in text[9:end]:
+            return text[9:end]
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return ""
+    kind = obj.get("type") if isinstance(obj, dict) else None
+    return kind if isinstance(kind, str) else ""
+
+
+def sse_frame(kind: str, text: str) -> bytes:
+    """One event as SSE: its text as the data (one `data:` line per line of it, so joining gives it back)."""
+    data = text.encode()
+    if b"\n" in data:
+        data = data.replace(b"\n", b"\ndata: ")
+    return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+
+@dataclass(eq=False)
+class UpstreamSocket:
+    """One upstream socket: sends one create at a time and routes what comes back (see the module)."""
+
+    ws: aiohttp.ClientWebSocketResponse
+    http: aiohttp.ClientSession
+    on_idle: Callable[[aiohttp.WSMessage], Awaitable[None]] | None = None
+    on_closed: Callable[[int | None, str], Awaitable[None]] | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    sink: asyncio.Queue[Any] | None = None
+    # (body as POSTed through the chain, the client's frame): an unchanged body goes as that frame
+    verbatim: tuple[bytes, str] | None = None
+    client_stream: bool = False  # the client's create had a `stream` field (kept; else the chain's is dropped)
+    error_verbatim: tuple[bytes, str] | None = None  # (the HTTP error body made of an error event, its frame)
+    close_code: int | None = None
+    close_reason: str = ""
+    turns: int = 0
+    reader: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        ws = self.ws
+        reason = ""
+        try:
+            while True:
+                msg = await ws.receive()
+                if msg.type in _ENDED:
+                    if msg.type == aiohttp.WSMsgType.CLOSE and isinstance(msg.extra, str):
+                        reason = msg.extra
+                    break
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    sink = self.sink
+                    if sink is not None:
+                        kind = event_type(msg.data)
+                        sink.put_nowait((kind, msg.data))
+                        if kind in TERMINAL:
+                            self.sink = None  # what follows is no longer this turn's
+                        continue
+                if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY) and self.on_idle is not None:
+                    await self.on_idle(msg)
+        except Exception:  # the connection broke: handled as a close below
+            log.debug("ws: the upstream socket's reader stopped", exc_info=True)
+        finally:
+            self.close_code = ws.close_code if ws.close_code is not None else 1006
+            self.close_reason = reason
+            if self.sink is not None:
+                self.sink.put_nowait(_CLOSED)
+                self.sink = None
+            if self.on_closed is not None:
+                await self.on_closed(self.close_code, self.close_reason)
+
+    def message_for(self, body: bytes) -> str:
+        """The create frame for a body the chain forwarded: the client's own text when unchanged."""
+        verbatim = self.verbatim
+        if verbatim is not None and verbatim[0] == body:
+            return verbatim[1]
+        payload = orjson.loads(body)
+        if not isinstance(payload, dict):
+            raise ValueError("not a JSON object")
+        if not self.client_stream:
+            payload.pop("stream", None)  # the chain's, not the client's: WebSocket turns always stream
+        payload.pop("type", None)
+        return orjson.dumps({"type": "response.create", **payload}).decode()
+
+    @asynccontextmanager
+    async def turn(self, body: bytes, timeout: float | None) -> AsyncIterator[Answer]:
+        """Send one create and read its events (an `Answer` as the HTTP transport gives one). The socket is
+        the turn's from sending until its terminal event was read (a lane is FIFO, and ctproxy keeps the whole
+        socket FIFO); a reader that stays in the context after that (the bridge sending its next round) does
+        not hold it."""
+        await self.lock.acquire()
+        held = [True]
+
+        def release() -> None:
+            if held[0]:
+                held[0] = False
+                if self.sink is sink:
+                    self.sink = None
+                self.lock.release()
+
+        sink: asyncio.Queue[Any] = asyncio.Queue()
+        try:
+            if self.close_code is not None or self.ws.closed:
+                raise UpstreamUnavailable("connection")
+            try:
+                text = self.message_for(body)
+            except (orjson.JSONDecodeError, ValueError):
+                raise UpstreamUnavailable("connection") from None
+            self.sink = sink
+            try:
+                await self.ws.send_str(text)
+            except (ConnectionError, aiohttp.ClientError, RuntimeError):
+                raise UpstreamUnavailable("connection") from None
+            self.turns += 1
+            try:
+                async with asyncio.timeout(timeout):
+                    first = await sink.get()
+            except TimeoutError:
+                raise UpstreamUnavailable("timeout") from None
+            if first is _CLOSED:
+                raise UpstreamUnavailable("connection")
+            kind, frame = first
+            if kind == "error":
+                release()
+                yield self._error_answer(frame)
+                return
+            yield Answer(200, [("Content-Type", "text/event-stream; charset=utf-8")],
+                         self._events(kind, frame, sink, release))
+        finally:
+            release()
+
+    def _error_answer(self, frame: str) -> Answer:
+        try:
+            event = orjson.loads(frame)
+        except orjson.JSONDecodeError:
+            event = {}
+        status = event.get("status") if isinstance(event, dict) else None
+        status = status if isinstance(status, int) and 400 <= status < 600 else 400
+        err = event.get("error") if isinstance(event, dict) else None
+        if not isinstance(err, dict):
+            err = {k: v for k, v in event.items() if k not in ("type", "status", "sequence_number")} \
+                if isinstance(event, dict) else {}
+        body = orjson.dumps({"error": err})
+        self.error_verbatim = (body, frame)
+
+        async def one() -> AsyncIterator[bytes]:
+            yield body
+
+        return Answer(status, [("Content-Type", "application/json")], one())
+
+    @staticmethod
+    async def _events(kind: str, frame: str, sink: asyncio.Queue[Any],
+                      release: Callable[[], None]) -> AsyncIterator[bytes]:
+        """The turn's events as SSE, each chunk every event that had already arrived (one write downstream for
+        a burst, not one per event)."""
+        while True:
+            out = [sse_frame(kind, frame)]
+            while kind not in TERMINAL and not sink.empty():
+                item = sink.get_nowait()
+                if item is _CLOSED:
+                    release()
+                    yield b"".join(out)
+                    raise UpstreamBroken()
+                kind, frame = item
+                out.append(sse_frame(kind, frame))
+            if kind in TERMINAL:
+                release()  # the socket is free for the next turn before the reader even sees the end
+                yield b"".join(out)
+                return
+            yield b"".join(out)
+            item = await sink.get()
+            if item is _CLOSED:
+                release()
+                raise UpstreamBroken()
+            kind, frame = item
+
+    async def close(self, code: int = 1000, message: bytes = b"") -> None:
+        try:
+            if not self.ws.closed:
+                await self.ws.close(code=code, message=message)
+        finally:
+            if self.reader is not None and not self.reader.done():
+                self.reader.cancel()
+            await self.http.close()
+
+
+async def open_socket(url: str, headers: Sequence[tuple[str, str]], credentials_allowed: bool, *,
+                      max_message: int, compress: bool, protocols: Sequence[str] = (),
+                      timeout: float = 30.0) -> UpstreamSocket:
+    """Open ctproxy's socket to `url` (ws:// or wss://) with the client's upgrade headers (credentials only
+    when the destination was cleared for them: the one credential rule, decided by the caller). Raises
+    SocketRefused (the upstream's status and body) or UpstreamUnavailable."""
+    kept = [(k, v) for k, v in headers if k.lower() not in HANDSHAKE
+            and (credentials_allowed or k.lower() not in CREDENTIAL_HEADERS)]
+    http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
+                                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout))
+    try:
+        ws = await http.ws_connect(url, headers=kept, max_msg_size=max_message, compress=15 if compress else 0,
+                                   autoping=True, protocols=tuple(protocols), timeout=aiohttp.ClientWSTimeout(
+                                       ws_receive=None, ws_close=10.0))
+    except aiohttp.WSServerHandshakeError as exc:
+        await http.close()
+        raise SocketRefused(exc.status, [(k, v) for k, v in (exc.headers or {}).items()],
+                            str(exc.message).encode()) from None
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        await http.close()
+        raise UpstreamUnavailable("connection") from None
+    except BaseException:
+        await http.close()
+        raise
+    return UpstreamSocket(ws, http)
+
+
+_SOCKETS: dict[str, UpstreamSocket] = {}
+
+
+def register(key: str, sock: UpstreamSocket) -> None:
+    _SOCKETS[key] = sock
+
+
+def unregister(key: str) -> None:
+    _SOCKETS.pop(key, None)
+
+
+def socket_of(request: UpstreamRequest) -> UpstreamSocket | None:
+    """The socket a request is to go over (its WS_HEADER), if any."""
+    for name, value in request.headers:
+        if name.lower() == WS_HEADER:
+            return _SOCKETS.get(value)
+    return None
+
+
+def is_ws_request(request: UpstreamRequest) -> bool:
+    return any(name.lower() == WS_HEADER for name, _ in request.headers)
+
+
+class SocketTransport:
+    """The `Transport` for requests that carry a connection key: over that connection's upstream socket.
+    A key whose socket is gone is an upstream that cannot be reached (never a fallback to HTTP)."""
+
+    @asynccontextmanager
+    async def open(self, request: UpstreamRequest, timeout: float | None) -> AsyncIterator[Answer]:
+        sock = socket_of(request)
+        if sock is None:
+            raise UpstreamUnavailable("connection")
+        async with sock.turn(request.body, timeout) as answer:
+            yield answer
+
+    async def close(self) -> None:
+        return None
+
+
+SOCKET_TRANSPORT = SocketTransport()

@@ -1,0 +1,205 @@
+"""The Responses WebSocket mode (`GET …/responses` with `Upgrade: websocket`), as the real API serves it.
+
+Each client message is a JSON text frame `{"type": "response.create", …the create body…}`; the answer's
+events are JSON text frames carrying the same objects as the SSE `data:` lines, in the same order. What the
+emulator checks is what it checks on HTTP (the same `_check_create` / `_check_input`, the same scripts and
+queues); a refused create is one `error` event (`{"type": "error", "status": …, "error": {…}}`) and the
+connection stays open. Besides:
+- `generate: false` is a warm-up: `response.created` + `response.completed` with no output, whose id the next
+  create may chain from;
+- the connection keeps its latest response, so `previous_response_id` naming it works even with
+  `store: false` (its items are the chain's, as a stored response's are);
+- a connection lives `ws_connection_limit` seconds (60 minutes by default): then the error
+  `websocket_connection_limit_reached` and a normal close;
+- `ws_refuse = 426` (or any status) refuses the upgrade with that status and an error body, as an upstream
+  without WebSocket mode does (Codex then falls back to HTTP);
+- a message that is not a JSON object, or of an unknown type, gets an `invalid_request_error` event.
+Every create is recorded like an HTTP one, with `transport == "ws"` and `ws_connection` (a counter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import WSMsgType, web
+
+from .recording import ReceivedRequest
+from .render import Plan, RenderContext, error_plan, render
+from .replies import Response
+from .wire import error_body
+
+if TYPE_CHECKING:
+    from .app import Emulator
+
+WS_ONLY_FIELDS = ("generate", "stream_id")  # fields of the WebSocket create that CreateResponse does not list
+TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
+
+
+class WsConnection:
+    """What one socket remembers: its latest response (id, previous id, input, output)."""
+
+    def __init__(self, number: int):
+        self.number = number
+        self.latest: tuple[str, str | None, list[Any], list[Any]] | None = None
+
+    def turns(self) -> dict[str, tuple[str | None, list[Any], list[Any]]]:
+        if self.latest is None:
+            return {}
+        rid, prev, inp, out = self.latest
+        return {rid: (prev, inp, out)}
+
+
+def error_event(status: int, message: str, type_: str, param: str | None = None, code: str | None = None) -> str:
+    return orjson.dumps({"type": "error", "status": status, **error_body(message, type_, param, code)}).decode()
+
+
+async def serve(emu: Emulator, request: web.Request) -> web.StreamResponse:
+    if request.headers.get("Upgrade", "").lower() != "websocket":
+        return await emu._other(request)
+    if emu.ws_refuse is not None:
+        rec, _ = await emu._record(request, "ws_upgrade")
+        rec.transport = "ws"
+        plan = error_plan(emu.ws_refuse, "WebSocket mode is not available here.", "invalid_request_error",
+                          None, "websocket_not_supported")
+        return await emu._send(request, rec, plan)
+    ws = web.WebSocketResponse(max_msg_size=emu.ws_max_message, compress=True, autoping=True)
+    await ws.prepare(request)
+    emu.ws_connections += 1
+    conn = WsConnection(emu.ws_connections)
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
+    emu.ws_upgrades.append(headers)
+    limit = asyncio.get_running_loop().call_later(emu.ws_connection_limit, lambda: asyncio.ensure_future(
+        _limit_reached(ws)))
+    try:
+        async for msg in ws:
+            if msg.type == WSMsgType.TEXT:
+                if not await _message(emu, conn, request, headers, ws, msg.data):
+                    break
+            elif msg.type == WSMsgType.BINARY:
+                await ws.send_str(error_event(400, "Binary frames are not supported; send JSON text frames.",
+                                              "invalid_request_error", None, "invalid_frame"))
+    finally:
+        limit.cancel()
+        emu.ws_closed.append((conn.number, ws.close_code))
+    return ws
+
+
+async def _limit_reached(ws: web.WebSocketResponse) -> None:
+    if ws.closed:
+        return
+    await ws.send_str(error_event(400, "Responses websocket connection limit reached (60 minutes). Create a new "
+                                       "websocket connection to continue.", "invalid_request_error", None,
+                                  "websocket_connection_limit_reached"))
+    await ws.close(code=1000, message=b"websocket_connection_limit_reached")
+
+
+async def _message(emu: Emulator, conn: WsConnection, request: web.Request, headers: list[tuple[str, str]],
+                   ws: web.WebSocketResponse, text: str) -> bool:
+    """Answer one client message; False once the socket is to be left."""
+    loop = asyncio.get_running_loop()
+    data = text.encode()
+    try:
+        msg = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        msg = None
+    if not isinstance(msg, dict):
+        await ws.send_str(error_event(400, "Invalid message: expected a JSON object.", "invalid_request_error",
+                                      None, "invalid_json"))
+        return True
+    kind = msg.get("type")
+    if kind != "response.create":
+        emu.ws_other_messages.append(msg)
+        await ws.send_str(error_event(400, f"Invalid value: {kind!r}. Supported values are: 'response.create'.",
+                                      "invalid_request_error", "type", "invalid_value"))
+        return True
+    body = {k: v for k, v in msg.items() if k != "type"}
+    rec = ReceivedRequest(method="WS", path=request.path, query=request.query_string, headers=headers,
+                          raw_body=data, body=data, json=body, received_at=loop.time(), route="responses",
+                          transport="ws", ws_connection=conn.number)
+    emu._remember(rec)
+    generate = body.get("generate", True) is not False
+    checked = {k: v for k, v in body.items() if k not in WS_ONLY_FIELDS}
+    local = conn.turns()
+    error = emu._check_create(checked, local) or emu._check_input(checked, local) or emu._over_limit(rec)
+    if error is not None:
+        return await _send_error(ws, rec, error)
+    reply = Response([]) if not generate else emu._next("responses", rec)
+    if reply is None:
+        from .app import echo_reply
+
+        reply = echo_reply(rec, emu.default_deltas)
+    plan = render(reply, RenderContext.for_request({**checked, "stream": True}, emu.token_counter(checked)))
+    if plan.body is not None:  # an HttpError reply: the error event
+        return await _send_error(ws, rec, plan)
+    if plan.response is not None:
+        emu._remember_followers(plan.response.get("output") or [])
+    rec.status, rec.response_id = 200, plan.response_id
+    if plan.latency:
+        await asyncio.sleep(plan.latency)
+    ok = await _stream(ws, rec, plan)
+    final = plan.response
+    if final is not None and final.get("status") == "completed":
+        if body.get("store") is not False:
+            emu._store(rec, final)
+        prev = body.get("previous_response_id")
+        output = [i for i in final.get("output") or [] if isinstance(i, dict)]
+        conn.latest = (final["id"], prev if isinstance(prev, str) else None,
+                       emu._resolved_input(checked)[0], output)
+    rec.answered_at = loop.time()
+    return ok
+
+
+async def _send_error(ws: web.WebSocketResponse, rec: ReceivedRequest, plan: Plan) -> bool:
+    rec.status = plan.status
+    err = orjson.loads(plan.body or b"{}")
+    rec.extra["error_body"] = plan.body
+    payload = err if isinstance(err, dict) and "error" in err else {"error": err}
+    frame = orjson.dumps({"type": "error", "status": plan.status, **payload}).decode()
+    rec.extra["frames"] = [frame]
+    await ws.send_str(frame)
+    return True
+
+
+async def _stream(ws: web.WebSocketResponse, rec: ReceivedRequest, plan: Plan) -> bool:
+    """The plan's events as text frames; a planned disconnect drops the socket without a close frame."""
+    chunks = plan.chunks or []
+    limit = len(chunks) if plan.disconnect_after is None else min(plan.disconnect_after, len(chunks))
+    if plan.stall_after is not None:
+        limit = min(plan.stall_after, limit)
+    loop = asyncio.get_running_loop()
+    try:
+        for index in range(limit):
+            for text in _sse_data(chunks[index]):
+                await ws.send_str(text)
+                rec.extra.setdefault("frames", []).append(text)  # what the client should receive, as sent
+            rec.events_sent += 1
+            rec.write_times.append(loop.time())
+            if delay := plan.delays.get(index):
+                await asyncio.sleep(delay)
+    except ConnectionError:
+        rec.client_disconnected = True
+        return False
+    if plan.stall_after is not None:
+        while not ws.closed:
+            await asyncio.sleep(0.02)
+        rec.client_disconnected = True
+        return False
+    if plan.disconnect_after is not None:
+        transport = ws._req.transport if ws._req is not None else None  # type: ignore[attr-defined]
+        if transport is not None:
+            transport.close()  # no close frame: an upstream dying mid-turn
+        return False
+    return True
+
+
+def _sse_data(chunk: bytes) -> list[str]:
+    """The `data:` payloads of an SSE chunk (one event or several), each one frame's text."""
+    out: list[str] = []
+    for block in chunk.split(b"\n\n"):
+        lines = [ln[5:].lstrip(b" ") if ln.startswith(b"data:") else None for ln in block.split(b"\n")]
+        data = [ln for ln in lines if ln is not None]
+        if data:
+            out.append(b"\n".join(data).decode())
+    return out

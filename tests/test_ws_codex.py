@@ -1,0 +1,106 @@
+"""Codex CLI 0.169 with its built-in OpenAI provider pointed at ctproxy (`openai_base_url`): it opens the
+Responses WebSocket first (issue 28). Through ctproxy every create runs through the chain and goes upstream
+over ctproxy's own socket to the emulator: no fallback to HTTP, the journal holds the session, a bridged call
+runs inside a WebSocket turn, and every create the emulator received was valid."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.emulator import Emulator, FunctionCall, Text
+from tests.openapi_schema import spec_available
+from tests.support.codex import codex_env, isolated_dirs, run_codex
+
+pytestmark = pytest.mark.timeout(300)
+REPO = Path(__file__).resolve().parents[1]
+ANSWER = "Hello over the socket, relayed by ctproxy."
+
+
+def config_toml(base_url: str) -> str:
+    return f"""\
+model = "gpt-5"
+openai_base_url = "{base_url}"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[otel]
+exporter = "none"
+"""
+
+
+async def codex_exec(tmp: Path, base_url: str, prompt: str) -> tuple[int, str, str]:
+    home, codex_home, workdir = isolated_dirs(tmp)
+    (codex_home / "config.toml").write_text(config_toml(base_url))
+    env = codex_env(home, codex_home, CODEX_API_KEY="sk-codex-ws-test-not-real")
+    code, out, err = await run_codex(["exec", "--skip-git-repo-check", prompt], workdir, env, 180.0)
+    return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def tasks_json(state_dir: Path) -> list[dict]:
+    done = subprocess.run([sys.executable, "-m", "proxy.cli", "tasks", "--state-dir", str(state_dir), "--json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return orjson.loads(done.stdout)
+
+
+async def journaled(state_dir: Path, at_least: int) -> list[dict]:
+    sessions: list[dict] = []
+    for _ in range(100):
+        tasks = await asyncio.to_thread(tasks_json, state_dir)
+        sessions = [s for t in tasks for a in t["agents"] for s in a["sessions"]]
+        if sum(s["items"] for s in sessions) >= at_least:
+            break
+        await asyncio.sleep(0.2)
+    return sessions
+
+
+async def test_codex_builtin_provider_runs_its_websocket_turns_through_the_chain(proxy_factory, tmp_path) -> None:
+    async with Emulator(validate_requests=spec_available()) as emu:
+        emu.set_default(Text(ANSWER, deltas=5))
+        proxy = await proxy_factory(upstream=emu.url)
+        code, out, err = await codex_exec(tmp_path, proxy.url + "/v1", "say hi")
+        assert code == 0, f"codex exec failed ({code}):\n{err[-3000:]}\nproxy log:\n{proxy.log()[-3000:]}"
+        assert ANSWER in out
+        turns = [r for r in emu.requests if r.route in ("responses", "compaction")]
+        assert turns and all(r.transport == "ws" for r in turns), [(r.method, r.path, r.transport) for r in turns]
+        assert all(r.status == 200 for r in turns), [r.extra.get("error_body") for r in turns]
+        assert not [r for r in emu.requests if r.method == "POST" and r.path.endswith("/responses")], \
+            "Codex fell back to HTTP"
+        upgrade = {k.lower(): v for k, v in emu.ws_upgrades[0]}
+        assert upgrade["openai-beta"].startswith("responses_websockets=")
+        assert upgrade["authorization"] == "Bearer sk-codex-ws-test-not-real"
+        real = [r for r in turns if r.json.get("generate") is not False]
+        sessions = await journaled(proxy.state_dir, len(real[-1].json["input"]) + 1)
+        assert len(sessions) == 1 and sessions[0]["items"] >= len(real[-1].json["input"]) + 1, sessions
+        lines = [ln for ln in proxy.log().splitlines() if "ctproxy-request POST /v1/responses" in ln]
+        assert len(lines) == len(turns) and all("transport=ws" in ln for ln in lines), lines
+
+
+async def test_codex_gets_a_bridged_call_inside_a_websocket_turn(proxy_factory, tmp_path) -> None:
+    async with Emulator(validate_requests=spec_available()) as emu:
+        emu.script(FunctionCall("get_context_remaining", {}, call_id="call_ws_ctx"))
+        emu.set_default(Text(ANSWER, deltas=5))
+        proxy = await proxy_factory(upstream=emu.url, extra_args=["--bridge", "context"])
+        code, out, err = await codex_exec(tmp_path, proxy.url + "/v1", "how much context is left?")
+        assert code == 0, f"codex exec failed ({code}):\n{err[-3000:]}\nproxy log:\n{proxy.log()[-3000:]}"
+        assert ANSWER in out
+        turns = [r for r in emu.requests if r.route in ("responses", "compaction")]
+        assert all(r.transport == "ws" for r in turns) and all(r.status == 200 for r in turns), \
+            [(r.transport, r.status, r.extra.get("error_body")) for r in turns]
+        assert len({r.ws_connection for r in turns}) == 1, "the bridged round went over the same socket"
+        rounds = [r for r in turns if r.json.get("generate") is not False]
+        assert len(rounds) == 2, [r.json.get("input", [])[-1:] for r in rounds]
+        outputs = [i for i in rounds[1].json["input"] if i.get("type") == "function_call_output"]
+        assert outputs and outputs[-1]["call_id"] == "call_ws_ctx"
+        assert any(t.get("name") == "get_context_remaining" for t in rounds[0].json.get("tools") or [])

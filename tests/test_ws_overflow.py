@@ -1,0 +1,86 @@
+"""Overflow recovery over the Responses WebSocket (issue 28): the upstream's `context_length_exceeded` error
+event on ctproxy's socket is compacted and retried by the chain's compaction stage — over the same socket —
+before anything reached the client, as on HTTP (tests/test_overflow.py)."""
+
+from __future__ import annotations
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.emulator import Emulator, context_length_exceeded_400
+from tests.test_compaction_harness import API_KEY, running_proxy, user
+from tests.test_overflow import OLDER, config
+from tests.test_ws_chain import TERMINAL
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def test_an_overflow_event_is_compacted_and_retried_before_the_client_sees_anything(tmp_path) -> None:
+    async with Emulator() as emu, running_proxy(tmp_path, emu.url, config()) as base, \
+            aiohttp.ClientSession() as http:
+        emu.script(context_length_exceeded_400())
+        async with http.ws_connect(base + "/v1/responses", headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+            create = {"type": "response.create", "model": "gpt-test-1", "input": [user(OLDER), user("the question")]}
+            await ws.send_str(orjson.dumps(create).decode())
+            events = []
+            while not events or events[-1]["type"] not in TERMINAL:
+                msg = await ws.receive(timeout=60)
+                assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                events.append(orjson.loads(msg.data))
+        assert [e for e in events if e["type"] == "error"] == [], "the client never saw the overflow"
+        assert events[-1]["type"] == "response.completed"
+        assert events[-1]["response"]["output"][0]["content"][0]["text"] == "You said: the question"
+        first, retry = [r for r in emu.requests if r.route == "responses"]
+        assert (first.transport, first.status) == ("ws", 400) and (retry.transport, retry.status) == ("ws", 200)
+        assert first.ws_connection == retry.ws_connection == 1, "the retry went over the same socket"
+        assert any(i.get("type") == "compaction" for i in retry.json["input"])
+        compact = [r for r in emu.requests if r.route == "compact"]
+        assert len(compact) == 1 and compact[0].transport == "http"
+        assert "x-ctproxy-ws" not in {k.lower() for k, _ in compact[0].headers}, "the key never leaves ctproxy"
+
+
+async def test_a_message_above_aiohttps_default_passes_and_one_above_the_limit_closes_with_1009(tmp_path) -> None:
+    # (with mitmproxy's WebSocket relay; through the raw relay an over-limit message ends the socket without
+    # the close frame reaching the client: docs/websocket.md, Not yet)
+    """The message limit is `websocket.max_message_bytes` (default 256 MiB): an 8 MiB create (twice aiohttp's
+    default limit) runs through the chain and reaches the upstream; with the limit at 1 MiB, a 2 MiB one closes the
+    socket with 1009 (message too big) and nothing reaches the upstream."""
+    big = '{"type":"response.create","model":"gpt-5","store":false,"input":"' + "x" * (8 * 1024 * 1024) + '"}'
+    async with Emulator(ws_max_message=0) as emu, running_proxy(tmp_path, emu.url, {}) as base, \
+            aiohttp.ClientSession() as http:
+        async with http.ws_connect(base + "/v1/responses", max_msg_size=0, compress=15) as ws:
+            assert ws.compress == 15, "the adapter negotiated compression as the client asked (raw relay)"
+            await ws.send_str(big)
+            while True:
+                msg = await ws.receive(timeout=120)
+                assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                if orjson.loads(msg.data)["type"] in TERMINAL:
+                    break
+        assert orjson.loads(msg.data)["type"] == "response.completed"
+        assert emu.requests[-1].json["input"] == "x" * (8 * 1024 * 1024)
+    small = tmp_path / "small"
+    async with Emulator() as emu, running_proxy(small, emu.url, {"websocket": {"max_message_bytes": 1 << 20,
+                                                                                      "raw_relay": False}}) \
+            as base, aiohttp.ClientSession() as http:
+        async with http.ws_connect(base + "/v1/responses") as ws:
+            await ws.send_str(big[: 2 << 20])
+            msg = await ws.receive(timeout=120)
+            assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1009, msg
+        # Compressed (permessage-deflate, as the client asked): a 2 MiB message that deflates to a few KiB is
+        # bounded by its decompressed size (a compression bomb never inflates past the limit).
+        async with http.ws_connect(base + "/v1/responses", compress=15) as ws:
+            assert ws.compress == 15, "compression was negotiated as the client asked"
+            ok = '{"type":"response.create","model":"gpt-5","input":"' + "y" * (512 * 1024) + '"}'
+            await ws.send_str(ok)
+            while True:
+                msg = await ws.receive(timeout=120)
+                assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                if orjson.loads(msg.data)["type"] in TERMINAL:
+                    break
+            assert orjson.loads(msg.data)["type"] == "response.completed"
+            await ws.send_str(big[: 2 << 20])
+            msg = await ws.receive(timeout=120)
+            assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1009, msg
+        sent = [r for r in emu.requests if r.transport == "ws" and r.route == "responses"]
+        assert len(sent) == 1 and sent[0].json["input"] == "y" * (512 * 1024)

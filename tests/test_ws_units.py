@@ -1,0 +1,71 @@
+"""Pure parts of the WebSocket adapter (issue 28): the event framing both ways, the create frame a body
+becomes, and the relay flow that keeps only the message in flight."""
+
+from __future__ import annotations
+
+import orjson
+from mitmproxy.test import tflow
+from mitmproxy.websocket import WebSocketMessage
+from wsproto.frame_protocol import Opcode
+
+from addons.websocket import WebSocket
+from proxy.upstream.ws import event_type, sse_frame
+from proxy.ws.server import PATH_PREFIX, _Sse
+
+
+def test_event_frames_survive_sse_and_back_byte_for_byte() -> None:
+    frames = ['{"type":"response.output_text.delta","delta":"a\\nb","sequence_number":3}',
+              '{\n  "type": "response.created",\n  "x": 1\n}', '{"z":1,"type":"later.first"}']
+    stream = b"".join(sse_frame(event_type(f), f) for f in frames)
+    parser = _Sse()
+    got = [ev for i in range(0, len(stream), 7) for ev in parser.feed(stream[i:i + 7])]
+    assert got == frames
+    assert [event_type(f) for f in frames] == ["response.output_text.delta", "response.created", "later.first"]
+    assert event_type("not json") == ""
+
+
+def test_an_unchanged_body_goes_as_the_clients_own_frame_and_a_changed_one_without_the_chains_stream() -> None:
+    from proxy.upstream.ws import UpstreamSocket
+
+    sock = UpstreamSocket(ws=None, http=None)  # type: ignore[arg-type]
+    text = '{"type":"response.create", "model":"gpt-5","input":"hi"}'
+    body = orjson.dumps({"model": "gpt-5", "input": "hi", "stream": True})
+    sock.verbatim = (body, text)
+    assert sock.message_for(body) == text
+    changed = orjson.loads(sock.message_for(orjson.dumps({"model": "gpt-5", "input": "hi", "stream": True,
+                                                          "tools": [{"type": "web_search"}]})))
+    assert next(iter(changed)) == "type" and changed["type"] == "response.create" and "stream" not in changed
+    sock.client_stream = True  # the client sent a `stream` field itself: it stays
+    assert "stream" in orjson.loads(sock.message_for(orjson.dumps({"model": "m", "stream": True, "x": 1})))
+
+
+def test_the_relay_flow_keeps_only_the_message_in_flight() -> None:
+    flow = tflow.twebsocketflow()
+    flow.request.path = PATH_PREFIX + "key/v1/responses"
+    flow.websocket.messages = [WebSocketMessage(Opcode.TEXT, True, b"x" * 1000) for _ in range(5)]
+    last = flow.websocket.messages[-1]
+    WebSocket().websocket_message(flow)
+    assert flow.websocket.messages == [last]
+    other = tflow.twebsocketflow()  # a socket ctproxy does not terminate keeps mitmproxy's record
+    n = len(other.websocket.messages)
+    WebSocket().websocket_message(other)
+    assert len(other.websocket.messages) == n
+
+
+def test_the_raw_relay_to_the_adapter_keeps_only_the_chunk_in_flight() -> None:
+    from mitmproxy.tcp import TCPMessage
+
+    stage = WebSocket()
+    from proxy.ws import WsService
+
+    stage._svc = WsService(lambda: None, port=4321)
+    flow = tflow.ttcpflow()
+    flow.server_conn.address = ("127.0.0.1", 4321)
+    flow.messages = [TCPMessage(True, b"x" * 100) for _ in range(4)]
+    last = flow.messages[-1]
+    stage.tcp_message(flow)
+    assert flow.messages == [last]
+    other = tflow.ttcpflow()  # another TCP relay keeps mitmproxy's record
+    n = len(other.messages)
+    stage.tcp_message(other)
+    assert len(other.messages) == n
