@@ -82,7 +82,7 @@ def session_of(flow: http.HTTPFlow, aliases: Mapping[str, str] | None) -> Sessio
     headers = header_map(flow)
     if st.identity_headers:  # x-ctp-* as the client sent them (stripped from the request)
         headers = {**headers, **st.identity_headers}
-    ident = resolve_session(headers, body.view, aliases)  # (reads a big input's first items only)
+    ident = resolve_session(headers, body.view, aliases, fresh=flow.id)  # (reads a big input's first items only)
     st.session = ident
     return ident
 
