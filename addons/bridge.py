@@ -92,13 +92,13 @@ class Bridge(Stage):
         svc = self._service(rt)
         if svc is None:
             return
-        body.replace(repair_request(body.value, svc.memory))
-        specs = await svc.tool_specs()
         st = state_of(flow)
         task = agent = session = None
         ident = session_of(flow, rt.services.response_aliases)
         if ident is not None:
             task, agent, session = ident.task, ident.agent, ident.session_key
+        body.replace(repair_request(body.value, svc.memory, session))
+        specs = await svc.tool_specs()
         if isinstance(st.agent_identity, tuple) and len(st.agent_identity) == 2:
             task, agent = st.agent_identity  # as the journal resolved them
         carried = None

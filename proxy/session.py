@@ -80,6 +80,22 @@ def first_model_item(items: Any) -> str | None:
     return None
 
 
+def first_model_keys(items: Any) -> list[str]:
+    """The keys an answer's next request may show first: the first call's and the first assistant message's
+    (an agent that drops the calls it did not run, ctproxy's bridged `mcp_call`, resends the message first)."""
+    call = message = None
+    for item in items if is_item_list(items) else ():
+        if (key := _model_item_key(item)) is None:
+            continue
+        if key.startswith("m:"):
+            message = message or key
+        else:
+            call = call or key
+        if call and message:
+            break
+    return [k for k in (call, message) if k]
+
+
 def continuation_alias(start_key: str, model_item: str) -> str:
     return CONTINUATION_PREFIX + _h(start_key, model_item)
 
@@ -95,16 +111,14 @@ def fingerprint_claim(session_key: str, source: str | None, output_items: Any,
     start, sep, rest = session_key.partition(FORK_SEP)
     if sep and not rest.startswith(NEW_MARK):
         return []  # a fork (told apart by its first answer): its requests carry that answer, nothing to claim
-    model_item = first_model_item(output_items)
+    keys = first_model_keys(output_items)
     claim = CLAIM_PREFIX + session_key
-    if model_item is None or claimed(claim):
+    if not keys or claimed(claim):
         return []
     # A second conversation under a start (`~n…`) takes its own continuation, not the start; a continuation
     # an earlier conversation already holds (the same first answer, word for word) stays with that one.
-    cont = continuation_alias(start, model_item)
-    if sep and claimed(cont):
-        return [(claim, session_key)]
-    return [(cont, session_key), (claim, session_key)]
+    conts = [continuation_alias(start, key) for key in keys]
+    return [*((c, session_key) for c in conts if not (sep and claimed(c))), (claim, session_key)]
 
 
 def _conversation_key(lower: Mapping[str, str], payload: Mapping[str, Any], agent: str | None,
