@@ -137,6 +137,9 @@ class ToolServerProcess:
             cmd += ["--disable", name]
         if self.opts.debug:
             cmd.append("--debug")
+        upstream = parse_upstream(self.opts.upstream, self.opts.trust_upstream)
+        if self.opts.mode == "regular" or upstream.official or upstream.trusted:
+            cmd.append("--upstream-eligible")  # web_search auto is native there: no sidecar listed (issue 31)
         if self.telemetry_url:
             cmd += ["--proxy-telemetry", self.telemetry_url]
         # Its own process group, so a Ctrl-C on the terminal reaches us first and we stop it in order.

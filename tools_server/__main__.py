@@ -36,6 +36,9 @@ def main() -> None:
     parser.add_argument("--proxy-telemetry", metavar="URL",
                         help="the proxy's loopback telemetry (set by `ctproxy up`): its metrics join /metrics and "
                         "its requests the dashboard")
+    parser.add_argument("--upstream-eligible", action="store_true",
+                        help="the proxy's upstream is official or trusted (set by `ctproxy up`): web_search auto "
+                        "searches natively there, so openai_web_search is listed only with backend sidecar")
     parser.add_argument("--parent-pid", type=int, metavar="PID",
                         help="stop when this process is gone (set by `ctproxy up`)")
     args = parser.parse_args()
@@ -44,6 +47,8 @@ def main() -> None:
     logging.getLogger("ctproxy").setLevel(logging.DEBUG if args.debug else logging.WARNING)
     state = StateDir.open(args.state_dir)
     config = with_overrides(load_config(config_path_from_env(state.root, args.config)), args.enable, args.disable)
+    if args.upstream_eligible:
+        config.web_search.for_upstream(True)
     host, _, port = args.listen.rpartition(":")
     asyncio.run(serve(config, state, args.workspace, host.strip("[]") or "127.0.0.1", int(port),
                       parent_pid=args.parent_pid, proxy_telemetry=args.proxy_telemetry))
