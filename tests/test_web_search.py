@@ -142,6 +142,18 @@ def test_status_wording():
     assert native_status(WebSearchConfig(backend="off"), True, False)[0] == "off"
 
 
+def test_status_names_the_switch_that_is_off_and_the_promises():
+    """Defect 13: `enabled: false` is named as such (the backend is still auto); and the active line says it
+    is injected by default, what it costs, the one search path, the conflict and the client's switch."""
+    state, why = native_status(WebSearchConfig(enabled=False), True, False)
+    assert state == "off" and "web_search.enabled is false" in why and "backend" not in why
+    state, why = native_status(WebSearchConfig(backend="off"), True, False)
+    assert state == "off" and "web_search.backend is off" in why
+    state, why = native_status(WebSearchConfig(), True, False)
+    for words in ("by default", "billed", "one Toolkit search path", "conflict", "x-ctp-web-search: off"):
+        assert words in why, words
+
+
 # ---- issue 31: what the injection may not change, and one search path per turn ----------------------------
 
 SIDECAR_FN = {"type": "function", "name": "openai_web_search",
