@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from proxy.config import WebSearchConfig
 from proxy.routes import GATEWAY_KEY_ENV
+from proxy.transforms.items import leading_additional_tools
 
 SOURCES_INCLUDE = "web_search_call.action.sources"
 # web_search, web_search_preview and their dated variants (web_search_2025_08_26, …).
@@ -68,30 +69,12 @@ SWITCH_VALUES = ("off", "on")
 CONFLICT_NAME = "web_search"  # a client tool of this name beside the hosted tool: a conflict (seed 004 §5.1)
 
 
-def _leading_additional_tools(payload: dict[str, Any]) -> list[Any]:
-    """The tools of the request's leading `additional_tools` input items (Codex ≥ 0.144 may send its tools
-    there instead of in `tools`); only the leading items are read (a big input is not built)."""
-    inp = payload.get("input")
-    out: list[Any] = []
-    if isinstance(inp, str) or inp is None:
-        return out
-    try:
-        for item in inp:
-            if not isinstance(item, dict) or item.get("type") != "additional_tools":
-                break
-            if isinstance(tools := item.get("tools"), list):
-                out.extend(tools)
-    except TypeError:
-        return out
-    return out
-
-
 def client_tools(payload: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
     """Every tool the client offers, as (namespace, tool): the top-level `tools`, the members of a
     `namespace` tool (Codex puts its MCP servers' tools in `{"type": "namespace", "name": "mcp__…"}`), and
     the tools of leading `additional_tools` input items (and their namespaces)."""
     tools = payload.get("tools")
-    listed = [*(tools if isinstance(tools, list) else []), *_leading_additional_tools(payload)]
+    listed = [*(tools if isinstance(tools, list) else []), *leading_additional_tools(payload)]
     out: list[tuple[str | None, dict[str, Any]]] = []
     for t in listed:
         if not isinstance(t, dict):
