@@ -195,13 +195,28 @@ async def test_failures_are_errors_with_no_artifact_and_no_retry(srv, emulator, 
     assert artifacts(srv) == []
 
 
-async def test_jpeg_is_kept_as_jpeg(srv, emulator):
+async def test_a_jpeg_answer_is_saved_as_the_promised_png(srv, emulator):
+    """Defect 14: the tool says "saved as a new PNG file"; a JPEG answer is converted with Pillow."""
+    from PIL import Image
+
     images_of(emulator).mode = "jpeg"
     await hand_over(srv, emulator.url + "/v1", {"authorization": f"Bearer {API_KEY}"})
     res = await srv.rest("openai_generate_image", {"prompt": PROMPT}, task=TASK)
-    assert res.ok and res.details["mime_type"] == "image/jpeg"
+    assert res.ok and res.details["mime_type"] == "image/png" and res.details["converted_from"] == "image/jpeg"
     [path] = artifacts(srv)
-    assert path.suffix == ".jpg"
+    assert path.suffix == ".png" and path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    with Image.open(path) as img:
+        assert img.format == "PNG" and img.size == (4, 4)
+    [img] = res.body["images"]
+    assert img["mime_type"] == "image/png" and base64.b64decode(img["data"]) == path.read_bytes()
+
+
+async def test_a_jpeg_that_cannot_be_decoded_saves_nothing(srv, emulator):
+    images_of(emulator).mode = "broken_jpeg"
+    await hand_over(srv, emulator.url + "/v1", {"authorization": f"Bearer {API_KEY}"})
+    res = await srv.rest("openai_generate_image", {"prompt": PROMPT}, task=TASK)
+    assert not res.ok and res.body["details"]["error"] == "upstream_invalid_image"
+    assert artifacts(srv) == []
 
 
 async def test_an_abort_after_dispatch_reports_result_unknown(srv, emulator):
