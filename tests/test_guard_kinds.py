@@ -203,3 +203,18 @@ def test_compactions_own_call_follows_the_kind_rule(dest, headers, allowed):
     flow = tflow.tflow(req=req)
     kind = routes.kind_of_path(path)
     assert _credentials_allowed(flow, Route(kind=kind, official=True, trusted=False)) is allowed
+
+
+@pytest.mark.parametrize(("headers", "allowed"), [(KEY, True), (OAUTH, False), ([OAUTH[1]], False)])
+def test_compactions_own_call_to_a_trusted_gateway_carries_no_sign_in(headers, allowed):
+    """Issue 31: compaction's call to a trusted gateway carries an API key, never a ChatGPT sign-in."""
+    from mitmproxy.proxy.mode_specs import ProxyMode
+
+    from addons.compaction import _credentials_allowed
+
+    req = tutils.treq(method=b"POST", scheme=b"http", host="127.0.0.1", port=9999, path=b"/backend-api/codex/responses",
+                      headers=http.Headers([(k.encode(), v.encode()) for k, v in headers]))
+    flow = tflow.tflow(req=req)
+    flow.client_conn.proxy_mode = ProxyMode.parse("reverse:http://127.0.0.1:9999")
+    assert _credentials_allowed(flow, Route(kind="codex", official=False, trusted=True)) is allowed
+
