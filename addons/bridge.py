@@ -124,12 +124,14 @@ class Bridge(Stage):
             commit_if_alone(flow)
             return  # not bridged: the guard refuses it with its 403
         creds = tuple((k, v) for k, v in pairs if k.lower() in routes.CREDENTIAL_HEADERS)
+        handed = header_map(flow)
         if (gateway := routes.gateway_key(route, is_reverse(flow), pairs, os.environ)) is not None:
             creds, allowed = (("authorization", f"Bearer {gateway}"),), True  # never the sign-in
-        elif allowed and creds:
+            handed = {k: v for k, v in handed.items() if k not in routes.CREDENTIAL_HEADERS} | dict(creds)
+        if allowed and creds:
             # The job takes the credentials off the request: the guard hands them over for this session.
             official = routes.is_official_destination(req.scheme, req.host, req.port, req.path) is not None
-            st.credential_offer = credential_offer(flow, header_map(flow), official)
+            st.credential_offer = credential_offer(flow, handed, official)
         url = req.url
         # Before the first call: the task and agent in the database, where the tool server reads them.
         registered = functools.partial(asyncio.to_thread, st.journal.flush, 10.0) if st.journal is not None else None

@@ -175,7 +175,8 @@ def resolve_session(headers: Mapping[str, str], payload: Mapping[str, Any] | Non
     agent = lower.get(AGENT_HEADER) or None
     payload = payload or {}
     model = payload.get("model") if isinstance(payload.get("model"), str) else None
-    inner, source = _conversation_key(lower, payload, agent, response_aliases, fresh)
+    # (with x-ctp-task the journal keys the session by task and agent: a fresh start is never needed there)
+    inner, source = _conversation_key(lower, payload, agent, response_aliases, None if task else fresh)
     if task:
         return SessionIdentity("t:" + _h(task, agent or "", inner), "header", task, agent, model)
     return SessionIdentity(inner, source, None, agent, model)
