@@ -1,11 +1,14 @@
 """Adds the hosted `web_search` tool to Responses requests on official routes (seed 004 §5.1).
 
 Native only: with backend `auto` or `native` and an official (or trusted) route, the request gets
-`{"type": "web_search"}` unless the client already has a web search tool, and
-`web_search_call.action.sources` in `include`. Skipped (and recorded why) when the session's last
-input was above the hosted tool's 128k limit, when the request says `tool_choice: "none"` (the tool could
-never be used, only cost tokens), and, with backend `auto`, when the request already offers the sidecar
-`openai_web_search` tool (one search path per turn). Loads alone: `mitmdump -s addons/web_search.py`.
+`{"type": "web_search"}` unless the client already has a web search tool (in `tools` or a leading
+`additional_tools` item), and `web_search_call.action.sources` in `include`. Skipped (and recorded why,
+`proxy.transforms.web_search.decide_native`) when the client says `x-ctp-web-search: off` (a header that never
+goes upstream; a value other than off/on is a 400), when the session's last input was above the hosted
+tool's 128k limit, when `tool_choice` is anything but `auto` (the injection never changes what it means),
+when the client has a tool of its own named `web_search` (a conflict: the request is left alone), and, with
+backend `auto`, when the request already offers the sidecar `openai_web_search` (also inside a namespace:
+one search path per turn). Loads alone: `mitmdump -s addons/web_search.py`.
 """
 
 from __future__ import annotations
