@@ -12,7 +12,8 @@ from mitmproxy.proxy.mode_specs import ReverseMode
 from proxy import routes
 from proxy.flowbody import responses_body
 from proxy.flowstate import state_of
-from proxy.session import SessionIdentity, resolve_session
+from proxy.session import AGENT_HEADER, TASK_HEADER, SessionIdentity, resolve_session
+from proxy.upstream.relay import Offer, offer_of
 
 
 def is_reverse(flow: http.HTTPFlow) -> bool:
@@ -56,6 +57,21 @@ def _headers(flow: http.HTTPFlow) -> tuple[Any, tuple[tuple[str, str], ...], dic
     return memo
 
 
+def credential_offer(flow: http.HTTPFlow, headers: Mapping[str, str], official: bool) -> Offer | None:
+    """What the agent's model turn `flow` (as it is now) hands over to the tool server's credentials for its
+    session (x-ctp-task / x-ctp-agent as the client sent them), or None: not a model turn, no task, no
+    Authorization. The caller has already cleared the credentials for this destination."""
+    req = flow.request
+    if req.method != "POST" or "/responses" not in req.path.split("?", 1)[0]:
+        return None  # only the agent's model turns (never, e.g., a call redirected to the tool server)
+    ident = state_of(flow).identity_headers or {}
+    task = ident.get(TASK_HEADER) or headers.get(TASK_HEADER)
+    if not task:
+        return None  # no task: nothing is handed over
+    agent = ident.get(AGENT_HEADER) or headers.get(AGENT_HEADER)
+    return offer_of(task, agent, req.scheme, req.host, req.port, req.path, headers, official)
+
+
 def session_of(flow: http.HTTPFlow, aliases: Mapping[str, str] | None) -> SessionIdentity | None:
     st = state_of(flow)
     if isinstance(st.session, SessionIdentity):
@@ -66,7 +82,7 @@ def session_of(flow: http.HTTPFlow, aliases: Mapping[str, str] | None) -> Sessio
     headers = header_map(flow)
     if st.identity_headers:  # x-ctp-* as the client sent them (stripped from the request)
         headers = {**headers, **st.identity_headers}
-    ident = resolve_session(headers, body.view, aliases)  # (reads a big input's first items only)
+    ident = resolve_session(headers, body.view, aliases, fresh=flow.id)  # (reads a big input's first items only)
     st.session = ident
     return ident
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 
 from mitmproxy import ctx, http
 
-from addons._flow import destination_route, is_reverse, session_of
+from addons._flow import credential_offer, destination_route, header_map, is_reverse, session_of
 from addons._stage import Stage
 from proxy import routes, runtime
 from proxy.bridge.items import repair_request
@@ -91,13 +92,13 @@ class Bridge(Stage):
         svc = self._service(rt)
         if svc is None:
             return
-        body.replace(repair_request(body.value, svc.memory))
-        specs = await svc.tool_specs()
         st = state_of(flow)
         task = agent = session = None
         ident = session_of(flow, rt.services.response_aliases)
         if ident is not None:
             task, agent, session = ident.task, ident.agent, ident.session_key
+        body.replace(repair_request(body.value, svc.memory, session))
+        specs = await svc.tool_specs()
         if isinstance(st.agent_identity, tuple) and len(st.agent_identity) == 2:
             task, agent = st.agent_identity  # as the journal resolved them
         carried = None
@@ -124,6 +125,14 @@ class Bridge(Stage):
             commit_if_alone(flow)
             return  # not bridged: the guard refuses it with its 403
         creds = tuple((k, v) for k, v in pairs if k.lower() in routes.CREDENTIAL_HEADERS)
+        handed = header_map(flow)
+        if (gateway := routes.gateway_key(route, is_reverse(flow), pairs, os.environ)) is not None:
+            creds, allowed = (("authorization", f"Bearer {gateway}"),), True  # never the sign-in
+            handed = {k: v for k, v in handed.items() if k not in routes.CREDENTIAL_HEADERS} | dict(creds)
+        if allowed and creds:
+            # The job takes the credentials off the request: the guard hands them over for this session.
+            official = routes.is_official_destination(req.scheme, req.host, req.port, req.path) is not None
+            st.credential_offer = credential_offer(flow, handed, official)
         url = req.url
         # Before the first call: the task and agent in the database, where the tool server reads them.
         registered = functools.partial(asyncio.to_thread, st.journal.flush, 10.0) if st.journal is not None else None

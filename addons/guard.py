@@ -18,16 +18,17 @@ destination. Needs the tool server's URL (`ctp_tools_url`, set by `ctproxy up`);
 from __future__ import annotations
 
 import logging
+import os
 
 from mitmproxy import ctx, http
 
-from addons._flow import destination_route, header_map, header_pairs, is_reverse
+from addons._flow import credential_offer, destination_route, header_map, header_pairs, is_reverse
 from addons._stage import Stage
 from proxy import routes
+from proxy.bridge.server import PATH_PREFIX as BRIDGE_PREFIX
 from proxy.errors import ProxyError
 from proxy.flowstate import state_of
-from proxy.session import AGENT_HEADER, TASK_HEADER
-from proxy.upstream.relay import CredentialRelay, offer_of
+from proxy.upstream.relay import CredentialRelay
 
 log = logging.getLogger("ctproxy.guard")
 
@@ -76,16 +77,8 @@ class Guard(Stage):
         return self._relay
 
     def _offer(self, flow: http.HTTPFlow, official: bool) -> None:
-        req = flow.request
-        if req.method != "POST" or "/responses" not in req.path.split("?", 1)[0]:
-            return  # only the agent's model turns (never, e.g., a call redirected to the tool server)
-        ident = state_of(flow).identity_headers or {}
-        headers = header_map(flow)  # one pass over the raw fields (a mitmproxy `Headers.get` scans them all)
-        task = ident.get(TASK_HEADER) or headers.get(TASK_HEADER)
-        if not task:
-            return  # no task: nothing is handed over
-        agent = ident.get(AGENT_HEADER) or headers.get(AGENT_HEADER)
-        offer = offer_of(task, agent, req.scheme, req.host, req.port, req.path, headers, official)
+        # one pass over the raw fields (a mitmproxy `Headers.get` scans them all)
+        offer = credential_offer(flow, header_map(flow), official)
         if offer is not None and (relay := self.relay()) is not None:
             relay.offer(offer)
 
@@ -97,6 +90,9 @@ class Guard(Stage):
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:
             return  # answered locally; nothing leaves
+        st = state_of(flow)
+        if st.credential_offer is not None and (relay := self.relay()) is not None:
+            relay.offer(st.credential_offer)  # the bridge took the credentials off this request: its hand-over
         st_route = state_of(flow).route
         # Alone (no routing addon), trust comes straight from the options (`--set ctp_trust_upstream=true`).
         route = st_route if st_route is not None else destination_route(
@@ -108,6 +104,7 @@ class Guard(Stage):
             official = routes.is_official_destination(req.scheme, req.host, req.port, req.path) is not None
             if official or route.trusted:
                 self._offer(flow, official)
+            self._gateway_key(flow, route, pairs)
             return
         if (why := routes.credential_mismatch(req.scheme, req.host, req.port, req.path, pairs)) is not None:
             refuse_mismatch(flow, why)
@@ -118,6 +115,16 @@ class Guard(Stage):
         if removed:
             # Host only: never headers, paths or values.
             log.info("guard: stripped %d credential header(s) for non-official host %s", removed, req.host)
+        self._gateway_key(flow, route, header_pairs(flow))
+
+    def _gateway_key(self, flow: http.HTTPFlow, route: routes.Route, pairs) -> None:
+        """A trusted gateway's own key (ctproxy's environment) on a request that has no key for it."""
+        if flow.request.path.startswith(BRIDGE_PREFIX):
+            return  # the bridge's loopback endpoint: its job carries the gateway key upstream itself
+        if (key := routes.gateway_key(route, is_reverse(flow), pairs, os.environ)) is not None:
+            strip_credentials(flow)
+            flow.request.headers["authorization"] = f"Bearer {key}"
+            self._offer(flow, False)  # the session's tools follow it to the gateway, with the gateway's key
 
 
 addons = [Guard()]

@@ -65,7 +65,7 @@ def _identity(flow: http.HTTPFlow, payload: dict[str, Any], j: Journal) -> tuple
     headers = {**headers, **st.identity_headers}  # (a new dict: header_map's is shared)
     if isinstance(st.session, SessionIdentity):
         return st.session, headers
-    ident = resolve_session(headers, payload, j.aliases)
+    ident = resolve_session(headers, payload, j.aliases, fresh=flow.id)
     st.session = ident
     return ident, headers
 

@@ -1,11 +1,14 @@
 """Adds the hosted `web_search` tool to Responses requests on official routes (seed 004 §5.1).
 
 Native only: with backend `auto` or `native` and an official (or trusted) route, the request gets
-`{"type": "web_search"}` unless the client already has a web search tool, and
-`web_search_call.action.sources` in `include`. Skipped (and recorded why) when the session's last
-input was above the hosted tool's 128k limit, when the request says `tool_choice: "none"` (the tool could
-never be used, only cost tokens), and, with backend `auto`, when the request already offers the sidecar
-`openai_web_search` tool (one search path per turn). Loads alone: `mitmdump -s addons/web_search.py`.
+`{"type": "web_search"}` unless the client already has a web search tool (in `tools` or a leading
+`additional_tools` item), and `web_search_call.action.sources` in `include`. Skipped (and recorded why,
+`proxy.transforms.web_search.decide_native`) when the client says `x-ctp-web-search: off` (a header that never
+goes upstream; a value other than off/on is a 400), when the session's last input was above the hosted
+tool's 128k limit, when `tool_choice` is anything but `auto` (the injection never changes what it means),
+when the client has a tool of its own named `web_search` (a conflict: the request is left alone), and, with
+backend `auto`, when the request already offers the sidecar `openai_web_search` (also inside a namespace:
+one search path per turn). Loads alone: `mitmdump -s addons/web_search.py`.
 """
 
 from __future__ import annotations
@@ -17,9 +20,16 @@ from mitmproxy import http
 from addons._flow import destination_route, session_of
 from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, runtime, usage
+from proxy.errors import ProxyError
 from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of
-from proxy.transforms.web_search import WebSearchSettings, decide_native, inject_web_search
+from proxy.transforms.web_search import (
+    SWITCH_HEADER,
+    SWITCH_VALUES,
+    WebSearchSettings,
+    decide_native,
+    inject_web_search,
+)
 
 
 def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:
@@ -27,6 +37,17 @@ def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:
     if isinstance(route, routes.Route):
         return route
     return destination_route(flow, trusted=rt.upstream.trusted)  # standalone: no routing addon
+
+
+def client_switch(flow: http.HTTPFlow) -> str | None:
+    """The client's `x-ctp-web-search`, lower-cased (kept by the session stage with the other x-ctp-*
+    headers, which never go upstream; alone, read and taken off the request here)."""
+    st = state_of(flow)
+    value = (st.identity_headers or {}).get(SWITCH_HEADER)
+    if value is None and SWITCH_HEADER in flow.request.headers:
+        value = flow.request.headers[SWITCH_HEADER]
+        del flow.request.headers[SWITCH_HEADER]
+    return value.strip().lower() if isinstance(value, str) else None
 
 
 def _worker(rt: runtime.Runtime) -> dbworker.DBWorker:
@@ -45,6 +66,12 @@ class WebSearch(Stage):
         if body is None:
             return
         debuglog.set_enabled(rt.config.debug)
+        switch = client_switch(flow)
+        if switch is not None and switch not in SWITCH_VALUES:
+            err = ProxyError(400, "invalid_request_error", "invalid_web_search_switch",
+                             f"{SWITCH_HEADER} must be 'off' or 'on' (ctproxy's per-request web search switch)")
+            flow.response = http.Response.make(err.status, err.body(), err.headers())
+            return
         route = _route(flow, rt)
         last_input = None
         if cfg.enabled and cfg.backend in ("auto", "native") and route.eligible:
@@ -55,8 +82,10 @@ class WebSearch(Stage):
                     last_input = cached.input_tokens
                 else:
                     last_input = await _worker(rt).run(lambda conn: _last_input(conn, ident.session_key))
-        payload = body.view  # only `tools`, `tool_choice` and `include` are read: a big input is not built
-        decision = decide_native(cfg, route.eligible, last_input, payload)
+        # only `tools`, `tool_choice`, `include` and leading `additional_tools` items are read: a big input is
+        # not built
+        payload = body.view
+        decision = decide_native(cfg, route.eligible, last_input, payload, switch)
         state_of(flow).web_search = decision.reason
         if decision.apply:
             body.replace(inject_web_search(payload, WebSearchSettings.from_config(cfg)))

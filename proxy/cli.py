@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="read the tool server's token from this environment variable (bearer_token_env_var) "
                     "instead of writing it into the file")
     cx.add_argument("--no-mcp", action="store_true", help="only the model provider, no MCP server")
+    cx.add_argument("--web-search", choices=("off", "on"),
+                    help="send x-ctp-web-search with Codex's model requests: off = ctproxy injects no hosted web "
+                    "search into them (it does by default on official routes, billed as hosted search)")
 
     pc = sub.add_parser(
         "pi-config", help="print (or --write) the Pi models.json provider that uses ctproxy",
@@ -499,15 +502,16 @@ def _toml_value(value: object) -> str:
 
 
 def codex_entries(*, proxy: str, tools: str | None, token: str | None, token_env: str | None, task: str,
-                  agent: str, env_key: str, chatgpt: bool) -> dict[str, object]:
-    """The Codex CLI (0.169) settings that route it through ctproxy, as the dict `tomllib` reads back."""
+                  agent: str, env_key: str, chatgpt: bool, web_search: str | None = None) -> dict[str, object]:
+    """The Codex CLI (0.169) settings that route it through ctproxy, as the dict `tomllib` reads back.
+    `web_search`: the per-client search switch (`x-ctp-web-search: off|on` on the model requests)."""
     ident = {"x-ctp-task": task, "x-ctp-agent": agent}
     provider: dict[str, object] = {"name": "ctproxy", "wire_api": "responses"}
     if chatgpt:  # the ChatGPT login's token goes to chatgpt.com/backend-api/codex, through ctproxy
         provider |= {"base_url": proxy.rstrip("/") + "/backend-api/codex", "requires_openai_auth": True}
     else:
         provider |= {"base_url": proxy.rstrip("/") + "/v1", "env_key": env_key}
-    provider["http_headers"] = dict(ident)
+    provider["http_headers"] = dict(ident) | ({"x-ctp-web-search": web_search} if web_search else {})
     entries: dict[str, object] = {"model_provider": CODEX_NAME, "model_providers": {CODEX_NAME: provider}}
     if tools:
         server: dict[str, object] = {"url": tools.rstrip("/") + "/mcp"}
@@ -662,7 +666,7 @@ def cmd_codex_config(args: argparse.Namespace) -> int:
     task = args.task or new_task(state)
     entries = codex_entries(proxy=proxy, tools=tools, token=None if args.token_env else state.token(),
                             token_env=args.token_env, task=task, agent=args.agent, env_key=args.env_key,
-                            chatgpt=args.chatgpt)
+                            chatgpt=args.chatgpt, web_search=args.web_search)
     for note in notes:
         print(f"ctproxy codex-config: {note}", file=sys.stderr)
     if args.write is None:

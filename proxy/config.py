@@ -38,10 +38,24 @@ class WebSearchConfig(_Section):
     sidecar_effort: Literal["auto", "none", "minimal", "low", "medium", "high", "xhigh"] = Field(
         "auto", description="the executor's reasoning effort, independent of the agent's ('auto': not sent)")
 
-    def sidecar_exposed(self) -> bool:
-        """Whether the `openai_web_search` tool is offered: backend `sidecar` or `auto`, with an executor
-        configured (backend `sidecar` without one is `unavailable` in status, and not offered)."""
-        return self.enabled and self.backend in ("sidecar", "auto") and self.sidecar_model is not None
+    # The running proxy's upstream, as the tool server was told (`--upstream-eligible`): True when official or
+    # trusted (native search there). None: not known (a tool server on its own). Not part of the file.
+    _upstream_eligible: bool | None = PrivateAttr(None)
+
+    def for_upstream(self, eligible: bool | None) -> None:
+        self._upstream_eligible = eligible
+
+    def sidecar_exposed(self, route_eligible: bool | None = None) -> bool:
+        """Whether the `openai_web_search` tool is offered: backend `sidecar` with an executor (without
+        `sidecar_model` status says unavailable), or `auto` with an executor configured, except toward an
+        upstream where `auto` searches natively (an official or trusted one, issue 31 / defect 7: one search
+        path, and the native one there). `route_eligible`: that upstream's eligibility, if not the one this
+        config was told (`for_upstream`)."""
+        if route_eligible is None:
+            route_eligible = self._upstream_eligible
+        # Without an executor every call would fail: status says unavailable, and nothing offers it (issue 27).
+        return self.enabled and self.sidecar_model is not None and (
+            self.backend == "sidecar" or (self.backend == "auto" and route_eligible is not True))
 
 
 class RemoteCompactionConfig(_Section):

@@ -72,6 +72,7 @@ class FlowState:
     agent_identity: tuple[str, str] | None = None  # history: (task, agent address) as the journal resolved it
     compaction: FlowInfo | None = None  # compaction: what it decided for this request
     settling: Settling | None = None  # a stage holds the answer, which may still be replaced (see Settling)
+    credential_offer: Any = None  # bridge: proxy.upstream.relay.Offer of the credentials it took off the request
     web_search: str | None = None  # web_search: why it did (or did not) inject the tool
     bridge_offered: int = 0  # bridge: how many tools it added to this request (the request log names the bridge)
     context_usage: ContextUsage | None = None  # bridge: the last round's usage of a bridged turn (see ContextUsage)

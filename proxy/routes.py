@@ -8,8 +8,10 @@ A non-official upstream gets credentials only when the user said `--trust-upstre
 Kind matches host (seed 004 §6): an API key (any non-JWT bearer, `api-key`, `x-api-key`) goes only to
 `api.openai.com/v1/…`; ChatGPT OAuth (a JWT bearer, `chatgpt-account-id`) only to
 `chatgpt.com/backend-api/codex/…`. A request mixing both kinds goes to neither. A trusted non-official
-upstream (`--trust-upstream`: a gateway or a local emulator) keeps its documented behaviour: it gets
-whatever credentials the client sent, since the user vouched for it and it is no OpenAI host.
+upstream (`--trust-upstream`: a gateway or a local emulator) gets API keys only: a request carrying a
+ChatGPT sign-in (a JWT bearer or `chatgpt-account-id`) reaches it with no credential at all (issue 31),
+and ctproxy's own calls toward it carry none either. A gateway that needs a key of its own gets it from
+ctproxy's environment (`CTPROXY_UPSTREAM_API_KEY`, `gateway_key`), never from a sign-in.
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ class Upstream:
     def describe(self) -> str:
         if self.origin is None:
             return "official (api.openai.com/v1, chatgpt.com/backend-api/codex)"
-        trust = "trusted: credentials forwarded" if self.trusted else "untrusted: credentials stripped"
+        trust = "trusted: API keys forwarded" if self.trusted else "untrusted: credentials stripped"
         return f"{self.origin}{self.prefix} ({trust})"
 
 
@@ -201,7 +203,32 @@ def may_receive_credentials(scheme: str, host: str, port: int, path: str, route:
     official = is_official_destination(scheme, host, port, path)
     if official is not None:
         return kind_matches(credential_kind(headers), official)
-    return route.trusted and reverse and route.kind is not None
+    # A gateway the user trusted gets API keys only: a ChatGPT sign-in (its JWT, its chatgpt-account-id)
+    # goes to chatgpt.com/backend-api/codex and nowhere else, trusted or not, http or https (seed 004 §6).
+    return route.trusted and reverse and route.kind is not None and gateway_may_receive(headers)
+
+
+def gateway_may_receive(headers: Headers) -> bool:
+    """May the credentials in `headers` go to a trusted non-official upstream? Only when they hold no
+    ChatGPT sign-in material: no JWT bearer and no chatgpt-account-id (`--trust-upstream` forwards API
+    keys only)."""
+    return credential_kind(headers) not in ("chatgpt", "mixed")
+
+
+GATEWAY_KEY_ENV = "CTPROXY_UPSTREAM_API_KEY"
+
+
+def gateway_key(route: Route, reverse: bool, headers: Headers, env: Mapping[str, str]) -> str | None:
+    """The key ctproxy's environment holds for a trusted gateway (`CTPROXY_UPSTREAM_API_KEY`), for a request
+    to that gateway that carries no credential the gateway may receive (none, or a ChatGPT sign-in, which
+    is taken off); None otherwise. A client's own API key for the gateway is forwarded as it is. Never a
+    JWT: a sign-in is not a gateway key."""
+    if route.official or not route.trusted or not reverse or route.kind is None:
+        return None
+    if credential_kind(headers) == "api_key":
+        return None
+    key = env.get(GATEWAY_KEY_ENV, "").strip()
+    return key if key and not is_jwt(key) and key.isprintable() else None
 
 
 def credential_mismatch(scheme: str, host: str, port: int, path: str, headers: Headers) -> str | None:

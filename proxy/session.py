@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from proxy.bridge.items import parse_mcp_id
 from proxy.transforms.lazyitems import is_item_list
 
 TASK_HEADER = "x-ctp-task"
@@ -48,6 +49,7 @@ def _canonical_first(payload: Mapping[str, Any]) -> Any:
 FORK_SEP = "~"  # f:<start>~<first answer>: a conversation that shares its start with an older one
 CLAIM_PREFIX = "fclaim:"  # alias keys: the start's first conversation (its value: that session)
 CONTINUATION_PREFIX = "fcont:"
+NEW_MARK = "n"  # f:<start>~n<fresh>: a first turn under a start an earlier conversation already claimed
 
 
 def _model_item_key(item: Any) -> str | None:
@@ -65,6 +67,8 @@ def _model_item_key(item: Any) -> str | None:
     typ, call_id = item.get("type"), item.get("call_id")
     if isinstance(typ, str) and typ.endswith("_call") and isinstance(call_id, str) and call_id:
         return "c:" + call_id
+    if typ == "mcp_call" and (parsed := parse_mcp_id(item.get("id"))) is not None:
+        return "c:" + parsed[1]  # a bridged call as the agent saw it: the model's call id is in its item id
     return None
 
 
@@ -74,6 +78,22 @@ def first_model_item(items: Any) -> str | None:
         if (key := _model_item_key(item)) is not None:
             return key
     return None
+
+
+def first_model_keys(items: Any) -> list[str]:
+    """The keys an answer's next request may show first: the first call's and the first assistant message's
+    (an agent that drops the calls it did not run, ctproxy's bridged `mcp_call`, resends the message first)."""
+    call = message = None
+    for item in items if is_item_list(items) else ():
+        if (key := _model_item_key(item)) is None:
+            continue
+        if key.startswith("m:"):
+            message = message or key
+        else:
+            call = call or key
+        if call and message:
+            break
+    return [k for k in (call, message) if k]
 
 
 def continuation_alias(start_key: str, model_item: str) -> str:
@@ -86,17 +106,23 @@ def fingerprint_claim(session_key: str, source: str | None, output_items: Any,
     request finds it and an unrelated conversation with the same start does not: the first answer under
     a start claims it. Empty when the session is not a start, is already claimed, or the answer has no
     model item. `claimed(key)` says whether an alias key is known."""
-    if source != "fingerprint" or not session_key.startswith("f:") or FORK_SEP in session_key:
+    if source != "fingerprint" or not session_key.startswith("f:"):
         return []
-    model_item = first_model_item(output_items)
+    start, sep, rest = session_key.partition(FORK_SEP)
+    if sep and not rest.startswith(NEW_MARK):
+        return []  # a fork (told apart by its first answer): its requests carry that answer, nothing to claim
+    keys = first_model_keys(output_items)
     claim = CLAIM_PREFIX + session_key
-    if model_item is None or claimed(claim):
+    if not keys or claimed(claim):
         return []
-    return [(continuation_alias(session_key, model_item), session_key), (claim, session_key)]
+    # A second conversation under a start (`~n…`) takes its own continuation, not the start; a continuation
+    # an earlier conversation already holds (the same first answer, word for word) stays with that one.
+    conts = [continuation_alias(start, key) for key in keys]
+    return [*((c, session_key) for c in conts if not (sep and claimed(c))), (claim, session_key)]
 
 
 def _conversation_key(lower: Mapping[str, str], payload: Mapping[str, Any], agent: str | None,
-                      response_aliases: Mapping[str, str] | None) -> tuple[str, str]:
+                      response_aliases: Mapping[str, str] | None, fresh: str | None) -> tuple[str, str]:
     for name in ("session_id", "session-id", "conversation_id", "conversation-id", "thread-id"):
         if value := lower.get(name):
             return "c:" + _h(value, agent or ""), "codex"
@@ -110,7 +136,12 @@ def _conversation_key(lower: Mapping[str, str], payload: Mapping[str, Any], agen
     inp = payload.get("input")
     model_item = first_model_item(inp) if is_item_list(inp) else None
     if model_item is None:
-        return start, "fingerprint"  # a first turn: the same history so far is the same conversation
+        # A first turn. Under a start an earlier conversation already claimed (it was answered), it is a
+        # new conversation from its first request on (docs/history.md, "Whose conversation it is"): what
+        # it writes before its second turn proves it new must stay in the task its later turns reach.
+        if fresh and response_aliases is not None and CLAIM_PREFIX + start in response_aliases:
+            return f"{start}{FORK_SEP}{NEW_MARK}{_h(fresh)[:16]}", "fingerprint"
+        return start, "fingerprint"  # the same history so far is the same conversation
     # Past the first turn the model's first answer tells conversations apart: the one that answered first
     # under this start keeps it (its continuation alias, written by the journal); any other is its own.
     # A start nobody claimed yet (or journaled before claims existed) is this conversation's; without a
@@ -126,12 +157,16 @@ def _conversation_key(lower: Mapping[str, str], payload: Mapping[str, Any], agen
 
 
 def resolve_session(headers: Mapping[str, str], payload: Mapping[str, Any] | None,
-                    response_aliases: Mapping[str, str] | None = None) -> SessionIdentity:
+                    response_aliases: Mapping[str, str] | None = None, fresh: str | None = None) -> SessionIdentity:
     """Resolve the session key from, in order: x-ctp headers, Codex session headers,
     prompt_cache_key, previous_response_id (through known response→session aliases),
     else a fingerprint of instructions + the first input item. Past the first turn, a fingerprint
     session also needs the same first model answer: two conversations that share instructions and
     first message are one session only until they diverge (`fingerprint_claim`, issue 13 defect 5).
+
+    `fresh`: a value unique to this request (the flow's id). With it, a first turn under a start an earlier
+    conversation already claimed opens a session of its own (`f:<start>~n…`) whose answer claims its own
+    continuation; without it (no journal, a pure lookup) such a turn joins the start as before.
 
     With `x-ctp-task`, the key still separates conversations: two agents of a task that send no
     `x-ctp-agent` are two sessions, not one."""
@@ -140,7 +175,8 @@ def resolve_session(headers: Mapping[str, str], payload: Mapping[str, Any] | Non
     agent = lower.get(AGENT_HEADER) or None
     payload = payload or {}
     model = payload.get("model") if isinstance(payload.get("model"), str) else None
-    inner, source = _conversation_key(lower, payload, agent, response_aliases)
+    # (with x-ctp-task the journal keys the session by task and agent: a fresh start is never needed there)
+    inner, source = _conversation_key(lower, payload, agent, response_aliases, None if task else fresh)
     if task:
         return SessionIdentity("t:" + _h(task, agent or "", inner), "header", task, agent, model)
     return SessionIdentity(inner, source, None, agent, model)

@@ -10,9 +10,17 @@ from typing import Any
 import openai
 import pytest
 
-from tests.emulator import FunctionCall, Reasoning, Response, Text
+from tests.emulator import Emulator, FunctionCall, Reasoning, Response, Text
+from tests.openapi_schema import spec_available
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+async def emulator():
+    """The emulator, validating every request against the official OpenAPI description (issue 31)."""
+    async with Emulator(validate_requests=spec_available()) as emu:
+        yield emu
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "weather of a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
@@ -108,3 +116,38 @@ async def test_mixed_round_stateless_resent(emulator, proxy):
     resend = [user, *as_input(first.output), {"type": "function_call_output", "call_id": "c_a2", "output": "cold"}]
     nxt = await c.responses.create(model="gpt-4.1", input=resend, tools=[WEATHER], store=False)
     assert nxt.output_text == "cold"
+
+
+def spliced_pairs(request) -> list[tuple[str, str]]:
+    """(type, call_id) of the calls and outputs in a request's input, in order."""
+    return [(i["type"], i["call_id"]) for i in request.json["input"]
+            if isinstance(i, dict) and i.get("type") in ("function_call", "function_call_output")]
+
+
+@pytest.mark.parametrize("with_ids", [True, False], ids=["messages-with-ids", "messages-without-ids"])
+async def test_an_agent_that_resends_only_its_messages_gets_the_bridged_call_spliced_back(emulator, proxy, with_ids):
+    """Issue 31: after a bridged turn, an agent that resends only `message` items (no reasoning, no mcp_call)
+    still sends the model what the tool returned: the call and its output go back at their place, before
+    the message that followed them; on a fresh conversation and on a branch of it."""
+    emulator.script(Response([Reasoning(summary="plan"), FunctionCall("get_context_remaining", {}, call_id="c_m1")]),
+                    Response([Reasoning(summary="answer"), Text("first")]), Text("second"), Text("branch"))
+    c = client(proxy)
+    user1 = {"role": "user", "content": "check"}
+    first = await c.responses.create(model="gpt-5", input=[user1], store=False,
+                                     include=["reasoning.encrypted_content"])
+    messages = [o for o in first.output if o.type == "message"]
+    kept = as_input(messages) if with_ids else [{"role": "assistant", "content": first.output_text}]
+    nxt = await c.responses.create(model="gpt-5", input=[user1, *kept, {"role": "user", "content": "2"}],
+                                   store=False)
+    assert nxt.output_text == "second"
+    # a branch: the same history up to the bridged turn, another question
+    other = await c.responses.create(model="gpt-5", input=[user1, *kept, {"role": "user", "content": "2b"}],
+                                     store=False)
+    assert other.output_text == "branch"
+    for req in emulator.responses_requests[2:]:
+        sent = req.json["input"]
+        assert spliced_pairs(req) == [("function_call", "c_m1"), ("function_call_output", "c_m1")]
+        types = [i.get("type", "message") for i in sent]
+        at = types.index("function_call")
+        assert sent[at + 2].get("role") == "assistant"  # at their place: before the message that followed them
+        assert "get_context_remaining" in sent[at]["name"] and sent[at + 1]["output"]

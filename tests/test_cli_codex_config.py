@@ -79,6 +79,17 @@ def test_without_a_running_proxy_the_defaults_are_used_and_said(tmp_path):
     assert bad.returncode == 2 and "--agent" in bad.stderr
 
 
+def test_the_per_client_web_search_switch(tmp_path):
+    """Issue 31 / defect 2: `--web-search off` puts `x-ctp-web-search: off` on Codex's model requests only."""
+    data = tomllib.loads(cli("codex-config", "--state-dir", str(tmp_path / "state"), "--task", "task_given",
+                             "--web-search", "off").stdout)
+    assert data["model_providers"]["ctproxy"]["http_headers"]["x-ctp-web-search"] == "off"
+    assert "x-ctp-web-search" not in data["mcp_servers"]["ctproxy"]["http_headers"]
+    plain = tomllib.loads(cli("codex-config", "--state-dir", str(tmp_path / "state"), "--task", "task_given").stdout)
+    assert "x-ctp-web-search" not in plain["model_providers"]["ctproxy"]["http_headers"]
+    assert cli("codex-config", "--state-dir", str(tmp_path / "state"), "--web-search", "maybe").returncode == 2
+
+
 EXISTING = """\
 # my Codex settings
 model = "gpt-5"

@@ -8,6 +8,7 @@ import asyncio
 import base64
 
 import aiohttp
+import pytest
 
 from proxy.journal.cli_views import new_task
 from proxy.state import StateDir
@@ -18,9 +19,13 @@ API_KEY = "sk-e2e-credentials-0123456789abcdef"
 PROMPT = "an origami heron, e2e-secret-prompt-55aa"
 
 
-async def test_model_request_then_rest_image_call_uses_its_credentials(emulator: Emulator, proxy_factory, monkeypatch):
+@pytest.mark.parametrize("bridge", [[], ["--bridge", "history"]], ids=["bridge-off", "bridge-on"])
+async def test_model_request_then_rest_image_call_uses_its_credentials(emulator: Emulator, proxy_factory, monkeypatch,
+                                                                       bridge):
+    """With the bridge on, the request leaves through the bridge's job (its credentials taken off the
+    request): the session's hand-over still happens (issue 31)."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    proxy = await proxy_factory(upstream=emulator.url, extra_args=["--enable", "image_generation", "--debug"],
+    proxy = await proxy_factory(upstream=emulator.url, extra_args=["--enable", "image_generation", "--debug", *bridge],
                                 env={"OPENAI_API_KEY": ""})
     state = StateDir.open(proxy.state_dir)
     token, task = state.token(), new_task(state)

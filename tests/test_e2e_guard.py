@@ -36,13 +36,35 @@ async def test_untrusted_upstream_never_gets_credentials(emulator, proxy_factory
     assert emulator.requests[0].json["input"] == "hi"
 
 
-async def test_trusted_upstream_gets_them(emulator, proxy_factory):
+JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJTRUNSRVQifQ.U0VDUkVULXNpZ24"  # "SECRET" in every part
+
+
+async def test_trusted_upstream_gets_api_keys_only(emulator, proxy_factory, monkeypatch):
+    """`--trust-upstream` forwards an API key (and its org/project/cookie) to the gateway, never a ChatGPT
+    sign-in: a JWT, a chatgpt-account-id, or a key mixed with one reach it with no credential (issue 31)."""
+    monkeypatch.delenv("CTPROXY_UPSTREAM_API_KEY", raising=False)
+    proxy = await proxy_factory(upstream=emulator.url, trust_upstream=True)
+    api_key = {k: v for k, v in SECRETS.items() if k.lower() != "chatgpt-account-id"}
+    sign_in = {"Authorization": f"Bearer {JWT}", "ChatGPT-Account-Id": "acct-SECRET-42"}
+    async with aiohttp.ClientSession() as http:
+        for path, headers in (("/v1/responses", api_key), ("/backend-api/codex/responses", sign_in),
+                              ("/v1/responses", SECRETS), ("/backend-api/codex/responses", sign_in)):
+            async with http.post(proxy.url + path, json={"model": "gpt-5", "input": "hi"}, headers=headers) as r:
+                assert r.status == 200
+            names = sorted(n.lower() for n, v in emulator.requests[-1].headers if "SECRET" in v)
+            assert names == (sorted(k.lower() for k in api_key) if headers is api_key else [])
+    assert len(emulator.requests) == 4
+
+
+async def test_a_trusted_gateway_gets_its_own_key_for_a_sign_in(emulator, proxy_factory, monkeypatch):
+    monkeypatch.setenv("CTPROXY_UPSTREAM_API_KEY", "gw-own-key")
     proxy = await proxy_factory(upstream=emulator.url, trust_upstream=True)
     async with aiohttp.ClientSession() as http, http.post(
-        proxy.url + "/v1/responses", json={"model": "gpt-5", "input": "hi"}, headers=SECRETS
-    ) as r:
-        await r.read()
-    assert sorted(n.lower() for n in _leaked(emulator)) == sorted(k.lower() for k in SECRETS)
+            proxy.url + "/backend-api/codex/responses", json={"model": "gpt-5", "input": "hi"},
+            headers={"Authorization": f"Bearer {JWT}", "ChatGPT-Account-Id": "acct-SECRET-42"}) as r:
+        assert r.status == 200
+    headers = {n.lower(): v for n, v in emulator.requests[-1].headers}
+    assert headers["authorization"] == "Bearer gw-own-key" and "chatgpt-account-id" not in headers
 
 
 async def test_regular_mode_strips_credentials_to_non_official_hosts(emulator, proxy_factory):

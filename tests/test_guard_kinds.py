@@ -1,6 +1,6 @@
 """Kind matches host (seed 004 §6, issue 15): an API key only to api.openai.com/v1, ChatGPT OAuth only to
-chatgpt.com/backend-api/codex; a mismatch never leaves the proxy; a trusted upstream keeps its behaviour;
-an untrusted one never receives a credential."""
+chatgpt.com/backend-api/codex; a mismatch never leaves the proxy; a trusted upstream gets API keys only
+(issue 31); an untrusted one never receives a credential."""
 
 from __future__ import annotations
 
@@ -66,13 +66,17 @@ def test_the_rule_has_no_destination_only_form():
         may_receive_credentials(*CODEX, OFFICIAL, True)  # type: ignore[call-arg]
 
 
-def test_trusted_upstream_keeps_its_behaviour_and_untrusted_gets_nothing():
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_trusted_gateway_gets_api_keys_only_and_untrusted_gets_nothing(scheme):
+    """Issue 31 / defect 4: `--trust-upstream` forwards API keys only; a ChatGPT sign-in (its JWT, its
+    account header, or either mixed with a key) never goes to a gateway, over http or https."""
     trusted = Route(kind="codex", official=False, trusted=True)
     untrusted = Route(kind="codex", official=False, trusted=False)
-    dest = ("http", "127.0.0.1", 9999, "/backend-api/codex/responses")
-    # a trusted emulator or gateway gets whatever the client sent, of either kind
+    dest = (scheme, "127.0.0.1", 9999, "/backend-api/codex/responses")
     assert may_receive_credentials(*dest, trusted, True, KEY)
-    assert may_receive_credentials(*dest, trusted, True, OAUTH)
+    assert may_receive_credentials(*dest, trusted, True, {})
+    for sign_in in (OAUTH, OAUTH[:1], OAUTH[1:], [*KEY, OAUTH[1]]):
+        assert not may_receive_credentials(*dest, trusted, True, sign_in)
     for headers in (KEY, OAUTH, {}):
         assert not may_receive_credentials(*dest, untrusted, True, headers)
         assert not may_receive_credentials(*dest, trusted, False, headers)  # trust is for reverse mode only
@@ -151,13 +155,40 @@ def test_guard_strips_for_an_untrusted_upstream_of_either_kind(guard_rt):
         assert not any(k.lower() in routes.CREDENTIAL_HEADERS for k in flow.request.headers)
 
 
-def test_guard_forwards_either_kind_to_a_trusted_upstream(guard_rt):
+def test_guard_forwards_only_an_api_key_to_a_trusted_upstream(guard_rt, monkeypatch):
+    monkeypatch.delenv(routes.GATEWAY_KEY_ENV, raising=False)
     guard_rt(trusted=True, upstream="http://127.0.0.1:9999")
-    for headers in (KEY, OAUTH):
-        flow = flow_to("http", "127.0.0.1", 9999, "/v1/responses", headers, reverse=True)
-        state_of(flow).route = Route(kind="api", official=False, trusted=True)
+    for path, kind in (("/v1/responses", "api"), ("/backend-api/codex/responses", "codex")):
+        flow = flow_to("http", "127.0.0.1", 9999, path, KEY, reverse=True)
+        state_of(flow).route = Route(kind=kind, official=False, trusted=True)
         run_guard(flow)
-        assert flow.response is None and flow.request.headers["authorization"] == headers[0][1]
+        assert flow.response is None and flow.request.headers["authorization"] == KEY[0][1]
+        flow = flow_to("http", "127.0.0.1", 9999, path, OAUTH, reverse=True)
+        state_of(flow).route = Route(kind=kind, official=False, trusted=True)
+        run_guard(flow)
+        assert flow.response is None
+        assert not any(k.lower() in routes.CREDENTIAL_HEADERS for k in flow.request.headers)
+
+
+def test_a_gateway_gets_its_own_key_from_the_environment_never_a_sign_in(guard_rt, monkeypatch):
+    monkeypatch.setenv(routes.GATEWAY_KEY_ENV, "gw-key-123")
+    guard_rt(trusted=True, upstream="http://127.0.0.1:9999")
+    for headers, expected in ((OAUTH, "Bearer gw-key-123"), ([], "Bearer gw-key-123"), (KEY, KEY[0][1])):
+        flow = flow_to("http", "127.0.0.1", 9999, "/backend-api/codex/responses", headers, reverse=True)
+        state_of(flow).route = Route(kind="codex", official=False, trusted=True)
+        run_guard(flow)
+        assert flow.response is None and flow.request.headers["authorization"] == expected
+        assert "chatgpt-account-id" not in flow.request.headers
+    # never to an untrusted upstream, and a JWT in the variable is no gateway key
+    flow = flow_to("http", "127.0.0.1", 9999, "/v1/responses", OAUTH, reverse=True)
+    state_of(flow).route = Route(kind="api", official=False, trusted=False)
+    run_guard(flow)
+    assert "authorization" not in flow.request.headers
+    monkeypatch.setenv(routes.GATEWAY_KEY_ENV, JWT)
+    flow = flow_to("http", "127.0.0.1", 9999, "/v1/responses", OAUTH, reverse=True)
+    state_of(flow).route = Route(kind="api", official=False, trusted=True)
+    run_guard(flow)
+    assert "authorization" not in flow.request.headers
 
 
 @pytest.mark.parametrize(("dest", "headers", "allowed"), [
@@ -172,3 +203,18 @@ def test_compactions_own_call_follows_the_kind_rule(dest, headers, allowed):
     flow = tflow.tflow(req=req)
     kind = routes.kind_of_path(path)
     assert _credentials_allowed(flow, Route(kind=kind, official=True, trusted=False)) is allowed
+
+
+@pytest.mark.parametrize(("headers", "allowed"), [(KEY, True), (OAUTH, False), ([OAUTH[1]], False)])
+def test_compactions_own_call_to_a_trusted_gateway_carries_no_sign_in(headers, allowed):
+    """Issue 31: compaction's call to a trusted gateway carries an API key, never a ChatGPT sign-in."""
+    from mitmproxy.proxy.mode_specs import ProxyMode
+
+    from addons.compaction import _credentials_allowed
+
+    req = tutils.treq(method=b"POST", scheme=b"http", host="127.0.0.1", port=9999, path=b"/backend-api/codex/responses",
+                      headers=http.Headers([(k.encode(), v.encode()) for k, v in headers]))
+    flow = tflow.tflow(req=req)
+    flow.client_conn.proxy_mode = ProxyMode.parse("reverse:http://127.0.0.1:9999")
+    assert _credentials_allowed(flow, Route(kind="codex", official=False, trusted=True)) is allowed
+

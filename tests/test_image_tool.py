@@ -89,17 +89,17 @@ async def test_mcp_returns_image_content_and_the_path(srv, emulator):
     assert "data" not in res.structured and "b64_json" not in orjson.dumps(res.structured).decode()
 
 
-async def test_chatgpt_sign_in_goes_to_the_codex_route_with_its_account(srv, emulator):
-    await hand_over(srv, emulator.url + "/backend-api/codex",
-                    {"authorization": f"Bearer {JWT}", "chatgpt-account-id": ACCOUNT, "cookie": "never-sent"})
+async def test_a_chatgpt_sign_in_is_handed_over_for_chatgpt_com_only(srv, emulator, monkeypatch):
+    """Issue 31 / defect 4: a sign-in is accepted for https://chatgpt.com/backend-api/codex only; handed over
+    for a gateway (the emulator, trusted or not) it is refused, and the tool has no credentials."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    sign_in = {"authorization": f"Bearer {JWT}", "chatgpt-account-id": ACCOUNT}
+    assert await hand_over(srv, emulator.url + "/backend-api/codex", sign_in) == 400
+    assert await hand_over(srv, emulator.url + "/v1", {"authorization": f"Bearer {JWT}"}) == 400
     res = await srv.rest("openai_generate_image", {"prompt": PROMPT}, task=TASK)
-    assert res.ok, res.body
-    [req] = image_requests(emulator)
-    headers = {k.lower(): v for k, v in req.headers}
-    assert req.path == "/backend-api/codex/images/generations"
-    assert headers["authorization"] == f"Bearer {JWT}" and headers["chatgpt-account-id"] == ACCOUNT
-    assert "cookie" not in headers  # only the credential and its account are handed over and used
-    assert res.details["backend"] == "codex" and res.details["account"] == "ChatGPT sign-in"
+    assert not res.ok and res.body["details"]["error"] == "no_credentials"
+    assert image_requests(emulator) == []
+    assert await hand_over(srv, "https://chatgpt.com/backend-api/codex", sign_in, official=True) == 204
 
 
 async def test_sessions_are_kept_apart_and_the_newest_wins(srv, emulator):
@@ -195,13 +195,28 @@ async def test_failures_are_errors_with_no_artifact_and_no_retry(srv, emulator, 
     assert artifacts(srv) == []
 
 
-async def test_jpeg_is_kept_as_jpeg(srv, emulator):
+async def test_a_jpeg_answer_is_saved_as_the_promised_png(srv, emulator):
+    """Defect 14: the tool says "saved as a new PNG file"; a JPEG answer is converted with Pillow."""
+    from PIL import Image
+
     images_of(emulator).mode = "jpeg"
     await hand_over(srv, emulator.url + "/v1", {"authorization": f"Bearer {API_KEY}"})
     res = await srv.rest("openai_generate_image", {"prompt": PROMPT}, task=TASK)
-    assert res.ok and res.details["mime_type"] == "image/jpeg"
+    assert res.ok and res.details["mime_type"] == "image/png" and res.details["converted_from"] == "image/jpeg"
     [path] = artifacts(srv)
-    assert path.suffix == ".jpg"
+    assert path.suffix == ".png" and path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    with Image.open(path) as img:
+        assert img.format == "PNG" and img.size == (4, 4)
+    [img] = res.body["images"]
+    assert img["mime_type"] == "image/png" and base64.b64decode(img["data"]) == path.read_bytes()
+
+
+async def test_a_jpeg_that_cannot_be_decoded_saves_nothing(srv, emulator):
+    images_of(emulator).mode = "broken_jpeg"
+    await hand_over(srv, emulator.url + "/v1", {"authorization": f"Bearer {API_KEY}"})
+    res = await srv.rest("openai_generate_image", {"prompt": PROMPT}, task=TASK)
+    assert not res.ok and res.body["details"]["error"] == "upstream_invalid_image"
+    assert artifacts(srv) == []
 
 
 async def test_an_abort_after_dispatch_reports_result_unknown(srv, emulator):
@@ -259,9 +274,8 @@ async def test_bridge_endpoint_call_uses_the_agent_requests_route_and_credential
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env-should-not-be-used")
     call = {"name": "openai_generate_image", "kind": "function", "arguments": orjson.dumps({"prompt": PROMPT}).decode(),
             "call_id": "call_1", "task": TASK, "upstream": {
-                "base_url": emulator.url + "/backend-api/codex", "route_kind": "codex", "official": False,
-                "credentials_allowed": True, "headers": {"authorization": f"Bearer {JWT}",
-                                                         "chatgpt-account-id": ACCOUNT}}}
+                "base_url": emulator.url + "/v1", "route_kind": "api", "official": False,
+                "credentials_allowed": True, "headers": {"authorization": f"Bearer {API_KEY}"}}}
     async with aiohttp.ClientSession() as http, http.post(f"{srv.url}/v1/bridge/call", data=orjson.dumps(call),
                                                           headers=srv.headers()) as resp:
         assert resp.status == 200
@@ -271,5 +285,5 @@ async def test_bridge_endpoint_call_uses_the_agent_requests_route_and_credential
     assert str(path) in out["output"]
     [req] = image_requests(emulator)
     headers = {k.lower(): v for k, v in req.headers}
-    assert req.path == "/backend-api/codex/images/generations"
-    assert headers["authorization"] == f"Bearer {JWT}" and headers["chatgpt-account-id"] == ACCOUNT
+    assert req.path == "/v1/images/generations"
+    assert headers["authorization"] == f"Bearer {API_KEY}" and "chatgpt-account-id" not in headers

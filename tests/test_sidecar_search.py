@@ -84,14 +84,22 @@ async def test_api_route_request_shape_and_result(srv, emulator):
 
 
 async def test_chatgpt_route_streams_and_collects_output_items(srv, emulator):
-    await hand_over(srv, emulator.url + "/backend-api/codex",
-                    {"authorization": f"Bearer {JWT}", "chatgpt-account-id": "acct-s"})
+    """The codex-backend format through a gateway that speaks it with its own (API) key. A ChatGPT sign-in
+    is never handed over for a gateway (issue 31): the tool server refuses it."""
+    body = {"task": TASK, "upstream": {"base_url": emulator.url + "/backend-api/codex", "route_kind": "codex",
+                                       "official": False, "credentials_allowed": True,
+                                       "headers": {"authorization": f"Bearer {JWT}", "chatgpt-account-id": "a"}}}
+    async with aiohttp.ClientSession() as http, http.put(f"{srv.url}/v1/credentials", data=orjson.dumps(body),
+                                                         headers=srv.headers()) as resp:
+        assert resp.status == 400
+    await hand_over(srv, emulator.url + "/backend-api/codex", {"authorization": f"Bearer {API_KEY}"})
     res = await srv.mcp("openai_web_search", {"query": QUERY}, task=TASK)
     assert not res.is_error, res.text
     [req] = search_requests(emulator)
     assert req.path == "/backend-api/codex/responses" and req.json["stream"] is True
     headers = {k.lower(): v for k, v in req.headers}
-    assert headers["chatgpt-account-id"] == "acct-s" and headers["accept"] == "text/event-stream"
+    assert headers["authorization"] == f"Bearer {API_KEY}" and headers["accept"] == "text/event-stream"
+    assert "chatgpt-account-id" not in headers
     # the terminal event's output was empty: sources came from output_item.done
     assert [s["url"] for s in res.structured["sources"]] == ["https://docs.python.org/3/library/asyncio.html",
                                                              "https://www.python.org/"]

@@ -142,6 +142,92 @@ def test_status_wording():
     assert native_status(WebSearchConfig(backend="off"), True, False)[0] == "off"
 
 
+def test_status_names_the_switch_that_is_off_and_the_promises():
+    """Defect 13: `enabled: false` is named as such (the backend is still auto); and the active line says it
+    is injected by default, what it costs, the one search path, the conflict and the client's switch."""
+    state, why = native_status(WebSearchConfig(enabled=False), True, False)
+    assert state == "off" and "web_search.enabled is false" in why and "backend" not in why
+    state, why = native_status(WebSearchConfig(backend="off"), True, False)
+    assert state == "off" and "web_search.backend is off" in why
+    state, why = native_status(WebSearchConfig(), True, False)
+    for words in ("by default", "billed", "one Toolkit search path", "conflict", "x-ctp-web-search: off"):
+        assert words in why, words
+
+
+# ---- issue 31: what the injection may not change, and one search path per turn ----------------------------
+
+SIDECAR_FN = {"type": "function", "name": "openai_web_search",
+              "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}
+CODEX_NAMESPACE = {"type": "namespace", "name": "mcp__ctproxy", "description": "ctproxy", "tools": [SIDECAR_FN]}
+SIDECAR_CFG = WebSearchConfig(sidecar_model="gpt-5-mini")
+
+
+@pytest.mark.parametrize(("choice", "apply", "reason"), [
+    (None, True, "native"),
+    ("auto", True, "native"),
+    ("required", False, "tool_choice"),  # defect 8: a web search alone would meet "required"
+    ({"type": "function", "name": "get_weather"}, False, "tool_choice"),
+    ({"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_weather"}]},
+     False, "tool_choice"),
+    ({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_weather"}]},
+     False, "tool_choice"),
+    ({"type": "web_search"}, True, "native"),  # a choice of the hosted tool itself
+    ("none", False, "tool_choice_none"),
+])
+def test_the_injection_never_changes_what_tool_choice_means(choice, apply, reason):
+    payload = base(tools=[FUNCTION_TOOL]) if choice is None else base(tools=[FUNCTION_TOOL], tool_choice=choice)
+    d = decide_native(WebSearchConfig(), True, None, payload)
+    assert (d.apply, d.reason) == (apply, reason)
+
+
+def test_a_client_function_named_web_search_is_a_conflict_and_the_request_is_left_alone():
+    """Defect 10: two tools by one name would leave the model unable to tell them apart; nothing is renamed
+    (seed 004 §5.1: the Toolkit never disables or replaces another's tool), and nothing is injected."""
+    for tool in ({**FUNCTION_TOOL, "name": "web_search"}, {"type": "custom", "name": "web_search"}):
+        d = decide_native(WebSearchConfig(), True, None, base(tools=[tool]))
+        assert (d.apply, d.reason) == (False, "name_conflict")
+    lite = base(input=[{"type": "additional_tools", "role": "developer", "tools": [{**FUNCTION_TOOL,
+                                                                                     "name": "web_search"}]},
+                       {"role": "user", "content": "hi"}])
+    assert decide_native(WebSearchConfig(), True, None, lite).reason == "name_conflict"
+    # a namespaced tool of that name is called by its namespace: no conflict
+    ns = {"type": "namespace", "name": "mcp__other", "tools": [{**FUNCTION_TOOL, "name": "web_search"}]}
+    assert decide_native(WebSearchConfig(), True, None, base(tools=[ns])).apply
+
+
+@pytest.mark.parametrize("where", ["top", "namespace", "additional_tools"])
+def test_one_search_path_per_turn_sees_the_sidecar_wherever_the_client_lists_it(where):
+    """Defect 3: Codex lists ctproxy's MCP tools inside a namespace (or, responses-lite, in a leading
+    additional_tools item): that is the sidecar too, and the turn gets no native search beside it."""
+    if where == "top":
+        payload = base(tools=[SIDECAR_FN])
+    elif where == "namespace":
+        payload = base(tools=[CODEX_NAMESPACE])
+    else:
+        payload = base(input=[{"type": "additional_tools", "role": "developer", "tools": [CODEX_NAMESPACE]},
+                              {"role": "user", "content": "hi"}])
+    for cfg in (SIDECAR_CFG, WebSearchConfig()):
+        d = decide_native(cfg, True, None, payload)
+        assert (d.apply, d.reason) == (False, "sidecar")
+    # backend native offers no sidecar: a tool of that name is no Toolkit path, the forced native path stays
+    assert decide_native(WebSearchConfig(backend="native"), True, None, payload).apply
+
+
+def test_additional_tools_count_for_the_dedupe_and_the_item_is_not_changed():
+    item = {"type": "additional_tools", "role": "developer", "tools": [{"type": "web_search"}]}
+    payload = base(input=[item, {"role": "user", "content": "hi"}], include=[SOURCES_INCLUDE])
+    assert inject_web_search(payload, LIVE) is payload
+    payload = base(input=[item, {"role": "user", "content": "hi"}])
+    out = inject_web_search(payload, LIVE)
+    assert "tools" not in out and out["include"] == [SOURCES_INCLUDE] and out["input"][0] is item
+
+
+def test_the_client_says_off_per_request():
+    d = decide_native(WebSearchConfig(), True, None, base(), switch="off")
+    assert (d.apply, d.reason) == (False, "client_off")
+    assert decide_native(WebSearchConfig(), True, None, base(), switch="on").apply
+
+
 # ---- the forwarded payload stays a valid CreateResponse -----------------------------------------
 
 _messages = st.lists(

@@ -36,9 +36,10 @@ def main() -> None:
     parser.add_argument("--proxy-telemetry", metavar="URL",
                         help="the proxy's loopback telemetry (set by `ctproxy up`): its metrics join /metrics and "
                         "its requests the dashboard")
-    parser.add_argument("--upstream", choices=["official", "trusted", "untrusted"], default="official",
+    parser.add_argument("--upstream", choices=["official", "trusted", "untrusted"], default=None,
                         help="the proxy's upstream (set by `ctproxy up`): behind an untrusted one the tools that "
-                        "call OpenAI can only use OPENAI_API_KEY (default %(default)s)")
+                        "call OpenAI can only use OPENAI_API_KEY, and web_search auto searches natively on an official "
+                        "or trusted one, so the sidecar is listed only off one (default: not known; judged as official)")
     parser.add_argument("--parent-pid", type=int, metavar="PID",
                         help="stop when this process is gone (set by `ctproxy up`)")
     args = parser.parse_args()
@@ -47,9 +48,12 @@ def main() -> None:
     logging.getLogger("ctproxy").setLevel(logging.DEBUG if args.debug else logging.WARNING)
     state = StateDir.open(args.state_dir)
     config = with_overrides(load_config(config_path_from_env(state.root, args.config)), args.enable, args.disable)
+    if args.upstream is not None:  # web_search auto is native on an official or trusted upstream (issue 31)
+        config.web_search.for_upstream(args.upstream != "untrusted")
     host, _, port = args.listen.rpartition(":")
     asyncio.run(serve(config, state, args.workspace, host.strip("[]") or "127.0.0.1", int(port),
-                      parent_pid=args.parent_pid, proxy_telemetry=args.proxy_telemetry, upstream=args.upstream))
+                      parent_pid=args.parent_pid, proxy_telemetry=args.proxy_telemetry,
+                      upstream=args.upstream or "official"))
 
 
 if __name__ == "__main__":

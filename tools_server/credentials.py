@@ -98,6 +98,8 @@ def from_access(access: UpstreamAccess, source: Source) -> Resolved | None:
     kind = routes.credential_kind(headers)
     if access.official and not routes.kind_matches(kind, access.route_kind):  # type: ignore[arg-type]
         return None
+    if not access.official and not routes.gateway_may_receive(headers):
+        return None  # a ChatGPT sign-in never goes to a gateway, trusted or not (seed 004 §6)
     return Resolved(access.base_url, access.route_kind, access.official, source, kind,  # type: ignore[arg-type]
                     headers)
 

@@ -15,6 +15,7 @@ agent did with the item:
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -142,9 +143,12 @@ class BridgeMemory:
             self._put(self.after, executed.after_id, [*self.after.get(executed.after_id, []), key])
 
     def set_before(self, key: str, before_id: str) -> None:
+        """Anchor an executed call before the item shown just after its run (`anchors_of` that item). Set
+        whether or not it also follows an item: an agent that drops that one (a reasoning item) keeps the
+        message after the call, and the pair goes back before it."""
         executed = self.calls.get(key)
-        if executed is not None and executed.after_id is None:
-            executed.before_id = before_id
+        if executed is not None and key not in self.before.get(before_id, ()):
+            executed.before_id = executed.before_id or before_id
             self._put(self.before, before_id, [*self.before.get(before_id, []), key])
 
     def remember_turn(self, shown_id: str, last_upstream_id: str, pending: Sequence[dict[str, Any]]) -> None:
@@ -174,11 +178,34 @@ def _rebuild(item: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     return [call, output_item(kind, call_id, text_out)]
 
 
+def anchors_of(item: Any, scope: str | None = None) -> list[str]:
+    """The names an item shown to the agent is found by when it is resent: its item id; a call's call id
+    (agents that resend calls without their item id); within one conversation (`scope`: its session key),
+    an assistant message's text (agents that resend messages as `{"role": "assistant", "content": "…"}`,
+    without id). The text is never an anchor across conversations: another one's "ok" must not get this
+    one's tool result."""
+    if not isinstance(item, Mapping):
+        return []
+    out: list[str] = []
+    if isinstance(iid := item.get("id"), str) and iid:
+        out.append(iid)
+    if item.get("type") in CALL_TYPES and item.get("call_id"):
+        out.append(f"call:{item['call_id']}")
+    if item.get("type", "message") == "message" and item.get("role") == "assistant":
+        content = item.get("content")
+        if isinstance(content, list):
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+        if isinstance(content, str) and content and scope:
+            digest = hashlib.sha256(f"{scope}\x00{content}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+            out.append("text:" + digest)
+    return out
+
+
 def _is_ours(item: Any) -> bool:
     return isinstance(item, Mapping) and item.get("type") == "mcp_call" and parse_mcp_id(item.get("id")) is not None
 
 
-def repair_input(items: Sequence[Any], memory: BridgeMemory) -> list[Any] | None:
+def repair_input(items: Sequence[Any], memory: BridgeMemory, scope: str | None = None) -> list[Any] | None:
     """The input with ctproxy's mcp_call items turned back into calls + outputs and dropped executed calls
     spliced back; None when nothing needed changing."""
     changed = False
@@ -199,10 +226,8 @@ def repair_input(items: Sequence[Any], memory: BridgeMemory) -> list[Any] | None
         spliced: list[Any] = []
         for item in out:
             iid = item.get("id") if isinstance(item, Mapping) else None
-            cid = item.get("call_id") if isinstance(item, Mapping) and item.get("type") in CALL_TYPES else None
-            anchor = iid if isinstance(iid, str) and iid in memory.before else f"call:{cid}" if cid else None
-            if anchor is not None and anchor in memory.before:
-                for key in memory.before[anchor]:
+            for anchor in anchors_of(item, scope) if memory.before else ():
+                for key in memory.before.get(anchor, ()):
                     executed = memory.calls.get(key)
                     if executed is not None and executed.call_id not in present:
                         spliced.extend(executed.pair())
@@ -220,8 +245,9 @@ def repair_input(items: Sequence[Any], memory: BridgeMemory) -> list[Any] | None
     return out if changed else None
 
 
-def repair_request(payload: dict[str, Any], memory: BridgeMemory) -> dict[str, Any]:
-    """The agent's next request, valid upstream; the same object when nothing needed changing."""
+def repair_request(payload: dict[str, Any], memory: BridgeMemory, scope: str | None = None) -> dict[str, Any]:
+    """The agent's next request, valid upstream; the same object when nothing needed changing. `scope`: the
+    request's session key (messages resent without id are found by their text within it)."""
     result = payload
     prev = payload.get("previous_response_id")
     if isinstance(prev, str) and (prev in memory.aliases or prev in memory.pending):
@@ -234,7 +260,7 @@ def repair_request(payload: dict[str, Any], memory: BridgeMemory) -> dict[str, A
         result = {**payload, "previous_response_id": memory.aliases.get(prev, prev), "input": [*extra, *items]}
     inp = result.get("input")
     if isinstance(inp, list):
-        fixed = repair_input(inp, memory)
+        fixed = repair_input(inp, memory, scope)
         if fixed is not None:
             result = {**result, "input": fixed}
     return result

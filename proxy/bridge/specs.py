@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.toolclient import BridgeTool
+from proxy.transforms.items import leading_additional_tools
 
 Form = Literal["function", "custom"]
 CUSTOM_PATCH_MODELS = ("gpt-5*", "codex-*")
@@ -102,7 +103,8 @@ def select(tools: Sequence[BridgeTool], families: Sequence[str], payload: Mappin
     not offered on this request, with why (the sidecar search on a turn that searches natively)."""
     agent_tools = [t for t in payload.get("tools") or [] if t not in ours] \
         if isinstance(payload.get("tools"), list) else []
-    taken = agent_tool_names(agent_tools)
+    # the agent's tools wherever it lists them: `tools`, or Codex's leading `additional_tools` items
+    taken = agent_tool_names(agent_tools) | agent_tool_names(leading_additional_tools(payload))
     offered: list[BridgeTool] = []
     forms: dict[str, Form] = {}
     specs: list[Mapping[str, Any]] = []

@@ -28,6 +28,7 @@ from proxy.bridge.items import (
     CALL_TYPES,
     BridgeMemory,
     ExecutedCall,
+    anchors_of,
     call_text,
     mcp_item,
     output_item,
@@ -152,25 +153,35 @@ def _limit_outputs(calls: Sequence[PendingCall], n: int) -> list[dict[str, Any]]
     return [output_item(c.kind, str(c.item.get("call_id", "")), LIMIT_MESSAGE.format(n=n)) for c in calls]
 
 
-def remember(memory: BridgeMemory, shown: Sequence[Mapping[str, Any]], executed: Mapping[str, ExecutedCall]) -> None:
-    """Every executed call, anchored to the shown item just before its run of calls (or just after)."""
+def remember(memory: BridgeMemory, shown: Sequence[Mapping[str, Any]], executed: Mapping[str, ExecutedCall],
+             scope: str | None = None) -> None:
+    """Every executed call, anchored after the shown item just before its run of calls, and before the items
+    shown after it up to the first that is not a reasoning item (an agent that drops reasoning and
+    `mcp_call` items, and resends only messages, still finds the message that followed the calls)."""
     prev_id: str | None = None
     run: list[str] = []
-    for item in [*shown, None]:
+    items = [*shown, None]
+    for at, item in enumerate(items):
         iid = item.get("id") if isinstance(item, Mapping) else None
         if item is not None and parse_mcp_id(iid) is not None and iid in executed:
             run.append(str(iid))
             continue
-        for key in run:
-            ex = executed[key]
-            ex.after_id = prev_id
-            memory.remember_call(ex)
-            if prev_id is None and isinstance(item, Mapping):
-                anchor = iid if isinstance(iid, str) else None
-                if item.get("type") in CALL_TYPES and item.get("call_id"):
-                    anchor = f"call:{item['call_id']}"  # agents that resend calls without their item id
-                if anchor:
-                    memory.set_before(key, anchor)
+        if run:
+            following = []
+            for later in items[at:]:
+                if not isinstance(later, Mapping) or (parse_mcp_id(later.get("id")) is not None
+                                                      and later.get("id") in executed):
+                    break
+                following.append(later)
+                if later.get("type") != "reasoning":
+                    break
+            for key in run:
+                ex = executed[key]
+                ex.after_id = prev_id
+                memory.remember_call(ex)
+                for later in following:
+                    for anchor in anchors_of(later, scope):
+                        memory.set_before(key, anchor)
         run = []
         if item is not None:
             prev_id = iid if isinstance(iid, str) else None
@@ -241,7 +252,8 @@ class BridgedTurn:
 
     def _finish(self, shown_id: str | None, last_id: str | None, shown: Sequence[Mapping[str, Any]],
                 pending: list[dict[str, Any]]) -> None:
-        remember(self.memory, shown, {k: v for k, v in self.executed.items() if k not in self._behind})
+        remember(self.memory, shown, {k: v for k, v in self.executed.items() if k not in self._behind},
+                 self.job.session)
         if shown_id and last_id:
             self.memory.remember_turn(shown_id, last_id, pending)
 

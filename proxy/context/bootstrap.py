@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from proxy.notes.store import NotesStore, iso
+from proxy.transforms.items import ADDITIONAL_TOOLS
 from proxy.transforms.lazyitems import is_item_list
 
 GUIDANCE_MARKER = "<ctproxy_context_guidance>"
@@ -70,8 +71,14 @@ def is_guidance(item: Any) -> bool:
 
 
 def _is_leading_instruction(item: Any) -> bool:
-    return (isinstance(item, dict) and item.get("type", "message") == "message"
-            and item.get("role") in ("system", "developer") and not is_guidance(item))
+    """A leading system/developer message, or Codex's leading `additional_tools` item (the agent's tools:
+    guidance goes after it, and it survives a rollover with the instructions, issue 31)."""
+    if not isinstance(item, dict):
+        return False
+    if item.get("type") == ADDITIONAL_TOOLS:
+        return True
+    return (item.get("type", "message") == "message" and item.get("role") in ("system", "developer")
+            and not is_guidance(item))
 
 
 def leading_instructions(items: Sequence[Any]) -> list[Any]:

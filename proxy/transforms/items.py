@@ -46,6 +46,29 @@ def input_items(payload: Mapping[str, Any]) -> list[Item] | LazyItems | None:
     return None
 
 
+ADDITIONAL_TOOLS = "additional_tools"  # Codex ≥ 0.144 (0.150 outside "lite" models): its tools as an input item
+
+
+def leading_additional_tools(payload: Mapping[str, Any]) -> list[Any]:
+    """The tools of the request's leading `{"type": "additional_tools", "role": "developer", "tools": […]}`
+    input items: the agent's tools as Codex may send them instead of top-level `tools` (research
+    anchors-2026-12-03 §2.3). Only the leading items are read (a big input is not built); the items
+    themselves are never changed: they reach the upstream as sent."""
+    inp = payload.get("input")
+    out: list[Any] = []
+    if isinstance(inp, str) or inp is None:
+        return out
+    try:
+        for item in inp:
+            if not isinstance(item, Mapping) or item.get("type") != ADDITIONAL_TOOLS:
+                break
+            if isinstance(tools := item.get("tools"), list):
+                out.extend(tools)
+    except TypeError:
+        return []
+    return out
+
+
 def is_message(item: Any) -> bool:
     return isinstance(item, dict) and (item.get("type") == "message" or ("type" not in item and "role" in item))
 

@@ -1,8 +1,9 @@
 """The Images API of the emulator: `POST /v1/images/generations` and `POST /backend-api/codex/images/generations`.
 
     images = images_of(emu)          # the emulator's image endpoint settings
-    images.mode = "png"              # a valid PNG (default) | "jpeg" | "error" (400) | "not_image" (bytes that
-                                     # are no image) | "redirect" (302) | "stall" (silent until the client leaves)
+    images.mode = "png"              # a valid PNG (default) | "jpeg" | "broken_jpeg" (undecodable) | "error" (400)
+                                     # | "not_image" (bytes that are no image) | "redirect" (302)
+                                     # | "stall" (silent until the client leaves)
 
 Requests are recorded in `emu.requests` with route "images". A request is checked as upstream would: an
 `Authorization` bearer (401 otherwise), the Codex route also `chatgpt-account-id`, and the body against
@@ -42,8 +43,19 @@ def png_bytes(width: int = 4, height: int = 4, rgb: tuple[int, int, int] = (200,
             + chunk(b"IEND", b""))
 
 
-# The smallest well-formed JPEG frame is long; the magic and a JFIF header are what a client checks.
-JPEG_BYTES = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00\xff\xd9"
+def jpeg_bytes(width: int = 4, height: int = 4, rgb: tuple[int, int, int] = (200, 40, 90)) -> bytes:
+    """A real, decodable JPEG (Pillow): what the upstream may answer instead of a PNG."""
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), rgb).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+# Only the magic and a JFIF header, no image in it: an answer that claims JPEG and cannot be decoded.
+BROKEN_JPEG_BYTES = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00\xff\xd9"
 
 
 @dataclass
@@ -108,7 +120,9 @@ def add_routes(app: web.Application, emu: Emulator) -> None:
         elif mode == "not_image":
             plan = json_plan(_answer(body, b"<html>not an image</html>", "png"))
         elif mode == "jpeg":
-            plan = json_plan(_answer(body, JPEG_BYTES, "jpeg"))
+            plan = json_plan(_answer(body, jpeg_bytes(), "jpeg"))
+        elif mode == "broken_jpeg":
+            plan = json_plan(_answer(body, BROKEN_JPEG_BYTES, "jpeg"))
         else:
             plan = json_plan(_answer(body, png_bytes(), "png"))
             plan.stall_before_headers = mode == "stall"

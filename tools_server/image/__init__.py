@@ -5,8 +5,9 @@ No conversation history is sent: only the prompt and the optional size and quali
 backend-api/codex/images/generations` with its `chatgpt-account-id` (a trusted non-official upstream: the
 same paths under it). One request, redirects not followed, nothing retried after dispatch, no switching
 backend on failure; an abort or timeout after dispatch reports "result unknown". Bytes that are not
-PNG or JPEG are an error, not an artifact. The image is created exclusively under the state directory's
-`artifacts/` with a unique name (no caller-chosen path, never an overwrite).
+PNG or JPEG are an error, not an artifact; a JPEG is converted to PNG with Pillow (the artifact is always
+the PNG the tool's description promises; details say `converted_from`). The image is created exclusively
+under the state directory's `artifacts/` with a unique name (no caller-chosen path, never an overwrite).
 """
 
 from __future__ import annotations
@@ -105,6 +106,23 @@ def image_from(body: bytes) -> tuple[bytes, str]:
     return raw, mime
 
 
+def as_png(raw: bytes) -> bytes:
+    """A JPEG answer as a PNG (Pillow), pixels unchanged; a ToolError when it cannot be decoded."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(raw)) as img:
+            img.load()
+            out = io.BytesIO()
+            img.save(out, "PNG")
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        raise ToolError(f"{FEATURE}: the upstream's JPEG image could not be decoded to save it as a PNG; nothing "
+                        "was saved", code="upstream_invalid_image") from None
+    return out.getvalue()
+
+
 class ImageFamily:
     name = "image"
 
@@ -129,9 +147,14 @@ class ImageFamily:
         if outcome.status != 200:
             raise refusal(FEATURE, outcome.status, body)
         raw, mime = image_from(body)
+        answered = mime
+        if mime != "image/png":  # the tool promises a PNG (seed 004 §5.3): converted, never kept as JPEG
+            raw, mime = await asyncio.to_thread(as_png, raw), "image/png"
         path = await asyncio.to_thread(save_artifact, self.artifacts, raw, mime)
         details = {"path": str(path), "mime_type": mime, "bytes": len(raw), "model": MODEL,
                    "backend": target.route_kind, "account": target.account, "credential_source": target.source}
+        if answered != mime:
+            details["converted_from"] = answered
         return ToolResult(text=f"Generated one image with {MODEL}, saved to {path}", details=details,
                           images=[ImageContent(base64.b64encode(raw).decode("ascii"), mime)])
 
