@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--upstream", choices=["official", "trusted", "untrusted"], default=None,
                         help="the proxy's upstream (set by `ctproxy up`): behind an untrusted one the tools that "
                         "call OpenAI can only use OPENAI_API_KEY, and web_search auto searches natively on an official "
-                        "or trusted one, so the sidecar is listed only off one (default: not known; judged as official)")
+                        "or trusted one, so the sidecar is listed only off one (default: unknown, judged official)")
     parser.add_argument("--parent-pid", type=int, metavar="PID",
                         help="stop when this process is gone (set by `ctproxy up`)")
     args = parser.parse_args()
