@@ -178,8 +178,10 @@ async def test_codex_builtin_provider_with_openai_base_url(emulator, proxy_facto
                                     "count the tests"], work, env, TIMEOUT)
     assert code == 0, err.decode()[-3000:]
     assert last.read_text().strip() == "You said: count the tests"
-    posts = [r for r in emulator.responses_requests if r.method == "POST"]
-    assert posts and all(r.status == 200 for r in posts)
+    # Codex speaks the Responses WebSocket in this form; ctproxy runs its creates through the chain.
+    turns = [r for r in emulator.requests if r.route == "responses"]
+    assert turns and all(r.transport == "ws" and r.status == 200 for r in turns), \
+        [(r.transport, r.status) for r in turns]
     # Codex keeps its runs apart by itself: its session id header makes a session of its own.
     sessions = [s for t in tasks(proxy.state_dir) for a in t["agents"] for s in a["sessions"]]
     assert [s["source"] for s in sessions] == ["codex"]

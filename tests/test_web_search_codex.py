@@ -63,8 +63,10 @@ async def test_the_sidecar_in_codexs_mcp_namespace_is_the_turns_search_path(tmp_
         cfg.write_text(json.dumps({"web_search": {"sidecar_model": "gpt-5-mini"}}))
         # The MCP server: the tool server of another ctproxy, whose upstream is not eligible (untrusted), so it
         # lists the sidecar; the model requests go through a proxy in front of the (trusted) emulator.
+        # Behind an untrusted upstream the sidecar can only use OPENAI_API_KEY (else it is unavailable, issue 27).
         other = await ProxyProcess(tmp_path / "tools-state", upstream="http://127.0.0.1:9", trust_upstream=False,
-                                   extra_args=["--config", str(cfg)]).astart()
+                                   extra_args=["--config", str(cfg)],
+                                   env={"OPENAI_API_KEY": "sk-env-not-real"}).astart()
         proxy = await ProxyProcess(tmp_path / "state", upstream=emulator.url, with_tools=False,
                                    extra_args=["--config", str(cfg)]).astart()
         tools_url = other.tools_url

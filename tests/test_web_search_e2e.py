@@ -75,5 +75,7 @@ async def test_the_sidecar_is_listed_only_where_auto_does_not_search_natively(em
                                                                               backend, trusted, listed_there):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"web_search": {"backend": backend, "sidecar_model": "gpt-5-mini"}}))
-    proxy = await proxy_factory(upstream=emu.url, trust_upstream=trusted, extra_args=["--config", str(cfg)])
+    # Behind an untrusted upstream the sidecar can only pay with OPENAI_API_KEY (without it: unavailable, issue 27).
+    proxy = await proxy_factory(upstream=emu.url, trust_upstream=trusted, extra_args=["--config", str(cfg)],
+                                env={"OPENAI_API_KEY": "sk-env-not-real"})
     assert ("openai_web_search" in await listed(proxy)) is listed_there
