@@ -15,7 +15,8 @@ import pytest
 
 from proxy.config import Config
 from proxy.state import StateDir
-from tools_server.registry import CallContext, Services, ToolResult
+from tools_server.registry import CallContext, Registry, Services, ToolResult
+from tools_server.service import ToolService
 from tools_server.shell import ShellFamily, create_family
 from tools_server.shell.procgroup import live_members
 
@@ -420,18 +421,28 @@ class BadOverlayHooks:
         return {"env": {"BAD=NAME": "x"}}
 
 
+def on_the_road(h: Harness) -> ToolService:
+    """The policy seam is the road's (tools_server/service.py): these calls take it, as every transport does."""
+    return ToolService(h.services, Registry([h.family], h.services.config))
+
+
+async def road_exec(h: Harness, args: dict[str, Any], task: str = "t1") -> ToolResult:
+    svc = on_the_road(h)
+    return await svc.call("exec_command", args, svc.context(transport="direct", task=task, agent="/root"))
+
+
 async def test_env_overlay_and_policy_refusal(tmp_path: Path) -> None:
     h = make_harness(tmp_path, policy="tests.test_shell_sessions:RecordingHooks")
     try:
         RecordingHooks.calls.clear()
         assert "CTP_OVERLAY" not in os.environ
-        d = ok(await h.exec({"cmd": 'echo "$CTP_OVERLAY"'}))
+        d = ok(await road_exec(h, {"cmd": 'echo "$CTP_OVERLAY"'}))
         assert d["stdout"]["text"] == "for-t1\n"
         assert "CTP_OVERLAY" not in os.environ and "CTP_OVERLAY" not in h.family.manager._env
         call = RecordingHooks.calls[-1]
         assert call["tool"] == "exec_command" and call["path"] == "direct"
         assert call["cwd"] == str(h.services.workspace) and "cmd" not in call
-        res = await h.exec({"cmd": "touch refused"}, task="forbidden")
+        res = await road_exec(h, {"cmd": "touch refused"}, task="forbidden")
         assert res.is_error and res.details["error"] == "policy-refused"
         assert "this task may not run commands" in res.text
         assert not (h.services.workspace / "refused").exists()
@@ -442,7 +453,7 @@ async def test_env_overlay_and_policy_refusal(tmp_path: Path) -> None:
 async def test_invalid_overlay_refused_before_spawn(tmp_path: Path) -> None:
     h = make_harness(tmp_path, policy="tests.test_shell_sessions.BadOverlayHooks")
     try:
-        res = await h.exec({"cmd": "touch x"})
+        res = await road_exec(h, {"cmd": "touch x"})
         assert res.is_error and res.details["error"] == "invalid-env-overlay"
         assert not (h.services.workspace / "x").exists()
     finally:

@@ -1,10 +1,11 @@
 """The code-mode family: `exec` starts a JavaScript cell in a fresh V8 isolate, `wait` continues or stops it.
 
 A cell may call, as `await tools.<name>(args)`, the seed's adapters (`exec_command`, `write_stdin`,
-`apply_patch`) and the read-only history and notes tools. Each nested call goes through the registry's
-own tool (the same schema validation, shell manager, patch executor and path queue as a direct call),
-looked up again when it is dispatched, so a tool switched off later is refused inside a running cell
-too. Off by default (`code_mode.enabled`): it is remote code execution for whoever holds the token.
+`apply_patch`) and the read-only history and notes tools. Each nested call takes the one road every call
+takes (tools_server/service.py: discovery, the policy seam told the cell's ID, the journal, the same
+schema validation, shell manager, patch executor and path queue as a direct call), looked up again when
+it is dispatched, so a tool switched off later is refused inside a running cell too.
+Off by default (`code_mode.enabled`): it is remote code execution for whoever holds the token.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tools_server.registry import (
     ToolResult,
     clip,
 )
+from tools_server.service import SERVICE_KEY, ToolService
 from tools_server.shell import limits as shell_limits
 from tools_server.shell.capture import StreamCapture
 
@@ -207,9 +209,14 @@ class CodeModeFamily:
         ctx = CallContext(services=self.services, task=outer.task if outer else None,
                           agent=outer.agent if outer else None, session=outer.session if outer else None,
                           window=outer.window if outer else None, cwd=outer.cwd if outer else None,
-                          call_id=f"{cell.id}/{len(cell.calls)}",
-                          transport=outer.transport if outer else "direct")
-        return await tool.call(args, ctx)
+                          call_id=f"{cell.id}/{len(cell.calls)}", transport="cell", cell_id=cell.id)
+        return await self._service().call(name, args, ctx)
+
+    def _service(self) -> ToolService:
+        service = self.services.extras.get(SERVICE_KEY)
+        if service is None:  # a family used without the app (tests): the same road, with no journal
+            service = ToolService(self.services, self._registry())
+        return service
 
     async def _approve_patch(self, cell: Cell, patch: Any) -> None:
         outer = cell.context
