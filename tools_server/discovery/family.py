@@ -1,6 +1,9 @@
 """`find_tools` (seed 004 §5.8): search ctproxy's own tools and load deferred ones for this session.
 
-Loads live in memory, per session (the CallContext's session, else its task and agent): they survive
+Loads live in memory, per session (the CallContext's session, else its task and agent; over MCP the
+MCP session). The one road (tools_server/service.py) enforces them on every transport: a deferred tool
+the caller has not loaded is neither listed (MCP `tools/list`, `GET /v1/tools`, bridged specs) nor
+callable (`not_loaded`): they survive
 config reloads and model changes, never reach a new session, and are never persisted. Switching discovery
 off forgets them. Discovery runs no other tool and grants nothing: a loaded tool is still checked by its
 own executor when called.
@@ -119,7 +122,8 @@ class DiscoveryFamily:
             details.update(loaded=list(outcome.loaded), already_active=list(outcome.already),
                            rejected=[{"name": n, "reason": r} for n, r in outcome.rejected])
             if outcome.loaded:
-                lines.append(f"Loaded (callable from the next turn): {', '.join(outcome.loaded)}")
+                lines.append(f"Loaded for this session: {', '.join(outcome.loaded)} (callable from the next turn; "
+                             "an MCP client sees it in its next tools/list)")
             if outcome.already:
                 lines.append(f"Already active: {', '.join(outcome.already)}")
             for name, reason in outcome.rejected:
