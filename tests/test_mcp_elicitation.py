@@ -275,6 +275,37 @@ async def _async(value: Any) -> Any:
     return value
 
 
+async def test_stopping_a_cell_cancels_its_open_question_and_nothing_is_applied(tool_server: Any,
+                                                                               tmp_path: Path) -> None:
+    """Seed 004 defect 1: a nested apply_patch still waiting for approval never applies after its cell was
+    terminated, even if the person then says accept: approval waiters are cancelled with the cell."""
+    srv = await tool_server(CODE_ON, workspace=tmp_path)
+    family = srv.services.extras["registry"].get("exec").execute.__self__  # the code-mode family
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        await release.wait()
+
+    person = Person(["accept"], before=hold)
+    async with mcp_session(srv, person) as call:
+        running = asyncio.ensure_future(call("exec", {"code": cell_patch(), "yield_time_ms": 250}))
+        await until(lambda: _async(bool(person.asked) and bool(family._asking)), "the question to be asked")
+        cell_id = next(iter(family._asking))
+        async with mcp_session(srv, None) as other:
+            stopped = await other("wait", {"cell_id": cell_id, "terminate": True})
+        # the stop happened: it reports the stopped cell, or the exec observing it did (one observer wins)
+        assert "terminated" in stopped.text.lower() or "already returned" in stopped.text, stopped.text
+        release.set()  # the person answers accept only now
+        observed = await asyncio.wait_for(running, 60)
+        assert "terminated" in (observed.text + stopped.text).lower()
+    cell_calls = [c for c in family.manager.cells.values() if c.id == cell_id]
+    for cell in cell_calls:  # whatever is left of it has settled
+        await until(lambda c=cell: _async(all(n.state not in ("queued", "running") for n in c.calls.values())),
+                    "the nested call to settle")
+    await asyncio.sleep(0.5)  # a patch applied late would show by now; its absence is what is checked
+    assert not (tmp_path / "made.txt").exists()
+
+
 # -- Codex CLI 0.169 (a real client that declares elicitation) ------------------------------------------------
 
 async def test_codex_exec_is_asked_and_its_headless_answer_changes_nothing(emulator: Any, proxy_factory: Any,

@@ -125,6 +125,9 @@ class CallContext:
     # tools_server/computer_use/approval.py, mcp_confirm_for); None where nobody can be asked (REST, bridge).
     confirm: Callable[[str], Awaitable[ConfirmAnswer]] | None = field(default=None, repr=False)
     cell_id: str | None = None  # a code-mode nested call: the cell that made it
+    # A last check the caller's road adds, run after the policy seam and right before the tool (code mode:
+    # a person approves a nested patch); it raises ToolError to refuse. Given the tool and its arguments.
+    gate: Callable[[Tool, Any], Awaitable[None]] | None = field(default=None, repr=False)
     # What the policy seam's context() hook gave this call (tools_server/service.py): the shell spawn's env.
     env_overlay: dict[str, str] = field(default_factory=dict, repr=False)
 

@@ -15,6 +15,8 @@ inside a cell) each turn their request into a `CallContext` and call this, in th
 6. the policy seam (`tools_server.shell.seam`, configured by `shell.policy`): `context(call)` then
    `policy(call)`, for every tool, once, with the caller's identity, the road it came by and, for a
    nested call, its cell; the env overlay `context()` returned rides on the context to the shell spawn;
+   then the context's own `gate`, if its road set one (a person approving a cell's nested patch: nobody
+   is asked for what the policy refuses);
 7. the tool's executor; a ToolError or an unexpected exception becomes the call's error result;
 8. the journal (`journal.observe_call`: the dashboard's recent calls and the Prometheus counters): one
    record per call, with the tool's name, the road, the outcome (`ok`, `error`, `refused`, `cancelled`),
@@ -175,6 +177,8 @@ class ToolService:
             if tool.capability in WORKSPACE_CAPABILITIES and self.services.workspace is None:
                 raise ToolError(no_workspace_message(tool.name), code=NO_WORKSPACE)
             await self.admit(tool, args, ctx)
+            if ctx.gate is not None:
+                await ctx.gate(tool, args)
             if ctx.cancel.is_set():
                 raise ToolError(f"{tool.name}: the call was cancelled before it started; nothing was run",
                                 code="cancelled")

@@ -195,21 +195,23 @@ class CodeModeFamily:
         tool = self._registry().get(name)  # again at dispatch: a tool switched off since is refused
         if tool is None or not is_adapter(tool):
             raise ToolError(f"tools.{name} is not enabled any more; nothing was run", code="unavailable")
-        if name == "apply_patch" and self.services.config.code_mode.approval_mode == "confirm":
-            # validate first (a wrong patch is an argument error, not a question for the user) ...
-            parsed = tool.validate(args)
-            try:
-                patch = parse_patch(getattr(parsed, "text", ""))
-            except PatchError as exc:
-                raise ToolError(f"apply_patch: {exc}; nothing was changed", code="invalid_patch") from None
-            # ... then ask the person behind the observing call (MCP clients with elicitation); nobody to ask
-            # (REST, the bridge, an MCP client without it) refuses before any change.
-            await self._approve_patch(cell, patch)
         outer: CallContext | None = cell.context
         ctx = CallContext(services=self.services, task=outer.task if outer else None,
                           agent=outer.agent if outer else None, session=outer.session if outer else None,
                           window=outer.window if outer else None, cwd=outer.cwd if outer else None,
                           call_id=f"{cell.id}/{len(cell.calls)}", transport="cell", cell_id=cell.id)
+        if name == "apply_patch" and self.services.config.code_mode.approval_mode == "confirm":
+            async def approve(_tool: Tool, parsed: Any) -> None:
+                # a wrong patch is an argument error, not a question for the user ...
+                try:
+                    patch = parse_patch(getattr(parsed, "text", ""))
+                except PatchError as exc:
+                    raise ToolError(f"apply_patch: {exc}; nothing was changed", code="invalid_patch") from None
+                # ... then ask the person behind the observing call (MCP clients with elicitation); nobody to
+                # ask (REST, the bridge, an MCP client without it) refuses before any change.
+                await self._approve_patch(cell, patch)
+
+            ctx.gate = approve  # on the road, after the policy seam: nobody is asked for what it refuses
         return await self._service().call(name, args, ctx)
 
     def _service(self) -> ToolService:
@@ -226,23 +228,32 @@ class CodeModeFamily:
                             "'confirm') and this client cannot be asked (that needs an MCP client with "
                             "elicitation); nothing was changed. Call apply_patch directly, or set "
                             "code_mode.approval_mode to 'always'.", code="approval-unavailable")
+        stopped = ToolError(f"apply_patch inside code cell {cell.id} was not applied: the cell was stopped "
+                            "while the question was open; nothing was changed", code="cell-stopped")
         answered = asyncio.Event()
         self._asking.setdefault(cell.id, set()).add(answered)
+        asking = asyncio.ensure_future(confirm(patch_question(cell.id, patch)))
+        ended = asyncio.ensure_future(cell.done.wait())
         try:
-            answer = await confirm(patch_question(cell.id, patch))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the call that could ask has ended, or the client failed to answer
-            raise ToolError(f"apply_patch inside a code cell needs confirmation and asking failed "
-                            f"({type(exc).__name__}: the call observing the cell may have returned); nothing was "
-                            "changed. Call apply_patch directly, or retry it from a cell.",
-                            code="approval-unavailable") from None
+            # a cell stopped while its question is open cancels the question: its answer can change nothing
+            await asyncio.wait({asking, ended}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            ended.cancel()
+            if not asking.done():
+                asking.cancel()
             open_ = self._asking.get(cell.id, set())
             open_.discard(answered)
             if not open_:
                 self._asking.pop(cell.id, None)
             answered.set()
+        if asking.cancelled() or cell.state != "running":
+            raise stopped
+        if (exc := asking.exception()) is not None:  # the call that could ask has ended, or the client failed
+            raise ToolError(f"apply_patch inside a code cell needs confirmation and asking failed "
+                            f"({type(exc).__name__}: the call observing the cell may have returned); nothing was "
+                            "changed. Call apply_patch directly, or retry it from a cell.",
+                            code="approval-unavailable")
+        answer = asking.result()
         if answer != "accept":
             raise ToolError(f"apply_patch inside a code cell was not approved (the answer was '{answer}'); "
                             "nothing was changed", code="approval-declined")

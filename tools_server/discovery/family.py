@@ -4,8 +4,8 @@ Loads live in memory, per session (the CallContext's session, else its task and 
 MCP session). The one road (tools_server/service.py) enforces them on every transport: a deferred tool
 the caller has not loaded is neither listed (MCP `tools/list`, `GET /v1/tools`, bridged specs) nor
 callable (`not_loaded`). Loads survive config reloads and model changes, never reach a new session, and
-are never persisted. Switching discovery off forgets them. Discovery runs no other tool and grants nothing: a loaded tool is still checked by its
-own executor when called.
+are never persisted. Switching discovery off forgets them. Discovery runs no other tool and grants
+nothing: a loaded tool is still checked by its own executor when called.
 """
 
 from __future__ import annotations
