@@ -104,3 +104,50 @@ async def test_the_same_call_over_five_roads_takes_one_road(tool_server) -> None
             assert [(r.transport, r.outcome, r.agent) for r in records] == [(TRANSPORT[road], "ok", "/root")]
     finally:
         world.journal.close()
+
+
+class Deny:
+    """A policy that refuses one agent everything, and records what it was asked."""
+
+    calls: ClassVar[list[dict[str, Any]]] = []
+
+    def policy(self, call: Any) -> str | None:
+        Deny.calls.append(call.as_dict())
+        return "agent /denied may not change anything" if call.agent == "/denied" else None
+
+
+async def test_the_policy_seam_covers_apply_patch_direct_and_nested(tool_server, tmp_path) -> None:
+    """Seed 004 defect 4: the policy hook is asked for apply_patch, called directly or from a cell, and a
+    nested call names its cell; what it refuses changes nothing."""
+    srv = await tool_server({"code_mode.enabled": True, "apply_patch.enabled": True, "shell.enabled": True,
+                             "code_mode.approval_mode": "always", "shell.policy": "tests.test_one_road:Deny"},
+                            workspace=tmp_path)
+    Deny.calls.clear()
+    patch = "*** Begin Patch\n*** Add File: x.txt\n+x\n*** End Patch"
+    direct = await srv.rest("apply_patch", {"patch": patch}, task="t", agent="/denied")
+    assert not direct.ok and direct.details["error"] == "policy-refused", direct.body
+    assert "may not change anything" in direct.text
+    code = f"try {{ await tools.apply_patch({{patch: {json.dumps(patch)}}}) }} catch (e) {{ print('refused', e.code) }}"
+    nested = await srv.rest("exec", {"code": code, "yield_time_ms": 20000}, task="t", agent="/denied")
+    assert nested.details["error"] == "policy-refused"  # the exec itself is refused by the same policy
+    allowed = await srv.rest("exec", {"code": code, "yield_time_ms": 20000}, task="t", agent="/ok")
+    assert allowed.ok and "refused" not in allowed.text, allowed.text
+    assert (tmp_path / "x.txt").read_text() == "x\n"  # only the allowed agent's nested patch applied
+    patches = [c for c in Deny.calls if c["tool"] == "apply_patch"]
+    assert [(c["agent"], c["path"], c["transport"], bool(c["cell_id"])) for c in patches] == [
+        ("/denied", "direct", "rest", False), ("/ok", "nested", "cell", True)]
+    assert patches[1]["cell_id"] == allowed.details["cell_id"]
+    (tmp_path / "x.txt").unlink()
+
+    # a policy that refuses only nested patches: the cell's call is refused, a direct one goes through
+    Deny.calls.clear()
+    srv.services.config.shell.policy = "tests.test_one_road:DenyNested"
+    nested = await srv.rest("exec", {"code": code, "yield_time_ms": 20000}, task="t", agent="/ok")
+    assert nested.ok and "refused policy-refused" in nested.text, nested.text
+    assert not (tmp_path / "x.txt").exists()
+    assert (await srv.rest("apply_patch", {"patch": patch}, task="t", agent="/ok")).ok
+
+
+class DenyNested:
+    def policy(self, call: Any) -> str | None:
+        return "no patches from code cells" if call.tool == "apply_patch" and call.path == "nested" else None
