@@ -245,3 +245,81 @@ async def test_output_past_the_preview_is_kept_in_a_private_file(tool_server: An
     assert "recovery" not in small.details  # a small result needs no file
     await srv.close()
     assert not path.exists()  # removed with the server session's other captures
+
+
+# -- stopping a cell is a real stop (seed 004 defects 2, 5, 11) ---------------------------------------------
+
+def code_family(srv: Any) -> Any:
+    return next(f for f in srv.services.extras["registry"].families if f.name == "code_mode")
+
+
+async def until_true(cond: Any, what: str, limit: float = 30.0) -> None:
+    async def loop() -> None:
+        while not cond():
+            await asyncio.sleep(0.02)
+    try:
+        await asyncio.wait_for(loop(), limit)
+    except TimeoutError:
+        raise AssertionError(f"condition never held: {what}") from None
+
+
+def nested_running(srv: Any, cell_id: str, name: str) -> bool:
+    cell = code_family(srv).manager.cells.get(cell_id)
+    return cell is not None and any(c.name == name and c.state == "running" for c in cell.calls.values())
+
+
+async def test_stopping_a_cell_leaves_its_polled_shell_unread_for_write_stdin(tool_server: Any,
+                                                                           tmp_path: Path) -> None:
+    """Defect 2: a nested poll in flight when its cell is stopped returns before reading; the stop's answer
+    says the shell is still running, and write_stdin then gets its last output and its exit code."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    code = ("const r = await tools.exec_command({cmd: 'while [ ! -e go ]; do sleep 0.05; done; echo IMPORTANT; "
+            "exit 7', yield_time_ms: 250});\nprint('sid=' + r.session_id);\n"
+            "await tools.write_stdin({session_id: r.session_id, yield_time_ms: 30000});")
+    res = await srv.rest("exec", {"code": code, "yield_time_ms": 250}, task="t", agent="/root")
+    cell_id = res.details["cell_id"]
+    await until_true(lambda: nested_running(srv, cell_id, "write_stdin"), "the nested poll to be in flight")
+    stopped = await srv.rest("wait", {"cell_id": cell_id, "terminate": True}, task="t", agent="/root")
+    assert stopped.text.startswith("Script terminated"), stopped.text
+    (shell,) = stopped.details["shells"]
+    sid = shell["session_id"]
+    assert shell["running"] and f"Shells still running: {sid}" in stopped.text
+    assert stopped.details["calls"]["unsettled"] == 0
+    (tmp_path / "go").touch()
+    more = await srv.rest("write_stdin", {"session_id": sid, "yield_time_ms": 30000}, task="t", agent="/root")
+    assert more.ok, more.body
+    assert "IMPORTANT" in more.details["stdout"]["text"] and more.details["exit_code"] == 7
+
+
+async def test_stopping_a_cell_reports_its_exec_command_in_flight(tool_server: Any, tmp_path: Path) -> None:
+    """Defect 5: an exec_command still in flight when its cell is stopped is reported with its session id,
+    and write_stdin can stop it: never an orphan."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    code = "print('before'); await tools.exec_command({cmd: 'sleep 1003', yield_time_ms: 30000})"
+    res = await srv.rest("exec", {"code": code, "yield_time_ms": 250}, task="t", agent="/root")
+    cell_id = res.details["cell_id"]
+    shell = next(f for f in srv.services.extras["registry"].families if f.name == "shell")
+    await until_true(lambda: nested_running(srv, cell_id, "exec_command") and shell.manager._jobs,
+                     "the nested exec_command to have started its process")
+    stopped = await srv.rest("wait", {"cell_id": cell_id, "terminate": True}, task="t", agent="/root")
+    (entry,) = stopped.details["shells"]
+    sid = entry["session_id"]
+    assert entry["running"] and f"Shells still running: {sid}" in stopped.text, stopped.text
+    assert stopped.details["calls"]["unsettled"] == 0
+    ended = await srv.rest("write_stdin", {"session_id": sid, "terminate": True, "yield_time_ms": 10000},
+                           task="t", agent="/root")
+    assert ended.ok and ended.details["exit_code"] is not None, ended.body
+    assert not shell.manager._jobs or all(j.complete.is_set() for j in shell.manager._jobs.values())
+
+
+async def test_a_shell_read_to_its_exit_is_not_reported_running(tool_server: Any, tmp_path: Path) -> None:
+    """Defect 11: a nested write_stdin that sees the exit code closes the shell in the cell's report."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    code = ("const r = await tools.exec_command({cmd: 'cat', yield_time_ms: 250});\n"
+            "const w = await tools.write_stdin({session_id: r.session_id, chars: 'hi\\n', closeStdin: true, "
+            "yield_time_ms: 20000});\nprint('exit', w.exit_code);\nthrow new Error('stop here')")
+    res = await srv.rest("exec", {"code": code, "yield_time_ms": 20000}, task="t", agent="/root")
+    assert "exit 0" in res.text and res.text.startswith("Script failed"), res.text
+    assert res.details["shells"] == [{"session_id": res.details["shells"][0]["session_id"], "running": False,
+                                      "unread": False}]
+    assert "Shells still running" not in res.text

@@ -125,6 +125,9 @@ class CallContext:
     # tools_server/computer_use/approval.py, mcp_confirm_for); None where nobody can be asked (REST, bridge).
     confirm: Callable[[str], Awaitable[ConfirmAnswer]] | None = field(default=None, repr=False)
     cell_id: str | None = None  # a code-mode nested call: the cell that made it
+    # Set when the caller stops waiting while the work may live on (a code cell that ended): a shell call
+    # then returns at once without reading its session, which stays for write_stdin (nothing is lost).
+    detach: asyncio.Event | None = field(default=None, repr=False)
     # A last check the caller's road adds, run after the policy seam and right before the tool (code mode:
     # a person approves a nested patch); it raises ToolError to refuse. Given the tool and its arguments.
     gate: Callable[[Tool, Any], Awaitable[None]] | None = field(default=None, repr=False)

@@ -6,9 +6,11 @@ own tools, see family.py), and delivers the replies. The rules that matter:
 
 - a cell completes only when its program ended *and* every nested call it started has settled; a
   rejected tool promise that nothing observed fails the cell (never a silent success);
-- a failed or terminated cell refuses new calls, cancels the calls still waiting for a slot, and leaves
-  dispatched ones alone (a shell it started keeps running; `write_stdin` continues it): those are
-  reported as `unsettled`, never as done; code is never run twice;
+- a failed or terminated cell refuses new calls and cancels the calls still waiting for a slot; a
+  dispatched call is told the cell ended (its context's `detach`): a shell call returns at once without
+  reading, so a shell it started keeps running (or its exit waits unread) and `write_stdin` continues it,
+  and an approval question still open is withdrawn. The observer gives the dispatched calls a moment to
+  settle before it reports; one still running then is `unsettled`, never done; code is never run twice;
 - every limit overflow is a short control error delivered to the call that overflowed.
 """
 
@@ -34,6 +36,8 @@ CellState = Literal["running", "completed", "failed", "terminated"]
 CallState = Literal["queued", "running", "completed", "failed", "cancelled"]
 Owner = tuple[str, str]
 SHELL_TOOLS = ("exec_command", "write_stdin")
+ShellState = Literal["running", "exited", "closed"]
+SETTLE_S = 5.0  # how long an observer of an ended cell lets its dispatched calls come back
 
 
 @dataclass
@@ -130,7 +134,9 @@ class Cell:
         self.program_done = False
         self.closed = False  # refuses new calls
         self.effects: Effects | None = None
-        self.shells: dict[str, bool] = {}  # session id -> still running when last seen
+        # session id -> "running", "exited" (its exit and last output unread: write_stdin reads them) or
+        # "closed" (read to the end), as the cell's nested calls last saw it
+        self.shells: dict[str, ShellState] = {}
         self.done = asyncio.Event()
         self.observe_lock = asyncio.Lock()
         self.read_terminal = False
@@ -286,15 +292,32 @@ class Cell:
                 call.state = "cancelled"
             raise
         call.state = "failed" if result.is_error else "completed"
-        self._note_shell(call.name, result)
+        self._note_shell(call.name, args, result)
         if self.state != "running":
-            return  # the cell has ended: the reply cannot be delivered (reported as unsettled at the end)
+            # the cell has ended: the reply cannot be delivered. A shell call that read output or an exit
+            # code on its way back hands it to whoever observes the cell, in its output: nothing is lost
+            if call.name in SHELL_TOOLS and not result.details.get("detached"):
+                self.output.append(f"\n[tools.{call.name} came back after the cell ended:]\n{result.text}\n")
+            return
         self._queue_reply(call, result)
 
-    def _note_shell(self, name: str, result: ToolResult) -> None:
+    def _note_shell(self, name: str, args: dict[str, Any], result: ToolResult) -> None:
+        if name not in SHELL_TOOLS:
+            return
         sid = result.details.get("session_id")
-        if name in SHELL_TOOLS and sid is not None:
-            self.shells[str(sid)] = "exit_code" not in result.details and not result.details.get("terminated")
+        if sid is None and name == "write_stdin":  # a poll that read the exit no longer names the session
+            sid = args.get("session_id")
+        if sid is None or (result.is_error and str(sid) not in self.shells):
+            return
+        d = result.details
+        if result.is_error:  # e.g. stale-session: nothing more can be read from it
+            self.shells[str(sid)] = "closed"
+        elif d.get("detached"):
+            self.shells[str(sid)] = "running" if d.get("running") else "exited"
+        elif "exit_code" in d or d.get("terminated"):
+            self.shells[str(sid)] = "closed"
+        else:
+            self.shells[str(sid)] = "running"
 
     def _queue_reply(self, call: NestedCall, result: ToolResult) -> None:
         lim = self.limits
@@ -340,16 +363,30 @@ class Cell:
         self.state = state
         self._close_calls()
         self.ended = time.monotonic()
-        counts = {"completed": 0, "failed": 0, "cancelled": 0, "unsettled": 0}
-        for call in self.calls.values():
-            key = {"queued": "cancelled", "running": "unsettled"}.get(call.state, call.state)
-            counts[key] += 1
-        self.effects = Effects(**counts)
+        self.effects = self._count_effects()
         if self.capture is not None:
             self.capture.close_source(error=state == "terminated")  # a stopped cell's last text is lost
         self.terminal_at = time.monotonic()
         self.done.set()
         self._on_terminal(self)
+
+    def _count_effects(self) -> Effects:
+        counts = {"completed": 0, "failed": 0, "cancelled": 0, "unsettled": 0}
+        for call in self.calls.values():
+            key = {"queued": "cancelled", "running": "unsettled"}.get(call.state, call.state)
+            counts[key] += 1
+        return Effects(**counts)
+
+    async def settle(self, timeout: float = SETTLE_S) -> None:
+        """After the end: let the dispatched calls come back (they were told, `detach`), then count again.
+        A shell call returns at once with its session; one that is still running after `timeout` stays
+        `unsettled`."""
+        if self.state == "running":
+            return
+        pending = [c.task for c in self.calls.values() if c.state == "running" and c.task is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+        self.effects = self._count_effects()
 
     def wall_time(self) -> float:
         return (self.ended or time.monotonic()) - self.started

@@ -199,7 +199,8 @@ class CodeModeFamily:
         ctx = CallContext(services=self.services, task=outer.task if outer else None,
                           agent=outer.agent if outer else None, session=outer.session if outer else None,
                           window=outer.window if outer else None, cwd=outer.cwd if outer else None,
-                          call_id=f"{cell.id}/{len(cell.calls)}", transport="cell", cell_id=cell.id)
+                          call_id=f"{cell.id}/{len(cell.calls)}", transport="cell", cell_id=cell.id,
+                          detach=cell.done)  # the cell's end: a shell call returns unread, a question is withdrawn
         if name == "apply_patch" and self.services.config.code_mode.approval_mode == "confirm":
             async def approve(_tool: Tool, parsed: Any) -> None:
                 # a wrong patch is an argument error, not a question for the user ...
@@ -311,6 +312,8 @@ class CodeModeFamily:
             finally:
                 if self._askers.get(cell.id) is confirm:
                     self._askers.pop(cell.id, None)
+            if cell.state != "running":
+                await cell.settle()  # its dispatched calls come back (told by `detach`) before it is reported
             if cell.capture is not None:
                 if cell.state != "running":
                     await cell.capture.settle()  # the file is complete before its path is handed out

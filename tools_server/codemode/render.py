@@ -44,9 +44,13 @@ def render(cell: Cell, max_bytes: int) -> tuple[str, dict[str, Any]]:
     recovery = cell.capture.snapshot() if cell.capture is not None else None
     if recovery is not None and recovery.get("path"):
         notes.append(f"Full output ({recovery['bytes']} bytes, {recovery['state']}): {recovery['path']}")
-    live = sorted(sid for sid, running in cell.shells.items() if running)
+    live = sorted(sid for sid, state in cell.shells.items() if state == "running")
+    unread = sorted(sid for sid, state in cell.shells.items() if state == "exited")
     if live and cell.state != "running":
         notes.append(f"Shells still running: {', '.join(live)} (continue them with write_stdin session_id).")
+    if unread and cell.state != "running":
+        notes.append(f"Shells exited, output and exit code unread: {', '.join(unread)} (read them with "
+                     "write_stdin session_id).")
     output, out_clipped = _clip(cell.output.read_unread(), budget)
     text = "\n".join(head) + "\n" + "".join(n + "\n" for n in notes) + "Output:\n" + output
     details: dict[str, Any] = {"cell_id": cell.id, "status": cell.state,
@@ -74,7 +78,8 @@ def render(cell: Cell, max_bytes: int) -> tuple[str, dict[str, Any]]:
     if recovery is not None:
         details["recovery"] = {"output": recovery}
     if cell.shells:
-        details["shells"] = [{"session_id": sid, "running": running} for sid, running in sorted(cell.shells.items())]
+        details["shells"] = [{"session_id": sid, "running": state == "running", "unread": state != "closed"}
+                             for sid, state in sorted(cell.shells.items())]
     details["clipping"] = clipping
     final, _ = _clip(text, lim.final_text_bytes)
     return final, details

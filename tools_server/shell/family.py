@@ -151,6 +151,8 @@ class ShellFamily:
                 raise ShellError(EXEC, "bad-cwd", f"workdir {clip(str(cwd))} is not an accessible directory")
             if ctx.cancel.is_set():
                 raise ShellError(EXEC, "cancelled", "the call was cancelled before the command started")
+            if ctx.detach is not None and ctx.detach.is_set():
+                raise ShellError(EXEC, "cancelled", "the code cell that made this call has ended; nothing was run")
             job = await self.manager.start(EXEC, owner, req.cmd, cwd, ctx.env_overlay)
         with self._stop_on_cancel(job):
             return await self._observe(EXEC, job, started, started + req.yield_ms / 1000,
@@ -161,6 +163,9 @@ class ShellFamily:
         require(self.services, WRITE)  # no workspace, no sessions: say how to set one, not "stale session"
         req = normalize_write(args.model_extra or {}, self.config.max_poll_ms)
         job = self.manager.lookup(WRITE, owner_of(ctx), req.session_id)
+        if ctx.detach is not None and ctx.detach.is_set():
+            raise ShellError(WRITE, "cancelled", f"the code cell that made this call has ended; nothing was "
+                             f"written and session {job.id} was not read")
         deadline = started + req.yield_ms / 1000
         delivery: Delivery | None = None
         data = req.chars.encode("utf-8")
@@ -189,13 +194,25 @@ class ShellFamily:
     async def _observe(self, tool: str, job: Job, started: float, deadline: float, budget: int,
                        ctx: CallContext, delivery: Delivery | None = None,
                        input_bytes: int = 0) -> ToolResult:
-        if await self.manager.wait(job, deadline, ctx.cancel):
+        if await self.manager.wait(job, deadline, ctx.cancel, ctx.detach):
             await self.manager.stop(job)
+        elif ctx.detach is not None and ctx.detach.is_set():
+            return detached(job)
         obs: Observation = await self.manager.observe(tool, job, started, budget)
         obs.input_delivery = delivery
         obs.input_bytes = input_bytes
         text, details = render(obs)
         return ToolResult(text=text, details=details)
+
+
+def detached(job: Job) -> ToolResult:
+    """The answer of a call whose code cell ended while it waited: nothing was read, so the session's output
+    and exit code are all still there for write_stdin (seed 004 §5.7: a poll returns before reading)."""
+    exited = job.complete.is_set()
+    state = "has exited; its output and exit code are" if exited else "is still running; its output is"
+    return ToolResult(text=f"Session {job.id} {state} unread (the code cell waiting on it ended): read it with "
+                           f"write_stdin session_id {job.id}.",
+                      details={"session_id": job.id, "detached": True, "running": not exited, "unread": True})
 
 
 def create_family(services: Services) -> ShellFamily:

@@ -186,11 +186,15 @@ class ShellManager:
             job.stdin_reserved_calls -= 1
 
     # -- observation -----------------------------------------------------------------------------
-    async def wait(self, job: Job, deadline: float, cancel: asyncio.Event | None) -> bool:
-        """Wait for completion, the deadline or cancel; True if the call was cancelled."""
+    async def wait(self, job: Job, deadline: float, cancel: asyncio.Event | None,
+                   detach: asyncio.Event | None = None) -> bool:
+        """Wait for completion, the deadline, cancel or detach; True if the call was cancelled. A detached
+        call (its caller stopped waiting: a code cell that ended) returns at once; the caller checks it."""
         waiters = [asyncio.ensure_future(job.complete.wait())]
         if cancel is not None:
             waiters.append(asyncio.ensure_future(cancel.wait()))
+        if detach is not None:
+            waiters.append(asyncio.ensure_future(detach.wait()))
         try:
             await asyncio.wait(waiters, timeout=max(0.0, deadline - time.monotonic()),
                                return_when=asyncio.FIRST_COMPLETED)
@@ -199,6 +203,8 @@ class ShellManager:
                 w.cancel()
         if cancel is not None and cancel.is_set():
             return True
+        if detach is not None and detach.is_set():
+            return False
         if not job.complete.is_set() and (job.leader_exited.is_set()
                                           or all(s.closed for s in job.streams.values())):
             # settle: short trailing output and the exit come back in this call
