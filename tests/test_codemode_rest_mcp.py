@@ -323,3 +323,19 @@ async def test_a_shell_read_to_its_exit_is_not_reported_running(tool_server: Any
     assert res.details["shells"] == [{"session_id": res.details["shells"][0]["session_id"], "running": False,
                                       "unread": False}]
     assert "Shells still running" not in res.text
+
+
+@pytest.mark.parametrize("breaker", [
+    'Object.defineProperty(Array.prototype, "0", {get() { throw new Error("evil") }})',
+    "Array.prototype.push = () => { throw new Error('evil') }; Array.prototype.join = () => 'x'",
+    "Map.prototype.get = () => undefined; Map.prototype.set = () => { throw new Error('evil') }",
+])
+async def test_a_cell_that_breaks_builtins_still_ends(tool_server: Any, tmp_path: Path, breaker: str) -> None:
+    """Defect 18: a cell that breaks Array or Map builtins is never left "running" after its program ended;
+    its output, nested calls and result still come back."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    code = f"{breaker};\nprint('still printed');\nconst r = await tools.exec_command({{cmd: 'echo nested'}});\n" \
+           "print(r.stdout.text.trim());\nreturn 1"
+    res = await srv.rest("exec", {"code": code, "yield_time_ms": 20000}, task="t", agent="/root")
+    assert res.details["status"] == "completed", res.text
+    assert "still printed\nnested\n" in res.text and res.details["result"] == 1

@@ -70,14 +70,19 @@ BOOTSTRAP = r"""
   const G = globalThis;
   const stringify = JSON.stringify, parse = JSON.parse, freeze = Object.freeze;
   // the builtins the host's messages need, captured before the cell can replace them
-  const apply = Reflect.apply, join = Array.prototype.join, arrayPush = Array.prototype.push;
+  const apply = Reflect.apply, join = Array.prototype.join;
   const arrayMap = Array.prototype.map;
-  const outbox = [];
+  const mapGet = Map.prototype.get, mapSet = Map.prototype.set, mapDelete = Map.prototype.delete;
+  const mapForEach = Map.prototype.forEach, mapSize = Reflect.getOwnPropertyDescriptor(Map.prototype, "size").get;
+  const weakAdd = WeakSet.prototype.add, weakHas = WeakSet.prototype.has;
+  // The outbox is one string of JSON messages, not an array: a cell that redefines Array.prototype
+  // (an index accessor, push) cannot make the host lose a message, so its end is always seen.
+  let outbox = "";
   const pending = new Map();       // call id -> [resolve, reject]
   const rejected = new Map();      // call id -> promise: a rejected tool promise nobody observed yet
   const observed = new WeakSet();
   let nextId = 0;
-  const push = (msg) => { apply(arrayPush, outbox, [stringify(msg)]); };
+  const push = (msg) => { outbox = outbox === "" ? stringify(msg) : outbox + "," + stringify(msg); };
   const show = (v) => {
     if (typeof v === "string") return v;
     if (v === undefined) return "undefined";
@@ -89,7 +94,7 @@ BOOTSTRAP = r"""
   // `then` on a subclass): a rejection nothing observed is a floating failure, never a success.
   class ToolPromise extends Promise {
     static get [Symbol.species]() { return Promise; }
-    then(onFulfilled, onRejected) { observed.add(this); return super.then(onFulfilled, onRejected); }
+    then(onFulfilled, onRejected) { apply(weakAdd, observed, [this]); return super.then(onFulfilled, onRejected); }
   }
   const call = (name, args) => {
     let text;
@@ -102,7 +107,7 @@ BOOTSTRAP = r"""
     const id = ++nextId;
     let handles;
     const p = new ToolPromise((resolve, reject) => { handles = [resolve, reject]; });
-    pending.set(id, [handles[0], handles[1], p]);
+    apply(mapSet, pending, [id, {resolve: handles[0], reject: handles[1], promise: p}]);
     push({k: "call", id, name, args: text});
     return p;
   };
@@ -114,22 +119,24 @@ BOOTSTRAP = r"""
     freeze(toolsObject);
   };
   const step = (inbox) => {
-    for (const m of parse(inbox)) {
-      const entry = pending.get(m.id);
+    const messages = parse(inbox);
+    for (let i = 0; i < messages.length; i++) {
+      const m = messages[i];
+      const entry = apply(mapGet, pending, [m.id]);
       if (entry === undefined) continue;
-      pending.delete(m.id);
+      apply(mapDelete, pending, [m.id]);
       if (m.ok) {
-        entry[0](parse(m.v));
+        entry.resolve(parse(m.v));
       } else {
         const err = new Error(m.v);
         err.code = m.c;
-        rejected.set(m.id, entry[2]);
-        entry[1](err);
+        apply(mapSet, rejected, [m.id, entry.promise]);
+        entry.reject(err);
       }
     }
     return "";
   };
-  const drain = () => { const s = "[" + apply(join, outbox, [","]) + "]"; outbox.length = 0; return s; };
+  const drain = () => { const s = "[" + outbox + "]"; outbox = ""; return s; };
   const where = (e) => {
     const m = /\), <anonymous>:(\d+):(\d+)\)/.exec(String(e && e.stack || ""));
     return m ? Number(m[1]) : null;
@@ -161,8 +168,8 @@ BOOTSTRAP = r"""
   };
   const final = () => {
     let floating = 0;
-    for (const p of rejected.values()) if (!observed.has(p)) floating++;
-    return stringify({floating, pending: pending.size});
+    apply(mapForEach, rejected, [(p) => { if (!apply(weakHas, observed, [p])) floating++; }]);
+    return stringify({floating, pending: apply(mapSize, pending, [])});
   };
   // No ambient authority and no timers (the seed's cell API has none).
   for (const name of ["setTimeout", "clearTimeout", "setInterval", "clearInterval", "__timer_manager"]) {
