@@ -339,3 +339,64 @@ async def test_a_cell_that_breaks_builtins_still_ends(tool_server: Any, tmp_path
     res = await srv.rest("exec", {"code": code, "yield_time_ms": 20000}, task="t", agent="/root")
     assert res.details["status"] == "completed", res.text
     assert "still printed\nnested\n" in res.text and res.details["result"] == 1
+
+
+# -- nothing printed is lost without a trace (seed 004 defects 3, 7, 8) ------------------------------------
+
+async def test_output_past_the_call_budget_has_a_file_and_shows_the_newest(tool_server: Any, tmp_path: Path) -> None:
+    """Defect 3 (output) and 7: output over the call's budget gets a recovery file named in the answer, and
+    the preview shows the newest output (the last line), not only the beginning."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    res = await srv.rest("exec", {"code": "for (let i = 0; i < 50; i++) print('y'.repeat(1000)); "
+                                          "print('LAST LINE'); return 'ok'"}, task="t", agent="/root")
+    assert res.ok and res.details["clipping"]["output"]
+    assert "LAST LINE" in res.text.split("Output:\n", 1)[1]
+    rec = res.details["recovery"]["output"]
+    assert rec["state"] == "complete" and f"{rec['path']}" in res.text
+    assert Path(rec["path"]).read_text().endswith("LAST LINE\n")
+    late = ("for (let i = 0; i < 300; i++) print('x'.repeat(1000));\nawait tools.exec_command({cmd: 'true'});\n"
+            "print('LATER-LINE'); return 'done'")
+    res = await srv.rest("exec", {"code": late, "max_output_tokens": 100000, "yield_time_ms": 20000},
+                         task="t", agent="/root")
+    assert res.details["status"] == "completed" and "LATER-LINE" in res.text, res.text[-300:]
+    assert res.details["clipping"]["output"] and "earlier bytes not shown" in res.text
+
+
+async def test_a_long_result_and_a_long_error_have_files(tool_server: Any, tmp_path: Path) -> None:
+    """Defect 3 (result, error): past 32 KiB and 4 KiB, the whole value is in a file the answer names."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    res = await srv.rest("exec", {"code": "return 'r'.repeat(100000)"}, task="t", agent="/root")
+    assert res.details["clipping"]["result"]
+    rec = res.details["recovery"]["result"]
+    assert rec["state"] == "complete" and rec["path"] in res.text
+    assert Path(rec["path"]).read_text() == json.dumps("r" * 100000)
+    err = await srv.rest("exec", {"code": "throw new Error('e'.repeat(10000) + 'END')"}, task="t", agent="/root")
+    assert err.details["clipping"]["error"]
+    rec = err.details["recovery"]["error"]
+    assert rec["path"] in err.text and Path(rec["path"]).read_text().startswith("Error: eee")
+    assert "END" in Path(rec["path"]).read_text()
+
+
+async def test_output_before_a_cpu_loop_is_kept_when_the_cell_is_stopped(tool_server: Any) -> None:
+    """Defect 8: what a cell printed before it spun is in the stop's answer."""
+    srv = await tool_server(ON)
+    spin = await srv.rest("exec", {"code": "print('small'); while (true) {}", "yield_time_ms": 250},
+                          task="t", agent="/root")
+    assert spin.details["status"] == "running"
+    stopped = await srv.rest("wait", {"cell_id": spin.details["cell_id"], "terminate": True}, task="t",
+                             agent="/root")
+    assert stopped.text.startswith("Script terminated") and "Output:\nsmall\n" in stopped.text, stopped.text
+
+
+async def test_a_flood_of_synchronous_output_is_bounded_and_said(tool_server: Any) -> None:
+    """Defect 8: 100 MB printed in one synchronous loop does not kill the cell at its memory limit with
+    nothing kept: the producer credit bounds what waits in the isolate, the rest is counted and said, and
+    the recovery file is marked partial (overload)."""
+    srv = await tool_server(ON)
+    res = await srv.rest("exec", {"code": "for (let i = 0; i < 100000; i++) print('x'.repeat(1000)); "
+                                          "print('END'); return 1", "yield_time_ms": 30000},
+                         task="t", agent="/root")
+    assert res.details["status"] == "completed", res.text[:500]
+    assert res.details["output_bytes"] > 0 and "were not kept" in res.text
+    rec = res.details["recovery"]["output"]
+    assert rec["state"] == "partial" and rec["reason"] == "overload" and Path(rec["path"]).exists()

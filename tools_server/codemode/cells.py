@@ -22,6 +22,7 @@ import json
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -38,6 +39,7 @@ Owner = tuple[str, str]
 SHELL_TOOLS = ("exec_command", "write_stdin")
 ShellState = Literal["running", "exited", "closed"]
 SETTLE_S = 5.0  # how long an observer of an ended cell lets its dispatched calls come back
+SALVAGE_S = 5.0  # how long a stop waits to read what a stopped program printed last
 
 
 @dataclass
@@ -68,32 +70,45 @@ class Effects:
 
 @dataclass
 class OutputBuffer:
-    """Printed text: kept up to the preview budget (the rest counted, `clipped`), read once per observation."""
+    """Printed text not yet read, newest kept: past `budget` bytes the oldest unread text is dropped (and
+    counted), so an observation always shows what the cell printed last. Read once per observation; the
+    whole text is in the cell's capture file (seed §5.9), whose path the answer names when anything was
+    not shown."""
 
     budget: int
-    chunks: list[str] = field(default_factory=list)
+    chunks: deque[str] = field(default_factory=deque)
     kept_bytes: int = 0
     total_bytes: int = 0
-    clipped: bool = False
-    read_index: int = 0
+    dropped: int = 0  # unread bytes dropped since the last read
+    clipped: bool = False  # the last read (or, before any, the unread text) lost its oldest part
+    last_dropped: int = 0  # what the last read_unread() had to leave out
 
     def append(self, text: str) -> None:
         size = len(text.encode("utf-8", "replace"))
         self.total_bytes += size
-        room = self.budget - self.kept_bytes
-        if room <= 0:
-            self.clipped = True
-            return
-        if size > room:
-            text = text.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
-            size = len(text.encode("utf-8"))
-            self.clipped = True
         self.chunks.append(text)
         self.kept_bytes += size
+        while self.kept_bytes > self.budget and self.chunks:
+            first = self.chunks[0].encode("utf-8", "replace")
+            excess = self.kept_bytes - self.budget
+            if len(first) <= excess:
+                self.chunks.popleft()
+                self.kept_bytes -= len(first)
+                self.dropped += len(first)
+            else:
+                rest = first[excess:].decode("utf-8", "ignore")
+                self.chunks[0] = rest
+                cut = len(first) - len(rest.encode("utf-8"))
+                self.kept_bytes -= cut
+                self.dropped += cut
+            self.clipped = True
 
     def read_unread(self) -> str:
-        text = "".join(self.chunks[self.read_index:])
-        self.read_index = len(self.chunks)
+        text = "".join(self.chunks)
+        self.chunks.clear()
+        self.kept_bytes = 0
+        self.last_dropped, self.dropped = self.dropped, 0
+        self.clipped = self.last_dropped > 0
         return text
 
 
@@ -137,6 +152,8 @@ class Cell:
         # session id -> "running", "exited" (its exit and last output unread: write_stdin reads them) or
         # "closed" (read to the end), as the cell's nested calls last saw it
         self.shells: dict[str, ShellState] = {}
+        self.lost_chars = 0  # printed past the producer credit (engine.OUTPUT_CREDIT)
+        self._stopping = False
         self.done = asyncio.Event()
         self.observe_lock = asyncio.Lock()
         self.read_terminal = False
@@ -185,6 +202,8 @@ class Cell:
         except EngineError as exc:
             self._fail(exc.message, exc.code)
         except asyncio.CancelledError:
+            if self.state == "running" and self._stopping:
+                await self._salvage()
             if self.state == "running":
                 self._finish("terminated")
             raise
@@ -193,6 +212,29 @@ class Cell:
             self._fail(f"the cell failed with an internal error ({type(exc).__name__})", "internal-error")
         finally:
             self.engine.close()
+
+    async def _salvage(self) -> None:
+        """A stop cancelled the isolate's running evaluation (a CPU loop, a long synchronous run): what it
+        printed before is still in its outbox. One bounded read keeps it (seed defect 8)."""
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            for message in await asyncio.wait_for(self.engine.drain(), SALVAGE_S):
+                if message.get("k") in ("out", "lost"):
+                    self._handle(message)
+
+    async def stop(self) -> bool:
+        """Stop the program, keeping what it printed before: the driver's evaluation is cancelled (that
+        ends even a CPU loop), its outbox read once, then the cell is terminated. False when it had
+        already ended (its known result stays)."""
+        if self.state != "running":
+            return False
+        driver = self._driver
+        if driver is not None and not driver.done():
+            self._stopping = True
+            driver.cancel()
+            await asyncio.wait({driver}, timeout=SALVAGE_S + 1)
+        if self.state == "running":
+            self.terminate()
+        return True
 
     def terminate(self) -> bool:
         """Stop the program now. False when it had already ended (its known result stays)."""
@@ -212,6 +254,15 @@ class Cell:
                 self.output.append(message["s"])
                 if self.capture is not None:
                     self.capture.feed(message["s"].encode("utf-8", "replace"))
+        elif kind == "lost" and isinstance(message.get("n"), int):
+            # past the producer credit: the isolate kept none of it; say so where the output is read
+            note = (f"\n[… {message['n']} characters printed without a pause were not kept: a cell may print "
+                    "512 KiB between two awaits …]\n")
+            self.output.append(note)
+            self.lost_chars += message["n"]
+            if self.capture is not None:
+                self.capture.feed(note.encode("utf-8"))
+                self.capture.note_loss()
         elif kind == "call":
             self._on_call(message)
         elif kind == "done":
@@ -365,7 +416,8 @@ class Cell:
         self.ended = time.monotonic()
         self.effects = self._count_effects()
         if self.capture is not None:
-            self.capture.close_source(error=state == "terminated")  # a stopped cell's last text is lost
+            # a cell stopped without reading its outbox (a cancelled exec, the server closing) lost its last text
+            self.capture.close_source(error=state == "terminated" and not self._stopping)
         self.terminal_at = time.monotonic()
         self.done.set()
         self._on_terminal(self)

@@ -21,6 +21,10 @@ from typing import Any, Protocol
 
 from py_mini_racer import JSEvalException, JSOOMException, MiniRacer
 
+# UTF-16 units of printed text a cell may produce between two yields (twice the 256 KiB preview, as the
+# seed's pending-bytes bound for a capture); past it, text is counted as lost, not buffered.
+OUTPUT_CREDIT = 512 * 1024
+
 
 class EngineError(Exception):
     """The isolate failed outside the program's own error handling (memory limit, engine fault)."""
@@ -77,19 +81,34 @@ BOOTSTRAP = r"""
   const weakAdd = WeakSet.prototype.add, weakHas = WeakSet.prototype.has;
   // The outbox is one string of JSON messages, not an array: a cell that redefines Array.prototype
   // (an index accessor, push) cannot make the host lose a message, so its end is always seen.
+  // The producer credit (seed 004 §5.9): at most CREDIT UTF-16 units of messages wait between two drains
+  // (the host drains whenever the cell yields). Printed text past it is not kept in the isolate, where it
+  // would run into the memory limit and be lost with the isolate: it is counted, and the host records the
+  // loss where the output is read and in the capture ("lost").
   let outbox = "";
+  let lost = 0;
+  const CREDIT = __CREDIT__;
   const pending = new Map();       // call id -> [resolve, reject]
   const rejected = new Map();      // call id -> promise: a rejected tool promise nobody observed yet
   const observed = new WeakSet();
   let nextId = 0;
   const push = (msg) => { outbox = outbox === "" ? stringify(msg) : outbox + "," + stringify(msg); };
+  const output = (s) => {
+    const room = CREDIT - outbox.length;
+    if (s.length > room) {
+      lost += s.length - (room > 0 ? room : 0);
+      if (room > 0) push({k: "out", s: s.slice(0, room)});
+      return;
+    }
+    push({k: "out", s});
+  };
   const show = (v) => {
     if (typeof v === "string") return v;
     if (v === undefined) return "undefined";
     if (typeof v === "function") return "[Function]";
     try { const s = stringify(v); return s === undefined ? String(v) : s; } catch (e) { return String(v); }
   };
-  const emit = (args) => { push({k: "out", s: apply(join, apply(arrayMap, args, [show]), [" "]) + "\n"}); };
+  const emit = (args) => { output(apply(join, apply(arrayMap, args, [show]), [" "]) + "\n"); };
   // A tool promise records whether anything ever looked at it (await, then, Promise.all all call
   // `then` on a subclass): a rejection nothing observed is a floating failure, never a success.
   class ToolPromise extends Promise {
@@ -136,7 +155,12 @@ BOOTSTRAP = r"""
     }
     return "";
   };
-  const drain = () => { const s = "[" + outbox + "]"; outbox = ""; return s; };
+  const drain = () => {
+    if (lost) { push({k: "lost", n: lost}); lost = 0; }
+    const s = "[" + outbox + "]";
+    outbox = "";
+    return s;
+  };
   const where = (e) => {
     const m = /\), <anonymous>:(\d+):(\d+)\)/.exec(String(e && e.stack || ""));
     return m ? Number(m[1]) : null;
@@ -179,7 +203,7 @@ BOOTSTRAP = r"""
   G.print = (...args) => emit(args);
   G.console = freeze({log: (...a) => emit(a), info: (...a) => emit(a), warn: (...a) => emit(a),
                       error: (...a) => emit(a), debug: (...a) => emit(a)});
-  G.text = (value) => { push({k: "out", s: show(value) + "\n"}); };
+  G.text = (value) => { output(show(value) + "\n"); };
   Object.defineProperty(G, "tools", {value: toolsObject, enumerable: true});
   Object.defineProperty(G, "__ctp", {value: freeze({step, drain, start, final, adapters})});
   return "";
@@ -190,7 +214,8 @@ BOOTSTRAP = r"""
 class V8Engine:
     """One mini-racer isolate with a hard memory limit. Use on the event loop that created it."""
 
-    def __init__(self, memory_limit_bytes: int):
+    def __init__(self, memory_limit_bytes: int, output_credit: int = OUTPUT_CREDIT):
+        self._credit = output_credit
         self._mr: MiniRacer | None = MiniRacer()
         self._mr.set_hard_memory_limit(memory_limit_bytes)
         self._booted = False
@@ -209,7 +234,7 @@ class V8Engine:
             raise EngineError(f"the JavaScript engine failed ({type(exc).__name__})", "engine-error") from None
 
     async def boot(self, adapters: list[str]) -> None:
-        await self._eval(BOOTSTRAP)
+        await self._eval(BOOTSTRAP.replace("__CREDIT__", str(int(self._credit))))
         await self._eval(f"__ctp.adapters({json.dumps(adapters)})")
         self._booted = True
 

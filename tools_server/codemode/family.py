@@ -21,7 +21,7 @@ from tools_server.codemode.cells import Cell, CellManager, Owner
 from tools_server.codemode.engine import V8Engine
 from tools_server.codemode.limits import CellLimits
 from tools_server.codemode.pragma import PragmaError, parse_pragma
-from tools_server.codemode.render import render
+from tools_server.codemode.render import output_budget, render
 from tools_server.patch.model import PatchError
 from tools_server.patch.parser import parse_patch
 from tools_server.registry import (
@@ -36,7 +36,7 @@ from tools_server.registry import (
 )
 from tools_server.service import SERVICE_KEY, ToolService
 from tools_server.shell import limits as shell_limits
-from tools_server.shell.capture import StreamCapture
+from tools_server.shell.capture import StreamCapture, save_text
 
 SEED_ADAPTERS = ("exec_command", "write_stdin", "apply_patch")
 READ_ONLY_FAMILIES = ("history", "notes")
@@ -298,7 +298,7 @@ class CodeModeFamily:
                             "cell's result is returned once, and an unread one is dropped after five minutes)",
                             code="unknown-cell")
         if args.terminate:
-            cell.terminate()
+            await cell.stop()  # what it printed before the stop is kept (a CPU loop, a long synchronous run)
             return await self._observe(cell, 0.0, _budget(args.max_tokens), ctx.confirm)
         return await self._observe(cell, _yield_seconds(args.yield_time_ms), _budget(args.max_tokens), ctx.confirm)
 
@@ -314,17 +314,39 @@ class CodeModeFamily:
                     self._askers.pop(cell.id, None)
             if cell.state != "running":
                 await cell.settle()  # its dispatched calls come back (told by `detach`) before it is reported
-            if cell.capture is not None:
-                if cell.state != "running":
-                    await cell.capture.settle()  # the file is complete before its path is handed out
-                elif not cell.capture.in_memory:
-                    await cell.capture.ensure_file()
             if cell.id not in self.manager.cells:
                 raise ToolError(f"wait: cell {cell.id}'s result was already returned", code="unknown-cell")
-            text, details = render(cell, budget)
+            output = cell.output.read_unread()
+            saved = await self._recover(cell, output, budget)
+            text, details = render(cell, budget, output, saved)
             if cell.state != "running":
                 self.manager.mark_read(cell)
             return ToolResult(text=text, details=details, is_error=cell.state == "failed")
+
+    async def _recover(self, cell: Cell, output: str, budget: int) -> dict[str, dict[str, Any]]:
+        """Nothing printed or returned is lost without a trace (seed 004 §5.9): when a preview will cut the
+        output (its budget, the newest-kept buffer, the producer credit), the cell's capture gets its file
+        now; a result past 32 KiB or an error past 4 KiB is written to its own file. Returns those two."""
+        capture = cell.capture
+        cut = (cell.output.last_dropped > 0 or cell.lost_chars > 0
+               or len(output.encode("utf-8", "replace")) > output_budget(cell, budget))
+        if capture is not None:
+            if cut or (cell.state == "running" and not capture.in_memory):
+                await capture.ensure_file()  # a stable path, even while the cell still runs
+            if cell.state != "running":
+                await capture.settle()  # the file is complete before its path is handed out
+        saved: dict[str, dict[str, Any]] = {}
+        store = getattr(self.services.extras.get(SHELL_FAMILY_KEY), "store", None)
+        if store is None:
+            return saved
+        lim = cell.limits
+        chosen = {"result": cell.result_json if cell.state == "completed" else None,
+                  "error": cell.error if cell.state == "failed" else None}
+        for kind, text in chosen.items():
+            preview = lim.result_preview_bytes if kind == "result" else lim.error_preview_bytes
+            if text is not None and len(text.encode("utf-8", "replace")) > preview:
+                saved[kind] = await asyncio.to_thread(save_text, store, f"cell-{cell.id}-{kind}", text)
+        return saved
 
     async def _await_cell(self, cell: Cell, yield_s: float) -> None:
         """Until the cell ends or `yield_s` passes; a question being asked for it holds the call open (it rides
