@@ -22,7 +22,7 @@ import json
 import logging
 import secrets
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,6 +39,7 @@ Owner = tuple[str, str]
 SHELL_TOOLS = ("exec_command", "write_stdin")
 ShellState = Literal["running", "exited", "closed"]
 SETTLE_S = 5.0  # how long an observer of an ended cell lets its dispatched calls come back
+GONE_REMEMBERED = 1024  # IDs of cells dropped or read, remembered so `wait` can say what became of them
 SALVAGE_S = 5.0  # how long a stop waits to read what a stopped program printed last
 
 
@@ -154,6 +155,9 @@ class Cell:
         self.shells: dict[str, ShellState] = {}
         self.lost_chars = 0  # printed past the producer credit (engine.OUTPUT_CREDIT)
         self._stopping = False
+        self.expired = False  # stopped by the wall-clock limit (limits.max_wall_time_s)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._expiry: asyncio.Future[bool] | None = None
         self.done = asyncio.Event()
         self.observe_lock = asyncio.Lock()
         self.read_terminal = False
@@ -163,7 +167,15 @@ class Cell:
 
     # -- life --------------------------------------------------------------------------------------
     def launch(self) -> None:
-        self._driver = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self._driver = loop.create_task(self._run())
+        self._deadline = loop.call_later(self.limits.max_wall_time_s, self._expire)
+
+    def _expire(self) -> None:
+        """The wall-clock limit: a cell still running is stopped (what it printed is kept), and says why."""
+        if self.state == "running":
+            self.expired = True
+            self._expiry = asyncio.ensure_future(self.stop())
 
     async def _run(self) -> None:
         try:
@@ -412,6 +424,8 @@ class Cell:
         if self.state != "running":
             return
         self.state = state
+        if self._deadline is not None:
+            self._deadline.cancel()
         self._close_calls()
         self.ended = time.monotonic()
         self.effects = self._count_effects()
@@ -445,6 +459,11 @@ class Cell:
 
 
 class CellManager:
+    """The cells of every caller. The caps are per caller (task, agent): running cells, nested calls
+    executing at once, and unread results, so one agent can neither block another's `exec` nor evict its
+    unread result; a server-wide bound on running cells stays as the last guard. An evicted or expired
+    ID is remembered (bounded) so `wait` says what became of it."""
+
     def __init__(self, limits: CellLimits, dispatch: Dispatch, engine_factory: Callable[[], Engine],
                  capture_factory: Callable[[str], Any] | None = None):
         self.limits = limits
@@ -452,37 +471,58 @@ class CellManager:
         self.dispatch = dispatch
         self.engine_factory = engine_factory
         self.cells: dict[str, Cell] = {}
-        self.slots = asyncio.Semaphore(limits.adapter_slots)
+        self._slots: dict[Owner, asyncio.Semaphore] = {}
+        self.gone: OrderedDict[str, tuple[Owner, str]] = OrderedDict()  # cell id -> (owner, why it is gone)
         self.closed = False
 
-    def running(self) -> int:
-        return sum(1 for c in self.cells.values() if c.state == "running")
+    def slots(self, owner: Owner) -> asyncio.Semaphore:
+        if owner not in self._slots:
+            self._slots[owner] = asyncio.Semaphore(self.limits.adapter_slots)
+        return self._slots[owner]
+
+    def running(self, owner: Owner | None = None) -> int:
+        return sum(1 for c in self.cells.values() if c.state == "running" and (owner is None or c.owner == owner))
+
+    def _forget(self, cell: Cell, why: str) -> None:
+        self.cells.pop(cell.id, None)
+        self.gone[cell.id] = (cell.owner, why)
+        while len(self.gone) > GONE_REMEMBERED:
+            self.gone.popitem(last=False)
 
     def _prune(self) -> None:
         now = time.monotonic()
-        for cid, cell in list(self.cells.items()):
-            if cell.state != "running" and cell.terminal_at is not None and \
-                    now - cell.terminal_at > self.limits.terminal_ttl_s:
-                del self.cells[cid]
+        ttl = self.limits.terminal_ttl_s
+        for cell in list(self.cells.values()):
+            if cell.state != "running" and cell.terminal_at is not None and now - cell.terminal_at > ttl:
+                self._forget(cell, f"its result was not read within {ttl:.0f} seconds of its end and was dropped")
+        live = {c.owner for c in self.cells.values()}
+        for owner in [o for o in self._slots if o not in live]:
+            if not self._slots[owner].locked():
+                del self._slots[owner]
 
     def _on_terminal(self, cell: Cell) -> None:
-        unread = [c for c in self.cells.values() if c.state != "running" and c is not cell]
+        unread = [c for c in self.cells.values() if c.state != "running" and c.owner == cell.owner and c is not cell]
         unread.append(cell)
-        while len(unread) > self.limits.max_unread_terminal:
+        limit = self.limits.max_unread_terminal
+        while len(unread) > limit:
             oldest = min(unread, key=lambda c: c.terminal_at or 0.0)
             unread.remove(oldest)
-            self.cells.pop(oldest.id, None)
+            self._forget(oldest, f"its result was dropped unread: this caller had more than {limit} finished "
+                                 "cells it had not read, and it was the oldest")
 
     def start(self, owner: Owner, source: str, adapters: frozenset[str], context: Any = None) -> Cell:
         self._prune()
         if self.closed:
             raise ToolError("exec: code mode is shutting down; nothing was run", code="closed")
-        if self.running() >= self.limits.max_running_cells:
-            raise ToolError(f"exec: {self.limits.max_running_cells} cells are already running; finish one with "
-                            "`wait` (or stop it with wait terminate) first. Nothing was run",
+        if self.running(owner) >= self.limits.max_running_cells:
+            raise ToolError(f"exec: you already have {self.limits.max_running_cells} cells running; finish one "
+                            "with `wait` (or stop it with wait terminate) first. Nothing was run",
                             code="too-many-cells")
+        if self.running() >= self.limits.max_running_cells_total:
+            raise ToolError(f"exec: the server runs {self.limits.max_running_cells_total} cells already (all "
+                            "callers); try again when one has ended. Nothing was run", code="too-many-cells")
         cell_id = secrets.token_hex(4)
-        while cell_id in self.cells:
+        while cell_id in self.cells or cell_id in self.gone:
             cell_id = secrets.token_hex(4)
         try:
             engine = self.engine_factory()
@@ -491,7 +531,7 @@ class CellManager:
             raise ToolError(f"exec: the JavaScript engine could not start ({type(exc).__name__}); nothing was run",
                             code="engine-unavailable") from None
         capture = self.capture_factory(cell_id) if self.capture_factory is not None else None
-        cell = Cell(cell_id, owner, source, adapters, engine, self.dispatch, self.limits, self.slots,
+        cell = Cell(cell_id, owner, source, adapters, engine, self.dispatch, self.limits, self.slots(owner),
                     self._on_terminal, context, capture)
         self.cells[cell_id] = cell
         cell.launch()
@@ -504,10 +544,15 @@ class CellManager:
             return None
         return cell
 
+    def why_gone(self, owner: Owner, cell_id: str) -> str | None:
+        """What became of a cell of this caller that is no longer known, if it is remembered."""
+        entry = self.gone.get(cell_id)
+        return entry[1] if entry is not None and entry[0] == owner else None
+
     def mark_read(self, cell: Cell) -> None:
         """A terminal result is delivered once; after that the ID is unknown."""
         if cell.state != "running":
-            self.cells.pop(cell.id, None)
+            self._forget(cell, "its result was already returned (a finished cell's result is returned once)")
 
     async def close(self) -> None:
         self.closed = True

@@ -294,9 +294,11 @@ class CodeModeFamily:
     async def wait(self, args: WaitArgs, ctx: CallContext) -> ToolResult:
         cell = self.manager.lookup(owner_of(ctx), args.cell_id)
         if cell is None:
-            raise ToolError(f"wait: no running or unread cell has the ID {clip(args.cell_id, 64)!r} (a finished "
-                            "cell's result is returned once, and an unread one is dropped after five minutes)",
-                            code="unknown-cell")
+            if (why := self.manager.why_gone(owner_of(ctx), args.cell_id)) is not None:
+                raise ToolError(f"wait: cell {clip(args.cell_id, 64)}: {why}", code="unknown-cell")
+            raise ToolError(f"wait: no running or unread cell of yours has the ID {clip(args.cell_id, 64)!r} "
+                            "(a finished cell's result is returned once; cells belong to the task and agent "
+                            "that started them)", code="unknown-cell")
         if args.terminate:
             await cell.stop()  # what it printed before the stop is kept (a CPU loop, a long synchronous run)
             return await self._observe(cell, 0.0, _budget(args.max_tokens), ctx.confirm)

@@ -61,6 +61,9 @@ def render(cell: Cell, max_bytes: int, output: str | None = None,
     head = [status_line(cell), f"Wall time {cell.wall_time():.1f} seconds"]
     notes: list[str] = []
     effects = cell.effects
+    if cell.expired:
+        notes.append(f"Stopped by the wall-clock limit: a cell may run {cell.limits.max_wall_time_s:.0f} seconds "
+                     "(start long work with exec_command and poll it with write_stdin instead).")
     if effects is not None and effects.unsettled:
         notes.append(f"Unknown outcome: {effects.unsettled} nested call(s) were still running when the cell "
                      "ended; their effects are unknown (nothing is run again).")
@@ -79,7 +82,8 @@ def render(cell: Cell, max_bytes: int, output: str | None = None,
             notes.append(f"Full {kind} ({snap['bytes']} bytes, {snap['state']}): {snap['path']}")
     output, out_clipped = _clip_tail(output, budget, cell.output.last_dropped)
     text = "\n".join(head) + "\n" + "".join(n + "\n" for n in notes) + "Output:\n" + output
-    details: dict[str, Any] = {"cell_id": cell.id, "status": cell.state,
+    details: dict[str, Any] = {"cell_id": cell.id, "status": cell.state, **({"stopped_by": "wall-time-limit"}
+                                                                           if cell.expired else {}),
                                "wall_time_seconds": round(cell.wall_time(), 3),
                                "output_bytes": cell.output.total_bytes}
     clipping = {"output": out_clipped or cell.lost_chars > 0, "result": False, "error": False}
