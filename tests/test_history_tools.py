@@ -319,8 +319,8 @@ async def test_cross_agent_inside_the_task_and_refusal_outside(world, tools):
 
 def test_a_bare_tool_name_finds_the_agents_calls_and_the_ones_ctproxy_ran_itself():
     """`tool_name: notes_write_file` without a namespace: an agent's call is journaled as the concept pair
-    (`notes`, `write_file`), one ctproxy ran (the bridge's `mcp_call`, the checkpoint turn's write) under its
-    server label (`ctproxy`, `notes_write_file`); both are found. With a namespace, only that one."""
+    (`notes`, `write_file`), and so is one ctproxy ran (the bridge's `mcp_call`); one journaled before that
+    under the server label (`ctproxy`, `notes_write_file`) is found too. With a namespace, only that one."""
     import sqlite3
 
     from proxy.journal.query import ItemFilter
@@ -342,6 +342,8 @@ def test_a_bare_tool_name_finds_the_agents_calls_and_the_ones_ctproxy_ran_itself
 
     assert found(ItemFilter(tool_name="notes_write_file")) == ["a", "b"]
     assert found(ItemFilter(tool_namespace="notes", tool_name="write_file")) == ["a"]
-    assert found(ItemFilter(tool_namespace="ctproxy", tool_name="notes_write_file")) == ["b"]
+    # ctproxy's own namespace names the same tool: every road is filed under the concept pair now (seed 000
+    # defect 12), and a row journaled before that under the server label is found too
+    assert found(ItemFilter(tool_namespace="ctproxy", tool_name="notes_write_file")) == ["a", "b"]
     assert found(ItemFilter(tool_namespace="ctproxy")) == ["b", "d"]
     assert found(ItemFilter(tool_name="exec_command")) == ["c"]

@@ -154,6 +154,25 @@ def test_tool_namespaces():
     assert not is_hidden_tool("functions", "exec")
 
 
+def test_the_recovery_tools_are_filed_alike_whatever_road_they_came_by():
+    """Seed 000 defects 1 and 12: a bridged `mcp_call` (server label `ctproxy`), Codex's MCP spellings
+    (`mcp__ctproxy__history_search_contents`, or namespace `mcp__ctproxy`) and a bare name file the same
+    concept pair, hidden from default list/search; other MCP servers and other ctproxy tools keep theirs."""
+    bridged = {"type": "mcp_call", "id": "mcp_1", "server_label": "ctproxy", "name": "notes_write_file",
+               "arguments": "{}", "output": "ok"}
+    assert tool_of(bridged) == ("notes", "write_file")
+    assert tool_of({**bridged, "name": "new_context"}) == ("functions", "new_context")
+    assert tool_of({**bridged, "name": "exec_command"}) == ("ctproxy", "exec_command")
+    assert tool_of({**bridged, "server_label": "fs", "name": "notes_write_file"}) == ("fs", "notes_write_file")
+    assert tool_of({**CALL, "name": "mcp__ctproxy__history_search_contents"}) == ("history", "search_contents")
+    assert tool_of({**CALL, "name": "mcp__ctproxy__get_context_remaining"}) == ("functions", "get_context_remaining")
+    assert tool_of({**CALL, "namespace": "mcp__ctproxy", "name": "history_read_item"}) == ("history", "read_item")
+    for item in (bridged, {**CALL, "name": "mcp__ctproxy__history_search_contents"},
+                 {**bridged, "name": "get_context_remaining"}):
+        assert is_hidden_tool(*tool_of(item)), item
+    assert not is_hidden_tool(*tool_of({**bridged, "name": "exec_command"}))
+
+
 def test_control_messages():
     assert is_control({"role": "developer", "content": "<ctp_guidance>do this</ctp_guidance>"})
     assert is_control({"role": "user", "content": [{"type": "input_text", "text": "  <ctp_reminder>x"}]})
