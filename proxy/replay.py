@@ -12,7 +12,6 @@ that a file is a recording at all (`count_flows`).
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import inspect
 from collections.abc import Iterator
@@ -220,7 +219,3 @@ async def replay_flows(path: Path, chain: list[Any]) -> list[str]:
         if not changed_any:
             out.append("(no addon changed this request)")
     return out
-
-
-def run_replay(path: Path, chain: list[Any]) -> list[str]:
-    return asyncio.run(replay_flows(path, chain))
