@@ -347,3 +347,24 @@ def test_a_bare_tool_name_finds_the_agents_calls_and_the_ones_ctproxy_ran_itself
     assert found(ItemFilter(tool_namespace="ctproxy", tool_name="notes_write_file")) == ["a", "b"]
     assert found(ItemFilter(tool_namespace="ctproxy")) == ["b", "d"]
     assert found(ItemFilter(tool_name="exec_command")) == ["c"]
+
+
+async def test_truncation_notes_name_what_stopped_the_list(world, tools):
+    """Seed 000 defect 8: a list stopped by `limit` says so and advises raising it; one cut by the output
+    size says that and advises narrowing."""
+    by_limit = await tools["history_list_items"].call({"limit": 3}, ctx(world))
+    note = by_limit.text.splitlines()[-1]
+    assert "stopped at limit" in note and "raise limit (up to 200)" in note and "output is capped" not in note
+    windows = await tools["history_list_windows"].call({"limit": 1}, ctx(world))
+    assert "stopped at limit" in windows.text.splitlines()[-1]
+    by_size = await tools["history_list_items"].call({"limit": 200, "max_chars_per_item": 5000}, ctx(world))
+    note = by_size.text.splitlines()[-1]
+    assert "output is capped at" in note and "stopped at limit" not in note
+
+
+async def test_errors_quote_arguments_within_the_output_limit(world, tools):
+    """Seed 000 defect 14: an over-long argument is quoted cut, never echoed whole."""
+    res = await tools["history_read_item"].call({"item_id": "i" * 100_000, "window_id": "w1"}, ctx(world))
+    assert res.is_error and len(res.text) < 1000 and "100000 characters" in res.text
+    res = await tools["history_list_items"].call({"agent_name": "a" * 10_000}, ctx(world))
+    assert res.is_error and len(res.text) < 2000, len(res.text)

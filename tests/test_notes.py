@@ -222,6 +222,7 @@ async def test_list_prefix_and_order(world, tools):
     assert "clamped to 500" in limited.text
     two = await lst({"max_results": 2}, cc(world))
     assert len(rows(two.text)) == 2 and "not shown" in two.text
+    assert "stopped at max_results; raise max_results (up to 500)" in two.text  # seed 000 defect 8
     with pytest.raises(ToolError):
         await lst({"file_order_by": "size"}, cc(world))
     with pytest.raises(ToolError, match="belongs to notes_search_contents"):
