@@ -249,3 +249,15 @@ def test_alignment_invariants(branch_items, tail, cut, drop_reasoning):
     # Resending the branch exactly is never an edit.
     again = align(entries, list(branch_items))
     assert again.kind == ("continue" if entries else "new") and again.new_from == len(branch_items) == len(entries)
+
+
+def test_a_failed_bridged_call_keeps_its_error_text():
+    """Seed 000 defect 11: the bridge stores an mcp_call's error as the API's object; its text is kept."""
+    from proxy.bridge.items import mcp_error
+
+    item = {"type": "mcp_call", "id": "mcp_1", "server_label": "ctproxy", "name": "notes_read_file",
+            "arguments": '{"path":"missing.md"}', "output": None,
+            "error": mcp_error("no note 'missing.md' in the notes of /root")}
+    text = render_item(item).text
+    assert "no note 'missing.md' in the notes of /root" in text and '{"path":"missing.md"}' in text
+    assert "an older string error" in render_item({**item, "error": "an older string error"}).text
