@@ -368,3 +368,13 @@ async def test_errors_quote_arguments_within_the_output_limit(world, tools):
     assert res.is_error and len(res.text) < 1000 and "100000 characters" in res.text
     res = await tools["history_list_items"].call({"agent_name": "a" * 10_000}, ctx(world))
     assert res.is_error and len(res.text) < 2000, len(res.text)
+
+
+async def test_a_small_configured_cap_still_shows_hits_and_previews(world, tools):
+    """Seed 000 defect 10: with history.max_tool_output_chars at its allowed minimum range (800), a search
+    whose match sits in a long item still shows that hit, and a list shows several previews."""
+    world.services.config.history.max_tool_output_chars = 800
+    found = await tools["history_search_contents"].call({"query": "line 899"}, ctx(world))
+    assert [r["item_id"] for r in lines(found.text)] == [world.ids["long"]], found.text
+    listed = await tools["history_list_items"].call({}, ctx(world))
+    assert len(lines(listed.text)) >= 3 and len(listed.text) <= 800, listed.text

@@ -35,6 +35,13 @@ from tools_server.history.shared import (
 from tools_server.registry import CallContext, ImageContent, Services, Tool, ToolError, ToolResult
 
 LIST_DEFAULT = 50
+MIN_PREVIEW_CHARS = 24
+
+
+def preview_chars(cap: int) -> int:
+    """The default preview of one item: 400 characters (seed 000), less under a small configured output
+    cap (an eighth of it), so a list or a search still shows items (seed 000 defect 10)."""
+    return max(min(PREVIEW_CHARS, cap // 8), MIN_PREVIEW_CHARS)
 _BAD_IMAGES_NOTE = 80  # room for the "image(s) left out" line
 SEARCH_DEFAULT = 20
 LIMIT_MAX = 200
@@ -140,7 +147,8 @@ class HistoryFamily:
         limit, clamped = clamp(args.limit, LIST_DEFAULT, LIMIT_MAX)
         cap = index_cap(self.services)
         per_item_max = max(cap - 400, 1)  # one item's line always fits the output cap
-        chars, chars_clamped = clamp(args.max_chars_per_item, PREVIEW_CHARS, per_item_max)
+        # the default preview follows a small configured cap, so a list still shows several items
+        chars, chars_clamped = clamp(args.max_chars_per_item, preview_chars(cap), per_item_max)
 
         def run(r: HistoryReader) -> ToolResult:
             task, caller = caller_of(ctx, r)
@@ -226,14 +234,19 @@ class HistoryFamily:
             hits, more = r.search(task, agent, args.query, flt, limit, bool(args.recent_first))
             header = (f"history search in {agent}: {len(hits)}{'+' if more else ''} item(s) "
                       f"({_order(args.recent_first)}){_clamp_note(clamped, 'limit', LIMIT_MAX)}")
-            lines = []
-            for hit in hits:
-                regs = regions(hit.row.text, hit.matches, PREVIEW_CHARS)
-                lines.append(_line({**_item_meta(hit.row), "matches": len(hit.matches), "regions": [
-                    {"offset_chars": g.offset_chars, "limit_chars": g.limit_chars,
-                     "matches": [list(m) for m in g.matches], "text": g.text} for g in regs]}))
-            text, shown = capped_lines(header, lines, index_cap(self.services), more, _NARROW_ITEMS, "limit",
-                                       str(LIMIT_MAX))
+            cap = index_cap(self.services)
+            context = preview_chars(cap)
+            while True:  # a small configured cap still shows at least one hit: narrower regions until it fits
+                lines = []
+                for hit in hits:
+                    regs = regions(hit.row.text, hit.matches, context)
+                    lines.append(_line({**_item_meta(hit.row), "matches": len(hit.matches), "regions": [
+                        {"offset_chars": g.offset_chars, "limit_chars": g.limit_chars,
+                         "matches": [list(m) for m in g.matches], "text": g.text} for g in regs]}))
+                text, shown = capped_lines(header, lines, cap, more, _NARROW_ITEMS, "limit", str(LIMIT_MAX))
+                if shown or not lines or context <= MIN_PREVIEW_CHARS:
+                    break
+                context = max(context // 2, MIN_PREVIEW_CHARS)
             return ToolResult(text, {"agent": agent, "items": shown, "more": more or shown < len(hits)})
 
         return await self.readers.run(run)
