@@ -371,10 +371,17 @@ async def test_errors_quote_arguments_within_the_output_limit(world, tools):
 
 
 async def test_a_small_configured_cap_still_shows_hits_and_previews(world, tools):
-    """Seed 000 defect 10: with history.max_tool_output_chars at its allowed minimum range (800), a search
-    whose match sits in a long item still shows that hit, and a list shows several previews."""
+    """Seed 000 defect 10: with history.max_tool_output_chars at 800 (allowed), a search that matches all
+    over a 1,000-character message still shows that hit, and a list shows several previews."""
+
+    j = world.journal
+    key, task, addr = j.resolve(SessionIdentity("f:qqq", "fingerprint", None, None), {}, {})
+    session = j.session(key, task, addr)
+    j.ingest_request(session, {"input": [_msg("user", "q" * 1000), _msg("user", "short one"),
+                                         _msg("user", "short two"), _msg("user", "short three")]})
+    assert j.flush()
     world.services.config.history.max_tool_output_chars = 800
-    found = await tools["history_search_contents"].call({"query": "line 899"}, ctx(world))
-    assert [r["item_id"] for r in lines(found.text)] == [world.ids["long"]], found.text
-    listed = await tools["history_list_items"].call({}, ctx(world))
-    assert len(lines(listed.text)) >= 3 and len(listed.text) <= 800, listed.text
+    found = await tools["history_search_contents"].call({"query": "qqq"}, ctx(world, task=task))
+    assert len(lines(found.text)) == 1 and len(found.text) <= 800, found.text
+    listed = await tools["history_list_items"].call({}, ctx(world, task=task))
+    assert len(lines(listed.text)) == 4 and len(listed.text) <= 800, listed.text
