@@ -179,8 +179,14 @@ class ShellFamily:
             if req.terminate:
                 await self.manager.stop(job)
                 deadline = time.monotonic()  # an unconfirmed stop does not sit out a long poll
-            return await self._observe(WRITE, job, started, deadline, req.max_output_bytes, ctx,
-                                       delivery=delivery, input_bytes=len(data))
+            try:
+                return await self._observe(WRITE, job, started, deadline, req.max_output_bytes, ctx,
+                                           delivery=delivery, input_bytes=len(data))
+            except ShellError as exc:
+                if exc.code != "stale-session" or (delivery is None and not req.terminate):
+                    raise
+                # a poll racing this call read the session's end first: what this call did still happened
+                return raced(job, delivery, len(data), req.terminate)
 
     @contextlib.contextmanager
     def _stop_on_cancel(self, job: Job) -> Iterator[None]:
@@ -203,6 +209,25 @@ class ShellFamily:
         obs.input_bytes = input_bytes
         text, details = render(obs)
         return ToolResult(text=text, details=details)
+
+
+def raced(job: Job, delivery: Delivery | None, input_bytes: int, terminated: bool) -> ToolResult:
+    """A write_stdin whose input was delivered (or whose stop was sent) while another call read the
+    session's end: never a failure, which would invite a resend (seed 004 defect 13)."""
+    did = []
+    if delivery is not None:
+        outcome = "were delivered" if delivery == "written" else f"delivery: {delivery}"
+        did.append(f"{input_bytes} bytes of input {outcome}")
+    if terminated:
+        did.append("the stop was sent")
+    details: dict[str, Any] = {"session_id": job.id, "read_by_another_call": True}
+    if delivery is not None:
+        details["inputDelivery"] = delivery
+    if terminated:
+        details["terminated"] = True
+    return ToolResult(text=f"Session {job.id}: {' and '.join(did)}; the session then ended and another call "
+                           "(a poll) read its final output and exit code, so they are not repeated here.",
+                      details=details)
 
 
 def detached(job: Job) -> ToolResult:
