@@ -539,3 +539,11 @@ async def test_cancelling_write_stdin_stops_the_job_without_writing(sh: Harness)
     res = await sh.write_tool.call({"session_id": sid, "chars": "never\n"}, ctx)
     assert ok(res)["exit_code"] == 143 and "inputDelivery" not in res.details
     assert (sh.services.workspace / "got.txt").read_text() == ""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="MAX_ARG_STRLEN (one argument over 128 KiB) is Linux's rule")
+async def test_an_over_long_command_is_named_as_such(sh: Harness) -> None:
+    """Seed 004 defect 17: a command past the system's one-argument limit is not blamed on shell.shell."""
+    res = await sh.exec({"cmd": f"echo {'a' * 200_000} | wc -c"})
+    assert res.is_error and res.details["error"] == "argument-too-long", res.text
+    assert "shell.shell" not in res.text and "write_stdin" in res.text

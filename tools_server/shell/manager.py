@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import random
@@ -24,6 +25,8 @@ from tools_server.shell.job import Delivery, Job
 from tools_server.shell.preview import StreamView, read_both
 
 log = logging.getLogger(__name__)
+# Linux MAX_ARG_STRLEN: the most one argv or environment string may take (32 pages)
+ARG_MAX_ONE = 131_072
 
 Owner = tuple[str, str]
 
@@ -132,6 +135,14 @@ class ShellManager:
         try:
             await job.spawn(self.shell, cmd, env)
         except OSError as exc:
+            if exc.errno == errno.E2BIG:  # the command (one argument of the shell) or the environment is too long
+                longest = max([len(cmd.encode("utf-8", "replace")),
+                               *(len(f"{k}={v}".encode("utf-8", "replace")) for k, v in env.items())])
+                raise ShellError(tool, "argument-too-long",
+                                 f"the command is too long to start ({len(cmd.encode('utf-8', 'replace'))} bytes; "
+                                 f"the system refuses a single argument or environment entry over "
+                                 f"{ARG_MAX_ONE} bytes, the longest here is {longest}): write long input to a "
+                                 "file or send it with write_stdin instead; nothing was run") from exc
             raise ShellError(tool, "spawn-failed",
                              f"cannot start {self.shell}: {exc.strerror or type(exc).__name__}; "
                              "check shell.shell in the configuration") from exc
