@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from mitmproxy import exceptions, http, io
 
+from proxy.errors import CtproxyError
 from proxy.flowstate import state_of
 
 UPSTREAM_KEY = "ctp.upstream"  # the --upstream the flow was recorded with ("" = the official endpoints)
@@ -29,7 +30,7 @@ TRUST_KEY = "ctp.trust_upstream"
 MODE_KEY = "ctp.mode"  # reverse | regular
 
 
-class NotAFlowFile(ValueError):
+class NotAFlowFile(CtproxyError, ValueError):
     """The file is not a mitmproxy recording (the message says what to do)."""
 
 

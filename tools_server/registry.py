@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ValidationError
 
 from proxy.config import Config
+from proxy.errors import CtproxyError
 from proxy.state import StateDir
 from proxy.upstream import UpstreamTurns
 from tools_server.credentials import SessionCredentials
@@ -23,7 +24,7 @@ from tools_server.credentials import SessionCredentials
 log = logging.getLogger("ctproxy.tools")
 
 
-class ToolError(Exception):
+class ToolError(CtproxyError):
     """An error the model sees: short, says what was wrong and what to do instead."""
 
     def __init__(self, message: str, code: str = "invalid_arguments", details: dict | None = None):

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from proxy.errors import CtproxyError
 from proxy.journal.addresses import AddressError, validate_address
 
 _TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
@@ -22,7 +23,7 @@ MAX_DEPTH = 32  # components of that path
 MAX_ARGUMENT_CHARS = 2048  # the whole argument, agent address included, checked before anything else
 
 
-class NotePathError(ValueError):
+class NotePathError(CtproxyError, ValueError):
     """A path the model got wrong; the message says what a valid one looks like."""
 
 

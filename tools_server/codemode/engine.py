@@ -21,12 +21,14 @@ from typing import Any, Protocol
 
 from py_mini_racer import JSEvalException, JSOOMException, MiniRacer
 
+from proxy.errors import CtproxyError
+
 # UTF-16 units of printed text a cell may produce between two yields (twice the 256 KiB preview, as the
 # seed's pending-bytes bound for a capture); past it, text is counted as lost, not buffered.
 OUTPUT_CREDIT = 512 * 1024
 
 
-class EngineError(Exception):
+class EngineError(CtproxyError):
     """The isolate failed outside the program's own error handling (memory limit, engine fault)."""
 
     def __init__(self, message: str, code: str):

@@ -23,6 +23,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from proxy.errors import CtproxyError
 from tools_server.shell.errors import ShellError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -43,7 +44,7 @@ class InvocationCall:
         return asdict(self)
 
 
-class SeamConfigError(ValueError):
+class SeamConfigError(CtproxyError, ValueError):
     """The configured hook path cannot be loaded."""
 
 

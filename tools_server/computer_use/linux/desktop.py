@@ -16,6 +16,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxy.errors import CtproxyError
+
 AT_SPI_LAUNCHERS = ("/usr/libexec/at-spi-bus-launcher", "/usr/lib/at-spi2-core/at-spi-bus-launcher")
 WINDOW_MANAGERS = (("openbox", ("--sm-disable",)), ("xfwm4", ("--compositor=off",)))
 
@@ -36,7 +38,7 @@ def missing_for_private_desktop() -> list[str]:
     return need
 
 
-class DesktopError(Exception):
+class DesktopError(CtproxyError):
     pass
 
 
