@@ -120,7 +120,8 @@ def element(text_tree: list[dict], role: str) -> dict:
 
 
 @needs_desktop
-async def test_accept_is_asked_once_per_app_for_the_server_lifetime(desk: Any, app: str, tool_server: Any) -> None:
+async def test_accept_is_asked_once_per_app_and_caller(desk: Any, app: str, tool_server: Any) -> None:
+    """Seed 004 defect 16: a grant is the caller's that gave it (its MCP session), for the server's life."""
     srv = await tool_server(desk.overrides())  # approval_mode: confirm, the default
     await listed(srv, app)
     person = Person(["accept"])
@@ -134,12 +135,13 @@ async def test_accept_is_asked_once_per_app_for_the_server_lifetime(desk: Any, a
         click = await call(CLICK, {"app": app, "element_index": button["index"]})
         assert not click.is_error, click.text
         assert len(person.asked) == 1  # the same app, the same session: not asked again
-    # a new session of another client, and REST (which can never ask): the grant holds for the server's lifetime
-    later = Person([])
+    # another client's session is asked for itself; REST (which can never ask) does not ride the grant
+    later = Person(["accept"])
     async with mcp_session(srv, later) as call:
         assert not (await call(STATE, {"app": app})).is_error
-    assert later.asked == []
-    assert (await srv.rest(STATE, {"app": app})).ok
+    assert len(later.asked) == 1
+    rest = await srv.rest(STATE, {"app": app})
+    assert not rest.ok and rest.details["error"] == "approval-unavailable"
     # a fresh tool server has no grant: grants are in memory only
     fresh = await tool_server(desk.overrides())
     res = await fresh.rest(STATE, {"app": app})

@@ -22,6 +22,7 @@ from tools_server.computer_use.approval import Approvals, approval_message, conf
 from tools_server.computer_use.errors import ComputerUseError
 from tools_server.computer_use.images import sniff_mime
 from tools_server.computer_use.model import ActionCall, AppInfo, AppState, Backend, Target
+from tools_server.discovery.family import key_of
 from tools_server.registry import CallContext, ImageContent, Services, Tool, ToolResult
 
 LIST, STATE, CLICK, TYPE, KEY, SCROLL = (
@@ -104,11 +105,14 @@ class ComputerUseFamily:
                 del self.served[:-200]
 
     def _call(self, tool: str, app: str, ctx: CallContext) -> ActionCall:
-        return ActionCall(tool=tool, app=app, approvals=self.approvals, confirm=confirm_from(ctx))
+        # approvals are the caller's own: a grant another caller gave does not cover this one
+        return ActionCall(tool=tool, app=app, approvals=self.approvals.for_caller(key_of(ctx.session, ctx.task,
+                                                                                         ctx.agent)),
+                          confirm=confirm_from(ctx))
 
     async def _approved(self, call: ActionCall) -> AppInfo:
         app = await self.backend.resolve(call)
-        if getattr(self.backend, "asks_approval_itself", False) or self.approvals.granted(app.name):
+        if getattr(self.backend, "asks_approval_itself", False) or call.approvals.granted(app.name):
             return app
         if call.confirm is None:
             raise ComputerUseError(call.tool, "approval-unavailable",
@@ -124,7 +128,7 @@ class ComputerUseFamily:
         if answer != "accept":
             raise ComputerUseError(call.tool, "approval-declined",
                                    f"the user did not approve '{app.name}'; nothing was done")
-        self.approvals.grant(app.name)
+        call.approvals.grant(app.name)
         return app
 
     async def _dispatch(self, call: ActionCall, app: AppInfo, ctx: CallContext, action: Awaitable[Any]) -> Any:
