@@ -141,3 +141,26 @@ async def test_mcp_session_lists_and_calls_what_it_loaded(tool_server: Any, tmp_
         assert not done.is_error, done.content
     assert (tmp_path / "made.txt").read_text() == "x\n"
     assert "apply_patch" not in {t.name for t in await srv.mcp_list()}  # a new MCP session starts afresh
+
+
+CU_GROUP = ["computer_use_list_apps", "computer_use_get_app_state", "computer_use_click", "computer_use_type_text",
+            "computer_use_press_key", "computer_use_scroll"]
+
+
+async def test_find_tools_agrees_with_status_on_computer_use(tool_server: Any, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 004 defect 10: while `ctproxy status` says computer_use is unavailable (here: no X display),
+    find_tools never calls its tools eligible nor loads them, and says why."""
+    from proxy.status import computer_use_status
+
+    monkeypatch.delenv("DISPLAY", raising=False)
+    srv = await tool_server({"tool_discovery.enabled": True, "tool_discovery.deferred": CU_GROUP,
+                             "computer_use.enabled": True, "computer_use.start_xvfb": False,
+                             "computer_use.display": None}, workspace=tmp_path)
+    state, reason = computer_use_status(srv.services.config)
+    assert state == "unavailable" and "no X display" in reason
+    res = await srv.rest("find_tools", {"query": "computer_use", "load": ["computer_use_click"]}, task="a")
+    statuses = {h["name"]: h["status"] for h in res.details["hits"] if h["name"] in CU_GROUP}
+    assert statuses and all(s.startswith("unavailable: ") and "no X display" in s for s in statuses.values())
+    assert res.details["loaded"] == [] and res.details["rejected"][0]["name"] == "computer_use_click"
+    assert "[eligible]" not in res.text

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tools_server.discovery import rules
 from tools_server.registry import CallContext, Registry, Services, Tool, ToolError, ToolResult
+from tools_server.service import availability
 
 REGISTRY_KEY = "registry"
 FAMILY_KEY = "discovery.family"  # services.extras: this family, for the bridge (carried_tool_names)
@@ -90,15 +91,32 @@ class DiscoveryFamily:
         self._loads.pop(key, None)
 
     def entries(self) -> dict[str, rules.ToolEntry]:
-        config = self.services.config
+        """Each tool with why it cannot run now (None: it can), judged as `ctproxy status` judges its
+        capability: off, no workspace, or Computer Use's own requirements (seed 004 defect 10)."""
         out: dict[str, rules.ToolEntry] = {}
+        why_cap: dict[str, str | None] = {}
         for tool in self._registry().all_tools():
             if tool.name == rules.FIND_TOOLS:
                 continue
-            reason = None if config.enabled(tool.capability) else \
-                f"{tool.capability} is off (ctproxy config set {tool.capability}.enabled true)"
-            out[tool.name] = rules.ToolEntry(tool.name, tool.description, reason)
+            if tool.capability not in why_cap:
+                why_cap[tool.capability] = self._unavailable(tool)
+            out[tool.name] = rules.ToolEntry(tool.name, tool.description, why_cap[tool.capability])
         return out
+
+    def _unavailable(self, tool: Tool) -> str | None:
+        config = self.services.config
+        if not config.enabled(tool.capability):
+            return f"{tool.capability} is off (ctproxy config set {tool.capability}.enabled true)"
+        ok, why = availability(tool, self.services)
+        if not ok:
+            return why
+        if tool.capability == "computer_use":
+            from proxy.status import computer_use_status
+
+            state, reason = computer_use_status(config)
+            if state == "unavailable":
+                return reason
+        return None
 
     def carried_tool_names(self, key: str) -> list[str]:
         """For the bridge: the enabled tools a bridged request of this session carries."""
