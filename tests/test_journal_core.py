@@ -261,3 +261,15 @@ def test_a_failed_bridged_call_keeps_its_error_text():
     text = render_item(item).text
     assert "no note 'missing.md' in the notes of /root" in text and '{"path":"missing.md"}' in text
     assert "an older string error" in render_item({**item, "error": "an older string error"}).text
+
+
+def test_messages_a_client_injects_are_control():
+    """Seed 000 defect 9: Codex's injected user-role context is not one of the user's requests."""
+    env = {"role": "user", "content": [{"type": "input_text",
+                                         "text": "<environment_context>\n  <cwd>/repo</cwd>\n</environment_context>"}]}
+    agents = {"role": "user",
+              "content": "# AGENTS.md instructions for /repo\n\n<INSTRUCTIONS>\nbe kind\n</INSTRUCTIONS>"}
+    assert is_control(env) and is_control(agents)
+    assert not is_control({"role": "user", "content": "why does <environment_context> show up in my logs?"})
+    assert not is_control({"role": "user", "content": "fix the bug"})
+    assert not is_control({"role": "developer", "content": "<environment_context>x</environment_context>"})
