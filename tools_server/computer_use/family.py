@@ -167,6 +167,14 @@ class ComputerUseFamily:
                                    f"the last action on '{app.name}' has an unknown outcome; call "
                                    "computer_use_get_app_state first (nothing was done)")
 
+    def private_desktop(self) -> dict[str, str] | None:
+        """The private desktop's published environment (computer_use.start_xvfb), once it runs; else None.
+        The shell family spawns with it, so a model can start an app where Computer Use looks."""
+        desktop = getattr(self.backend, "desktop", None)
+        desk = desktop() if callable(desktop) else desktop
+        published = getattr(desk, "published", None)
+        return published() if callable(published) else None
+
     # -- executors ------------------------------------------------------------------------------------
     async def list_apps(self, args: schemas.ListAppsArgs, ctx: CallContext) -> ToolResult:
         async def run() -> ToolResult:
@@ -174,9 +182,14 @@ class ComputerUseFamily:
             lines = [f"{a.name}{' [active]' if a.active else ''} ({a.ident or 'pid ' + str(a.pid)}) windows: "
                      + (", ".join(f'"{t}"' for t in a.windows) or "none") for a in apps]
             text = "\n".join(lines) if lines else "No app with a window is running."
-            return ToolResult(text=text, details={"apps": [
+            details: dict[str, Any] = {"apps": [
                 {"name": a.name, "pid": a.pid, "ident": a.ident, "windows": list(a.windows), "active": a.active}
-                for a in apps]})
+                for a in apps]}
+            if (desk := self.private_desktop()) is not None:  # seed 004 defect 14: say where the tools point
+                details["desktop"] = {"private": True, "display": desk["DISPLAY"]}
+                text += (f"\n(ctproxy's private desktop, DISPLAY={desk['DISPLAY']}: start an app on it with "
+                         "exec_command, which runs with this desktop's DISPLAY, XAUTHORITY and session bus.)")
+            return ToolResult(text=text, details=details)
         return await self._serve(LIST, ctx, run)
 
     async def get_app_state(self, args: schemas.AppArgs, ctx: CallContext) -> ToolResult:

@@ -129,6 +129,14 @@ class ShellFamily:
         except OutsideWorkspace as exc:
             raise ShellError(EXEC, "bad-cwd", str(exc)) from None
 
+    def desktop_env(self) -> dict[str, str]:
+        """Computer Use's private desktop (computer_use.start_xvfb), once it runs: its DISPLAY, XAUTHORITY and
+        session bus, so an app a command starts appears where Computer Use looks (seed 004 defect 14)."""
+        family = self.services.extras.get("computer_use.family")
+        if family is None or not self.services.config.enabled("computer_use"):
+            return {}
+        return family.private_desktop() or {}
+
     async def exec_facts(self, args: RawArgs, ctx: CallContext) -> dict[str, Any]:
         """What the policy seam is told of an exec_command: the directory it would run in."""
         req = normalize_exec(args.model_extra or {})
@@ -153,7 +161,7 @@ class ShellFamily:
                 raise ShellError(EXEC, "cancelled", "the call was cancelled before the command started")
             if ctx.detach is not None and ctx.detach.is_set():
                 raise ShellError(EXEC, "cancelled", "the code cell that made this call has ended; nothing was run")
-            job = await self.manager.start(EXEC, owner, req.cmd, cwd, ctx.env_overlay)
+            job = await self.manager.start(EXEC, owner, req.cmd, cwd, {**self.desktop_env(), **ctx.env_overlay})
         with self._stop_on_cancel(job):
             return await self._observe(EXEC, job, started, started + req.yield_ms / 1000,
                                        req.max_output_bytes, ctx)

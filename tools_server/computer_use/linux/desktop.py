@@ -73,6 +73,15 @@ class Desktop:
             env["XAUTHORITY"] = str(self.xauthority)
         return env
 
+    def published(self) -> dict[str, str]:
+        """What other tools need to use this desktop (a shell starting an app on it): its display, X
+        cookie and session bus; none of the rest of the environment."""
+        env = {"DISPLAY": self.display, "DBUS_SESSION_BUS_ADDRESS": self.bus_address, "NO_AT_BRIDGE": "0",
+               "GTK_A11Y": "atspi"}
+        if self.xauthority is not None:
+            env["XAUTHORITY"] = str(self.xauthority)
+        return env
+
     async def close(self) -> None:
         for proc in reversed(self._procs):
             if proc.returncode is None:
