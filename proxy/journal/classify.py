@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.journal.canonical import COMPACTION_TYPES, item_type
-from proxy.transforms.retained import CONTEXTUAL_FRAGMENTS
+from proxy.transforms.contextual import CONTEXTUAL_FRAGMENTS
 
 ROLES = ("user", "assistant", "tool", "system", "developer")
 CONTROL_PREFIX = "<ctp_"
@@ -109,7 +109,7 @@ def is_hidden_tool(namespace: str | None, name: str | None) -> bool:
 def is_control(item: Any) -> bool:
     """A message nobody typed, hidden from default list/search and so from `role: user` (seed 000 defect
     9): what the proxy injects (`<ctp_…>`), and the user-role context a client injects, recognised as
-    Codex recognises its own "contextual" user messages (proxy.transforms.retained.CONTEXTUAL_FRAGMENTS:
+    Codex recognises its own "contextual" user messages (proxy.transforms.contextual.CONTEXTUAL_FRAGMENTS:
     `<environment_context>`, `# AGENTS.md instructions …`, `<user_instructions>`, `<turn_aborted>`, …)
     at the start of the message. The rule, and why Pi's and the SDKs' messages need none: docs/history.md."""
     if item_type(item) != "message":
