@@ -63,7 +63,10 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
         return CapabilityStatus(name, *status(rc.enabled, rc.threshold, rc.recover_overflow, upstream_official,
                                               upstream_trusted))
     if name == "computer_use":
-        return CapabilityStatus(name, *computer_use_status(config))
+        state, reason = computer_use_status(config)
+        if state != "unavailable" and (held := _held_by_discovery(config, cap.tools)) is not None:
+            return CapabilityStatus(name, "deferred", f"{held}; then: {reason}")  # seed 004 defect 10
+        return CapabilityStatus(name, state, reason)
     if name == "context":
         from proxy.context.status import context_status
 
@@ -124,7 +127,7 @@ def computer_use_status(config: Config) -> tuple[str, str]:
                 return "unavailable", f"ChatGPT.app's bundled runtime is missing ({path})"
         if not os.path.exists(f"{home}/computer-use/Codex Computer Use.app"):
             return "unavailable", f"the Codex Computer Use helper is not installed ({home}/computer-use)"
-        return "deferred", f"starts ChatGPT.app's app-server on first use (approval: {cu.approval_mode})"
+        return "active", f"starts ChatGPT.app's app-server on first use (approval: {cu.approval_mode})"
     missing = [pkg for exe, pkg in (("xdotool", "xdotool"),) if shutil.which(exe) is None]
     display = cu.display or os.environ.get("DISPLAY")
     bus = cu.dbus_address or os.environ.get("DBUS_SESSION_BUS_ADDRESS")
@@ -148,7 +151,7 @@ def computer_use_status(config: Config) -> tuple[str, str]:
     if problems:
         return "unavailable", "; ".join(problems)
     if private:
-        return "deferred", ("X11 + AT-SPI on a private Xvfb desktop, started on first use "
+        return "active", ("X11 + AT-SPI on a private Xvfb desktop, started on first use "
                             f"(approval: {cu.approval_mode})")
     return "active", f"X11 + AT-SPI on display {display} (approval: {cu.approval_mode})"
 
