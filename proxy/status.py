@@ -8,6 +8,7 @@ set` while it runs is reported as it runs, with the note `config says enabled; r
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -73,6 +74,8 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
         return CapabilityStatus(name, *context_status(config))
     if name in ("apply_patch", "shell") and run is not None and not run.get("workspace"):
         return CapabilityStatus(name, "unavailable", "no workspace: restart ctproxy with --workspace DIR")
+    if name == "shell" and (problem := _shell_problem(config)) is not None:
+        return CapabilityStatus(name, "unavailable", problem)  # seed 004 defect 10: every call would fail
     if (held := _held_by_discovery(config, cap.tools)) is not None:
         return CapabilityStatus(name, "deferred", held)
     if name == "code_mode":
@@ -90,6 +93,24 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
 
 
 COMPUTER_USE_TOOLS = capability("computer_use").tools
+
+
+def _shell_problem(config: Config) -> str | None:
+    """Why every shell call would fail: a `shell.shell` that is not an executable, or a `shell.policy` whose
+    module cannot be found (the tool server refuses every call then: fail closed)."""
+    sh = config.shell
+    if sh.shell and not (os.path.isfile(sh.shell) and os.access(sh.shell, os.X_OK)):
+        return f"shell.shell {sh.shell[:200]!r} is not an executable file"
+    if sh.policy:
+        module = sh.policy.partition(":")[0] if ":" in sh.policy else sh.policy.rpartition(".")[0]
+        try:
+            found = bool(module) and importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return (f"shell.policy {sh.policy[:200]!r} cannot be loaded (no module {module[:200]!r}): every shell "
+                    "call is refused")
+    return None
 
 
 def _held_by_discovery(config: Config, tools: tuple[str, ...]) -> str | None:

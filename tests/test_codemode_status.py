@@ -64,3 +64,19 @@ def test_computer_use_held_by_discovery_is_deferred_not_active() -> None:
     assert st.state == "deferred" and "find_tools" in st.reason
     config.tool_discovery.deferred = []
     assert capability_status(config, "computer_use").state == "active"
+
+
+def test_a_shell_that_cannot_run_is_unavailable(tmp_path) -> None:
+    """Seed 004 defect 10: a nonexistent shell.shell or an unloadable shell.policy makes every call fail."""
+    config = Config()
+    config.shell.enabled = True
+    assert capability_status(config, "shell").state == "active"
+    config.shell.shell = str(tmp_path / "no-such-shell")
+    st = capability_status(config, "shell")
+    assert st.state == "unavailable" and "not an executable" in st.reason
+    config.shell.shell = None
+    config.shell.policy = "no_such_module_anywhere:Hooks"
+    st = capability_status(config, "shell")
+    assert st.state == "unavailable" and "cannot be loaded" in st.reason
+    config.shell.policy = "tests.test_one_road:Deny"
+    assert capability_status(config, "shell").state == "active"
