@@ -132,8 +132,8 @@ def _discovery_status(config: Config) -> tuple[str, str]:
 
 def computer_use_status(config: Config) -> tuple[str, str]:
     """What this machine lacks for Computer Use, named exactly (Debian packages, Python modules, the display,
-    the session bus); `deferred` when nothing is missing (the backend starts on first use)."""
-    import importlib.util
+    the session bus); `active` when nothing is missing (a private desktop or the macOS app-server starts on
+    first use; `deferred` is tool discovery's word)."""
 
     cu = config.computer_use
     backend = cu.backend if cu.backend != "auto" else ("macos" if sys.platform == "darwin" else "linux")

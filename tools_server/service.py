@@ -153,7 +153,14 @@ class ToolService:
         outcome, error = "exception", None
         try:
             tool = self.resolve(name, ctx)
-            args = tool.validate(arguments)
+            try:
+                args = tool.validate(arguments)
+            except ToolError:
+                raise  # wrong arguments: the transports answer these as invalid requests
+            except Exception as exc:  # a validator's own bug: the call's error, never a 500
+                result = ToolResult.from_error(tool.unexpected(exc, ctx))
+                outcome, error = "error", result.text
+                return result
             result = await self._run(tool, args, ctx)
             outcome, error = ("error", result.text) if result.is_error else ("ok", None)
             return result
