@@ -547,3 +547,19 @@ async def test_an_over_long_command_is_named_as_such(sh: Harness) -> None:
     res = await sh.exec({"cmd": f"echo {'a' * 200_000} | wc -c"})
     assert res.is_error and res.details["error"] == "argument-too-long", res.text
     assert "shell.shell" not in res.text and "write_stdin" in res.text
+
+
+async def test_a_server_wide_cap_bounds_jobs_whatever_the_agent_names(sh: Harness) -> None:
+    """Seed 004 defect 19: x-ctp-agent is free text, so the per-caller cap alone bounds nothing."""
+    sh.family.manager.max_jobs, sh.family.manager.max_jobs_total = 2, 3
+    sids = []
+    for agent in ("/root/a", "/root/a", "/root/b"):
+        sids.append((agent, ok(await sh.exec({"cmd": "sleep 30", "yield_time_ms": 250}, agent=agent))["session_id"]))
+    mine = await sh.exec({"cmd": "sleep 30", "yield_time_ms": 250}, agent="/root/a")
+    assert mine.is_error and "2 commands are still running" in mine.text
+    other = await sh.exec({"cmd": "touch never", "yield_time_ms": 250}, agent="/root/c")
+    assert other.is_error and other.details["error"] == "job-cap" and "all callers" in other.text
+    assert not (sh.services.workspace / "never").exists()
+    for agent, sid in sids:
+        assert ok(await sh.write({"session_id": sid, "terminate": True}, agent=agent))["exit_code"] is not None
+    assert ok(await sh.exec({"cmd": "true"}, agent="/root/c"))["exit_code"] == 0

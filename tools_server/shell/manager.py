@@ -52,13 +52,14 @@ class Observation:
 class ShellManager:
     def __init__(self, store: CaptureStore, shell: str | None = None,
                  env: Mapping[str, str] | None = None,
-                 max_jobs: int = limits.MAX_UNSETTLED_JOBS,
+                 max_jobs: int = limits.MAX_UNSETTLED_JOBS, max_jobs_total: int = limits.MAX_UNSETTLED_JOBS_TOTAL,
                  kill_after: float = limits.STOP_KILL_AFTER_S,
                  confirm: float = limits.STOP_CONFIRM_S) -> None:
         self._env = dict(os.environ if env is None else env)  # captured once; overlays never change it
         self.shell = resolve_shell(shell, self._env)  # resolved once per manager
         self.store = store
         self.max_jobs = max_jobs
+        self.max_jobs_total = max(max_jobs_total, max_jobs)
         self.kill_after = kill_after
         self.confirm = confirm
         self._jobs: dict[str, Job] = {}
@@ -102,6 +103,11 @@ class ShellManager:
             raise ShellError(tool, "job-cap",
                              f"{self.max_jobs} commands are still running; poll or stop one with "
                              "write_stdin (terminate: true) first")
+        everyone = sum(1 for j in self._jobs.values() if not j.settled) + sum(self._pending_starts.values())
+        if everyone >= self.max_jobs_total:  # seed 004 defect 19: agent names are free text, so a bound for all
+            raise ShellError(tool, "job-cap",
+                             f"the server runs {self.max_jobs_total} commands already (all callers); poll or stop "
+                             "one with write_stdin (terminate: true), or try again when one has ended")
         self._pending_starts[owner] = self._pending_starts.get(owner, 0) + 1
         try:
             yield
