@@ -1,6 +1,7 @@
 """Takes the `x-ctp-*` identity headers off a Responses request and keeps them for session resolution.
 
-The headers are ours: they never go upstream. This stage only moves them into the flow state; the
+The headers are ours: they never go upstream (a Codex backend call retargeted to ctproxy's own tool
+server keeps them: there they name the caller). This stage only moves them into the flow state; the
 session itself (task / agent / session key) is resolved lazily by `addons._flow.session_of` on first
 use, so a request no feature reads is never parsed. Its signals, in order: x-ctp-task / x-ctp-agent,
 Codex session headers, prompt_cache_key, previous_response_id (through the journal's response aliases),
@@ -35,6 +36,10 @@ class Session(Stage):
         if not has_ctp_headers(flow):
             return
         st = state_of(flow)
+        if st.route is not None and st.route.trusted and not st.route.official:
+            # Codex's backend call, retargeted to ctproxy's own tool server (addons/codex_backend.py): the
+            # headers are the tool server's caller identity there, as on its REST routes; they stay.
+            return
         st.identity_headers = {k.lower(): v for k, v in flow.request.headers.items()
                                if k.lower().startswith("x-ctp-")}
         strip_ctp_headers(flow)

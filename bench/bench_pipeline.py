@@ -92,13 +92,13 @@ async def one(http, url: str, body: bytes, headers: dict) -> float:
 def micro(payload: dict, rounds: int = 20) -> list[tuple[str, float]]:
     import orjson
 
+    from proxy.journal.canonical import chain_at
     from proxy.transforms.compaction import CompactionRecord, ProjectionContext, apply_projection
-    from proxy.transforms.items import prefix_hash
     from proxy.transforms.web_search import WebSearchSettings, inject_web_search
 
     raw = orjson.dumps(payload)
     items = payload["input"]
-    rec = CompactionRecord("cp_bench", len(items) // 2, prefix_hash(items, len(items) // 2) or "", (),
+    rec = CompactionRecord("cp_bench", len(items) // 2, chain_at(items, "", len(items) // 2) or "", (),
                            {"type": "compaction", "encrypted_content": "x" * 512}, "fallback")
 
     def timeit(fn) -> float:

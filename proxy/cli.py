@@ -22,6 +22,7 @@ from proxy.config import (
     with_overrides,
     with_run_flags,
 )
+from proxy.errors import CtproxyError
 from proxy.state import StateDir, StateDirBusy
 
 EPILOG = """\
@@ -225,13 +226,13 @@ def _config_path(args: argparse.Namespace, state: StateDir) -> Path:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from proxy.launcher import UpOptions, run_up, split_hostport
-    from proxy.routes import UpstreamError, parse_upstream
+    from proxy.routes import UpstreamURLError, parse_upstream
 
     try:
         host, port = split_hostport(args.listen)
         thost, tport = split_hostport(args.tools_listen)
         parse_upstream(args.upstream, args.trust_upstream)
-    except (ValueError, UpstreamError) as exc:
+    except (ValueError, UpstreamURLError) as exc:
         print(f"ctproxy up: {exc}", file=sys.stderr)
         return 2
     if args.trust_upstream and not args.upstream:
@@ -323,7 +324,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from proxy.launcher import replay_recording
     from proxy.replay import NotAFlowFile, count_flows, recorded_upstream, replay_header
-    from proxy.routes import UpstreamError, parse_upstream
+    from proxy.routes import UpstreamURLError, parse_upstream
 
     if args.trust_upstream and not args.upstream:
         print("ctproxy replay: --trust-upstream needs --upstream URL", file=sys.stderr)
@@ -339,7 +340,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             upstream, trusted = recorded.url, recorded.trusted
         lines = replay_recording(args.file, state_dir=args.state_dir, config_file=args.config, upstream=upstream,
                                  trust_upstream=trusted, enable=args.enable, disable=args.disable)
-    except (NotAFlowFile, UpstreamError) as exc:
+    except (NotAFlowFile, UpstreamURLError) as exc:
         print(f"ctproxy replay: {exc}", file=sys.stderr)
         return 2
     print(replay_header(recorded, args.upstream, args.trust_upstream))
@@ -552,7 +553,7 @@ def _ours(header: str) -> bool:
                for t in ("model_providers", "mcp_servers"))
 
 
-class CodexMergeError(ValueError):
+class CodexMergeError(CtproxyError, ValueError):
     pass
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from proxy.capabilities import NAMES
+from proxy.errors import CtproxyError
 
 CAPABILITIES: tuple[str, ...] = NAMES  # the capability table's names: each is a section below
 
@@ -305,7 +306,7 @@ DEFAULT_MODEL_WINDOWS: dict[str, int] = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(CtproxyError, ValueError):
     """A configuration problem, worded for the user."""
 
 

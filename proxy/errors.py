@@ -22,6 +22,17 @@ import orjson
 ERROR_HEADER = "x-ctproxy-error"
 
 
+class CtproxyError(Exception):
+    """The one base of every exception ctproxy raises itself (a caller may catch them all at once).
+    Classes that mean what a builtin means keep that base too (`AddressError` is a ValueError)."""
+
+
+class UpstreamError(CtproxyError):
+    """Something ctproxy depends on failed on its side: the upstream could not be reached or answered
+    something unusable (`UpstreamUnavailable`, `UpstreamBroken`), ctproxy's tool server could not be
+    reached (`ToolServerUnreachable`), or a compaction call failed (`CompactionFailure`)."""
+
+
 class ProxyError(NamedTuple):
     status: int
     type: str

@@ -39,6 +39,7 @@ from mitmproxy import http
 
 from proxy import errors, gcpause, rawheaders
 from proxy.addonlookup import find_addon
+from proxy.errors import CtproxyError
 from proxy.flowstate import state_of
 from proxy.transforms.items import InputFacts, input_facts
 from proxy.transforms.jsonspan import member_span, strip_ws
@@ -52,11 +53,11 @@ _CHUNK = 64 * 1024  # compressed input fed per step
 _STEP = 1024 * 1024  # output produced per step: a bomb's peak memory stays near the limit, not twice it
 
 
-class BodyTooLarge(ValueError):
+class BodyTooLarge(CtproxyError, ValueError):
     """The decoded body would exceed the limit."""
 
 
-class _Unsupported(ValueError):
+class _Unsupported(CtproxyError, ValueError):
     """An encoding (or a list of them) the bounded decoder does not know: mitmproxy would not decode it
     either, and the body stays untouched."""
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from proxy.errors import CtproxyError
 
-class SeamConfigError(ValueError):
+
+class SeamConfigError(CtproxyError, ValueError):
     """The configured hook path cannot be loaded."""
 
 

@@ -24,6 +24,7 @@ import aiohttp
 
 from proxy import __version__, runtime
 from proxy.config import with_run_flags
+from proxy.errors import CtproxyError
 from proxy.routes import parse_upstream
 from proxy.state import StateDir
 
@@ -67,7 +68,7 @@ def _mitm_mode(opts: UpOptions) -> str:
     return f"reverse:{upstream.origin or 'https://api.openai.com'}"
 
 
-class ToolServerPortBusy(RuntimeError):
+class ToolServerPortBusy(CtproxyError, RuntimeError):
     pass
 
 

@@ -12,7 +12,6 @@ that a file is a recording at all (`count_flows`).
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import inspect
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from typing import Any
 import orjson
 from mitmproxy import exceptions, http, io
 
+from proxy.errors import CtproxyError
 from proxy.flowstate import state_of
 
 UPSTREAM_KEY = "ctp.upstream"  # the --upstream the flow was recorded with ("" = the official endpoints)
@@ -30,7 +30,7 @@ TRUST_KEY = "ctp.trust_upstream"
 MODE_KEY = "ctp.mode"  # reverse | regular
 
 
-class NotAFlowFile(ValueError):
+class NotAFlowFile(CtproxyError, ValueError):
     """The file is not a mitmproxy recording (the message says what to do)."""
 
 
@@ -220,7 +220,3 @@ async def replay_flows(path: Path, chain: list[Any]) -> list[str]:
         if not changed_any:
             out.append("(no addon changed this request)")
     return out
-
-
-def run_replay(path: Path, chain: list[Any]) -> list[str]:
-    return asyncio.run(replay_flows(path, chain))

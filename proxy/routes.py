@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
+from proxy.errors import CtproxyError
+
 RouteKind = Literal["api", "codex"]
 CredentialKind = Literal["api_key", "chatgpt", "mixed"]
 
@@ -143,8 +145,8 @@ class Upstream:
         return f"{self.origin}{self.prefix} ({trust})"
 
 
-class UpstreamError(ValueError):
-    pass
+class UpstreamURLError(CtproxyError, ValueError):
+    """`--upstream` is not a URL ctproxy can use (a configuration error, not an upstream failure)."""
 
 
 def parse_upstream(url: str | None, trusted: bool = False) -> Upstream:
@@ -153,11 +155,11 @@ def parse_upstream(url: str | None, trusted: bool = False) -> Upstream:
         return Upstream(None, "", trusted)
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UpstreamError(f"--upstream must be an http(s) URL with a host, got {url!r}")
+        raise UpstreamURLError(f"--upstream must be an http(s) URL with a host, got {url!r}")
     if parts.username or parts.password:
-        raise UpstreamError("--upstream must not contain credentials (user:pass@)")
+        raise UpstreamURLError("--upstream must not contain credentials (user:pass@)")
     if parts.query or parts.fragment:
-        raise UpstreamError("--upstream must not have a query or fragment")
+        raise UpstreamURLError("--upstream must not have a query or fragment")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     host = parts.hostname
     prefix = parts.path.rstrip("/")

@@ -10,12 +10,13 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from proxy.errors import CtproxyError
 from proxy.files import atomic_write_text
 
 UP_LOCK = "up.lock"
 
 
-class StateDirBusy(RuntimeError):
+class StateDirBusy(CtproxyError, RuntimeError):
     """Another `ctproxy up` holds the state directory."""
 
 

@@ -8,6 +8,7 @@ set` while it runs is reported as it runs, with the note `config says enabled; r
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -71,7 +72,7 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
     if name == "computer_use":
         state, reason = computer_use_status(config)
         if state == "active" and (held := _held_by_discovery(config, cap.tools)) is not None:
-            return CapabilityStatus(name, "deferred", f"{held}; then {reason}")
+            return CapabilityStatus(name, "deferred", f"{held}; then: {reason}")  # seed 004 defect 10
         return CapabilityStatus(name, state, reason)
     if name == "shell" and (problem := shell_problem(config)) is not None:
         return CapabilityStatus(name, "unavailable", problem)
@@ -152,8 +153,8 @@ def _discovery_status(config: Config) -> tuple[str, str]:
 
 def computer_use_status(config: Config) -> tuple[str, str]:
     """What this machine lacks for Computer Use, named exactly (Debian packages, Python modules, the display,
-    the session bus); `active` when nothing is missing (the backend starts on first use)."""
-    import importlib.util
+    the session bus); `active` when nothing is missing (a private desktop or the macOS app-server starts on
+    first use; `deferred` is tool discovery's word)."""
 
     cu = config.computer_use
     backend = cu.backend if cu.backend != "auto" else ("macos" if sys.platform == "darwin" else "linux")

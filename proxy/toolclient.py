@@ -15,8 +15,10 @@ from typing import Any
 import aiohttp
 import orjson
 
+from proxy.errors import UpstreamError
 
-class ToolServerUnreachable(Exception):
+
+class ToolServerUnreachable(UpstreamError):
     """The tool server did not answer (not running, wrong token, a broken connection)."""
 
 

@@ -54,6 +54,35 @@ def test_apply_patch_in_the_form_the_model_expects():
     assert forced.specs[0]["type"] == "function"
 
 
+PAIRS = [tool("exec", "code_mode"), tool("wait", "code_mode"), tool("exec_command", "shell"),
+         tool("write_stdin", "shell"), tool("find_tools", "tool_discovery"), tool("notes_read_file"),
+         tool("computer_use_click", "computer_use")]
+
+
+def test_atomic_groups_are_offered_whole_or_not_at_all():
+    """Seed 004 defect 12: an agent with its own `wait` (or `exec_command`) gets neither half of our pair."""
+    both = select(PAIRS, ["code_mode", "shell"], {"model": "m"})
+    assert [t.name for t in both.tools] == ["exec", "wait", "exec_command", "write_stdin"]
+    own = [{"type": "function", "name": "wait", "parameters": {"type": "object"}},
+           {"type": "function", "name": "exec_command", "parameters": {"type": "object"}}]
+    offer = select(PAIRS, ["code_mode", "shell"], {"model": "m", "tools": own})
+    assert offer.tools == () and offer.specs == ()
+    why = dict(offer.left_out)
+    assert why["exec"].startswith("offered only together with wait") and "its own tool" in why["exec"]
+    assert why["write_stdin"].startswith("offered only together with exec_command")
+
+
+def test_an_agents_own_find_tools_does_not_strand_the_deferred_tools():
+    """Seed 004 defect 12: discovery holds back deferred tools only while our find_tools can load them."""
+    carried = frozenset({"find_tools", "notes_read_file"})
+    ours = select(PAIRS, ["tool_discovery", "notes", "computer_use"], {"model": "m"}, carried=carried)
+    assert [t.name for t in ours.tools] == ["find_tools", "notes_read_file"]
+    own = [{"type": "function", "name": "find_tools", "parameters": {"type": "object"}}]
+    offer = select(PAIRS, ["tool_discovery", "notes", "computer_use"], {"model": "m", "tools": own},
+                   carried=carried)
+    assert [t.name for t in offer.tools] == ["notes_read_file", "computer_use_click"]
+
+
 def test_specs_are_byte_stable_whatever_the_source_order():
     shuffled = [BridgeTool(t.name, t.family, t.capability, t.parallel, t.available, t.reason,
                            dict(reversed(list(t.function.items()))), t.custom) for t in REGISTRY]

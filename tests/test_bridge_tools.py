@@ -54,7 +54,8 @@ async def test_sequential_writes_in_order_as_the_callers_task(emulator, proxy_fa
 
 
 async def test_executed_calls_are_journal_items(emulator, proxy_factory):
-    """History tools find the executed calls: namespace "ctproxy", the tool's name."""
+    """History tools find the executed calls: filed under their concept namespace (`notes`, `write_file`),
+    found by the server label and the tool's name too (seed 000 defect 12)."""
     import asyncio
 
     import aiohttp
@@ -74,8 +75,13 @@ async def test_executed_calls_are_journal_items(emulator, proxy_factory):
             async with http.post(proxy.tools_url + "/v1/tools/history_list_items", headers=headers,
                                  json={"tool_namespace": "ctproxy", "tool_name": "notes_write_file"}) as r:
                 body = await r.json()
-            if "ctproxy.notes_write_file" in body.get("text", ""):
+            if "notes.write_file" in body.get("text", ""):
                 break
             await asyncio.sleep(0.1)
-    text = body.get("text", "")
-    assert '"type":"mcp_call"' in text and '"tool":"ctproxy.notes_write_file"' in text, body
+        text = body.get("text", "")
+        assert '"type":"mcp_call"' in text and '"tool":"notes.write_file"' in text, body
+        async with http.post(proxy.tools_url + "/v1/tools/history_list_items", headers=headers,
+                             json={"tool_namespace": "notes"}) as r:
+            assert '"tool":"notes.write_file"' in (await r.json())["text"]
+        async with http.post(proxy.tools_url + "/v1/tools/history_list_items", headers=headers, json={}) as r:
+            assert "notes.write_file" not in (await r.json())["text"]  # the recovery tools' own: hidden

@@ -231,3 +231,53 @@ async def test_codex_runs_with_the_written_config_and_calls_a_tool_over_mcp(emul
     assert f"task {task}" in _known_tasks(proxy.state_dir) and "/root" in _known_tasks(proxy.state_dir)
     assert len(emulator.responses_requests) == 2
     assert not [k for r in emulator.responses_requests for k, _ in r.headers if k.lower().startswith("x-ctp-")]
+
+
+async def test_codex_backend_calls_through_the_proxy_keep_the_configured_identity(emulator: Emulator,
+                                                                                  proxy_factory, tmp_path):
+    """Seed 000 defect 2: a Codex set up by `ctproxy codex-config` sends its `x-ctp-task` / `x-ctp-agent`
+    headers (model_providers.ctproxy.http_headers) on every request to its base URL, the history/notes
+    backend calls of Codex builds with that extension included. Codex CLI itself runs a turn, then the
+    backend call is made to the same base URL with those headers and Codex's session id: it runs in the
+    configured task, and history reads Codex's turn."""
+    proxy = await proxy_factory(upstream=emulator.url)
+    codex_home, home, work = tmp_path / "codex-home", tmp_path / "home", tmp_path / "work"
+    for d in (codex_home, home, work):
+        d.mkdir()
+    config = codex_home / "config.toml"
+    config.write_text(TEST_SETTINGS)
+    out = await asyncio.to_thread(cli, "codex-config", "--state-dir", str(proxy.state_dir), "--write", str(config))
+    assert out.returncode == 0, out.stderr
+    provider = tomllib.loads(config.read_text())["model_providers"]["ctproxy"]
+    headers = dict(provider["http_headers"])
+    emulator.set_default(Text("the marker is okapi-5512", deltas=2))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
+           "OPENAI_API_KEY": "sk-codex-test-not-real", "NO_COLOR": "1", "LANG": "C.UTF-8"}
+    proc = await asyncio.create_subprocess_exec(
+        str(codex_binary()), "exec", "--skip-git-repo-check", "--json", "say the marker", cwd=work, env=env,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 180)
+    except TimeoutError:
+        proc.kill()
+        stdout, stderr = await proc.communicate()
+        pytest.fail(f"codex exec did not finish; stderr tail:\n{stderr.decode()[-2000:]}")
+    assert proc.returncode == 0, stderr.decode()[-3000:]
+    events = [json.loads(line) for line in stdout.decode().splitlines() if line.startswith("{")]
+    session_id = next(e["thread_id"] for e in events if e.get("type") == "thread.started")
+
+    base = provider["base_url"].rstrip("/")
+    body = {"query": "okapi-5512", "context": {"session_id": session_id, "current_agent_name": "/root"}}
+    found: dict = {}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(200):  # the journal writes Codex's answer on its own thread: wait for it
+            async with http.post(f"{base}/alpha/history/v2/search_contents", json=body,
+                                 headers={"Authorization": "Bearer sk-codex-test-not-real", **headers}) as resp:
+                found = await resp.json(content_type=None)
+            if resp.status == 200 and found.get("ok") and "okapi-5512" in found.get("output", ""):
+                break
+            assert found.get("error") != "unknown_task", found
+            await asyncio.sleep(0.05)
+    assert found.get("ok") and "okapi-5512" in found["output"], found
+    # the backend call never went upstream: the emulator saw Codex's Responses request only
+    assert [r.route for r in emulator.requests] == ["responses"]

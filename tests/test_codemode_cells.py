@@ -159,11 +159,11 @@ async def test_queued_replies_have_their_own_256_kib_budget() -> None:
     await m.close()
 
 
-async def test_at_most_four_running_cells() -> None:
+async def test_at_most_four_running_cells_per_caller() -> None:
     d = Double()
     m = manager(d)
     cells = [m.start(OWNER, "while (true) {}", frozenset()) for _ in range(4)]
-    with pytest.raises(ToolError, match="4 cells are already running"):
+    with pytest.raises(ToolError, match="you already have 4 cells running"):
         m.start(OWNER, "1", frozenset())
     assert cells[0].terminate()
     fifth = await run(m, "return 5", frozenset())
@@ -337,3 +337,54 @@ async def test_a_cell_that_replaces_builtins_does_not_break_the_host() -> None:
                         "JSON.stringify = () => '!';\nprint('x', 1);\nawait tools.t({i: 2});\nreturn 1")
     assert cell.state == "completed" and out(cell) == "x 1\n" and cell.result_json == "1" and d.started == 1
     await m.close()
+
+
+# -- caps belong to callers (seed 004 defect 9) --------------------------------------------------------------
+
+async def test_one_caller_cannot_fill_the_running_cells_or_slots_of_another() -> None:
+    d = Double()
+    m = manager(d)
+    x, y = ("t", "/x"), ("t", "/y")
+    stuck = [m.start(x, "await tools.t({block: true})", frozenset({"t"})) for _ in range(4)]
+    await until(lambda: d.active == 4, "x's four nested calls hold x's four slots")
+    with pytest.raises(ToolError) as refused:
+        m.start(x, "return 1", frozenset())
+    assert refused.value.code == "too-many-cells" and "you already have 4" in refused.value.message
+    other = m.start(y, "return await tools.t({i: 'y'})", frozenset({"t"}))  # y's cell and its nested call run
+    await asyncio.wait_for(other.done.wait(), 20)
+    assert other.state == "completed" and other.result_json is not None
+    for cell in stuck:
+        assert cell.terminate()
+    await m.close()
+
+
+async def test_one_caller_cannot_evict_another_callers_unread_result_and_eviction_says_why() -> None:
+    d = Double()
+    m = manager(d)
+    x, y = ("t", "/x"), ("t", "/y")
+    mine = await run_as(m, x, "return 'x result'")
+    ys = [await run_as(m, y, f"return {i}") for i in range(20)]
+    assert m.lookup(x, mine.id) is mine  # y's twenty unread results evicted only y's own oldest
+    assert m.lookup(y, ys[0].id) is None and m.lookup(y, ys[-1].id) is ys[-1]
+    why = m.why_gone(y, ys[0].id)
+    assert why is not None and "more than 16 finished cells it had not read" in why
+    assert m.why_gone(x, ys[0].id) is None  # another caller learns nothing of it
+    await m.close()
+
+
+async def test_a_running_cell_has_a_wall_clock_limit() -> None:
+    d = Double()
+    m = manager(d, max_wall_time_s=0.5)
+    cell = m.start(OWNER, "print('before the loop'); while (true) {}", frozenset())
+    await asyncio.wait_for(cell.done.wait(), 30)
+    assert cell.state == "terminated" and cell.expired
+    text, details = render(cell, 40_000)
+    assert "wall-clock limit" in text and details["stopped_by"] == "wall-time-limit"
+    assert "before the loop" in text  # what it printed is kept
+    await m.close()
+
+
+async def run_as(m: CellManager, owner: tuple[str, str], code: str) -> Cell:
+    cell = m.start(owner, code, frozenset())
+    await asyncio.wait_for(cell.done.wait(), 30)
+    return cell

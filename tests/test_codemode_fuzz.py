@@ -52,13 +52,13 @@ def test_hostile_arguments(service: Any, tool: str, data: st.DataObject) -> None
 
     async def call() -> None:
         try:
-            result = await svc.call(tool, args, task="t", agent="/root")
+            result = await svc.call(tool, args, svc.context(transport="direct", task="t", agent="/root"))
         except ToolError as exc:
             assert "Traceback" not in exc.message
             return
         assert "Traceback" not in result.text and "File \"" not in result.text
         if tool == "exec" and result.details.get("status") == "running":
-            await svc.call("wait", {"cell_id": result.details["cell_id"], "terminate": True}, task="t",
-                           agent="/root")
+            await svc.call("wait", {"cell_id": result.details["cell_id"], "terminate": True},
+                           svc.context(transport="direct", task="t", agent="/root"))
 
     loop.run_until_complete(asyncio.wait_for(call(), 60))

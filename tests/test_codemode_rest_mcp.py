@@ -245,3 +245,158 @@ async def test_output_past_the_preview_is_kept_in_a_private_file(tool_server: An
     assert "recovery" not in small.details  # a small result needs no file
     await srv.close()
     assert not path.exists()  # removed with the server session's other captures
+
+
+# -- stopping a cell is a real stop (seed 004 defects 2, 5, 11) ---------------------------------------------
+
+def code_family(srv: Any) -> Any:
+    return next(f for f in srv.services.extras["registry"].families if f.name == "code_mode")
+
+
+async def until_true(cond: Any, what: str, limit: float = 30.0) -> None:
+    async def loop() -> None:
+        while not cond():
+            await asyncio.sleep(0.02)
+    try:
+        await asyncio.wait_for(loop(), limit)
+    except TimeoutError:
+        raise AssertionError(f"condition never held: {what}") from None
+
+
+def nested_running(srv: Any, cell_id: str, name: str) -> bool:
+    cell = code_family(srv).manager.cells.get(cell_id)
+    return cell is not None and any(c.name == name and c.state == "running" for c in cell.calls.values())
+
+
+async def test_stopping_a_cell_leaves_its_polled_shell_unread_for_write_stdin(tool_server: Any,
+                                                                           tmp_path: Path) -> None:
+    """Defect 2: a nested poll in flight when its cell is stopped returns before reading; the stop's answer
+    says the shell is still running, and write_stdin then gets its last output and its exit code."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    code = ("const r = await tools.exec_command({cmd: 'while [ ! -e go ]; do sleep 0.05; done; echo IMPORTANT; "
+            "exit 7', yield_time_ms: 250});\nprint('sid=' + r.session_id);\n"
+            "await tools.write_stdin({session_id: r.session_id, yield_time_ms: 30000});")
+    res = await srv.rest("exec", {"code": code, "yield_time_ms": 250}, task="t", agent="/root")
+    cell_id = res.details["cell_id"]
+    await until_true(lambda: nested_running(srv, cell_id, "write_stdin"), "the nested poll to be in flight")
+    stopped = await srv.rest("wait", {"cell_id": cell_id, "terminate": True}, task="t", agent="/root")
+    assert stopped.text.startswith("Script terminated"), stopped.text
+    (shell,) = stopped.details["shells"]
+    sid = shell["session_id"]
+    assert shell["running"] and f"Shells still running: {sid}" in stopped.text
+    assert stopped.details["calls"]["unsettled"] == 0
+    (tmp_path / "go").touch()
+    more = await srv.rest("write_stdin", {"session_id": sid, "yield_time_ms": 30000}, task="t", agent="/root")
+    assert more.ok, more.body
+    assert "IMPORTANT" in more.details["stdout"]["text"] and more.details["exit_code"] == 7
+
+
+async def test_stopping_a_cell_reports_its_exec_command_in_flight(tool_server: Any, tmp_path: Path) -> None:
+    """Defect 5: an exec_command still in flight when its cell is stopped is reported with its session id,
+    and write_stdin can stop it: never an orphan."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    code = "print('before'); await tools.exec_command({cmd: 'sleep 1003', yield_time_ms: 30000})"
+    res = await srv.rest("exec", {"code": code, "yield_time_ms": 250}, task="t", agent="/root")
+    cell_id = res.details["cell_id"]
+    shell = next(f for f in srv.services.extras["registry"].families if f.name == "shell")
+    await until_true(lambda: nested_running(srv, cell_id, "exec_command") and shell.manager._jobs,
+                     "the nested exec_command to have started its process")
+    stopped = await srv.rest("wait", {"cell_id": cell_id, "terminate": True}, task="t", agent="/root")
+    (entry,) = stopped.details["shells"]
+    sid = entry["session_id"]
+    assert entry["running"] and f"Shells still running: {sid}" in stopped.text, stopped.text
+    assert stopped.details["calls"]["unsettled"] == 0
+    ended = await srv.rest("write_stdin", {"session_id": sid, "terminate": True, "yield_time_ms": 10000},
+                           task="t", agent="/root")
+    assert ended.ok and ended.details["exit_code"] is not None, ended.body
+    assert not shell.manager._jobs or all(j.complete.is_set() for j in shell.manager._jobs.values())
+
+
+async def test_a_shell_read_to_its_exit_is_not_reported_running(tool_server: Any, tmp_path: Path) -> None:
+    """Defect 11: a nested write_stdin that sees the exit code closes the shell in the cell's report."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    code = ("const r = await tools.exec_command({cmd: 'cat', yield_time_ms: 250});\n"
+            "const w = await tools.write_stdin({session_id: r.session_id, chars: 'hi\\n', closeStdin: true, "
+            "yield_time_ms: 20000});\nprint('exit', w.exit_code);\nthrow new Error('stop here')")
+    res = await srv.rest("exec", {"code": code, "yield_time_ms": 20000}, task="t", agent="/root")
+    assert "exit 0" in res.text and res.text.startswith("Script failed"), res.text
+    assert res.details["shells"] == [{"session_id": res.details["shells"][0]["session_id"], "running": False,
+                                      "unread": False}]
+    assert "Shells still running" not in res.text
+
+
+@pytest.mark.parametrize("breaker", [
+    'Object.defineProperty(Array.prototype, "0", {get() { throw new Error("evil") }})',
+    "Array.prototype.push = () => { throw new Error('evil') }; Array.prototype.join = () => 'x'",
+    "Map.prototype.get = () => undefined; Map.prototype.set = () => { throw new Error('evil') }",
+])
+async def test_a_cell_that_breaks_builtins_still_ends(tool_server: Any, tmp_path: Path, breaker: str) -> None:
+    """Defect 18: a cell that breaks Array or Map builtins is never left "running" after its program ended;
+    its output, nested calls and result still come back."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    code = f"{breaker};\nprint('still printed');\nconst r = await tools.exec_command({{cmd: 'echo nested'}});\n" \
+           "print(r.stdout.text.trim());\nreturn 1"
+    res = await srv.rest("exec", {"code": code, "yield_time_ms": 20000}, task="t", agent="/root")
+    assert res.details["status"] == "completed", res.text
+    assert "still printed\nnested\n" in res.text and res.details["result"] == 1
+
+
+# -- nothing printed is lost without a trace (seed 004 defects 3, 7, 8) ------------------------------------
+
+async def test_output_past_the_call_budget_has_a_file_and_shows_the_newest(tool_server: Any, tmp_path: Path) -> None:
+    """Defect 3 (output) and 7: output over the call's budget gets a recovery file named in the answer, and
+    the preview shows the newest output (the last line), not only the beginning."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    res = await srv.rest("exec", {"code": "for (let i = 0; i < 50; i++) print('y'.repeat(1000)); "
+                                          "print('LAST LINE'); return 'ok'"}, task="t", agent="/root")
+    assert res.ok and res.details["clipping"]["output"]
+    assert "LAST LINE" in res.text.split("Output:\n", 1)[1]
+    rec = res.details["recovery"]["output"]
+    assert rec["state"] == "complete" and f"{rec['path']}" in res.text
+    assert Path(rec["path"]).read_text().endswith("LAST LINE\n")
+    late = ("for (let i = 0; i < 300; i++) print('x'.repeat(1000));\nawait tools.exec_command({cmd: 'true'});\n"
+            "print('LATER-LINE'); return 'done'")
+    res = await srv.rest("exec", {"code": late, "max_output_tokens": 100000, "yield_time_ms": 20000},
+                         task="t", agent="/root")
+    assert res.details["status"] == "completed" and "LATER-LINE" in res.text, res.text[-300:]
+    assert res.details["clipping"]["output"] and "earlier bytes not shown" in res.text
+
+
+async def test_a_long_result_and_a_long_error_have_files(tool_server: Any, tmp_path: Path) -> None:
+    """Defect 3 (result, error): past 32 KiB and 4 KiB, the whole value is in a file the answer names."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    res = await srv.rest("exec", {"code": "return 'r'.repeat(100000)"}, task="t", agent="/root")
+    assert res.details["clipping"]["result"]
+    rec = res.details["recovery"]["result"]
+    assert rec["state"] == "complete" and rec["path"] in res.text
+    assert Path(rec["path"]).read_text() == json.dumps("r" * 100000)
+    err = await srv.rest("exec", {"code": "throw new Error('e'.repeat(10000) + 'END')"}, task="t", agent="/root")
+    assert err.details["clipping"]["error"]
+    rec = err.details["recovery"]["error"]
+    assert rec["path"] in err.text and Path(rec["path"]).read_text().startswith("Error: eee")
+    assert "END" in Path(rec["path"]).read_text()
+
+
+async def test_output_before_a_cpu_loop_is_kept_when_the_cell_is_stopped(tool_server: Any) -> None:
+    """Defect 8: what a cell printed before it spun is in the stop's answer."""
+    srv = await tool_server(ON)
+    spin = await srv.rest("exec", {"code": "print('small'); while (true) {}", "yield_time_ms": 250},
+                          task="t", agent="/root")
+    assert spin.details["status"] == "running"
+    stopped = await srv.rest("wait", {"cell_id": spin.details["cell_id"], "terminate": True}, task="t",
+                             agent="/root")
+    assert stopped.text.startswith("Script terminated") and "Output:\nsmall\n" in stopped.text, stopped.text
+
+
+async def test_a_flood_of_synchronous_output_is_bounded_and_said(tool_server: Any) -> None:
+    """Defect 8: 100 MB printed in one synchronous loop does not kill the cell at its memory limit with
+    nothing kept: the producer credit bounds what waits in the isolate, the rest is counted and said, and
+    the recovery file is marked partial (overload)."""
+    srv = await tool_server(ON)
+    res = await srv.rest("exec", {"code": "for (let i = 0; i < 100000; i++) print('x'.repeat(1000)); "
+                                          "print('END'); return 1", "yield_time_ms": 30000},
+                         task="t", agent="/root")
+    assert res.details["status"] == "completed", res.text[:500]
+    assert res.details["output_bytes"] > 0 and "were not kept" in res.text
+    rec = res.details["recovery"]["output"]
+    assert rec["state"] == "partial" and rec["reason"] == "overload" and Path(rec["path"]).exists()

@@ -49,3 +49,34 @@ def test_the_computer_use_group_is_deferred_all_or_none() -> None:
 def test_approval_mode_has_two_values() -> None:
     with pytest.raises(ValidationError):
         Config.model_validate({"code_mode": {"approval_mode": "sometimes"}})
+
+
+def test_computer_use_held_by_discovery_is_deferred_not_active() -> None:
+    """Seed 004 defect 10: status says `deferred` while discovery holds all six Computer Use tools."""
+    config = Config()
+    config.computer_use.enabled = True
+    config.computer_use.display = ":99"
+    config.computer_use.dbus_address = "unix:path=/nonexistent"
+    config.tool_discovery.enabled = True
+    st = capability_status(config, "computer_use")
+    if st.state == "unavailable":
+        pytest.skip(f"Computer Use cannot run on this machine ({st.reason}): nothing to hold back")
+    assert st.state == "deferred" and "find_tools" in st.reason
+    config.tool_discovery.deferred = []
+    assert capability_status(config, "computer_use").state == "active"
+
+
+def test_a_shell_that_cannot_run_is_unavailable(tmp_path) -> None:
+    """Seed 004 defect 10: a nonexistent shell.shell or an unloadable shell.policy makes every call fail."""
+    config = Config()
+    config.shell.enabled = True
+    assert capability_status(config, "shell").state == "active"
+    config.shell.shell = str(tmp_path / "no-such-shell")
+    st = capability_status(config, "shell")
+    assert st.state == "unavailable" and "not an executable" in st.reason
+    config.shell.shell = None
+    config.shell.policy = "no_such_module_anywhere:Hooks"
+    st = capability_status(config, "shell")
+    assert st.state == "unavailable" and "cannot be loaded" in st.reason
+    config.shell.policy = "tests.test_one_road:Deny"
+    assert capability_status(config, "shell").state == "active"

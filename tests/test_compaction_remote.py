@@ -42,10 +42,9 @@ from proxy.compaction.store import (
 )
 from proxy.db import connect
 from proxy.journal import Journal
-from proxy.journal.canonical import session_root
+from proxy.journal.canonical import chain_at, session_root
 from proxy.state import StateDir
 from proxy.transforms.fallback import is_fallback_message
-from proxy.transforms.items import prefix_hash
 from proxy.upstream import UpstreamTurns
 from tests.emulator import Compaction, Emulator, FailedInStream, HttpError, Raw, Response, Text
 from tests.openapi_schema import validate_if_available
@@ -353,7 +352,7 @@ async def test_engine_remote_then_fallback_and_store_round_trip(tmp_path):
         cp = await compact(plan(items, target), http_caller(http, 30))
         assert cp.strategy == "remote" and cp.reason == "threshold"
         assert cp.retained == (user("q1"), user("q2"))
-        assert cp.boundary_hash == prefix_hash(items, 3, session_root("sess"))  # the one chain, the session's root
+        assert cp.boundary_hash == chain_at(items, session_root("sess"), 3)  # the one chain, the session's root
         assert is_fallback_message({"role": "user", "content": cp.fallback_text})
         more = [*items, assistant("a2"), user("q3")]
         emu.script_compaction(HttpError(500))

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.journal.canonical import chain_at, chain_ids
 from proxy.transforms.compaction import CompactionRecord, ProjectionContext, apply_projection, project
 from proxy.transforms.fallback import (
     EXCERPT_LIMIT,
@@ -18,7 +19,7 @@ from proxy.transforms.fallback import (
     marker,
     render_transcript,
 )
-from proxy.transforms.items import chain_hashes, client_compacts, prefix_hash
+from proxy.transforms.items import client_compacts
 from proxy.transforms.retained import (
     RETAINED_MESSAGE_TOKEN_BUDGET,
     is_real_user_message,
@@ -163,9 +164,9 @@ def test_images_kept_when_text_is_truncated():
 def test_chain_ignores_ids_and_status_but_not_content():
     a = [user("q"), {**assistant("a"), "id": "msg_1", "status": "completed"}]
     b = [user("q"), assistant("a")]
-    assert chain_hashes(a) == chain_hashes(b)
-    assert prefix_hash(a, 2) != prefix_hash([user("q"), assistant("A")], 2)
-    assert prefix_hash(a, 0) is None and prefix_hash(a, 3) is None
+    assert chain_ids(a, "") == chain_ids(b, "")
+    assert chain_at(a, "", 2) != chain_at([user("q"), assistant("A")], "", 2)
+    assert chain_at(a, "", 0) is None and chain_at(a, "", 3) is None
 
 
 @pytest.mark.parametrize("item", [{"type": "compaction_trigger"}, {"type": "compaction", "encrypted_content": "x"},
@@ -184,7 +185,7 @@ ITEM = {"id": "cmp_1", "type": "compaction", "encrypted_content": "OPAQUE=="}
 
 def record(items, boundary, item=ITEM):
     retained = tuple(retained_user_messages(items[:boundary]))
-    return CompactionRecord("cp_1", boundary, prefix_hash(items, boundary), retained, item,
+    return CompactionRecord("cp_1", boundary, chain_at(items, "", boundary), retained, item,
                             fallback_text("cp_1", items[:boundary]))
 
 

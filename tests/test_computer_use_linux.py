@@ -303,6 +303,33 @@ async def test_ctproxy_starts_a_private_desktop_when_there_is_none(tool_server: 
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
+async def test_the_private_desktop_is_published_to_the_shell_tools(tool_server: Any, monkeypatch: Any,
+                                                                   tmp_path: Path) -> None:
+    """Seed 004 defect 14: list_apps names the private desktop, and exec_command runs with its DISPLAY,
+    XAUTHORITY and session bus: an app a command starts shows up in computer_use_list_apps."""
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("XAUTHORITY", raising=False)
+    srv = await tool_server({"computer_use.enabled": True, "computer_use.start_xvfb": True,
+                             "computer_use.approval_mode": "always", "shell.enabled": True}, workspace=tmp_path)
+    first = await srv.rest(LIST, {})
+    assert first.ok and first.details["desktop"]["private"], first.body
+    display = first.details["desktop"]["display"]
+    assert f"DISPLAY={display}" in first.text
+    started = await srv.rest("exec_command", {"cmd": f"exec {desktop_support.SYSTEM_PYTHON} "
+                                                     f"{desktop_support.APP} 'Private Probe'",
+                                              "yield_time_ms": 250}, task="t", agent="/root")
+    assert started.ok and started.details.get("session_id"), started.body
+
+    async def shown() -> bool:
+        res = await srv.rest(LIST, {})
+        return res.ok and any(a["name"] == "private-probe" for a in res.details["apps"])
+    try:
+        await until(shown, "the app the shell started on the private desktop")
+    finally:
+        await srv.rest("write_stdin", {"session_id": started.details["session_id"], "terminate": True},
+                       task="t", agent="/root")
+
+
 async def test_waiting_for_the_private_desktop_never_activates_a_second_launcher() -> None:
     """org.a11y.Bus is activatable on a session bus: asking it for the address before our own launcher has
     claimed the name starts a stray launcher that wins the race about once in thirty starts, and then the

@@ -236,7 +236,7 @@ async def test_the_checkpoint_turns_write_is_journaled_in_the_window_it_closes(e
     assert (await agent.sample({"role": "user", "content": "go on"})).output_text == "resumed"
     assert "context window w2" in text_of(turns(emulator)[2].input_items[1])  # rolled over after the write
 
-    # filed as the bridge files the calls it runs: namespace "ctproxy", the tool's own name (docs/bridge.md)
+    # filed as the bridge files the calls it runs: found by namespace "ctproxy" and the tool's own name
     by_tool = {"window_id": "w1", "tool_namespace": "ctproxy", "tool_name": "notes_write_file"}
 
     async def listed() -> str:
@@ -247,8 +247,10 @@ async def test_the_checkpoint_turns_write_is_journaled_in_the_window_it_closes(e
     # both executed writes, as ctproxy's mcp_call items of the old window: the failed one, then the note
     assert text.index("escape.md") < text.index("plan: step 3 of 5") and '"window_id":"w1"' in text
     assert text.count('"type":"mcp_call"') == 2 and "created checkpoint.md" in text
-    found = (await agent.tool("history_search_contents", {"query": "plan: step 3 of 5"}))["text"]
-    assert "ctproxy.notes_write_file" in found and '"window_id":"w1"' in found
+    # the recovery tools' own records: hidden from a default search, found with an explicit tool filter
+    found = (await agent.tool("history_search_contents", {"query": "plan: step 3 of 5",
+                                                          "tool_name": "notes_write_file"}))["text"]
+    assert "notes.write_file" in found and '"window_id":"w1"' in found
     # the agent never resends those items: the journal's branch goes on past them (still found afterwards)
     await agent.sample({"role": "user", "content": "next"})
 

@@ -145,14 +145,15 @@ async def test_6_unregistered_caller_cannot_write_or_list_notes(world: World):
 
 
 async def test_7_current_call_is_excluded_over_mcp(world: World):
-    # Codex CLI names MCP tools mcp__<server>__<tool>; the journal shows such calls in a default search.
-    args = {"query": "needle"}
+    # Codex CLI names MCP tools mcp__<server>__<tool>; such calls are the recovery tools' own records, hidden
+    # from a default search (seed 000): an explicit tool filter finds them.
+    args = {"query": "needle", "tool_name": "history_search_contents"}
     world.turn([_msg("user", "find the needle")], [
         {"type": "function_call", "call_id": "h1", "name": "mcp__ctproxy__history_search_contents",
-         "arguments": '{"query": "needle", "limit": 5}'}], "r1")
+         "arguments": '{"query": "needle", "tool_name": "history_search_contents", "limit": 5}'}], "r1")
     world.turn([{"type": "function_call_output", "call_id": "h1", "output": "old results"}], [
         {"type": "function_call", "call_id": "h2", "name": "mcp__ctproxy__history_search_contents",
-         "arguments": '{"query":"needle"}'}], "r2")
+         "arguments": '{"query":"needle","tool_name":"history_search_contents"}'}], "r2")
     tools, fams = await _tools(world.services)
 
     def calls(text: str) -> int:
@@ -167,9 +168,10 @@ async def test_7_current_call_is_excluded_over_mcp(world: World):
         rest = await tools["history_search_contents"].call(args, world.ctx(transport="rest", call_id="h1"))
         assert calls(rest.text) == 1 and ": 5}" not in rest.text
         # other arguments than any journaled call: nothing is excluded
-        other = await tools["history_search_contents"].call({"query": "needle", "limit": 7},
-                                                            world.ctx(transport="mcp"))
+        other = await tools["history_search_contents"].call({**args, "limit": 7}, world.ctx(transport="mcp"))
         assert calls(other.text) == 2, other.text
+        hidden = await tools["history_search_contents"].call({"query": "needle"}, world.ctx(transport="mcp"))
+        assert calls(hidden.text) == 0, hidden.text  # the default search hides them
     finally:
         for f in fams:
             await f.close()

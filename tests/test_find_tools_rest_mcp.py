@@ -89,3 +89,78 @@ async def test_mcp_find_tools(tool_server: Any, tmp_path: Path) -> None:
     assert "exec_command" in names and len(names) <= 8
     bad = await srv.mcp("find_tools", {})
     assert bad.is_error
+
+
+async def _rest_names(srv: Any, task: str, agent: str) -> set[str]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.get(f"{srv.url}/v1/tools",
+                                                         headers=srv.headers(task, agent)) as resp:
+        assert resp.status == 200
+        return {s["name"] for s in (await resp.json())["data"]}
+
+
+async def test_rest_lists_and_calls_only_what_the_caller_loaded(tool_server: Any, tmp_path: Path) -> None:
+    """Seed 004 defect 6: `GET /v1/tools` follows the caller's loads and a deferred tool it has not loaded is
+    refused with a clear error; after `find_tools load` it is listed and callable, for that caller only."""
+    srv = await tool_server(ON, workspace=tmp_path)
+    patch = "*** Begin Patch\n*** Add File: made.txt\n+x\n*** End Patch"
+    assert "apply_patch" not in await _rest_names(srv, "a", "/root")
+    held = await srv.rest("apply_patch", {"patch": patch}, task="a", agent="/root")
+    assert held.status == 404 and held.body["error"]["code"] == "not_loaded"
+    assert 'find_tools with {"load": ["apply_patch"]}' in held.body["error"]["message"]
+    assert not (tmp_path / "made.txt").exists()
+    loaded = await srv.rest("find_tools", {"load": ["apply_patch"]}, task="a", agent="/root")
+    assert loaded.ok and loaded.details["loaded"] == ["apply_patch"]
+    assert "apply_patch" in await _rest_names(srv, "a", "/root")
+    assert "apply_patch" not in await _rest_names(srv, "b", "/root")  # another caller's loads are its own
+    assert (await srv.rest("apply_patch", {"patch": patch}, task="a", agent="/root")).ok
+    assert (tmp_path / "made.txt").read_text() == "x\n"
+    other = await srv.rest("apply_patch", {"patch": patch}, task="b", agent="/root")
+    assert other.status == 404 and other.body["error"]["code"] == "not_loaded"
+
+
+async def test_mcp_session_lists_and_calls_what_it_loaded(tool_server: Any, tmp_path: Path) -> None:
+    """The same over MCP: one MCP session is one discovery session (its `tools/list` and its calls)."""
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    srv = await tool_server(ON, workspace=tmp_path)
+    patch = "*** Begin Patch\n*** Add File: made.txt\n+x\n*** End Patch"
+    async with srv._mcp_client(None, None, None) as client, streamable_http_client(
+            f"{srv.url}/mcp", http_client=client) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        assert "apply_patch" not in {t.name for t in (await session.list_tools()).tools}
+        held = await session.call_tool("apply_patch", {"patch": patch})
+        assert held.is_error and held.structured_content["error"] == "not_loaded"
+        assert not (tmp_path / "made.txt").exists()
+        loaded = await session.call_tool("find_tools", {"load": ["apply_patch"]})
+        assert not loaded.is_error and loaded.structured_content["loaded"] == ["apply_patch"]
+        assert "apply_patch" in {t.name for t in (await session.list_tools()).tools}
+        done = await session.call_tool("apply_patch", {"patch": patch})
+        assert not done.is_error, done.content
+    assert (tmp_path / "made.txt").read_text() == "x\n"
+    assert "apply_patch" not in {t.name for t in await srv.mcp_list()}  # a new MCP session starts afresh
+
+
+CU_GROUP = ["computer_use_list_apps", "computer_use_get_app_state", "computer_use_click", "computer_use_type_text",
+            "computer_use_press_key", "computer_use_scroll"]
+
+
+async def test_find_tools_agrees_with_status_on_computer_use(tool_server: Any, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 004 defect 10: while `ctproxy status` says computer_use is unavailable (here: no X display),
+    find_tools never calls its tools eligible nor loads them, and says why."""
+    from proxy.status import computer_use_status
+
+    monkeypatch.delenv("DISPLAY", raising=False)
+    srv = await tool_server({"tool_discovery.enabled": True, "tool_discovery.deferred": CU_GROUP,
+                             "computer_use.enabled": True, "computer_use.start_xvfb": False,
+                             "computer_use.display": None}, workspace=tmp_path)
+    state, reason = computer_use_status(srv.services.config)
+    assert state == "unavailable" and "no X display" in reason
+    res = await srv.rest("find_tools", {"query": "computer_use", "load": ["computer_use_click"]}, task="a")
+    statuses = {h["name"]: h["status"] for h in res.details["hits"] if h["name"] in CU_GROUP}
+    assert statuses and all(s.startswith("unavailable: ") and "no X display" in s for s in statuses.values())
+    assert res.details["loaded"] == [] and res.details["rejected"][0]["name"] == "computer_use_click"
+    assert "[eligible]" not in res.text

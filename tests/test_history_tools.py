@@ -319,8 +319,8 @@ async def test_cross_agent_inside_the_task_and_refusal_outside(world, tools):
 
 def test_a_bare_tool_name_finds_the_agents_calls_and_the_ones_ctproxy_ran_itself():
     """`tool_name: notes_write_file` without a namespace: an agent's call is journaled as the concept pair
-    (`notes`, `write_file`), one ctproxy ran (the bridge's `mcp_call`, the checkpoint turn's write) under its
-    server label (`ctproxy`, `notes_write_file`); both are found. With a namespace, only that one."""
+    (`notes`, `write_file`), and so is one ctproxy ran (the bridge's `mcp_call`); one journaled before that
+    under the server label (`ctproxy`, `notes_write_file`) is found too. With a namespace, only that one."""
     import sqlite3
 
     from proxy.journal.query import ItemFilter
@@ -342,6 +342,46 @@ def test_a_bare_tool_name_finds_the_agents_calls_and_the_ones_ctproxy_ran_itself
 
     assert found(ItemFilter(tool_name="notes_write_file")) == ["a", "b"]
     assert found(ItemFilter(tool_namespace="notes", tool_name="write_file")) == ["a"]
-    assert found(ItemFilter(tool_namespace="ctproxy", tool_name="notes_write_file")) == ["b"]
+    # ctproxy's own namespace names the same tool: every road is filed under the concept pair now (seed 000
+    # defect 12), and a row journaled before that under the server label is found too
+    assert found(ItemFilter(tool_namespace="ctproxy", tool_name="notes_write_file")) == ["a", "b"]
     assert found(ItemFilter(tool_namespace="ctproxy")) == ["b", "d"]
     assert found(ItemFilter(tool_name="exec_command")) == ["c"]
+
+
+async def test_truncation_notes_name_what_stopped_the_list(world, tools):
+    """Seed 000 defect 8: a list stopped by `limit` says so and advises raising it; one cut by the output
+    size says that and advises narrowing."""
+    by_limit = await tools["history_list_items"].call({"limit": 3}, ctx(world))
+    note = by_limit.text.splitlines()[-1]
+    assert "stopped at limit" in note and "raise limit (up to 200)" in note and "output is capped" not in note
+    windows = await tools["history_list_windows"].call({"limit": 1}, ctx(world))
+    assert "stopped at limit" in windows.text.splitlines()[-1]
+    by_size = await tools["history_list_items"].call({"limit": 200, "max_chars_per_item": 5000}, ctx(world))
+    note = by_size.text.splitlines()[-1]
+    assert "output is capped at" in note and "stopped at limit" not in note
+
+
+async def test_errors_quote_arguments_within_the_output_limit(world, tools):
+    """Seed 000 defect 14: an over-long argument is quoted cut, never echoed whole."""
+    res = await tools["history_read_item"].call({"item_id": "i" * 100_000, "window_id": "w1"}, ctx(world))
+    assert res.is_error and len(res.text) < 1000 and "100000 characters" in res.text
+    res = await tools["history_list_items"].call({"agent_name": "a" * 10_000}, ctx(world))
+    assert res.is_error and len(res.text) < 2000, len(res.text)
+
+
+async def test_a_small_configured_cap_still_shows_hits_and_previews(world, tools):
+    """Seed 000 defect 10: with history.max_tool_output_chars at 800 (allowed), a search that matches all
+    over a 1,000-character message still shows that hit, and a list shows several previews."""
+
+    j = world.journal
+    key, task, addr = j.resolve(SessionIdentity("f:qqq", "fingerprint", None, None), {}, {})
+    session = j.session(key, task, addr)
+    j.ingest_request(session, {"input": [_msg("user", "q" * 1000), _msg("user", "short one"),
+                                         _msg("user", "short two"), _msg("user", "short three")]})
+    assert j.flush()
+    world.services.config.history.max_tool_output_chars = 800
+    found = await tools["history_search_contents"].call({"query": "qqq"}, ctx(world, task=task))
+    assert len(lines(found.text)) == 1 and len(found.text) <= 800, found.text
+    listed = await tools["history_list_items"].call({}, ctx(world, task=task))
+    assert len(lines(listed.text)) == 4 and len(listed.text) <= 800, listed.text

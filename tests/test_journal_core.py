@@ -154,6 +154,25 @@ def test_tool_namespaces():
     assert not is_hidden_tool("functions", "exec")
 
 
+def test_the_recovery_tools_are_filed_alike_whatever_road_they_came_by():
+    """Seed 000 defects 1 and 12: a bridged `mcp_call` (server label `ctproxy`), Codex's MCP spellings
+    (`mcp__ctproxy__history_search_contents`, or namespace `mcp__ctproxy`) and a bare name file the same
+    concept pair, hidden from default list/search; other MCP servers and other ctproxy tools keep theirs."""
+    bridged = {"type": "mcp_call", "id": "mcp_1", "server_label": "ctproxy", "name": "notes_write_file",
+               "arguments": "{}", "output": "ok"}
+    assert tool_of(bridged) == ("notes", "write_file")
+    assert tool_of({**bridged, "name": "new_context"}) == ("functions", "new_context")
+    assert tool_of({**bridged, "name": "exec_command"}) == ("ctproxy", "exec_command")
+    assert tool_of({**bridged, "server_label": "fs", "name": "notes_write_file"}) == ("fs", "notes_write_file")
+    assert tool_of({**CALL, "name": "mcp__ctproxy__history_search_contents"}) == ("history", "search_contents")
+    assert tool_of({**CALL, "name": "mcp__ctproxy__get_context_remaining"}) == ("functions", "get_context_remaining")
+    assert tool_of({**CALL, "namespace": "mcp__ctproxy", "name": "history_read_item"}) == ("history", "read_item")
+    for item in (bridged, {**CALL, "name": "mcp__ctproxy__history_search_contents"},
+                 {**bridged, "name": "get_context_remaining"}):
+        assert is_hidden_tool(*tool_of(item)), item
+    assert not is_hidden_tool(*tool_of({**bridged, "name": "exec_command"}))
+
+
 def test_control_messages():
     assert is_control({"role": "developer", "content": "<ctp_guidance>do this</ctp_guidance>"})
     assert is_control({"role": "user", "content": [{"type": "input_text", "text": "  <ctp_reminder>x"}]})
@@ -230,3 +249,27 @@ def test_alignment_invariants(branch_items, tail, cut, drop_reasoning):
     # Resending the branch exactly is never an edit.
     again = align(entries, list(branch_items))
     assert again.kind == ("continue" if entries else "new") and again.new_from == len(branch_items) == len(entries)
+
+
+def test_a_failed_bridged_call_keeps_its_error_text():
+    """Seed 000 defect 11: the bridge stores an mcp_call's error as the API's object; its text is kept."""
+    from proxy.bridge.items import mcp_error
+
+    item = {"type": "mcp_call", "id": "mcp_1", "server_label": "ctproxy", "name": "notes_read_file",
+            "arguments": '{"path":"missing.md"}', "output": None,
+            "error": mcp_error("no note 'missing.md' in the notes of /root")}
+    text = render_item(item).text
+    assert "no note 'missing.md' in the notes of /root" in text and '{"path":"missing.md"}' in text
+    assert "an older string error" in render_item({**item, "error": "an older string error"}).text
+
+
+def test_messages_a_client_injects_are_control():
+    """Seed 000 defect 9: Codex's injected user-role context is not one of the user's requests."""
+    env = {"role": "user", "content": [{"type": "input_text",
+                                         "text": "<environment_context>\n  <cwd>/repo</cwd>\n</environment_context>"}]}
+    agents = {"role": "user",
+              "content": "# AGENTS.md instructions for /repo\n\n<INSTRUCTIONS>\nbe kind\n</INSTRUCTIONS>"}
+    assert is_control(env) and is_control(agents)
+    assert not is_control({"role": "user", "content": "why does <environment_context> show up in my logs?"})
+    assert not is_control({"role": "user", "content": "fix the bug"})
+    assert not is_control({"role": "developer", "content": "<environment_context>x</environment_context>"})

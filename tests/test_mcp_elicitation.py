@@ -120,7 +120,8 @@ def element(text_tree: list[dict], role: str) -> dict:
 
 
 @needs_desktop
-async def test_accept_is_asked_once_per_app_for_the_server_lifetime(desk: Any, app: str, tool_server: Any) -> None:
+async def test_accept_is_asked_once_per_app_and_caller(desk: Any, app: str, tool_server: Any) -> None:
+    """Seed 004 defect 16: a grant is the caller's that gave it (its MCP session), for the server's life."""
     srv = await tool_server(desk.overrides())  # approval_mode: confirm, the default
     await listed(srv, app)
     person = Person(["accept"])
@@ -134,12 +135,13 @@ async def test_accept_is_asked_once_per_app_for_the_server_lifetime(desk: Any, a
         click = await call(CLICK, {"app": app, "element_index": button["index"]})
         assert not click.is_error, click.text
         assert len(person.asked) == 1  # the same app, the same session: not asked again
-    # a new session of another client, and REST (which can never ask): the grant holds for the server's lifetime
-    later = Person([])
+    # another client's session is asked for itself; REST (which can never ask) does not ride the grant
+    later = Person(["accept"])
     async with mcp_session(srv, later) as call:
         assert not (await call(STATE, {"app": app})).is_error
-    assert later.asked == []
-    assert (await srv.rest(STATE, {"app": app})).ok
+    assert len(later.asked) == 1
+    rest = await srv.rest(STATE, {"app": app})
+    assert not rest.ok and rest.details["error"] == "approval-unavailable"
     # a fresh tool server has no grant: grants are in memory only
     fresh = await tool_server(desk.overrides())
     res = await fresh.rest(STATE, {"app": app})
@@ -273,6 +275,37 @@ async def test_the_question_goes_to_the_call_observing_the_cell(tool_server: Any
 
 async def _async(value: Any) -> Any:
     return value
+
+
+async def test_stopping_a_cell_cancels_its_open_question_and_nothing_is_applied(tool_server: Any,
+                                                                               tmp_path: Path) -> None:
+    """Seed 004 defect 1: a nested apply_patch still waiting for approval never applies after its cell was
+    terminated, even if the person then says accept: approval waiters are cancelled with the cell."""
+    srv = await tool_server(CODE_ON, workspace=tmp_path)
+    family = srv.services.extras["registry"].get("exec").execute.__self__  # the code-mode family
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        await release.wait()
+
+    person = Person(["accept"], before=hold)
+    async with mcp_session(srv, person) as call:
+        running = asyncio.ensure_future(call("exec", {"code": cell_patch(), "yield_time_ms": 250}))
+        await until(lambda: _async(bool(person.asked) and bool(family._asking)), "the question to be asked")
+        cell_id = next(iter(family._asking))
+        async with mcp_session(srv, None) as other:
+            stopped = await other("wait", {"cell_id": cell_id, "terminate": True})
+        # the stop happened: it reports the stopped cell, or the exec observing it did (one observer wins)
+        assert "terminated" in stopped.text.lower() or "already returned" in stopped.text, stopped.text
+        release.set()  # the person answers accept only now
+        observed = await asyncio.wait_for(running, 60)
+        assert "terminated" in (observed.text + stopped.text).lower()
+    cell_calls = [c for c in family.manager.cells.values() if c.id == cell_id]
+    for cell in cell_calls:  # whatever is left of it has settled
+        await until(lambda c=cell: _async(all(n.state not in ("queued", "running") for n in c.calls.values())),
+                    "the nested call to settle")
+    await asyncio.sleep(0.5)  # a patch applied late would show by now; its absence is what is checked
+    assert not (tmp_path / "made.txt").exists()
 
 
 # -- Codex CLI 0.169 (a real client that declares elicitation) ------------------------------------------------

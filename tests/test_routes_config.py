@@ -7,7 +7,7 @@ import json
 import pytest
 
 from proxy.config import CAPABILITIES, Config, ConfigError, get_key, load_config, set_key, with_overrides
-from proxy.routes import UpstreamError, is_official_destination, kind_of_path, parse_upstream
+from proxy.routes import UpstreamURLError, is_official_destination, kind_of_path, parse_upstream
 from proxy.session import resolve_session
 
 
@@ -44,7 +44,7 @@ def test_parse_upstream():
     up = parse_upstream("http://127.0.0.1:9999/gw/", trusted=True)
     assert up.origin == "http://127.0.0.1:9999" and up.prefix == "/gw" and up.trusted
     for bad in ("ftp://x", "http://user:pw@host", "http://h/?q=1", "nohost"):
-        with pytest.raises(UpstreamError):
+        with pytest.raises(UpstreamURLError):
             parse_upstream(bad)
 
 

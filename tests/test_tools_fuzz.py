@@ -157,6 +157,8 @@ class Rig:
         config = Config()
         for capability in CAPABILITIES:  # every tool there is: the guard test below compares with FUZZED
             config = set_key(config, f"{capability}.enabled", "true")
+        # discovery on, nothing held back: every tool is callable by the fuzzer (not_loaded is its own test)
+        config = set_key(config, "tool_discovery.deferred", "[]")
         self.workspace = tmp / "ws"
         self.workspace.mkdir()
         (self.workspace / "alpha.txt").write_text("alpha\n")

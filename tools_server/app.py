@@ -16,8 +16,8 @@ from tools_server.context import add_context_routes
 from tools_server.credentials import add_routes as add_credential_routes
 from tools_server.families import build_registry
 from tools_server.mcp_endpoint import mount_mcp
-from tools_server.metrics_endpoint import InstrumentedToolService, ProxyTelemetry, ToolMetrics, mount_metrics
-from tools_server.registry import Services, ToolError
+from tools_server.metrics_endpoint import ProxyTelemetry, ToolMetrics, mount_metrics
+from tools_server.registry import CallContext, Services, ToolError
 from tools_server.security import security_middleware
 from tools_server.service import ToolService
 
@@ -55,13 +55,21 @@ async def healthz(request: web.Request) -> web.Response:
                               "tools": [t.name for t in service.registry.enabled_tools()]})
 
 
+def rest_context(service: ToolService, request: web.Request) -> CallContext:
+    headers = request.headers
+    return service.context(transport="rest", task=headers.get("x-ctp-task"), agent=headers.get("x-ctp-agent"),
+                           cwd=headers.get("x-ctp-cwd"), call_id=headers.get("x-ctp-call-id"))
+
+
 async def list_tools(request: web.Request) -> web.Response:
+    """The tools this caller may call now: with tool discovery on, the deferred ones it has not loaded
+    (`find_tools` with `load`, by the same x-ctp-task / x-ctp-agent) are not listed."""
     service = request.app[SERVICE_KEY]
     fmt = request.query.get("format", "function")
     if fmt not in ("function", "custom"):
         return _json_error(400, "invalid_format", "format must be 'function' or 'custom'")
     specs: list[dict[str, Any]] = []
-    for tool in service.registry.enabled_tools():
+    for tool in service.visible_tools(rest_context(service, request)):
         spec = tool.custom_spec() if fmt == "custom" else None
         specs.append(spec or tool.function_spec())
     return web.json_response({"object": "list", "data": specs})
@@ -77,15 +85,10 @@ async def call_tool(request: web.Request) -> web.Response:
         return _json_error(400, "invalid_json", "the body must be a JSON object of tool arguments")
     if not isinstance(arguments, dict):
         return _json_error(400, "invalid_arguments", "the body must be a JSON object of tool arguments")
-    headers = request.headers
     try:
-        result = await service.call(
-            name, arguments, transport="rest",
-            task=headers.get("x-ctp-task") or None, agent=headers.get("x-ctp-agent") or None,
-            cwd=headers.get("x-ctp-cwd") or None, call_id=headers.get("x-ctp-call-id") or None,
-        )
+        result = await service.call(name, arguments, rest_context(service, request))
     except ToolError as exc:
-        status = {"unknown_tool": 404, "unavailable": 503}.get(exc.code, 400)
+        status = {"unknown_tool": 404, "not_loaded": 404, "unavailable": 503}.get(exc.code, 400)
         return _json_error(status, exc.code, exc.message)
     return web.json_response(result.to_json())
 
@@ -107,15 +110,15 @@ def create_app(services: Services, *, token: str, listen_host: str = "127.0.0.1"
     app[PORT_KEY] = port_box
     registry = build_registry(services)
     metrics = ToolMetrics(lambda: {t.name for t in registry.enabled_tools()})
-    service = InstrumentedToolService(services, registry, metrics=metrics)  # counts REST and MCP calls
+    service = ToolService(services, registry, journal=metrics)  # every road's calls, counted
     app[SERVICE_KEY] = service
     mount_metrics(app, metrics, ProxyTelemetry(proxy_telemetry, token))
     mount_ui(app, ui_sessions, services, registry)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/v1/tools", list_tools)
     app.router.add_post("/v1/tools/{name}", call_tool)
-    add_bridge_routes(app, lambda a: (a[SERVICE_KEY].registry, a[SERVICE_KEY].services))  # the proxy's bridge
-    add_codex_backend_routes(app, lambda a: (a[SERVICE_KEY].registry, a[SERVICE_KEY].services))  # Codex alpha/…
+    add_bridge_routes(app, lambda a: a[SERVICE_KEY])  # the proxy's bridge
+    add_codex_backend_routes(app, lambda a: a[SERVICE_KEY])  # Codex alpha/…
     add_credential_routes(app, lambda a: a[SERVICE_KEY].services.session_credentials)  # the proxy's hand-over
     add_context_routes(app, lambda a: a[SERVICE_KEY].services)  # POST /v1/context/checkpoint (manual checkpoint)
     mount_mcp(app, service)

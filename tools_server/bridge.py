@@ -16,7 +16,8 @@ request to this endpoint is an HTTP error. The answer carries the result's image
 base64) and, with discovery on, the caller's `carried` names after the call (a `find_tools` load shows in
 the next round's tools).
 
-The route and credentials of the agent's request (`upstream`) are put in the call's `CallContext` for
+Each call takes the one road (tools_server/service.py: discovery, the policy seam, the journal). The
+route and credentials of the agent's request (`upstream`) are put in the call's `CallContext` for
 this one call, in memory, and never logged. A caller that hangs up cancels the call (the server runs
 with aiohttp's handler cancellation: a shell command it started is stopped).
 """
@@ -24,21 +25,14 @@ with aiohttp's handler cancellation: a shell command it started is stopped).
 from __future__ import annotations
 
 import json
-import logging
-import time
-from pathlib import Path
 from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tools_server.discovery.family import FAMILY_KEY, key_of
-from tools_server.metrics_endpoint import METRICS_KEY
-from tools_server.registry import CallContext, Registry, Services, Tool, ToolError, ToolResult, UpstreamAccess, clip
-
-log = logging.getLogger("ctproxy.tools")
-
-WORKSPACE_CAPABILITIES = frozenset({"apply_patch", "shell"})
+from tools_server.registry import Registry, Services, Tool, ToolError, ToolResult, UpstreamAccess
+from tools_server.service import ToolService, availability
 
 
 class BridgeUpstream(BaseModel):
@@ -64,14 +58,6 @@ class BridgeCall(BaseModel):
     session: str | None = None
     cwd: str | None = None
     upstream: BridgeUpstream | None = None
-
-
-def availability(tool: Tool, services: Services) -> tuple[bool, str]:
-    if not services.config.enabled(tool.capability):
-        return False, f"{tool.capability}.enabled is false"
-    if tool.capability in WORKSPACE_CAPABILITIES and services.workspace is None:
-        return False, "no workspace (start ctproxy with --workspace DIR)"
-    return True, ""
 
 
 def spec_entries(registry: Registry, services: Services) -> list[dict[str, Any]]:
@@ -104,26 +90,20 @@ def parse_arguments(call: BridgeCall, tool: Tool) -> dict[str, Any]:
     return value
 
 
-async def run_call(registry: Registry, services: Services, call: BridgeCall) -> ToolResult:
-    tool = registry.get(call.name)
-    if tool is None:
-        known = ", ".join(sorted(t.name for t in registry.enabled_tools())) or "none"
-        return ToolResult.from_error(ToolError(f"unknown or disabled tool '{clip(call.name, 80)}'; enabled tools: "
-                                               f"{known}", code="unknown_tool"))
-    ok, why = availability(tool, services)
-    if not ok:
-        return ToolResult.from_error(ToolError(f"{tool.name} cannot run here: {why}", code="unavailable"))
+async def run_call(service: ToolService, call: BridgeCall) -> ToolResult:
+    """One bridged call on the one road; whatever goes wrong is the call's output for the model."""
     up = call.upstream
     access = None if up is None else UpstreamAccess(
         base_url=up.base_url, route_kind=up.route_kind, official=up.official,
         credentials_allowed=up.credentials_allowed, headers=dict(up.headers) if up.credentials_allowed else {})
-    ctx = CallContext(services=services, task=call.task, agent=call.agent, session=call.session,
-                      call_id=call.call_id, cwd=Path(call.cwd) if call.cwd else None, transport="bridge",
-                      upstream=access)
+    ctx = service.context(transport="bridge", task=call.task, agent=call.agent, session=call.session,
+                          call_id=call.call_id, cwd=call.cwd, upstream=access)
+    tool = service.registry.get(call.name)  # a custom call's text is read by the tool's own form
     try:
-        arguments = parse_arguments(call, tool)
-        return await tool.call(arguments, ctx)
-    except ToolError as exc:  # arguments the schema refuses: the model reads why and may try again
+        # JSON the model got wrong never reaches the road (as a REST body that is not JSON); the road
+        # refuses an unknown or not loaded tool and arguments the schema refuses, and journals it
+        return await service.call(call.name, parse_arguments(call, tool) if tool is not None else {}, ctx)
+    except ToolError as exc:  # unknown, not loaded, arguments the schema refuses: the model reads why
         return ToolResult.from_error(exc)
 
 
@@ -148,11 +128,12 @@ def _error(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message}}, status=status)
 
 
-def add_routes(app: web.Application, registry_of: Any) -> None:
-    """`registry_of(app) -> (Registry, Services)`: the app's tool service, looked up per request."""
+def add_routes(app: web.Application, service_of: Any) -> None:
+    """`service_of(app) -> ToolService`: the app's tool service, looked up per request."""
 
     async def specs(request: web.Request) -> web.Response:
-        registry, services = registry_of(request.app)
+        service = service_of(request.app)
+        registry, services = service.registry, service.services
         q = request.query
         out: dict[str, Any] = {"object": "list"}
         if q.get("only") != "carried":
@@ -163,20 +144,14 @@ def add_routes(app: web.Application, registry_of: Any) -> None:
         return web.json_response(out)
 
     async def call(request: web.Request) -> web.Response:
-        registry, services = registry_of(request.app)
+        service = service_of(request.app)
         try:
             body = BridgeCall.model_validate_json(await request.read())
         except ValidationError:
             return _error(400, "invalid_bridge_call", "the body must be a bridge call: {name, kind, arguments | "
                           "input, call_id, task, agent, session, cwd, upstream}")
-        started = time.perf_counter()
-        result = await run_call(registry, services, body)
-        # The tool's name, outcome and time only: never arguments, outputs or the credentials.
-        elapsed = time.perf_counter() - started
-        log.debug("tool call name=%s transport=bridge error=%s ms=%.1f", body.name, result.is_error, elapsed * 1000)
-        if (metrics := request.app.get(METRICS_KEY)) is not None:  # counted like REST and MCP calls
-            metrics.observe_call(body.name, "bridge", elapsed, "error" if result.is_error else "ok",
-                                 result.text if result.is_error else None, body.agent)
+        result = await run_call(service, body)  # journaled on the road, like every other call
+        services = service.services
         return web.json_response({"output": output_text(result), "is_error": result.is_error,
                                   "error": result.details.get("error") if result.is_error else None,
                                   "images": [{"mime_type": i.mime_type, "data": i.data_base64}

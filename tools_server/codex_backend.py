@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -40,7 +39,8 @@ from proxy.journal.addresses import ROOT, AddressError, resolve_address
 from proxy.journal.identity import JoinError, resolve_identity
 from proxy.journal.query import HistoryReader
 from proxy.session import AGENT_HEADER, TASK_HEADER, resolve_session
-from tools_server.registry import CallContext, Registry, Services, ToolError, ToolResult, describe_validation
+from tools_server.registry import Services, ToolError, ToolResult, describe_validation
+from tools_server.service import ToolService
 
 log = logging.getLogger("ctproxy.tools")
 
@@ -148,16 +148,16 @@ def _refusal(status: int, code: str, message: str) -> web.Response:
 
 
 def add_routes(app: web.Application, service_of: Any) -> None:
-    """`service_of(app)` returns (Registry, Services): the app keeps its service under its own key."""
+    """`service_of(app)` returns the app's ToolService (the one road every call takes)."""
 
     async def handle(request: web.Request) -> web.Response:
-        registry, services = service_of(request.app)
-        return await call(request, registry, services)
+        return await call(request, service_of(request.app))
 
     app.router.add_post(ROUTE, handle)
 
 
-async def call(request: web.Request, registry: Registry, services: Services) -> web.Response:
+async def call(request: web.Request, service: ToolService) -> web.Response:
+    registry, services = service.registry, service.services
     namespace, tool_name = request.match_info["namespace"], request.match_info["tool"]
     if namespace not in NAMESPACES:
         return _refusal(404, "unknown_namespace", f"no backend namespace {namespace[:40]!r}; "
@@ -187,14 +187,10 @@ async def call(request: web.Request, registry: Registry, services: Services) -> 
         caller = await asyncio.to_thread(caller_identity, context, headers, _registered(services))
     except ToolError as exc:
         return _refusal(400, exc.code, exc.message)
-    ctx = CallContext(services=services, task=caller.task, agent=caller.agent, session=caller.session,
-                      call_id=headers.get("x-ctp-call-id") or None, transport="rest")
-    started = time.perf_counter()
+    ctx = service.context(transport="codex", task=caller.task, agent=caller.agent, session=caller.session,
+                          call_id=headers.get("x-ctp-call-id"))
     try:
-        result = await tool.call(arguments, ctx)
-    except ToolError as exc:  # arguments the tool refuses, before any effect
-        return _refusal(400, exc.code, exc.message)
-    # Only the tool name, outcome and timing: never arguments, results or the caller's identity.
-    log.debug("tool call name=%s transport=codex-backend error=%s ms=%.1f", name, result.is_error,
-              (time.perf_counter() - started) * 1000)
+        result = await service.call(name, arguments, ctx)  # the one road: discovery, policy, journal
+    except ToolError as exc:  # arguments the tool refuses (or a tool not loaded), before any effect
+        return _refusal(404 if exc.code in ("unknown_tool", "not_loaded") else 400, exc.code, exc.message)
     return web.json_response(answer(result, _policy(headers.get(TRUNCATION_HEADER))))

@@ -30,6 +30,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from proxy import routes
+from proxy.errors import CtproxyError
 
 if TYPE_CHECKING:
     from tools_server.registry import CallContext, UpstreamAccess
@@ -43,7 +44,7 @@ MAX_SESSIONS = 1024
 MAX_AGE_SECONDS = 12 * 3600  # a token this old is likely refreshed by now; the next request brings the new one
 
 
-class CredentialsMissing(Exception):
+class CredentialsMissing(CtproxyError):
     """Nothing to call upstream with; the message says what to configure."""
 
 

@@ -16,20 +16,23 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from proxy import __version__
 from tools_server.computer_use.approval import mcp_confirm_for
-from tools_server.registry import ToolError, ToolResult
+from tools_server.registry import CallContext, ToolError, ToolResult
 from tools_server.service import ToolService
 
 log = logging.getLogger("ctproxy.tools")
 
 
-def _identity(ctx: Any) -> dict[str, str | None]:
+def _context(service: ToolService, ctx: Any) -> CallContext:
+    """The call context of one MCP request. Its discovery session is the MCP session (`mcp-session-id`):
+    what a client loads with `find_tools` shows in that session's `tools/list` and may be called there."""
     request = getattr(ctx, "request", None)
     headers = getattr(request, "headers", None) or {}
-    return {
-        "task": headers.get("x-ctp-task") or None,
-        "agent": headers.get("x-ctp-agent") or None,
-        "cwd": headers.get("x-ctp-cwd") or None,
-    }
+    mcp_session = headers.get("mcp-session-id")
+    return service.context(transport="mcp", task=headers.get("x-ctp-task"), agent=headers.get("x-ctp-agent"),
+                           cwd=headers.get("x-ctp-cwd"), session=f"mcp:{mcp_session}" if mcp_session else None,
+                           # a client that declared elicitation can be asked for approvals (Computer Use,
+                           # code mode's patches)
+                           confirm=mcp_confirm_for(ctx))
 
 
 def build_mcp_server(service: ToolService) -> Server:
@@ -37,20 +40,17 @@ def build_mcp_server(service: ToolService) -> Server:
         tools = [
             types.Tool(name=t.name, description=t.description, input_schema=t.json_schema(),
                        annotations=types.ToolAnnotations(read_only_hint=t.read_only))
-            for t in service.registry.enabled_tools()
+            for t in service.visible_tools(_context(service, ctx))
         ]
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        ident = _identity(ctx)
         try:
-            # a client that declared elicitation can be asked for approvals (Computer Use, code mode's patches)
-            result = await service.call(params.name, dict(params.arguments or {}), transport="mcp",
-                                        confirm=mcp_confirm_for(ctx), **ident)
+            result = await service.call(params.name, dict(params.arguments or {}), _context(service, ctx))
             return _to_mcp(result)
         except ToolError as exc:
             return _to_mcp(ToolResult.from_error(exc))
-        except Exception as exc:  # not from a tool (those are caught in Tool.call): still one line, no 500
+        except Exception as exc:  # not from a tool (those are caught on the road): still one line, no 500
             log.warning("MCP tool call failed unexpectedly: %s", type(exc).__name__)
             return _to_mcp(ToolResult.from_error(ToolError(
                 f"the tool call failed with an internal error ({type(exc).__name__}); its effect is unknown",

@@ -9,7 +9,8 @@ own: one scrape target for both processes. `ctproxy_proxy_telemetry_up` says whe
 
 Tool calls are counted by name (the registry's names; anything else is `unknown`, so a client cannot
 grow the series), transport and outcome (`ok`, `error`: the tool answered an error, `refused`: a
-ToolError before it ran, `exception`: it raised). Never arguments or results.
+ToolError before it ran, `cancelled`: its caller went away, `exception`: it raised), counted on the one
+road every call takes (tools_server/service.py). Never arguments or results.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from tools_server.registry import ToolError, ToolResult, clip
-from tools_server.service import ToolService
+from tools_server.registry import clip
 
 log = logging.getLogger("ctproxy.tools")
 
@@ -45,7 +45,7 @@ class ToolCallRecord:
     name: str
     transport: str
     ms: float
-    outcome: str  # ok | error | refused | exception
+    outcome: str  # ok | error | refused | cancelled | exception
     error: str | None = None  # clipped; what the model was told went wrong
     agent: str | None = None
 
@@ -66,9 +66,9 @@ class ToolMetrics:
 
     def observe_call(self, name: str, transport: str, seconds: float, outcome: str, error: str | None = None,
                      agent: str | None = None) -> ToolCallRecord:
-        """Count one call (REST and MCP through ToolService; the bridge calls this for its own)."""
+        """Count one call: the one road (tools_server/service.py) calls this for every call it takes."""
         label = name if name in self._known() else "unknown"
-        transport = transport if transport in ("rest", "mcp", "bridge", "direct") else "other"
+        transport = transport if transport in ("rest", "mcp", "bridge", "codex", "cell", "direct") else "other"
         self._calls.labels(label, transport, outcome).inc()
         self._duration.labels(label).observe(max(seconds, 0.0))
         rec = ToolCallRecord(id=self._next, at=time.time(), name=label, transport=transport,
@@ -85,33 +85,6 @@ class ToolMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-class InstrumentedToolService(ToolService):
-    """The one call path (REST, MCP), counted: outcome and timing, nothing of the call's content."""
-
-    def __init__(self, *args: Any, metrics: ToolMetrics, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.metrics = metrics
-
-    async def call(self, name: str, arguments: dict[str, Any], *, transport: str = "direct",
-                   task: str | None = None, agent: str | None = None, cwd: str | None = None,
-                   call_id: str | None = None, confirm: Any = None) -> ToolResult:
-        started = time.perf_counter()
-        try:
-            result = await super().call(name, arguments, transport=transport, task=task, agent=agent, cwd=cwd,
-                                        call_id=call_id, confirm=confirm)  # confirm: the MCP client's asker
-        except ToolError as exc:
-            self.metrics.observe_call(name, transport, time.perf_counter() - started, "refused", exc.message, agent)
-            raise
-        except Exception as exc:
-            self.metrics.observe_call(name, transport, time.perf_counter() - started, "exception",
-                                      type(exc).__name__, agent)
-            raise
-        self.metrics.observe_call(name, transport, time.perf_counter() - started,
-                                  "error" if result.is_error else "ok", result.text if result.is_error else None,
-                                  agent)
-        return result
 
 
 class ProxyTelemetry:

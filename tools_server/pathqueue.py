@@ -23,10 +23,12 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.errors import CtproxyError
+
 EXTRAS_KEY = "path_queue"
 
 
-class QueueWaitCancelled(Exception):
+class QueueWaitCancelled(CtproxyError):
     """The caller's cancel signal fired while it was still waiting for a path; nothing ran."""
 
 

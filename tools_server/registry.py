@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ValidationError
 
 from proxy.config import Config
+from proxy.errors import CtproxyError
 from proxy.state import StateDir
 from proxy.upstream import UpstreamTurns
 from tools_server.credentials import SessionCredentials
@@ -23,7 +24,7 @@ from tools_server.credentials import SessionCredentials
 log = logging.getLogger("ctproxy.tools")
 
 
-class ToolError(Exception):
+class ToolError(CtproxyError):
     """An error the model sees: short, says what was wrong and what to do instead."""
 
     def __init__(self, message: str, code: str = "invalid_arguments", details: dict | None = None):
@@ -106,6 +107,10 @@ class UpstreamAccess:
 # What a person answered to one yes/no question asked through the calling client (MCP elicitation's actions).
 ConfirmAnswer = Literal["accept", "decline", "cancel"]
 
+# The road a call came by (tools_server/service.py): REST, MCP, the proxy's bridge, Codex's backend routes,
+# a code-mode cell's nested call, or a direct call in-process (tests, benchmarks).
+Transport = Literal["rest", "mcp", "bridge", "codex", "cell", "direct"]
+
 
 @dataclass
 class CallContext:
@@ -118,12 +123,21 @@ class CallContext:
     window: str | None = None
     call_id: str | None = None
     cwd: Path | None = None
-    transport: Literal["rest", "mcp", "bridge", "direct"] = "direct"
+    transport: Transport = "direct"
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
     upstream: UpstreamAccess | None = field(default=None, repr=False)  # bridge only: see UpstreamAccess
     # Asks the person behind the calling client one question (MCP clients that declared elicitation:
     # tools_server/computer_use/approval.py, mcp_confirm_for); None where nobody can be asked (REST, bridge).
     confirm: Callable[[str], Awaitable[ConfirmAnswer]] | None = field(default=None, repr=False)
+    cell_id: str | None = None  # a code-mode nested call: the cell that made it
+    # Set when the caller stops waiting while the work may live on (a code cell that ended): a shell call
+    # then returns at once without reading its session, which stays for write_stdin (nothing is lost).
+    detach: asyncio.Event | None = field(default=None, repr=False)
+    # A last check the caller's road adds, run after the policy seam and right before the tool (code mode:
+    # a person approves a nested patch); it raises ToolError to refuse. Given the tool and its arguments.
+    gate: Callable[[Tool, Any], Awaitable[None]] | None = field(default=None, repr=False)
+    # What the policy seam's context() hook gave this call (tools_server/service.py): the shell spawn's env.
+    env_overlay: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def workspace(self) -> Path | None:
@@ -131,6 +145,8 @@ class CallContext:
 
 
 Executor = Callable[[Any, CallContext], Awaitable[ToolResult]]
+# What the policy seam is told of a call beyond its caller (tools_server/service.py): `cwd`, `session_id`.
+PolicyFacts = Callable[[Any, CallContext], Awaitable[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -146,6 +162,7 @@ class Tool:
     parallel: bool = True
     custom_format: dict[str, Any] | None = None  # Responses `custom` tool format (grammar)
     read_only: bool = False  # changes nothing (MCP `readOnlyHint`); the one place this is declared
+    policy_facts: PolicyFacts | None = None
 
     def json_schema(self) -> dict[str, Any]:
         if self.parameters is not None:
@@ -183,12 +200,18 @@ class Tool:
             raise ToolError(f"{self.name}: {describe_validation(exc)}") from exc
 
     async def call(self, arguments: Any, ctx: CallContext) -> ToolResult:
+        """Validate and run this one tool with no road around it: no discovery, no policy seam, no journal.
+        For tests and benchmarks of one family; every transport goes through ToolService.call."""
         try:
             args = self.validate(arguments)
         except ToolError:
             raise  # wrong arguments: the transports answer these as invalid requests
         except Exception as exc:
             return ToolResult.from_error(self.unexpected(exc, ctx))
+        return await self.run(args, ctx)
+
+    async def run(self, args: BaseModel, ctx: CallContext) -> ToolResult:
+        """The executor on validated arguments; its errors become the call's error result."""
         try:
             return await self.execute(args, ctx)
         except ToolError as exc:

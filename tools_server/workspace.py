@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from proxy.errors import CtproxyError
 from tools_server.registry import Services, ToolError
 
 NO_WORKSPACE = "no_workspace"
@@ -35,7 +36,7 @@ def require(services: Services, tool: str) -> Path:
     return services.workspace
 
 
-class OutsideWorkspace(ValueError):
+class OutsideWorkspace(CtproxyError, ValueError):
     """A directory that is not inside the workspace (or cannot be named at all)."""
 
 

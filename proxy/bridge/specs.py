@@ -8,6 +8,10 @@
   a turn that gets the hosted tool natively, nor with search off).
 - Tool discovery on (`carried` given): only the names the session carries (`find_tools` and what it
   loaded; the other deferred tools are left out until a load, which shows in the next round's tools).
+- Atomic groups are offered whole or not at all: `exec` with `wait`, `exec_command` with `write_stdin`
+  (one answers with an ID only the other takes; an agent's own `wait` would get our `exec`'s cell IDs).
+- An agent with its own `find_tools` keeps it, and ours cannot be offered: discovery then does not hold
+  ctproxy's deferred tools back (nothing could load them), they are offered like the others.
 - The specs go after the agent's own tools, in the registry's order, each spec's keys sorted: consecutive
   requests of a session serialize to the same bytes, so their prompt-cache prefix is shared.
 """
@@ -27,6 +31,8 @@ CUSTOM_PATCH_MODELS = ("gpt-5*", "codex-*")
 DISPLACED = "the agent has its own tool of that name"
 DEFERRED = "deferred by tool discovery (find_tools loads it)"
 OTHER_SEARCH = "this turn searches natively (web_search.backend), one search path per turn"
+FIND_TOOLS = "find_tools"
+ATOMIC_GROUPS: tuple[tuple[str, ...], ...] = (("exec", "wait"), ("exec_command", "write_stdin"))
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,8 @@ def select(tools: Sequence[BridgeTool], families: Sequence[str], payload: Mappin
         if isinstance(payload.get("tools"), list) else []
     # the agent's tools wherever it lists them: `tools`, or Codex's leading `additional_tools` items
     taken = agent_tool_names(agent_tools) | agent_tool_names(leading_additional_tools(payload))
+    if carried is not None and FIND_TOOLS in taken:
+        carried = None  # the agent's own find_tools: ours cannot load anything, so nothing is held back
     offered: list[BridgeTool] = []
     forms: dict[str, Form] = {}
     specs: list[Mapping[str, Any]] = []
@@ -131,6 +139,17 @@ def select(tools: Sequence[BridgeTool], families: Sequence[str], payload: Mappin
         offered.append(tool)
         forms[tool.name] = form
         specs.append(_spec_of(tool, form))
+    why = dict(left)
+    for group in ATOMIC_GROUPS:
+        present = [n for n in group if n in forms]
+        if present and len(present) < len(group):
+            missing = next(n for n in group if n not in forms)
+            reason = f"offered only together with {missing}, which is not offered ({why.get(missing, 'not bridged')})"
+            for name in present:
+                index = next(i for i, t in enumerate(offered) if t.name == name)
+                del offered[index], specs[index]
+                del forms[name]
+                left.append((name, reason))
     return Offer(tuple(offered), forms, tuple(specs), tuple(left))
 
 

@@ -149,10 +149,6 @@ def _strip_call_ids(items: Sequence[Any], store: Any) -> list[Any]:
     return [upstream_call(i) if isinstance(i, Mapping) and i.get("type") in CALL_TYPES else i for i in items]
 
 
-def _limit_outputs(calls: Sequence[PendingCall], n: int) -> list[dict[str, Any]]:
-    return [output_item(c.kind, str(c.item.get("call_id", "")), LIMIT_MESSAGE.format(n=n)) for c in calls]
-
-
 def remember(memory: BridgeMemory, shown: Sequence[Mapping[str, Any]], executed: Mapping[str, ExecutedCall],
              scope: str | None = None) -> None:
     """Every executed call, anchored after the shown item just before its run of calls, and before the items

@@ -16,10 +16,10 @@ from proxy.compaction import protocol
 from proxy.compaction.fingerprint import Fingerprint
 from proxy.compaction.remote import Target, run_compaction
 from proxy.compaction.store import Checkpoint, new_checkpoint_id
-from proxy.journal.canonical import session_root
+from proxy.journal.canonical import chain_at, session_root
 from proxy.transforms.compaction import fit_input
 from proxy.transforms.fallback import fallback_text, marker
-from proxy.transforms.items import BYTES_PER_TOKEN, prefix_hash
+from proxy.transforms.items import BYTES_PER_TOKEN
 from proxy.transforms.retained import RETAINED_MESSAGE_TOKEN_BUDGET, retained_user_messages
 from proxy.upstream import UpstreamTurns
 
@@ -86,7 +86,7 @@ async def compact(plan: Plan, call: Caller) -> Checkpoint:
         failure = "no_endpoint"
     if result is not None and result.retained is not None:
         retained = result.retained  # the API route: the bootstrap is exactly the returned output
-    boundary_hash = prefix_hash(plan.client_items, plan.boundary, session_root(plan.session_key)) or ""
+    boundary_hash = chain_at(plan.client_items, session_root(plan.session_key), plan.boundary) or ""
     cp = Checkpoint(
         id=cp_id,
         session_key=plan.session_key,

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from proxy.errors import UpstreamError
 from proxy.transforms.items import COMPACTION_ITEM_TYPES, approx_tokens_for_bytes, item_bytes
 
 TRIGGER = {"type": "compaction_trigger"}
@@ -30,7 +31,7 @@ _V2_FIELDS = (
 _V1_FIELDS = ("model", "instructions", "prompt_cache_key", "prompt_cache_options", "service_tier")
 
 
-class CompactionFailure(Exception):
+class CompactionFailure(UpstreamError):
     """A failed or malformed remote compaction; `category` is safe to log and journal."""
 
     def __init__(self, category: str):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 
 from proxy.context import rollover
+from proxy.errors import CtproxyError
 from proxy.journal.addresses import AddressError, resolve_address
 from proxy.journal.query import HistoryReader
 
@@ -19,7 +20,7 @@ def current_window(conn: sqlite3.Connection, task_id: str, address: str) -> str 
     return row[0] if row else None
 
 
-class CheckpointTargetError(ValueError):
+class CheckpointTargetError(CtproxyError, ValueError):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import re
 
+from proxy.errors import CtproxyError
 from proxy.journal.canonical import sha256
 
 ROOT = "/root"
 _SEGMENT = re.compile(r"[a-z0-9_]+")
 
 
-class AddressError(ValueError):
+class AddressError(CtproxyError, ValueError):
     """An address the model or the client got wrong; the message says what is allowed."""
 
 

@@ -14,12 +14,13 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
+from proxy.errors import CtproxyError
 from proxy.journal.addresses import ROOT, AddressError, auto_address, resolve_address
 from proxy.journal.canonical import sha256
 from proxy.session import SessionIdentity, resolve_session
 
 
-class JoinError(Exception):
+class JoinError(CtproxyError):
     """A request that may not be forwarded: unknown task, invalid agent address (HTTP 400)."""
 
     def __init__(self, code: str, message: str, status: int = 400):

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
-from proxy.journal.classify import normalize_tool
+from proxy.journal.classify import OWN_NAMESPACES, normalize_tool
 from proxy.journal.excerpt import find_matches
 
 # Items walk in journal order over the (session_key, seq) index; the branch check is a key lookup.
@@ -36,9 +36,9 @@ class ItemFilter:
     tool_namespace: str | None = None
     tool_name: str | None = None
     exclude_call_id: str | None = None  # the call being executed never finds itself
-    # The name as given, when no namespace was: a call ctproxy ran itself (the bridge, the checkpoint turn)
-    # is journaled under its own server label (`ctproxy`, `notes_write_file`), an agent's call to the same
-    # tool as the concept pair (`notes`, `write_file`): a bare name finds both.
+    # The name as given, when no namespace was: calls journaled before every road was filed under the
+    # concept pair (a bridged call under its server label, `ctproxy`, `notes_write_file`) are found by a
+    # bare name too, next to the concept pair (`notes`, `write_file`) every road is filed under now.
     as_given: str | None = None
 
     def normalized(self) -> ItemFilter:
@@ -48,8 +48,8 @@ class ItemFilter:
         as_given = None
         if self.tool_name.startswith(("history_", "notes_")):
             ns2, name2 = normalize_tool(ns, name)
-            if ns in (None, ns2, "functions"):
-                if ns is None and (ns2, name2) != (None, name):
+            if ns in (None, ns2, "functions", *OWN_NAMESPACES):
+                if (ns is None or ns in OWN_NAMESPACES) and (ns2, name2) != (None, name):
                     as_given = name
                 ns, name = ns2, name2
         return ItemFilter(self.window_id, self.role, ns, name, self.exclude_call_id, as_given)

@@ -185,9 +185,18 @@ def render_item(item: Any) -> Rendered:
             out.add(_json(action))
     elif typ == "mcp_call":
         out.add(f"[mcp call {item.get('server_label')}.{item.get('name')}]", searchable=False)
-        for key in ("arguments", "output", "error"):
+        for key in ("arguments", "output"):
             if isinstance(item.get(key), str) and item[key]:
                 out.add(item[key])
+        error = item.get("error")
+        if isinstance(error, str) and error:
+            out.add(error)
+        elif isinstance(error, dict):  # the API's MCPToolCallError: {type, content: [{type: text, text}]}
+            content = error.get("content")
+            if isinstance(content, str | list) and content:
+                _render_content(out, content)
+            else:
+                out.add(_json(error))
     elif typ == "item_reference":
         out.add(f"[reference to stored item {item.get('id')}]", searchable=False)
     else:

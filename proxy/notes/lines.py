@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxy.errors import CtproxyError
 
-class LineRangeError(ValueError):
+
+class LineRangeError(CtproxyError, ValueError):
     pass
 
 

@@ -8,10 +8,12 @@ MAX_PATH_BYTES in all: every note can be created, read and listed on any POSIX f
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from proxy.errors import CtproxyError
 from proxy.journal.addresses import AddressError, validate_address
 
 _TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
@@ -21,7 +23,7 @@ MAX_DEPTH = 32  # components of that path
 MAX_ARGUMENT_CHARS = 2048  # the whole argument, agent address included, checked before anything else
 
 
-class NotePathError(ValueError):
+class NotePathError(CtproxyError, ValueError):
     """A path the model got wrong; the message says what a valid one looks like."""
 
 
@@ -33,7 +35,7 @@ class NoteRef:
 
     def shown(self, rel: str | None = None) -> str:
         r = self.rel if rel is None else rel
-        return f"{self.address}/notes/{r}" if self.absolute else r
+        return printable(f"{self.address}/notes/{r}" if self.absolute else r)
 
 
 def check_task_id(task_id: str) -> str:
@@ -45,6 +47,17 @@ def check_task_id(task_id: str) -> str:
 def quoted(path: str, limit: int = 120) -> str:
     """`repr` of a path for an error message, cut when long so the message stays short."""
     return repr(path) if len(path) <= limit else f"{path[:limit]!r}… ({len(path)} characters)"
+
+
+_LINE_BREAKING = frozenset("\x7f\x85\u2028\u2029")
+
+
+def printable(path: str) -> str:
+    """A path as the tools print it: itself, or JSON-quoted when it holds a control character (a note
+    made before those were refused), so it can never start a line of its own."""
+    if any(ch < " " or ch in _LINE_BREAKING for ch in path):
+        return json.dumps(path, ensure_ascii=False)
+    return path
 
 
 def check_rel(rel: str, *, allow_trailing_empty: bool = False, shown: str | None = None) -> None:
@@ -74,6 +87,10 @@ def _check_components(parts: list[str], path: str, allow_trailing_empty: bool) -
             raise NotePathError(f"invalid note path {shown}: empty, '.' and '..' components are not allowed")
         if "\\" in part or "\x00" in part:
             raise NotePathError(f"invalid note path {shown}: backslashes and NUL are not allowed")
+        if any(ch < " " or ch in _LINE_BREAKING for ch in part):
+            # a newline in a path would forge lines of the tools' `path:line: text` output (seed 000)
+            raise NotePathError(f"invalid note path {shown}: control characters (newlines, tabs, …) are not "
+                                "allowed")
         if len(part.encode("utf-8", "surrogatepass")) > MAX_COMPONENT_BYTES:
             raise NotePathError(f"invalid note path {shown}: a component is longer than 255 bytes")
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import orjson
 from filelock import FileLock, Timeout
 
+from proxy.errors import CtproxyError
 from proxy.files import atomic_write_bytes
 from proxy.journal.addresses import address_hash
 from proxy.notes.paths import MAX_DEPTH, check_rel, check_task_id, is_valid_rel, quoted
@@ -58,7 +59,7 @@ def _read_regular(path: Path) -> bytes:
         return fh.read()
 
 
-class NoteError(Exception):
+class NoteError(CtproxyError):
     """An error the model sees; says what to do instead."""
 
 

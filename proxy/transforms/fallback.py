@@ -11,7 +11,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.transforms.items import COMPACTION_ITEM_TYPES, is_message, item_type, text_parts
+from proxy.journal.canonical import item_type
+from proxy.transforms.items import COMPACTION_ITEM_TYPES, is_message, text_parts
 
 EXCERPT_LIMIT = 12_000
 HEAD_FRACTION = 0.35

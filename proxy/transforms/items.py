@@ -13,7 +13,6 @@ from typing import Any
 
 import orjson
 
-from proxy.journal.canonical import chain_at, chain_ids, legacy_chain_hash
 from proxy.transforms.lazyitems import LazyItems, as_list, positions_of
 
 Item = dict[str, Any]
@@ -102,16 +101,6 @@ def items_bytes(items: Sequence[Any]) -> int:
                             else list(items)))
 
 
-def item_type(item: Any) -> str:
-    if isinstance(item, dict):
-        typ = item.get("type")
-        if isinstance(typ, str):
-            return typ
-        if "role" in item:
-            return "message"
-    return "other"
-
-
 @dataclass(frozen=True, slots=True)
 class InputFacts:
     """What several stages ask of every input item, found in one pass over a (2,000-item) input."""
@@ -162,19 +151,3 @@ def client_compacts(payload: dict[str, Any], facts: InputFacts | None = None) ->
     # (a `type` that is no string, a list say, is no compaction type: never a TypeError from the set)
     return any(isinstance(i, dict) and isinstance(t := i.get("type"), str) and t in CLIENT_COMPACTION_TYPES
                for i in items)
-
-
-def chain_hashes(items: Sequence[Any], upto: int | None = None, root: str = "") -> list[str]:
-    """The one hash chain (proxy.journal.canonical.chain_ids) of the items from `root`; with a session's
-    root (`session_root(key)`) these are the journal's item ids."""
-    return chain_ids(items, root, upto)
-
-
-def prefix_hash(items: Sequence[Any], n: int, root: str = "") -> str | None:
-    """The chain id after the first n items, or None when there are fewer (or n == 0)."""
-    return chain_at(items, root, n)
-
-
-def legacy_prefix_hash(items: Sequence[Any], n: int) -> str | None:
-    """The pre-ADR-0006 chain, only for windows migrated without their items (canonical.legacy_chain_hash)."""
-    return legacy_chain_hash(items, n)

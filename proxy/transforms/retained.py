@@ -12,24 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from proxy.transforms.contextual import CONTEXTUAL_FRAGMENTS
 from proxy.transforms.fallback import is_fallback_message
 from proxy.transforms.items import approx_tokens, role_of, text_parts
 
 RETAINED_MESSAGE_TOKEN_BUDGET = 64_000
-
-# Fragments that make a user message "contextual" in Codex (injected context, not typed by the user).
-CONTEXTUAL_FRAGMENTS: tuple[str, ...] = (
-    "# AGENTS.md instructions",
-    "<environment_context>",
-    "<turn_aborted>",
-    "<user_shell_command>",
-    "<subagent_notification>",
-    "<recommended_plugins>",
-    "<skill>",
-    "<user_instructions>",
-    "<INSTRUCTIONS>",
-)
-
 
 def is_real_user_message(item: Any) -> bool:
     if role_of(item) != "user" or is_fallback_message(item):

@@ -12,8 +12,10 @@ from typing import Protocol
 
 import aiohttp
 
+from proxy.errors import UpstreamError
 
-class UpstreamUnavailable(Exception):
+
+class UpstreamUnavailable(UpstreamError):
     """No answer at all: connection refused or reset, DNS, TLS, or the time ran out before headers."""
 
     def __init__(self, category: str):
@@ -21,7 +23,7 @@ class UpstreamUnavailable(Exception):
         self.category = category  # connection | timeout
 
 
-class UpstreamBroken(Exception):
+class UpstreamBroken(UpstreamError):
     """The answer started but its body broke off."""
 
 

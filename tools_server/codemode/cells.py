@@ -6,9 +6,11 @@ own tools, see family.py), and delivers the replies. The rules that matter:
 
 - a cell completes only when its program ended *and* every nested call it started has settled; a
   rejected tool promise that nothing observed fails the cell (never a silent success);
-- a failed or terminated cell refuses new calls, cancels the calls still waiting for a slot, and leaves
-  dispatched ones alone (a shell it started keeps running; `write_stdin` continues it): those are
-  reported as `unsettled`, never as done; code is never run twice;
+- a failed or terminated cell refuses new calls and cancels the calls still waiting for a slot; a
+  dispatched call is told the cell ended (its context's `detach`): a shell call returns at once without
+  reading, so a shell it started keeps running (or its exit waits unread) and `write_stdin` continues it,
+  and an approval question still open is withdrawn. The observer gives the dispatched calls a moment to
+  settle before it reports; one still running then is `unsettled`, never done; code is never run twice;
 - every limit overflow is a short control error delivered to the call that overflowed.
 """
 
@@ -20,6 +22,7 @@ import json
 import logging
 import secrets
 import time
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -34,6 +37,10 @@ CellState = Literal["running", "completed", "failed", "terminated"]
 CallState = Literal["queued", "running", "completed", "failed", "cancelled"]
 Owner = tuple[str, str]
 SHELL_TOOLS = ("exec_command", "write_stdin")
+ShellState = Literal["running", "exited", "closed"]
+SETTLE_S = 5.0  # how long an observer of an ended cell lets its dispatched calls come back
+GONE_REMEMBERED = 1024  # IDs of cells dropped or read, remembered so `wait` can say what became of them
+SALVAGE_S = 5.0  # how long a stop waits to read what a stopped program printed last
 
 
 @dataclass
@@ -64,32 +71,45 @@ class Effects:
 
 @dataclass
 class OutputBuffer:
-    """Printed text: kept up to the preview budget (the rest counted, `clipped`), read once per observation."""
+    """Printed text not yet read, newest kept: past `budget` bytes the oldest unread text is dropped (and
+    counted), so an observation always shows what the cell printed last. Read once per observation; the
+    whole text is in the cell's capture file (seed §5.9), whose path the answer names when anything was
+    not shown."""
 
     budget: int
-    chunks: list[str] = field(default_factory=list)
+    chunks: deque[str] = field(default_factory=deque)
     kept_bytes: int = 0
     total_bytes: int = 0
-    clipped: bool = False
-    read_index: int = 0
+    dropped: int = 0  # unread bytes dropped since the last read
+    clipped: bool = False  # the last read (or, before any, the unread text) lost its oldest part
+    last_dropped: int = 0  # what the last read_unread() had to leave out
 
     def append(self, text: str) -> None:
         size = len(text.encode("utf-8", "replace"))
         self.total_bytes += size
-        room = self.budget - self.kept_bytes
-        if room <= 0:
-            self.clipped = True
-            return
-        if size > room:
-            text = text.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
-            size = len(text.encode("utf-8"))
-            self.clipped = True
         self.chunks.append(text)
         self.kept_bytes += size
+        while self.kept_bytes > self.budget and self.chunks:
+            first = self.chunks[0].encode("utf-8", "replace")
+            excess = self.kept_bytes - self.budget
+            if len(first) <= excess:
+                self.chunks.popleft()
+                self.kept_bytes -= len(first)
+                self.dropped += len(first)
+            else:
+                rest = first[excess:].decode("utf-8", "ignore")
+                self.chunks[0] = rest
+                cut = len(first) - len(rest.encode("utf-8"))
+                self.kept_bytes -= cut
+                self.dropped += cut
+            self.clipped = True
 
     def read_unread(self) -> str:
-        text = "".join(self.chunks[self.read_index:])
-        self.read_index = len(self.chunks)
+        text = "".join(self.chunks)
+        self.chunks.clear()
+        self.kept_bytes = 0
+        self.last_dropped, self.dropped = self.dropped, 0
+        self.clipped = self.last_dropped > 0
         return text
 
 
@@ -130,7 +150,14 @@ class Cell:
         self.program_done = False
         self.closed = False  # refuses new calls
         self.effects: Effects | None = None
-        self.shells: dict[str, bool] = {}  # session id -> still running when last seen
+        # session id -> "running", "exited" (its exit and last output unread: write_stdin reads them) or
+        # "closed" (read to the end), as the cell's nested calls last saw it
+        self.shells: dict[str, ShellState] = {}
+        self.lost_chars = 0  # printed past the producer credit (engine.OUTPUT_CREDIT)
+        self._stopping = False
+        self.expired = False  # stopped by the wall-clock limit (limits.max_wall_time_s)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._expiry: asyncio.Future[bool] | None = None
         self.done = asyncio.Event()
         self.observe_lock = asyncio.Lock()
         self.read_terminal = False
@@ -140,7 +167,15 @@ class Cell:
 
     # -- life --------------------------------------------------------------------------------------
     def launch(self) -> None:
-        self._driver = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self._driver = loop.create_task(self._run())
+        self._deadline = loop.call_later(self.limits.max_wall_time_s, self._expire)
+
+    def _expire(self) -> None:
+        """The wall-clock limit: a cell still running is stopped (what it printed is kept), and says why."""
+        if self.state == "running":
+            self.expired = True
+            self._expiry = asyncio.ensure_future(self.stop())
 
     async def _run(self) -> None:
         try:
@@ -179,6 +214,8 @@ class Cell:
         except EngineError as exc:
             self._fail(exc.message, exc.code)
         except asyncio.CancelledError:
+            if self.state == "running" and self._stopping:
+                await self._salvage()
             if self.state == "running":
                 self._finish("terminated")
             raise
@@ -187,6 +224,29 @@ class Cell:
             self._fail(f"the cell failed with an internal error ({type(exc).__name__})", "internal-error")
         finally:
             self.engine.close()
+
+    async def _salvage(self) -> None:
+        """A stop cancelled the isolate's running evaluation (a CPU loop, a long synchronous run): what it
+        printed before is still in its outbox. One bounded read keeps it (seed defect 8)."""
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            for message in await asyncio.wait_for(self.engine.drain(), SALVAGE_S):
+                if message.get("k") in ("out", "lost"):
+                    self._handle(message)
+
+    async def stop(self) -> bool:
+        """Stop the program, keeping what it printed before: the driver's evaluation is cancelled (that
+        ends even a CPU loop), its outbox read once, then the cell is terminated. False when it had
+        already ended (its known result stays)."""
+        if self.state != "running":
+            return False
+        driver = self._driver
+        if driver is not None and not driver.done():
+            self._stopping = True
+            driver.cancel()
+            await asyncio.wait({driver}, timeout=SALVAGE_S + 1)
+        if self.state == "running":
+            self.terminate()
+        return True
 
     def terminate(self) -> bool:
         """Stop the program now. False when it had already ended (its known result stays)."""
@@ -206,6 +266,15 @@ class Cell:
                 self.output.append(message["s"])
                 if self.capture is not None:
                     self.capture.feed(message["s"].encode("utf-8", "replace"))
+        elif kind == "lost" and isinstance(message.get("n"), int):
+            # past the producer credit: the isolate kept none of it; say so where the output is read
+            note = (f"\n[… {message['n']} characters printed without a pause were not kept: a cell may print "
+                    "512 KiB between two awaits …]\n")
+            self.output.append(note)
+            self.lost_chars += message["n"]
+            if self.capture is not None:
+                self.capture.feed(note.encode("utf-8"))
+                self.capture.note_loss()
         elif kind == "call":
             self._on_call(message)
         elif kind == "done":
@@ -286,15 +355,32 @@ class Cell:
                 call.state = "cancelled"
             raise
         call.state = "failed" if result.is_error else "completed"
-        self._note_shell(call.name, result)
+        self._note_shell(call.name, args, result)
         if self.state != "running":
-            return  # the cell has ended: the reply cannot be delivered (reported as unsettled at the end)
+            # the cell has ended: the reply cannot be delivered. A shell call that read output or an exit
+            # code on its way back hands it to whoever observes the cell, in its output: nothing is lost
+            if call.name in SHELL_TOOLS and not result.details.get("detached"):
+                self.output.append(f"\n[tools.{call.name} came back after the cell ended:]\n{result.text}\n")
+            return
         self._queue_reply(call, result)
 
-    def _note_shell(self, name: str, result: ToolResult) -> None:
+    def _note_shell(self, name: str, args: dict[str, Any], result: ToolResult) -> None:
+        if name not in SHELL_TOOLS:
+            return
         sid = result.details.get("session_id")
-        if name in SHELL_TOOLS and sid is not None:
-            self.shells[str(sid)] = "exit_code" not in result.details and not result.details.get("terminated")
+        if sid is None and name == "write_stdin":  # a poll that read the exit no longer names the session
+            sid = args.get("session_id")
+        if sid is None or (result.is_error and str(sid) not in self.shells):
+            return
+        d = result.details
+        if result.is_error:  # e.g. stale-session: nothing more can be read from it
+            self.shells[str(sid)] = "closed"
+        elif d.get("detached"):
+            self.shells[str(sid)] = "running" if d.get("running") else "exited"
+        elif "exit_code" in d or d.get("terminated"):
+            self.shells[str(sid)] = "closed"
+        else:
+            self.shells[str(sid)] = "running"
 
     def _queue_reply(self, call: NestedCall, result: ToolResult) -> None:
         lim = self.limits
@@ -338,24 +424,46 @@ class Cell:
         if self.state != "running":
             return
         self.state = state
+        if self._deadline is not None:
+            self._deadline.cancel()
         self._close_calls()
         self.ended = time.monotonic()
+        self.effects = self._count_effects()
+        if self.capture is not None:
+            # a cell stopped without reading its outbox (a cancelled exec, the server closing) lost its last text
+            self.capture.close_source(error=state == "terminated" and not self._stopping)
+        self.terminal_at = time.monotonic()
+        self.done.set()
+        self._on_terminal(self)
+
+    def _count_effects(self) -> Effects:
         counts = {"completed": 0, "failed": 0, "cancelled": 0, "unsettled": 0}
         for call in self.calls.values():
             key = {"queued": "cancelled", "running": "unsettled"}.get(call.state, call.state)
             counts[key] += 1
-        self.effects = Effects(**counts)
-        if self.capture is not None:
-            self.capture.close_source(error=state == "terminated")  # a stopped cell's last text is lost
-        self.terminal_at = time.monotonic()
-        self.done.set()
-        self._on_terminal(self)
+        return Effects(**counts)
+
+    async def settle(self, timeout: float = SETTLE_S) -> None:
+        """After the end: let the dispatched calls come back (they were told, `detach`), then count again.
+        A shell call returns at once with its session; one that is still running after `timeout` stays
+        `unsettled`."""
+        if self.state == "running":
+            return
+        pending = [c.task for c in self.calls.values() if c.state == "running" and c.task is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+        self.effects = self._count_effects()
 
     def wall_time(self) -> float:
         return (self.ended or time.monotonic()) - self.started
 
 
 class CellManager:
+    """The cells of every caller. The caps are per caller (task, agent): running cells, nested calls
+    executing at once, and unread results, so one agent can neither block another's `exec` nor evict its
+    unread result; a server-wide bound on running cells stays as the last guard. An evicted or expired
+    ID is remembered (bounded) so `wait` says what became of it."""
+
     def __init__(self, limits: CellLimits, dispatch: Dispatch, engine_factory: Callable[[], Engine],
                  capture_factory: Callable[[str], Any] | None = None):
         self.limits = limits
@@ -363,37 +471,58 @@ class CellManager:
         self.dispatch = dispatch
         self.engine_factory = engine_factory
         self.cells: dict[str, Cell] = {}
-        self.slots = asyncio.Semaphore(limits.adapter_slots)
+        self._slots: dict[Owner, asyncio.Semaphore] = {}
+        self.gone: OrderedDict[str, tuple[Owner, str]] = OrderedDict()  # cell id -> (owner, why it is gone)
         self.closed = False
 
-    def running(self) -> int:
-        return sum(1 for c in self.cells.values() if c.state == "running")
+    def slots(self, owner: Owner) -> asyncio.Semaphore:
+        if owner not in self._slots:
+            self._slots[owner] = asyncio.Semaphore(self.limits.adapter_slots)
+        return self._slots[owner]
+
+    def running(self, owner: Owner | None = None) -> int:
+        return sum(1 for c in self.cells.values() if c.state == "running" and (owner is None or c.owner == owner))
+
+    def _forget(self, cell: Cell, why: str) -> None:
+        self.cells.pop(cell.id, None)
+        self.gone[cell.id] = (cell.owner, why)
+        while len(self.gone) > GONE_REMEMBERED:
+            self.gone.popitem(last=False)
 
     def _prune(self) -> None:
         now = time.monotonic()
-        for cid, cell in list(self.cells.items()):
-            if cell.state != "running" and cell.terminal_at is not None and \
-                    now - cell.terminal_at > self.limits.terminal_ttl_s:
-                del self.cells[cid]
+        ttl = self.limits.terminal_ttl_s
+        for cell in list(self.cells.values()):
+            if cell.state != "running" and cell.terminal_at is not None and now - cell.terminal_at > ttl:
+                self._forget(cell, f"its result was not read within {ttl:.0f} seconds of its end and was dropped")
+        live = {c.owner for c in self.cells.values()}
+        for owner in [o for o in self._slots if o not in live]:
+            if not self._slots[owner].locked():
+                del self._slots[owner]
 
     def _on_terminal(self, cell: Cell) -> None:
-        unread = [c for c in self.cells.values() if c.state != "running" and c is not cell]
+        unread = [c for c in self.cells.values() if c.state != "running" and c.owner == cell.owner and c is not cell]
         unread.append(cell)
-        while len(unread) > self.limits.max_unread_terminal:
+        limit = self.limits.max_unread_terminal
+        while len(unread) > limit:
             oldest = min(unread, key=lambda c: c.terminal_at or 0.0)
             unread.remove(oldest)
-            self.cells.pop(oldest.id, None)
+            self._forget(oldest, f"its result was dropped unread: this caller had more than {limit} finished "
+                                 "cells it had not read, and it was the oldest")
 
     def start(self, owner: Owner, source: str, adapters: frozenset[str], context: Any = None) -> Cell:
         self._prune()
         if self.closed:
             raise ToolError("exec: code mode is shutting down; nothing was run", code="closed")
-        if self.running() >= self.limits.max_running_cells:
-            raise ToolError(f"exec: {self.limits.max_running_cells} cells are already running; finish one with "
-                            "`wait` (or stop it with wait terminate) first. Nothing was run",
+        if self.running(owner) >= self.limits.max_running_cells:
+            raise ToolError(f"exec: you already have {self.limits.max_running_cells} cells running; finish one "
+                            "with `wait` (or stop it with wait terminate) first. Nothing was run",
                             code="too-many-cells")
+        if self.running() >= self.limits.max_running_cells_total:
+            raise ToolError(f"exec: the server runs {self.limits.max_running_cells_total} cells already (all "
+                            "callers); try again when one has ended. Nothing was run", code="too-many-cells")
         cell_id = secrets.token_hex(4)
-        while cell_id in self.cells:
+        while cell_id in self.cells or cell_id in self.gone:
             cell_id = secrets.token_hex(4)
         try:
             engine = self.engine_factory()
@@ -402,7 +531,7 @@ class CellManager:
             raise ToolError(f"exec: the JavaScript engine could not start ({type(exc).__name__}); nothing was run",
                             code="engine-unavailable") from None
         capture = self.capture_factory(cell_id) if self.capture_factory is not None else None
-        cell = Cell(cell_id, owner, source, adapters, engine, self.dispatch, self.limits, self.slots,
+        cell = Cell(cell_id, owner, source, adapters, engine, self.dispatch, self.limits, self.slots(owner),
                     self._on_terminal, context, capture)
         self.cells[cell_id] = cell
         cell.launch()
@@ -415,10 +544,15 @@ class CellManager:
             return None
         return cell
 
+    def why_gone(self, owner: Owner, cell_id: str) -> str | None:
+        """What became of a cell of this caller that is no longer known, if it is remembered."""
+        entry = self.gone.get(cell_id)
+        return entry[1] if entry is not None and entry[0] == owner else None
+
     def mark_read(self, cell: Cell) -> None:
         """A terminal result is delivered once; after that the ID is unknown."""
         if cell.state != "running":
-            self.cells.pop(cell.id, None)
+            self._forget(cell, "its result was already returned (a finished cell's result is returned once)")
 
     async def close(self) -> None:
         self.closed = True

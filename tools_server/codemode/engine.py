@@ -21,8 +21,14 @@ from typing import Any, Protocol
 
 from py_mini_racer import JSEvalException, JSOOMException, MiniRacer
 
+from proxy.errors import CtproxyError
 
-class EngineError(Exception):
+# UTF-16 units of printed text a cell may produce between two yields (twice the 256 KiB preview, as the
+# seed's pending-bytes bound for a capture); past it, text is counted as lost, not buffered.
+OUTPUT_CREDIT = 512 * 1024
+
+
+class EngineError(CtproxyError):
     """The isolate failed outside the program's own error handling (memory limit, engine fault)."""
 
     def __init__(self, message: str, code: str):
@@ -70,26 +76,46 @@ BOOTSTRAP = r"""
   const G = globalThis;
   const stringify = JSON.stringify, parse = JSON.parse, freeze = Object.freeze;
   // the builtins the host's messages need, captured before the cell can replace them
-  const apply = Reflect.apply, join = Array.prototype.join, arrayPush = Array.prototype.push;
+  const apply = Reflect.apply, join = Array.prototype.join;
   const arrayMap = Array.prototype.map;
-  const outbox = [];
+  const mapGet = Map.prototype.get, mapSet = Map.prototype.set, mapDelete = Map.prototype.delete;
+  const mapForEach = Map.prototype.forEach, mapSize = Reflect.getOwnPropertyDescriptor(Map.prototype, "size").get;
+  const weakAdd = WeakSet.prototype.add, weakHas = WeakSet.prototype.has;
+  // The outbox is one string of JSON messages, not an array: a cell that redefines Array.prototype
+  // (an index accessor, push) cannot make the host lose a message, so its end is always seen.
+  // The producer credit (seed 004 §5.9): at most CREDIT UTF-16 units of messages wait between two drains
+  // (the host drains whenever the cell yields). Printed text past it is not kept in the isolate, where it
+  // would run into the memory limit and be lost with the isolate: it is counted, and the host records the
+  // loss where the output is read and in the capture ("lost").
+  let outbox = "";
+  let lost = 0;
+  const CREDIT = __CREDIT__;
   const pending = new Map();       // call id -> [resolve, reject]
   const rejected = new Map();      // call id -> promise: a rejected tool promise nobody observed yet
   const observed = new WeakSet();
   let nextId = 0;
-  const push = (msg) => { apply(arrayPush, outbox, [stringify(msg)]); };
+  const push = (msg) => { outbox = outbox === "" ? stringify(msg) : outbox + "," + stringify(msg); };
+  const output = (s) => {
+    const room = CREDIT - outbox.length;
+    if (s.length > room) {
+      lost += s.length - (room > 0 ? room : 0);
+      if (room > 0) push({k: "out", s: s.slice(0, room)});
+      return;
+    }
+    push({k: "out", s});
+  };
   const show = (v) => {
     if (typeof v === "string") return v;
     if (v === undefined) return "undefined";
     if (typeof v === "function") return "[Function]";
     try { const s = stringify(v); return s === undefined ? String(v) : s; } catch (e) { return String(v); }
   };
-  const emit = (args) => { push({k: "out", s: apply(join, apply(arrayMap, args, [show]), [" "]) + "\n"}); };
+  const emit = (args) => { output(apply(join, apply(arrayMap, args, [show]), [" "]) + "\n"); };
   // A tool promise records whether anything ever looked at it (await, then, Promise.all all call
   // `then` on a subclass): a rejection nothing observed is a floating failure, never a success.
   class ToolPromise extends Promise {
     static get [Symbol.species]() { return Promise; }
-    then(onFulfilled, onRejected) { observed.add(this); return super.then(onFulfilled, onRejected); }
+    then(onFulfilled, onRejected) { apply(weakAdd, observed, [this]); return super.then(onFulfilled, onRejected); }
   }
   const call = (name, args) => {
     let text;
@@ -102,7 +128,7 @@ BOOTSTRAP = r"""
     const id = ++nextId;
     let handles;
     const p = new ToolPromise((resolve, reject) => { handles = [resolve, reject]; });
-    pending.set(id, [handles[0], handles[1], p]);
+    apply(mapSet, pending, [id, {resolve: handles[0], reject: handles[1], promise: p}]);
     push({k: "call", id, name, args: text});
     return p;
   };
@@ -114,22 +140,29 @@ BOOTSTRAP = r"""
     freeze(toolsObject);
   };
   const step = (inbox) => {
-    for (const m of parse(inbox)) {
-      const entry = pending.get(m.id);
+    const messages = parse(inbox);
+    for (let i = 0; i < messages.length; i++) {
+      const m = messages[i];
+      const entry = apply(mapGet, pending, [m.id]);
       if (entry === undefined) continue;
-      pending.delete(m.id);
+      apply(mapDelete, pending, [m.id]);
       if (m.ok) {
-        entry[0](parse(m.v));
+        entry.resolve(parse(m.v));
       } else {
         const err = new Error(m.v);
         err.code = m.c;
-        rejected.set(m.id, entry[2]);
-        entry[1](err);
+        apply(mapSet, rejected, [m.id, entry.promise]);
+        entry.reject(err);
       }
     }
     return "";
   };
-  const drain = () => { const s = "[" + apply(join, outbox, [","]) + "]"; outbox.length = 0; return s; };
+  const drain = () => {
+    if (lost) { push({k: "lost", n: lost}); lost = 0; }
+    const s = "[" + outbox + "]";
+    outbox = "";
+    return s;
+  };
   const where = (e) => {
     const m = /\), <anonymous>:(\d+):(\d+)\)/.exec(String(e && e.stack || ""));
     return m ? Number(m[1]) : null;
@@ -161,8 +194,8 @@ BOOTSTRAP = r"""
   };
   const final = () => {
     let floating = 0;
-    for (const p of rejected.values()) if (!observed.has(p)) floating++;
-    return stringify({floating, pending: pending.size});
+    apply(mapForEach, rejected, [(p) => { if (!apply(weakHas, observed, [p])) floating++; }]);
+    return stringify({floating, pending: apply(mapSize, pending, [])});
   };
   // No ambient authority and no timers (the seed's cell API has none).
   for (const name of ["setTimeout", "clearTimeout", "setInterval", "clearInterval", "__timer_manager"]) {
@@ -172,7 +205,7 @@ BOOTSTRAP = r"""
   G.print = (...args) => emit(args);
   G.console = freeze({log: (...a) => emit(a), info: (...a) => emit(a), warn: (...a) => emit(a),
                       error: (...a) => emit(a), debug: (...a) => emit(a)});
-  G.text = (value) => { push({k: "out", s: show(value) + "\n"}); };
+  G.text = (value) => { output(show(value) + "\n"); };
   Object.defineProperty(G, "tools", {value: toolsObject, enumerable: true});
   Object.defineProperty(G, "__ctp", {value: freeze({step, drain, start, final, adapters})});
   return "";
@@ -183,7 +216,8 @@ BOOTSTRAP = r"""
 class V8Engine:
     """One mini-racer isolate with a hard memory limit. Use on the event loop that created it."""
 
-    def __init__(self, memory_limit_bytes: int):
+    def __init__(self, memory_limit_bytes: int, output_credit: int = OUTPUT_CREDIT):
+        self._credit = output_credit
         self._mr: MiniRacer | None = MiniRacer()
         self._mr.set_hard_memory_limit(memory_limit_bytes)
         self._booted = False
@@ -202,7 +236,7 @@ class V8Engine:
             raise EngineError(f"the JavaScript engine failed ({type(exc).__name__})", "engine-error") from None
 
     async def boot(self, adapters: list[str]) -> None:
-        await self._eval(BOOTSTRAP)
+        await self._eval(BOOTSTRAP.replace("__CREDIT__", str(int(self._credit))))
         await self._eval(f"__ctp.adapters({json.dumps(adapters)})")
         self._booted = True
 

@@ -1,10 +1,11 @@
 """The code-mode family: `exec` starts a JavaScript cell in a fresh V8 isolate, `wait` continues or stops it.
 
 A cell may call, as `await tools.<name>(args)`, the seed's adapters (`exec_command`, `write_stdin`,
-`apply_patch`) and the read-only history and notes tools. Each nested call goes through the registry's
-own tool (the same schema validation, shell manager, patch executor and path queue as a direct call),
-looked up again when it is dispatched, so a tool switched off later is refused inside a running cell
-too. Off by default (`code_mode.enabled`): it is remote code execution for whoever holds the token.
+`apply_patch`) and the read-only history and notes tools. Each nested call takes the one road every call
+takes (tools_server/service.py: discovery, the policy seam told the cell's ID, the journal, the same
+schema validation, shell manager, patch executor and path queue as a direct call), looked up again when
+it is dispatched, so a tool switched off later is refused inside a running cell too.
+Off by default (`code_mode.enabled`): it is remote code execution for whoever holds the token.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tools_server.codemode.cells import Cell, CellManager, Owner
 from tools_server.codemode.engine import V8Engine
 from tools_server.codemode.limits import CellLimits
 from tools_server.codemode.pragma import PragmaError, parse_pragma
-from tools_server.codemode.render import render
+from tools_server.codemode.render import output_budget, render
 from tools_server.patch.model import PatchError
 from tools_server.patch.parser import parse_patch
 from tools_server.registry import (
@@ -33,8 +34,9 @@ from tools_server.registry import (
     ToolResult,
     clip,
 )
+from tools_server.service import SERVICE_KEY, ToolService
 from tools_server.shell import limits as shell_limits
-from tools_server.shell.capture import StreamCapture
+from tools_server.shell.capture import StreamCapture, save_text
 
 SEED_ADAPTERS = ("exec_command", "write_stdin", "apply_patch")
 READ_ONLY_FAMILIES = ("history", "notes")
@@ -193,23 +195,31 @@ class CodeModeFamily:
         tool = self._registry().get(name)  # again at dispatch: a tool switched off since is refused
         if tool is None or not is_adapter(tool):
             raise ToolError(f"tools.{name} is not enabled any more; nothing was run", code="unavailable")
-        if name == "apply_patch" and self.services.config.code_mode.approval_mode == "confirm":
-            # validate first (a wrong patch is an argument error, not a question for the user) ...
-            parsed = tool.validate(args)
-            try:
-                patch = parse_patch(getattr(parsed, "text", ""))
-            except PatchError as exc:
-                raise ToolError(f"apply_patch: {exc}; nothing was changed", code="invalid_patch") from None
-            # ... then ask the person behind the observing call (MCP clients with elicitation); nobody to ask
-            # (REST, the bridge, an MCP client without it) refuses before any change.
-            await self._approve_patch(cell, patch)
         outer: CallContext | None = cell.context
         ctx = CallContext(services=self.services, task=outer.task if outer else None,
                           agent=outer.agent if outer else None, session=outer.session if outer else None,
                           window=outer.window if outer else None, cwd=outer.cwd if outer else None,
-                          call_id=f"{cell.id}/{len(cell.calls)}",
-                          transport=outer.transport if outer else "direct")
-        return await tool.call(args, ctx)
+                          call_id=f"{cell.id}/{len(cell.calls)}", transport="cell", cell_id=cell.id,
+                          detach=cell.done)  # the cell's end: a shell call returns unread, a question is withdrawn
+        if name == "apply_patch" and self.services.config.code_mode.approval_mode == "confirm":
+            async def approve(_tool: Tool, parsed: Any) -> None:
+                # a wrong patch is an argument error, not a question for the user ...
+                try:
+                    patch = parse_patch(getattr(parsed, "text", ""))
+                except PatchError as exc:
+                    raise ToolError(f"apply_patch: {exc}; nothing was changed", code="invalid_patch") from None
+                # ... then ask the person behind the observing call (MCP clients with elicitation); nobody to
+                # ask (REST, the bridge, an MCP client without it) refuses before any change.
+                await self._approve_patch(cell, patch)
+
+            ctx.gate = approve  # on the road, after the policy seam: nobody is asked for what it refuses
+        return await self._service().call(name, args, ctx)
+
+    def _service(self) -> ToolService:
+        service = self.services.extras.get(SERVICE_KEY)
+        if service is None:  # a family used without the app (tests): the same road, with no journal
+            service = ToolService(self.services, self._registry())
+        return service
 
     async def _approve_patch(self, cell: Cell, patch: Any) -> None:
         outer = cell.context
@@ -219,23 +229,32 @@ class CodeModeFamily:
                             "'confirm') and this client cannot be asked (that needs an MCP client with "
                             "elicitation); nothing was changed. Call apply_patch directly, or set "
                             "code_mode.approval_mode to 'always'.", code="approval-unavailable")
+        stopped = ToolError(f"apply_patch inside code cell {cell.id} was not applied: the cell was stopped "
+                            "while the question was open; nothing was changed", code="cell-stopped")
         answered = asyncio.Event()
         self._asking.setdefault(cell.id, set()).add(answered)
+        asking = asyncio.ensure_future(confirm(patch_question(cell.id, patch)))
+        ended = asyncio.ensure_future(cell.done.wait())
         try:
-            answer = await confirm(patch_question(cell.id, patch))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the call that could ask has ended, or the client failed to answer
-            raise ToolError(f"apply_patch inside a code cell needs confirmation and asking failed "
-                            f"({type(exc).__name__}: the call observing the cell may have returned); nothing was "
-                            "changed. Call apply_patch directly, or retry it from a cell.",
-                            code="approval-unavailable") from None
+            # a cell stopped while its question is open cancels the question: its answer can change nothing
+            await asyncio.wait({asking, ended}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            ended.cancel()
+            if not asking.done():
+                asking.cancel()
             open_ = self._asking.get(cell.id, set())
             open_.discard(answered)
             if not open_:
                 self._asking.pop(cell.id, None)
             answered.set()
+        if asking.cancelled() or cell.state != "running":
+            raise stopped
+        if (exc := asking.exception()) is not None:  # the call that could ask has ended, or the client failed
+            raise ToolError(f"apply_patch inside a code cell needs confirmation and asking failed "
+                            f"({type(exc).__name__}: the call observing the cell may have returned); nothing was "
+                            "changed. Call apply_patch directly, or retry it from a cell.",
+                            code="approval-unavailable")
+        answer = asking.result()
         if answer != "accept":
             raise ToolError(f"apply_patch inside a code cell was not approved (the answer was '{answer}'); "
                             "nothing was changed", code="approval-declined")
@@ -275,11 +294,13 @@ class CodeModeFamily:
     async def wait(self, args: WaitArgs, ctx: CallContext) -> ToolResult:
         cell = self.manager.lookup(owner_of(ctx), args.cell_id)
         if cell is None:
-            raise ToolError(f"wait: no running or unread cell has the ID {clip(args.cell_id, 64)!r} (a finished "
-                            "cell's result is returned once, and an unread one is dropped after five minutes)",
-                            code="unknown-cell")
+            if (why := self.manager.why_gone(owner_of(ctx), args.cell_id)) is not None:
+                raise ToolError(f"wait: cell {clip(args.cell_id, 64)}: {why}", code="unknown-cell")
+            raise ToolError(f"wait: no running or unread cell of yours has the ID {clip(args.cell_id, 64)!r} "
+                            "(a finished cell's result is returned once; cells belong to the task and agent "
+                            "that started them)", code="unknown-cell")
         if args.terminate:
-            cell.terminate()
+            await cell.stop()  # what it printed before the stop is kept (a CPU loop, a long synchronous run)
             return await self._observe(cell, 0.0, _budget(args.max_tokens), ctx.confirm)
         return await self._observe(cell, _yield_seconds(args.yield_time_ms), _budget(args.max_tokens), ctx.confirm)
 
@@ -293,17 +314,41 @@ class CodeModeFamily:
             finally:
                 if self._askers.get(cell.id) is confirm:
                     self._askers.pop(cell.id, None)
-            if cell.capture is not None:
-                if cell.state != "running":
-                    await cell.capture.settle()  # the file is complete before its path is handed out
-                elif not cell.capture.in_memory:
-                    await cell.capture.ensure_file()
+            if cell.state != "running":
+                await cell.settle()  # its dispatched calls come back (told by `detach`) before it is reported
             if cell.id not in self.manager.cells:
                 raise ToolError(f"wait: cell {cell.id}'s result was already returned", code="unknown-cell")
-            text, details = render(cell, budget)
+            output = cell.output.read_unread()
+            saved = await self._recover(cell, output, budget)
+            text, details = render(cell, budget, output, saved)
             if cell.state != "running":
                 self.manager.mark_read(cell)
             return ToolResult(text=text, details=details, is_error=cell.state == "failed")
+
+    async def _recover(self, cell: Cell, output: str, budget: int) -> dict[str, dict[str, Any]]:
+        """Nothing printed or returned is lost without a trace (seed 004 §5.9): when a preview will cut the
+        output (its budget, the newest-kept buffer, the producer credit), the cell's capture gets its file
+        now; a result past 32 KiB or an error past 4 KiB is written to its own file. Returns those two."""
+        capture = cell.capture
+        cut = (cell.output.last_dropped > 0 or cell.lost_chars > 0
+               or len(output.encode("utf-8", "replace")) > output_budget(cell, budget))
+        if capture is not None:
+            if cut or (cell.state == "running" and not capture.in_memory):
+                await capture.ensure_file()  # a stable path, even while the cell still runs
+            if cell.state != "running":
+                await capture.settle()  # the file is complete before its path is handed out
+        saved: dict[str, dict[str, Any]] = {}
+        store = getattr(self.services.extras.get(SHELL_FAMILY_KEY), "store", None)
+        if store is None:
+            return saved
+        lim = cell.limits
+        chosen = {"result": cell.result_json if cell.state == "completed" else None,
+                  "error": cell.error if cell.state == "failed" else None}
+        for kind, text in chosen.items():
+            preview = lim.result_preview_bytes if kind == "result" else lim.error_preview_bytes
+            if text is not None and len(text.encode("utf-8", "replace")) > preview:
+                saved[kind] = await asyncio.to_thread(save_text, store, f"cell-{cell.id}-{kind}", text)
+        return saved
 
     async def _await_cell(self, cell: Cell, yield_s: float) -> None:
         """Until the cell ends or `yield_s` passes; a question being asked for it holds the call open (it rides

@@ -9,13 +9,15 @@ KIB = 1024
 
 @dataclass(frozen=True)
 class CellLimits:
-    adapter_slots: int = 4  # nested calls executing at once, across all cells
+    adapter_slots: int = 4  # nested calls executing at once, across all cells of one caller (task, agent)
     max_outstanding_calls: int = 16  # per cell: sent, not yet answered
     max_cumulative_args_bytes: int = 256 * KIB  # per cell: serialized arguments, summed
     max_payload_bytes: int = 256 * KIB  # one argument, one result, one error
     max_queued_reply_bytes: int = 256 * KIB  # replies waiting to enter the cell (freed when delivered)
-    max_running_cells: int = 4
-    max_unread_terminal: int = 16  # finished cells nobody has read yet
+    max_running_cells: int = 4  # per caller (task, agent): one agent cannot take another's room
+    max_running_cells_total: int = 32  # the whole server, all callers together
+    max_unread_terminal: int = 16  # per caller: finished cells it has not read yet (its oldest goes first)
+    max_wall_time_s: float = 900.0  # a running cell is stopped after this long (seed defect 9)
     terminal_ttl_s: float = 300.0  # an unread terminal record is dropped after five minutes
     output_preview_bytes: int = 256 * KIB  # printed text kept for the model
     result_preview_bytes: int = 32 * KIB  # the returned value, serialized once

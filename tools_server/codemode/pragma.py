@@ -13,12 +13,14 @@ import json
 import re
 from dataclasses import dataclass
 
+from proxy.errors import CtproxyError
+
 PRAGMA_KEYS = ("yield_time_ms", "max_output_tokens")
 MAX_SAFE_INTEGER = 2**53 - 1  # JS-safe integers, as Codex accepts them
 _PRAGMA = re.compile(r"^[ \t]*//[ \t]*@exec:(.*)$")
 
 
-class PragmaError(ValueError):
+class PragmaError(CtproxyError, ValueError):
     """A pragma the cell cannot start with; the message says what to change."""
 
 

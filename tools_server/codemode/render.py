@@ -8,7 +8,10 @@
     [Script error:\n<message>]
 
 Status and uncertainty (nested calls left unsettled, shells still running) come before anything
-clipped; each preview has its own budget and `clipping` says which one cut.
+clipped; each preview has its own budget and `clipping` says which one cut. The output preview shows
+the newest text (what the cell printed last); the result and the error show their beginning. Whatever a
+preview leaves out is in a private file the answer names (`Full output/result/error …: path`, and
+`details.recovery`), written by the observer (family.py) before it renders.
 """
 
 from __future__ import annotations
@@ -27,32 +30,63 @@ def _clip(text: str, budget: int) -> tuple[str, bool]:
     return kept + f"\n…[{len(data) - len(kept.encode('utf-8'))} more bytes not shown]", True
 
 
+def _clip_tail(text: str, budget: int, dropped: int = 0) -> tuple[str, bool]:
+    """The newest `budget` bytes of the output; `dropped` earlier bytes were already left out."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= budget and not dropped:
+        return text, False
+    kept = data[len(data) - min(len(data), max(0, budget)):].decode("utf-8", "ignore")
+    left_out = dropped + len(data) - len(kept.encode("utf-8"))
+    return f"[…{left_out} earlier bytes not shown]\n" + kept, True
+
+
+def output_budget(cell: Cell, max_bytes: int) -> int:
+    return max(0, min(max_bytes, cell.limits.final_text_bytes))
+
+
 def status_line(cell: Cell) -> str:
     return {"running": f"Script running with cell ID {cell.id}", "completed": "Script completed",
             "failed": "Script failed", "terminated": "Script terminated"}[cell.state]
 
 
-def render(cell: Cell, max_bytes: int) -> tuple[str, dict[str, Any]]:
+def render(cell: Cell, max_bytes: int, output: str | None = None,
+           saved: dict[str, dict[str, Any]] | None = None) -> tuple[str, dict[str, Any]]:
+    """`output`: the unread text the observer took (None: take it now); `saved`: the result's and the
+    error's recovery files when their previews cut them."""
     lim = cell.limits
-    budget = max(0, min(max_bytes, lim.final_text_bytes))
+    budget = output_budget(cell, max_bytes)
+    saved = saved or {}
+    if output is None:
+        output = cell.output.read_unread()
     head = [status_line(cell), f"Wall time {cell.wall_time():.1f} seconds"]
     notes: list[str] = []
     effects = cell.effects
+    if cell.expired:
+        notes.append(f"Stopped by the wall-clock limit: a cell may run {cell.limits.max_wall_time_s:.0f} seconds "
+                     "(start long work with exec_command and poll it with write_stdin instead).")
     if effects is not None and effects.unsettled:
         notes.append(f"Unknown outcome: {effects.unsettled} nested call(s) were still running when the cell "
                      "ended; their effects are unknown (nothing is run again).")
     recovery = cell.capture.snapshot() if cell.capture is not None else None
     if recovery is not None and recovery.get("path"):
         notes.append(f"Full output ({recovery['bytes']} bytes, {recovery['state']}): {recovery['path']}")
-    live = sorted(sid for sid, running in cell.shells.items() if running)
+    live = sorted(sid for sid, state in cell.shells.items() if state == "running")
+    unread = sorted(sid for sid, state in cell.shells.items() if state == "exited")
     if live and cell.state != "running":
         notes.append(f"Shells still running: {', '.join(live)} (continue them with write_stdin session_id).")
-    output, out_clipped = _clip(cell.output.read_unread(), budget)
+    if unread and cell.state != "running":
+        notes.append(f"Shells exited, output and exit code unread: {', '.join(unread)} (read them with "
+                     "write_stdin session_id).")
+    for kind in ("result", "error"):
+        if (snap := saved.get(kind)) is not None and snap.get("path"):
+            notes.append(f"Full {kind} ({snap['bytes']} bytes, {snap['state']}): {snap['path']}")
+    output, out_clipped = _clip_tail(output, budget, cell.output.last_dropped)
     text = "\n".join(head) + "\n" + "".join(n + "\n" for n in notes) + "Output:\n" + output
-    details: dict[str, Any] = {"cell_id": cell.id, "status": cell.state,
+    details: dict[str, Any] = {"cell_id": cell.id, "status": cell.state, **({"stopped_by": "wall-time-limit"}
+                                                                           if cell.expired else {}),
                                "wall_time_seconds": round(cell.wall_time(), 3),
                                "output_bytes": cell.output.total_bytes}
-    clipping = {"output": out_clipped or cell.output.clipped, "result": False, "error": False}
+    clipping = {"output": out_clipped or cell.lost_chars > 0, "result": False, "error": False}
     if cell.state == "completed" and cell.result_json is not None:
         result, clipping["result"] = _clip(cell.result_json, lim.result_preview_bytes)
         text += ("" if text.endswith("\n") else "\n") + "Result:\n" + result
@@ -71,10 +105,11 @@ def render(cell: Cell, max_bytes: int) -> tuple[str, dict[str, Any]]:
             e = effects
             text += (f"\nNested calls: {e.completed} completed, {e.failed} failed, {e.cancelled} cancelled, "
                      f"{e.unsettled} unsettled")
-    if recovery is not None:
-        details["recovery"] = {"output": recovery}
+    if recovery is not None or saved:
+        details["recovery"] = {**({"output": recovery} if recovery is not None else {}), **saved}
     if cell.shells:
-        details["shells"] = [{"session_id": sid, "running": running} for sid, running in sorted(cell.shells.items())]
+        details["shells"] = [{"session_id": sid, "running": state == "running", "unread": state != "closed"}
+                             for sid, state in sorted(cell.shells.items())]
     details["clipping"] = clipping
     final, _ = _clip(text, lim.final_text_bytes)
     return final, details

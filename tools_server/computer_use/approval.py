@@ -29,22 +29,32 @@ def approval_message(app: str) -> str:
 
 
 class Approvals:
-    def __init__(self, mode: Literal["confirm", "always"]):
+    """Which apps a person accepted, per caller (seed 004 defect 16): a grant given through one caller (an
+    MCP session that could ask) is that caller's only; another MCP session, or a REST caller that can never
+    be asked, is not covered by it. `for_caller(key)` is the view one call uses (its `granted`, `has_grant`
+    and `grant` are that caller's); the key is tool discovery's (the session, else the task and agent)."""
+
+    def __init__(self, mode: Literal["confirm", "always"], caller: str = "",
+                 grants: dict[str, set[str]] | None = None):
         self.mode = mode
-        self._granted: set[str] = set()
+        self.caller = caller
+        self._grants: dict[str, set[str]] = {} if grants is None else grants
+
+    def for_caller(self, caller: str) -> Approvals:
+        return Approvals(self.mode, caller, self._grants)
 
     def granted(self, app: str) -> bool:
-        return self.mode == "always" or app in self._granted
+        return self.mode == "always" or self.has_grant(app)
 
     def has_grant(self, app: str) -> bool:
-        """Accepted earlier in this run (not just allowed by the mode)."""
-        return app in self._granted
+        """Accepted earlier in this run by this caller (not just allowed by the mode)."""
+        return app in self._grants.get(self.caller, ())
 
     def grant(self, app: str) -> None:
-        self._granted.add(app)
+        self._grants.setdefault(self.caller, set()).add(app)
 
     def clear(self) -> None:
-        self._granted.clear()
+        self._grants.clear()
 
 
 def mcp_confirm_for(request_ctx: Any) -> Confirm | None:

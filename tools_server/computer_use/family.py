@@ -22,6 +22,7 @@ from tools_server.computer_use.approval import Approvals, approval_message, conf
 from tools_server.computer_use.errors import ComputerUseError
 from tools_server.computer_use.images import sniff_mime
 from tools_server.computer_use.model import ActionCall, AppInfo, AppState, Backend, Target
+from tools_server.discovery.family import key_of
 from tools_server.registry import CallContext, ImageContent, Services, Tool, ToolResult
 
 LIST, STATE, CLICK, TYPE, KEY, SCROLL = (
@@ -104,11 +105,14 @@ class ComputerUseFamily:
                 del self.served[:-200]
 
     def _call(self, tool: str, app: str, ctx: CallContext) -> ActionCall:
-        return ActionCall(tool=tool, app=app, approvals=self.approvals, confirm=confirm_from(ctx))
+        # approvals are the caller's own: a grant another caller gave does not cover this one
+        return ActionCall(tool=tool, app=app, approvals=self.approvals.for_caller(key_of(ctx.session, ctx.task,
+                                                                                         ctx.agent)),
+                          confirm=confirm_from(ctx))
 
     async def _approved(self, call: ActionCall) -> AppInfo:
         app = await self.backend.resolve(call)
-        if getattr(self.backend, "asks_approval_itself", False) or self.approvals.granted(app.name):
+        if getattr(self.backend, "asks_approval_itself", False) or call.approvals.granted(app.name):
             return app
         if call.confirm is None:
             raise ComputerUseError(call.tool, "approval-unavailable",
@@ -124,7 +128,7 @@ class ComputerUseFamily:
         if answer != "accept":
             raise ComputerUseError(call.tool, "approval-declined",
                                    f"the user did not approve '{app.name}'; nothing was done")
-        self.approvals.grant(app.name)
+        call.approvals.grant(app.name)
         return app
 
     async def _dispatch(self, call: ActionCall, app: AppInfo, ctx: CallContext, action: Awaitable[Any]) -> Any:
@@ -163,6 +167,14 @@ class ComputerUseFamily:
                                    f"the last action on '{app.name}' has an unknown outcome; call "
                                    "computer_use_get_app_state first (nothing was done)")
 
+    def private_desktop(self) -> dict[str, str] | None:
+        """The private desktop's published environment (computer_use.start_xvfb), once it runs; else None.
+        The shell family spawns with it, so a model can start an app where Computer Use looks."""
+        desktop = getattr(self.backend, "desktop", None)
+        desk = desktop() if callable(desktop) else desktop
+        published = getattr(desk, "published", None)
+        return published() if callable(published) else None
+
     # -- executors ------------------------------------------------------------------------------------
     async def list_apps(self, args: schemas.ListAppsArgs, ctx: CallContext) -> ToolResult:
         async def run() -> ToolResult:
@@ -170,9 +182,14 @@ class ComputerUseFamily:
             lines = [f"{a.name}{' [active]' if a.active else ''} ({a.ident or 'pid ' + str(a.pid)}) windows: "
                      + (", ".join(f'"{t}"' for t in a.windows) or "none") for a in apps]
             text = "\n".join(lines) if lines else "No app with a window is running."
-            return ToolResult(text=text, details={"apps": [
+            details: dict[str, Any] = {"apps": [
                 {"name": a.name, "pid": a.pid, "ident": a.ident, "windows": list(a.windows), "active": a.active}
-                for a in apps]})
+                for a in apps]}
+            if (desk := self.private_desktop()) is not None:  # seed 004 defect 14: say where the tools point
+                details["desktop"] = {"private": True, "display": desk["DISPLAY"]}
+                text += (f"\n(ctproxy's private desktop, DISPLAY={desk['DISPLAY']}: start an app on it with "
+                         "exec_command, which runs with this desktop's DISPLAY, XAUTHORITY and session bus.)")
+            return ToolResult(text=text, details=details)
         return await self._serve(LIST, ctx, run)
 
     async def get_app_state(self, args: schemas.AppArgs, ctx: CallContext) -> ToolResult:

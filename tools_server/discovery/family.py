@@ -1,9 +1,11 @@
 """`find_tools` (seed 004 §5.8): search ctproxy's own tools and load deferred ones for this session.
 
-Loads live in memory, per session (the CallContext's session, else its task and agent): they survive
-config reloads and model changes, never reach a new session, and are never persisted. Switching discovery
-off forgets them. Discovery runs no other tool and grants nothing: a loaded tool is still checked by its
-own executor when called.
+Loads live in memory, per session (the CallContext's session, else its task and agent; over MCP the
+MCP session). The one road (tools_server/service.py) enforces them on every transport: a deferred tool
+the caller has not loaded is neither listed (MCP `tools/list`, `GET /v1/tools`, bridged specs) nor
+callable (`not_loaded`). Loads survive config reloads and model changes, never reach a new session, and
+are never persisted. Switching discovery off forgets them. Discovery runs no other tool and grants
+nothing: a loaded tool is still checked by its own executor when called.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tools_server.discovery import rules
 from tools_server.registry import CallContext, Registry, Services, Tool, ToolError, ToolResult
+from tools_server.service import availability
 
 REGISTRY_KEY = "registry"
 FAMILY_KEY = "discovery.family"  # services.extras: this family, for the bridge (carried_tool_names)
@@ -88,15 +91,32 @@ class DiscoveryFamily:
         self._loads.pop(key, None)
 
     def entries(self) -> dict[str, rules.ToolEntry]:
-        config = self.services.config
+        """Each tool with why it cannot run now (None: it can), judged as `ctproxy status` judges its
+        capability: off, no workspace, or Computer Use's own requirements (seed 004 defect 10)."""
         out: dict[str, rules.ToolEntry] = {}
+        why_cap: dict[str, str | None] = {}
         for tool in self._registry().all_tools():
             if tool.name == rules.FIND_TOOLS:
                 continue
-            reason = None if config.enabled(tool.capability) else \
-                f"{tool.capability} is off (ctproxy config set {tool.capability}.enabled true)"
-            out[tool.name] = rules.ToolEntry(tool.name, tool.description, reason)
+            if tool.capability not in why_cap:
+                why_cap[tool.capability] = self._unavailable(tool)
+            out[tool.name] = rules.ToolEntry(tool.name, tool.description, why_cap[tool.capability])
         return out
+
+    def _unavailable(self, tool: Tool) -> str | None:
+        config = self.services.config
+        if not config.enabled(tool.capability):
+            return f"{tool.capability} is off (ctproxy config set {tool.capability}.enabled true)"
+        ok, why = availability(tool, self.services)
+        if not ok:
+            return why
+        if tool.capability == "computer_use":
+            from proxy.status import computer_use_status
+
+            state, reason = computer_use_status(config)
+            if state == "unavailable":
+                return reason
+        return None
 
     def carried_tool_names(self, key: str) -> list[str]:
         """For the bridge: the enabled tools a bridged request of this session carries."""
@@ -119,7 +139,8 @@ class DiscoveryFamily:
             details.update(loaded=list(outcome.loaded), already_active=list(outcome.already),
                            rejected=[{"name": n, "reason": r} for n, r in outcome.rejected])
             if outcome.loaded:
-                lines.append(f"Loaded (callable from the next turn): {', '.join(outcome.loaded)}")
+                lines.append(f"Loaded for this session: {', '.join(outcome.loaded)} (callable from the next turn; "
+                             "an MCP client sees it in its next tools/list)")
             if outcome.already:
                 lines.append(f"Already active: {', '.join(outcome.already)}")
             for name, reason in outcome.rejected:

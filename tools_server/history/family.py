@@ -18,6 +18,7 @@ import orjson
 from proxy.journal.excerpt import page, regions
 from proxy.journal.query import HistoryReader, ItemFilter, ItemRow
 from proxy.journal.render import render_item
+from proxy.notes.paths import quoted
 from tools_server.history import schemas
 from tools_server.history.args import ListItemsArgs, ListWindowsArgs, ReadItemArgs, SearchContentsArgs
 from tools_server.history.current_call import current_call_id
@@ -34,10 +35,18 @@ from tools_server.history.shared import (
 from tools_server.registry import CallContext, ImageContent, Services, Tool, ToolError, ToolResult
 
 LIST_DEFAULT = 50
+MIN_PREVIEW_CHARS = 24
+
+
+def preview_chars(cap: int) -> int:
+    """The default preview of one item: 400 characters (seed 000), less under a small configured output
+    cap (an eighth of it), so a list or a search still shows items (seed 000 defect 10)."""
+    return max(min(PREVIEW_CHARS, cap // 8), MIN_PREVIEW_CHARS)
 _BAD_IMAGES_NOTE = 80  # room for the "image(s) left out" line
 SEARCH_DEFAULT = 20
 LIMIT_MAX = 200
-_NARROW_ITEMS = "narrow with window_id, role, tool_namespace/tool_name or a smaller limit; recent_first reverses"
+_NARROW_ITEMS = ("narrow with window_id, role, tool_namespace/tool_name, a smaller limit or max_chars_per_item; "
+                 "recent_first reverses")
 
 
 def _line(obj: dict[str, Any]) -> str:
@@ -127,7 +136,8 @@ class HistoryFamily:
             lines = [_line({"window_id": w.window_id, "items": w.items, "hidden_items": w.hidden_items or None,
                             "strategy": w.strategy, "current": w.current or None}) for w in wins]
             text, shown = capped_lines(header, lines, index_cap(self.services), total > len(wins),
-                                       "use a smaller limit or recent_first")
+                                       "use a smaller limit, recent_first, or agent_name for one agent",
+                                       "limit", str(LIMIT_MAX))
             return ToolResult(text, {"agent": agent, "windows": shown, "total": total})
 
         return await self.readers.run(run)
@@ -137,7 +147,8 @@ class HistoryFamily:
         limit, clamped = clamp(args.limit, LIST_DEFAULT, LIMIT_MAX)
         cap = index_cap(self.services)
         per_item_max = max(cap - 400, 1)  # one item's line always fits the output cap
-        chars, chars_clamped = clamp(args.max_chars_per_item, PREVIEW_CHARS, per_item_max)
+        # the default preview follows a small configured cap, so a list still shows several items
+        chars, chars_clamped = clamp(args.max_chars_per_item, preview_chars(cap), per_item_max)
 
         def run(r: HistoryReader) -> ToolResult:
             task, caller = caller_of(ctx, r)
@@ -148,7 +159,7 @@ class HistoryFamily:
                       f"{_clamp_note(clamped, 'limit', LIMIT_MAX)}"
                       f"{_clamp_note(chars_clamped, 'max_chars_per_item', per_item_max)}")
             lines = [_line({**_item_meta(row), "preview": json_preview(row.text, chars)}) for row in rows]
-            text, shown = capped_lines(header, lines, cap, more, _NARROW_ITEMS)
+            text, shown = capped_lines(header, lines, cap, more, _NARROW_ITEMS, "limit", str(LIMIT_MAX))
             return ToolResult(text, {"agent": agent, "items": shown, "more": more or shown < len(rows)})
 
         return await self.readers.run(run)
@@ -162,11 +173,12 @@ class HistoryFamily:
             agent = target_agent(r, task, caller, args.agent_name)
             found = r.get_item(task, agent, args.item_id)
             if found is None:
-                raise ToolError(f"no item {args.item_id!r} in the history of {agent}; find ids with "
+                raise ToolError(f"no item {quoted(args.item_id)} in the history of {agent}; find ids with "
                                 "history_list_items or history_search_contents", code="unknown_item")
             row, raw, on_branch = found
             if row.window_id != args.window_id:
-                raise ToolError(f"item {args.item_id!r} is in window {row.window_id!r}, not {args.window_id!r}; "
+                raise ToolError(f"item {quoted(args.item_id)} is in window {row.window_id!r}, not "
+                                f"{quoted(args.window_id)}; "
                                 "pass the window_id returned with the item", code="window_mismatch")
             return self._read(row, raw, on_branch, agent, args.offset_chars or 0, args.limit_chars, budget)
 
@@ -222,13 +234,19 @@ class HistoryFamily:
             hits, more = r.search(task, agent, args.query, flt, limit, bool(args.recent_first))
             header = (f"history search in {agent}: {len(hits)}{'+' if more else ''} item(s) "
                       f"({_order(args.recent_first)}){_clamp_note(clamped, 'limit', LIMIT_MAX)}")
-            lines = []
-            for hit in hits:
-                regs = regions(hit.row.text, hit.matches, PREVIEW_CHARS)
-                lines.append(_line({**_item_meta(hit.row), "matches": len(hit.matches), "regions": [
-                    {"offset_chars": g.offset_chars, "limit_chars": g.limit_chars,
-                     "matches": [list(m) for m in g.matches], "text": g.text} for g in regs]}))
-            text, shown = capped_lines(header, lines, index_cap(self.services), more, _NARROW_ITEMS)
+            cap = index_cap(self.services)
+            context = preview_chars(cap)
+            while True:  # a small configured cap still shows at least one hit: narrower regions until it fits
+                lines = []
+                for hit in hits:
+                    regs = regions(hit.row.text, hit.matches, context)
+                    lines.append(_line({**_item_meta(hit.row), "matches": len(hit.matches), "regions": [
+                        {"offset_chars": g.offset_chars, "limit_chars": g.limit_chars,
+                         "matches": [list(m) for m in g.matches], "text": g.text} for g in regs]}))
+                text, shown = capped_lines(header, lines, cap, more, _NARROW_ITEMS, "limit", str(LIMIT_MAX))
+                if shown or not lines or context <= MIN_PREVIEW_CHARS:
+                    break
+                context = max(context // 2, MIN_PREVIEW_CHARS)
             return ToolResult(text, {"agent": agent, "items": shown, "more": more or shown < len(hits)})
 
         return await self.readers.run(run)

@@ -11,7 +11,8 @@ from typing import TypeVar
 from proxy.db import connect
 from proxy.journal.addresses import ROOT, AddressError, resolve_address
 from proxy.journal.query import HistoryReader
-from tools_server.registry import CallContext, Services, ToolError
+from proxy.notes.paths import quoted
+from tools_server.registry import CallContext, Services, ToolError, clip
 
 T = TypeVar("T")
 
@@ -79,15 +80,15 @@ def caller_of(ctx: CallContext, reader: HistoryReader) -> tuple[str, str]:
     try:
         address = resolve_address(ctx.agent) if ctx.agent else ROOT
     except AddressError as exc:
-        raise ToolError(f"x-ctp-agent: {exc}", code="invalid_agent") from None
+        raise ToolError(f"x-ctp-agent: {clip(str(exc), 400)}", code="invalid_agent") from None
     if not reader.task_exists(ctx.task):
-        raise ToolError(f"unknown task {ctx.task!r}: use the task id the proxy assigned (or `ctproxy task new`)",
+        raise ToolError(f"unknown task {quoted(ctx.task)}: use the task id the proxy assigned (or `ctproxy task new`)",
                         code="unknown_task")
     if address != ROOT and not reader.agent_exists(ctx.task, address):
         # Only agents the task registered may act in it (seed 000): a made-up address would get notes
         # of its own and see everyone else's. The task's root is its owner, registered or not yet.
-        raise ToolError(f"x-ctp-agent {address!r} is not registered in task {ctx.task!r}: an agent joins a task "
-                        "by sending a request through the proxy with x-ctp-task and x-ctp-agent",
+        raise ToolError(f"x-ctp-agent {quoted(address)} is not registered in task {quoted(ctx.task)}: an agent "
+                        "joins a task by sending a request through the proxy with x-ctp-task and x-ctp-agent",
                         code="unregistered_agent")
     return ctx.task, address
 
@@ -98,23 +99,27 @@ def target_agent(reader: HistoryReader, task_id: str, caller: str, agent_name: s
     try:
         address = resolve_address(agent_name, base=caller) if agent_name is not None else caller
     except AddressError as exc:
-        raise ToolError(str(exc), code="invalid_agent") from None
+        raise ToolError(clip(str(exc), 400), code="invalid_agent") from None
     if address != caller and not reader.agent_exists(task_id, address):
         known = ", ".join(reader.agents(task_id)) or "none"
-        raise ToolError(f"unknown agent {address!r} in this task; registered agents: {known}",
+        raise ToolError(f"unknown agent {quoted(address)} in this task; registered agents: {clip(known, 1000)}",
                         code="unknown_agent")
     return address
 
 
-def capped_lines(header: str, lines: list[str], cap: int, more: bool, narrow: str) -> tuple[str, int]:
-    """The header and as many whole lines as fit in `cap` characters, then a note saying how many
-    were left out and how to narrow. Returns (text, lines shown)."""
+def capped_lines(header: str, lines: list[str], cap: int, more: bool, narrow: str,
+                 stopped_by: str = "limit", raise_to: str = "") -> tuple[str, int]:
+    """The header and as many whole lines as fit in `cap` characters, then a note saying what stopped the
+    list and what to do: `more` means the query itself stopped at its `stopped_by` argument (`limit`,
+    `max_results`, `max_files`: raise it, `raise_to` says how far, or page); lines left out for the output
+    size are counted and the note says to narrow (`narrow`). Returns (text, lines shown)."""
     out = [header]
     used = len(header)
     shown = 0
     for i, line in enumerate(lines):
         left_after = len(lines) - i - 1
-        note_room = len(_note(len(lines), True, narrow)) + 1 if (left_after or more) else 0
+        note_room = len(_note(len(lines), more, narrow, stopped_by, raise_to, cap)) + 1 \
+            if (left_after or more) else 0
         if used + 1 + len(line) + note_room > cap:
             break
         out.append(line)
@@ -122,10 +127,16 @@ def capped_lines(header: str, lines: list[str], cap: int, more: bool, narrow: st
         shown += 1
     omitted = len(lines) - shown
     if omitted or more:
-        out.append(_note(omitted, more, narrow))
+        out.append(_note(omitted, more, narrow, stopped_by, raise_to, cap))
     return "\n".join(out), shown
 
 
-def _note(omitted: int, more: bool, narrow: str) -> str:
-    count = f"{omitted}{'+' if more else ''}" if omitted else "more"
-    return f"[{count} not shown (output limit); {narrow}]"
+def _note(omitted: int, more: bool, narrow: str, stopped_by: str, raise_to: str, cap: int) -> str:
+    """Seed 000 defect 8: name what stopped the list, and advise the fix that helps."""
+    parts = []
+    if omitted:
+        parts.append(f"{omitted} more not shown: the output is capped at {cap} characters; {narrow}")
+    if more:
+        parts.append(f"more not shown: the list stopped at {stopped_by}; raise {stopped_by}"
+                     f"{f' (up to {raise_to})' if raise_to else ''} or narrow to see them")
+    return "[" + "; ".join(parts) + "]"

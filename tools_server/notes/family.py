@@ -94,7 +94,7 @@ class NotesFamily:
             lines = [orjson.dumps({"path": ref.shown(n.rel), "bytes": n.bytes, "created_at": iso(n.created_at),
                                    "updated_at": iso(n.updated_at)}).decode() for n in shown_files]
             text, shown = capped_lines(header, lines, max_output(self.services, "notes"), len(files) > limit,
-                                       "use a longer prefix or a smaller max_results")
+                                       "use a longer prefix or a smaller max_results", "max_results", str(LIST_MAX))
             return ToolResult(text, {"agent": ref.address, "files": shown, "total": len(files)})
 
         return await self._run(run)
@@ -168,7 +168,8 @@ class NotesFamily:
             header = (f"notes search in {ref.address} under {ref.rel!r}: {matched_files}{'+' if more else ''} "
                       f"file(s) ({'newest created first' if args.recent_file_first else 'by name'}){notes}")
             text, _ = capped_lines(header, lines, max_output(self.services, "notes"), more,
-                                   "use a longer path_prefix, a longer query or smaller max_* values")
+                                   "use a longer path_prefix, a longer query or a smaller max_matches_per_file",
+                                   "max_files", "500")
             return ToolResult(text, {"agent": ref.address, "files": matched_files, "more": more})
 
         return await self._run(run)

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from proxy.errors import CtproxyError
 from proxy.files import write_temp
 from tools_server.patch.paths import nearest_existing_dir
 from tools_server.patch.preflight import Fingerprint, Operation, Plan, fingerprint
@@ -50,7 +51,7 @@ class LocalFs:
 LOCAL_FS = LocalFs()
 
 
-class ChangedOnDisk(OSError):
+class ChangedOnDisk(CtproxyError, OSError):
     """The file is not the one preflight read: something else wrote it in between."""
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from proxy.errors import CtproxyError
 
-class PatchError(Exception):
+
+class PatchError(CtproxyError):
     """A failure found before any file was changed. `code` is a stable category for REST/MCP."""
 
     def __init__(self, message: str, code: str = "verification_failed", details: dict | None = None):

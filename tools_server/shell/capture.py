@@ -83,6 +83,24 @@ class CaptureStore:
         return removed
 
 
+def save_text(store: CaptureStore, label: str, text: str) -> dict[str, Any]:
+    """Blocking (run in a thread): one whole text (a code cell's result or error past its preview) in a
+    new private file of the store; its recovery snapshot (`unavailable` with the reason if it failed)."""
+    data = text.encode("utf-8", "replace")
+    try:
+        path, fd = store.create_file(label)
+    except OSError:
+        return {"state": "unavailable", "bytes": len(data), "capturedBytes": 0, "reason": "io-error"}
+    try:
+        _write_all(fd, data)
+    except OSError:
+        return {"state": "partial", "path": str(path), "bytes": len(data), "capturedBytes": 0, "reason": "io-error"}
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    return {"state": "complete", "path": str(path), "bytes": len(data), "capturedBytes": len(data)}
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -125,6 +143,7 @@ class StreamCapture:
         self.source_error = False
         self.fault: CaptureReason | None = None
         self.open_failed = False
+        self.lost = False  # the producer dropped text before it reached the capture (code mode's credit)
 
     # -- producer side (called from protocol callbacks, never blocks) --------------------------
     def feed(self, data: bytes) -> None:
@@ -145,6 +164,11 @@ class StreamCapture:
     def over_limit(self) -> bool:
         return (len(self._pending) > limits.CAPTURE_MAX_PENDING_CHUNKS
                 or self._pending_bytes > limits.CAPTURE_MAX_PENDING_BYTES)
+
+    def note_loss(self) -> None:
+        """The producer could not hand over some of its text (a code cell past its output credit): the
+        file says where, and the capture is `partial` (`overload`) however well the writes went."""
+        self.lost = True
 
     def close_source(self, error: bool = False) -> None:
         self.source_closed = True
@@ -268,6 +292,8 @@ class StreamCapture:
             state, reason = "unavailable", "missing"
         elif reason is not None:
             state = "partial"
+        elif self.lost:
+            state, reason = "partial", "overload"
         elif self.source_closed and self._writer is not None and self._writer.done():
             if self.source_error:
                 state, reason = "partial", "source-error"

@@ -13,6 +13,7 @@ ShellErrorCode = Literal[
     "tty-unsupported",
     "bad-cwd",
     "spawn-failed",
+    "argument-too-long",
     "job-cap",
     "stale-session",
     "stdin-closed",

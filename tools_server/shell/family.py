@@ -1,7 +1,9 @@
-"""The shell family: exec_command and write_stdin, one manager, one seam (seed 004 §4.6, §5.6).
+"""The shell family: exec_command and write_stdin, one manager (seed 004 §4.6, §5.6).
 
-Each call: dialect normaliser → admission/ownership → invocation seam (context, policy)
-→ the manager. Both tools share the `shell` capability switch, so they are on or off together.
+Each call: the one road (tools_server/service.py: discovery, then the invocation seam's context and
+policy, told the resolved directory and session by `policy_facts` here) → dialect normaliser →
+admission/ownership → the manager, which spawns with the overlay the seam gave (`ctx.env_overlay`).
+Both tools share the `shell` capability switch, so they are on or off together.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from tools_server.shell.errors import ShellError
 from tools_server.shell.job import Delivery, Job
 from tools_server.shell.manager import Observation, Owner, ShellManager
 from tools_server.shell.render import render
-from tools_server.shell.seam import InvocationCall, InvocationSeam, load_hooks
 from tools_server.workspace import OutsideWorkspace, inside, require
 
 
@@ -103,27 +104,17 @@ class ShellFamily:
         self.store = CaptureStore(lambda: services.state.subdir("captures"))
         self.manager = ShellManager(self.store, shell=cfg.shell, max_jobs=cfg.max_jobs,
                                     kill_after=cfg.kill_after_ms / 1000)
-        self._hooks_path = cfg.policy
-        self._seam: InvocationSeam | None = None
-        # code mode reuses this manager and seam instead of a second process backend
+        # code mode shares this family's capture store for its cells' output
         services.extras["shell.family"] = self
-
-    def seam(self, tool: str) -> InvocationSeam:
-        if self._seam is None:
-            try:
-                self._seam = InvocationSeam(load_hooks(self._hooks_path))
-            except ValueError as exc:
-                # a broken hook config refuses every call rather than running without policy
-                raise ShellError(tool, "policy-refused",
-                                 "the configured invocation policy cannot be loaded; nothing was run") from exc
-        return self._seam
 
     def tools(self) -> Iterable[Tool]:
         return [
             Tool(name=EXEC, description=EXEC_DESCRIPTION, family=self.name, capability="shell",
-                 args_model=RawArgs, execute=self.exec_command, parameters=EXEC_SCHEMA, parallel=True),
+                 args_model=RawArgs, execute=self.exec_command, parameters=EXEC_SCHEMA, parallel=True,
+                 policy_facts=self.exec_facts),
             Tool(name=WRITE, description=WRITE_DESCRIPTION, family=self.name, capability="shell",
-                 args_model=RawArgs, execute=self.write_stdin, parameters=WRITE_SCHEMA, parallel=True),
+                 args_model=RawArgs, execute=self.write_stdin, parameters=WRITE_SCHEMA, parallel=True,
+                 policy_facts=self.write_facts),
         ]
 
     async def close(self) -> None:
@@ -138,19 +129,39 @@ class ShellFamily:
         except OutsideWorkspace as exc:
             raise ShellError(EXEC, "bad-cwd", str(exc)) from None
 
+    def desktop_env(self) -> dict[str, str]:
+        """Computer Use's private desktop (computer_use.start_xvfb), once it runs: its DISPLAY, XAUTHORITY and
+        session bus, so an app a command starts appears where Computer Use looks (seed 004 defect 14)."""
+        family = self.services.extras.get("computer_use.family")
+        if family is None or not self.services.config.enabled("computer_use"):
+            return {}
+        return family.private_desktop() or {}
+
+    async def exec_facts(self, args: RawArgs, ctx: CallContext) -> dict[str, Any]:
+        """What the policy seam is told of an exec_command: the directory it would run in."""
+        req = normalize_exec(args.model_extra or {})
+        return {"cwd": await asyncio.to_thread(self._resolve_cwd, req.workdir, ctx)}
+
+    async def write_facts(self, args: RawArgs, ctx: CallContext) -> dict[str, Any]:
+        """What the policy seam is told of a write_stdin: the session and the directory it runs in."""
+        require(self.services, WRITE)
+        req = normalize_write(args.model_extra or {}, self.config.max_poll_ms)
+        job = self.manager.lookup(WRITE, owner_of(ctx), req.session_id)
+        return {"cwd": job.cwd, "session_id": job.id}
+
     async def exec_command(self, args: RawArgs, ctx: CallContext) -> ToolResult:
         started = time.monotonic()
         req = normalize_exec(args.model_extra or {})
         owner = owner_of(ctx)
         cwd = await asyncio.to_thread(self._resolve_cwd, req.workdir, ctx)
         with self.manager.admission(EXEC, owner):
-            call = InvocationCall(tool=EXEC, path="direct", cwd=str(cwd), task=ctx.task, agent=ctx.agent)
-            overlay = await self.seam(EXEC).admit(call)
             if not await asyncio.to_thread(_check_dir, cwd):
                 raise ShellError(EXEC, "bad-cwd", f"workdir {clip(str(cwd))} is not an accessible directory")
             if ctx.cancel.is_set():
                 raise ShellError(EXEC, "cancelled", "the call was cancelled before the command started")
-            job = await self.manager.start(EXEC, owner, req.cmd, cwd, overlay)
+            if ctx.detach is not None and ctx.detach.is_set():
+                raise ShellError(EXEC, "cancelled", "the code cell that made this call has ended; nothing was run")
+            job = await self.manager.start(EXEC, owner, req.cmd, cwd, {**self.desktop_env(), **ctx.env_overlay})
         with self._stop_on_cancel(job):
             return await self._observe(EXEC, job, started, started + req.yield_ms / 1000,
                                        req.max_output_bytes, ctx)
@@ -160,9 +171,9 @@ class ShellFamily:
         require(self.services, WRITE)  # no workspace, no sessions: say how to set one, not "stale session"
         req = normalize_write(args.model_extra or {}, self.config.max_poll_ms)
         job = self.manager.lookup(WRITE, owner_of(ctx), req.session_id)
-        call = InvocationCall(tool=WRITE, path="direct", cwd=str(job.cwd), session_id=job.id,
-                              task=ctx.task, agent=ctx.agent)
-        await self.seam(WRITE).admit(call)
+        if ctx.detach is not None and ctx.detach.is_set():
+            raise ShellError(WRITE, "cancelled", f"the code cell that made this call has ended; nothing was "
+                             f"written and session {job.id} was not read")
         deadline = started + req.yield_ms / 1000
         delivery: Delivery | None = None
         data = req.chars.encode("utf-8")
@@ -176,8 +187,14 @@ class ShellFamily:
             if req.terminate:
                 await self.manager.stop(job)
                 deadline = time.monotonic()  # an unconfirmed stop does not sit out a long poll
-            return await self._observe(WRITE, job, started, deadline, req.max_output_bytes, ctx,
-                                       delivery=delivery, input_bytes=len(data))
+            try:
+                return await self._observe(WRITE, job, started, deadline, req.max_output_bytes, ctx,
+                                           delivery=delivery, input_bytes=len(data))
+            except ShellError as exc:
+                if exc.code != "stale-session" or (delivery is None and not req.terminate):
+                    raise
+                # a poll racing this call read the session's end first: what this call did still happened
+                return raced(job, delivery, len(data), req.terminate)
 
     @contextlib.contextmanager
     def _stop_on_cancel(self, job: Job) -> Iterator[None]:
@@ -191,13 +208,44 @@ class ShellFamily:
     async def _observe(self, tool: str, job: Job, started: float, deadline: float, budget: int,
                        ctx: CallContext, delivery: Delivery | None = None,
                        input_bytes: int = 0) -> ToolResult:
-        if await self.manager.wait(job, deadline, ctx.cancel):
+        if await self.manager.wait(job, deadline, ctx.cancel, ctx.detach):
             await self.manager.stop(job)
+        elif ctx.detach is not None and ctx.detach.is_set():
+            return detached(job)
         obs: Observation = await self.manager.observe(tool, job, started, budget)
         obs.input_delivery = delivery
         obs.input_bytes = input_bytes
         text, details = render(obs)
         return ToolResult(text=text, details=details)
+
+
+def raced(job: Job, delivery: Delivery | None, input_bytes: int, terminated: bool) -> ToolResult:
+    """A write_stdin whose input was delivered (or whose stop was sent) while another call read the
+    session's end: never a failure, which would invite a resend (seed 004 defect 13)."""
+    did = []
+    if delivery is not None:
+        outcome = "were delivered" if delivery == "written" else f"delivery: {delivery}"
+        did.append(f"{input_bytes} bytes of input {outcome}")
+    if terminated:
+        did.append("the stop was sent")
+    details: dict[str, Any] = {"session_id": job.id, "read_by_another_call": True}
+    if delivery is not None:
+        details["inputDelivery"] = delivery
+    if terminated:
+        details["terminated"] = True
+    return ToolResult(text=f"Session {job.id}: {' and '.join(did)}; the session then ended and another call "
+                           "(a poll) read its final output and exit code, so they are not repeated here.",
+                      details=details)
+
+
+def detached(job: Job) -> ToolResult:
+    """The answer of a call whose code cell ended while it waited: nothing was read, so the session's output
+    and exit code are all still there for write_stdin (seed 004 §5.7: a poll returns before reading)."""
+    exited = job.complete.is_set()
+    state = "has exited; its output and exit code are" if exited else "is still running; its output is"
+    return ToolResult(text=f"Session {job.id} {state} unread (the code cell waiting on it ended): read it with "
+                           f"write_stdin session_id {job.id}.",
+                      details={"session_id": job.id, "detached": True, "running": not exited, "unread": True})
 
 
 def create_family(services: Services) -> ShellFamily:

@@ -26,6 +26,7 @@ PREVIEW_BYTES = 256 * 1024  # rolling preview per stream
 STDIN_MAX_OUTSTANDING_BYTES = 262_144
 STDIN_MAX_OUTSTANDING_CALLS = 16
 
+MAX_UNSETTLED_JOBS_TOTAL = 128  # the whole server, every (task, agent) together (x-ctp-agent is free text)
 MAX_UNSETTLED_JOBS = 16
 TERMINAL_HANDLE_TTL_S = 300.0
 MAX_TERMINAL_HANDLES = 32

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import random
@@ -24,6 +25,8 @@ from tools_server.shell.job import Delivery, Job
 from tools_server.shell.preview import StreamView, read_both
 
 log = logging.getLogger(__name__)
+# Linux MAX_ARG_STRLEN: the most one argv or environment string may take (32 pages)
+ARG_MAX_ONE = 131_072
 
 Owner = tuple[str, str]
 
@@ -49,13 +52,14 @@ class Observation:
 class ShellManager:
     def __init__(self, store: CaptureStore, shell: str | None = None,
                  env: Mapping[str, str] | None = None,
-                 max_jobs: int = limits.MAX_UNSETTLED_JOBS,
+                 max_jobs: int = limits.MAX_UNSETTLED_JOBS, max_jobs_total: int = limits.MAX_UNSETTLED_JOBS_TOTAL,
                  kill_after: float = limits.STOP_KILL_AFTER_S,
                  confirm: float = limits.STOP_CONFIRM_S) -> None:
         self._env = dict(os.environ if env is None else env)  # captured once; overlays never change it
         self.shell = resolve_shell(shell, self._env)  # resolved once per manager
         self.store = store
         self.max_jobs = max_jobs
+        self.max_jobs_total = max(max_jobs_total, max_jobs)
         self.kill_after = kill_after
         self.confirm = confirm
         self._jobs: dict[str, Job] = {}
@@ -99,6 +103,11 @@ class ShellManager:
             raise ShellError(tool, "job-cap",
                              f"{self.max_jobs} commands are still running; poll or stop one with "
                              "write_stdin (terminate: true) first")
+        everyone = sum(1 for j in self._jobs.values() if not j.settled) + sum(self._pending_starts.values())
+        if everyone >= self.max_jobs_total:  # seed 004 defect 19: agent names are free text, so a bound for all
+            raise ShellError(tool, "job-cap",
+                             f"the server runs {self.max_jobs_total} commands already (all callers); poll or stop "
+                             "one with write_stdin (terminate: true), or try again when one has ended")
         self._pending_starts[owner] = self._pending_starts.get(owner, 0) + 1
         try:
             yield
@@ -132,6 +141,14 @@ class ShellManager:
         try:
             await job.spawn(self.shell, cmd, env)
         except OSError as exc:
+            if exc.errno == errno.E2BIG:  # the command (one argument of the shell) or the environment is too long
+                longest = max([len(cmd.encode("utf-8", "replace")),
+                               *(len(f"{k}={v}".encode("utf-8", "replace")) for k, v in env.items())])
+                raise ShellError(tool, "argument-too-long",
+                                 f"the command is too long to start ({len(cmd.encode('utf-8', 'replace'))} bytes; "
+                                 f"the system refuses a single argument or environment entry over "
+                                 f"{ARG_MAX_ONE} bytes, the longest here is {longest}): write long input to a "
+                                 "file or send it with write_stdin instead; nothing was run") from exc
             raise ShellError(tool, "spawn-failed",
                              f"cannot start {self.shell}: {exc.strerror or type(exc).__name__}; "
                              "check shell.shell in the configuration") from exc
@@ -186,11 +203,15 @@ class ShellManager:
             job.stdin_reserved_calls -= 1
 
     # -- observation -----------------------------------------------------------------------------
-    async def wait(self, job: Job, deadline: float, cancel: asyncio.Event | None) -> bool:
-        """Wait for completion, the deadline or cancel; True if the call was cancelled."""
+    async def wait(self, job: Job, deadline: float, cancel: asyncio.Event | None,
+                   detach: asyncio.Event | None = None) -> bool:
+        """Wait for completion, the deadline, cancel or detach; True if the call was cancelled. A detached
+        call (its caller stopped waiting: a code cell that ended) returns at once; the caller checks it."""
         waiters = [asyncio.ensure_future(job.complete.wait())]
         if cancel is not None:
             waiters.append(asyncio.ensure_future(cancel.wait()))
+        if detach is not None:
+            waiters.append(asyncio.ensure_future(detach.wait()))
         try:
             await asyncio.wait(waiters, timeout=max(0.0, deadline - time.monotonic()),
                                return_when=asyncio.FIRST_COMPLETED)
@@ -199,6 +220,8 @@ class ShellManager:
                 w.cancel()
         if cancel is not None and cancel.is_set():
             return True
+        if detach is not None and detach.is_set():
+            return False
         if not job.complete.is_set() and (job.leader_exited.is_set()
                                           or all(s.closed for s in job.streams.values())):
             # settle: short trailing output and the exit come back in this call

@@ -1,5 +1,10 @@
 """The invocation seam (seed 004 §5.10): trusted per-call context, then policy, then execution.
 
+Every tool call reaches it once, on the one road (tools_server/service.py): every tool, whatever road the
+call came by (`transport`: rest, mcp, bridge, codex, cell, direct), direct or nested in a code cell
+(`path`, with the cell's ID in `cell_id`). The env overlay `context()` returns is applied where a process
+is spawned (exec_command); for the other tools only the verdict matters.
+
 Configured by `config.shell.policy`, a dotted path (`package.module:attr` or `package.module.attr`)
 to a hooks object, a class, or a zero-argument callable returning one (called once). The object may define
 
@@ -25,13 +30,14 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 @dataclass(frozen=True)
 class InvocationCall:
-    tool: Literal["exec_command", "write_stdin", "apply_patch"]
+    tool: str  # the registry's name: exec_command, write_stdin, apply_patch, history_read_item, …
     path: Literal["direct", "nested"]
     cwd: str
     session_id: str | None = None
     cell_id: str | None = None
     task: str | None = None
     agent: str | None = None
+    transport: str = "direct"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

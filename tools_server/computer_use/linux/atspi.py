@@ -14,6 +14,8 @@ from typing import Any
 from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
 
+from proxy.errors import CtproxyError
+
 ACCESSIBLE = "org.a11y.atspi.Accessible"
 COMPONENT = "org.a11y.atspi.Component"
 ACTION = "org.a11y.atspi.Action"
@@ -31,7 +33,7 @@ STATE_NAMES = {
 SHOWING, VISIBLE, DEFUNCT, FOCUSED, ACTIVE = 25, 30, 6, 12, 1
 
 
-class AtspiError(Exception):
+class AtspiError(CtproxyError):
     """A D-Bus error from the accessibility bus (the object or its app is gone, or the bus is down)."""
 
 

@@ -16,6 +16,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxy.errors import CtproxyError
+
 AT_SPI_LAUNCHERS = ("/usr/libexec/at-spi-bus-launcher", "/usr/lib/at-spi2-core/at-spi-bus-launcher")
 WINDOW_MANAGERS = (("openbox", ("--sm-disable",)), ("xfwm4", ("--compositor=off",)))
 
@@ -36,7 +38,7 @@ def missing_for_private_desktop() -> list[str]:
     return need
 
 
-class DesktopError(Exception):
+class DesktopError(CtproxyError):
     pass
 
 
@@ -67,6 +69,15 @@ class Desktop:
         """The environment an app needs to appear on this desktop (and in its accessibility tree)."""
         env = {**os.environ, "DISPLAY": self.display, "DBUS_SESSION_BUS_ADDRESS": self.bus_address,
                "NO_AT_BRIDGE": "0", "GTK_A11Y": "atspi"}
+        if self.xauthority is not None:
+            env["XAUTHORITY"] = str(self.xauthority)
+        return env
+
+    def published(self) -> dict[str, str]:
+        """What other tools need to use this desktop (a shell starting an app on it): its display, X
+        cookie and session bus; none of the rest of the environment."""
+        env = {"DISPLAY": self.display, "DBUS_SESSION_BUS_ADDRESS": self.bus_address, "NO_AT_BRIDGE": "0",
+               "GTK_A11Y": "atspi"}
         if self.xauthority is not None:
             env["XAUTHORITY"] = str(self.xauthority)
         return env

@@ -17,8 +17,10 @@ from Xlib import XK, X
 from Xlib import display as xdisplay
 from Xlib.error import XError
 
+from proxy.errors import CtproxyError
 
-class X11Error(Exception):
+
+class X11Error(CtproxyError):
     """The display cannot be opened or answered with an error."""
 
 

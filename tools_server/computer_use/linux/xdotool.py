@@ -6,11 +6,13 @@ import asyncio
 import os
 import shutil
 
+from proxy.errors import CtproxyError
+
 BUTTONS = {"left": 1, "middle": 2, "right": 3}
 WHEEL = {"up": 4, "down": 5, "left": 6, "right": 7}
 
 
-class XdotoolError(Exception):
+class XdotoolError(CtproxyError):
     pass
 
 

@@ -15,17 +15,19 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from proxy.errors import CtproxyError
+
 log = logging.getLogger("ctproxy.tools")
 MAX_LINE = 64 * 1024 * 1024  # a screenshot travels as base64 in one line
 
 
-class AppServerExited(Exception):
+class AppServerExited(CtproxyError):
     def __init__(self, returncode: int | None):
         super().__init__(f"the app-server exited (code {returncode})")
         self.returncode = returncode
 
 
-class RpcError(Exception):
+class RpcError(CtproxyError):
     def __init__(self, code: int, message: str):
         super().__init__(f"{code}: {message}")
         self.code = code
