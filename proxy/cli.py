@@ -293,6 +293,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         render,
         running_config,
         tools_answering,
+        with_running_desktop,
     )
 
     state = _state(args)
@@ -312,7 +313,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({"state_dir": str(state.root), "config": str(path), "proxy": run,
                           "tools_answering": answering,
                           "pending": other_drift(config, file_config) if file_config is not None else [],
-                          "capabilities": [s.__dict__ for s in all_statuses(config, run, file_config)],
+                          "capabilities": [s.__dict__ for s in with_running_desktop(
+                              all_statuses(config, run, file_config), state, run)],
                           "bridge": [{**b.__dict__, "tools": list(b.tools)}
                                      for b in bridge_report(config, run, state)]},
                          indent=2))

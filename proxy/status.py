@@ -24,6 +24,7 @@ from proxy.state import StateDir
 
 RUN_FILE = "run.json"
 RUN_CONFIG_FILE = "run.config.json"  # the config snapshot both processes of a running ctproxy run on
+DESKTOP_FILE = "desktop.json"  # the tool server's private Computer Use desktop, once started (display, pid)
 
 
 # The four states, one meaning each: `deferred` is only "held back behind find_tools" (seed 004 §5.8), never
@@ -283,6 +284,33 @@ def tools_answering(state: StateDir, run: dict | None, timeout: float = 3.0) -> 
         return False
 
 
+def write_desktop_file(state: StateDir, info: dict) -> None:
+    from proxy.files import atomic_write_text
+
+    atomic_write_text(state.root / DESKTOP_FILE, json.dumps(info) + "\n", mode=0o600)
+
+
+def running_desktop(state: StateDir, run: dict | None) -> str | None:
+    """The display of the private desktop the running tool server started, or None."""
+    if not run or not run.get("tools_pid"):
+        return None
+    try:
+        info = json.loads((state.root / DESKTOP_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return str(info.get("display")) if info.get("pid") == run["tools_pid"] else None
+
+
+def with_running_desktop(statuses: list[CapabilityStatus], state: StateDir,
+                         run: dict | None) -> list[CapabilityStatus]:
+    """Computer Use's line names the private desktop once the running tool server has started it."""
+    display = running_desktop(state, run)
+    if display is None:
+        return statuses
+    return [CapabilityStatus(s.name, s.state, f"{s.reason}; private desktop running on display {display}", s.pending)
+            if s.name == "computer_use" else s for s in statuses]
+
+
 def write_run_file(state: StateDir, info: dict) -> None:
     from proxy.files import atomic_write_text
 
@@ -321,7 +349,7 @@ def render(config: Config, state: StateDir, config_path: Path, run: dict | None 
         lines.append("proxy:     not running (start it with `ctproxy up`)")
     lines.append("")
     width = max(len(n) for n in CAPABILITIES)
-    for st in all_statuses(config, run, file_config):
+    for st in with_running_desktop(all_statuses(config, run, file_config), state, run):
         note = f"  ({st.pending})" if st.pending else ""
         lines.append(f"  {st.name:<{width}}  {st.state:<11}  {st.reason}{note}")
     from proxy.bridge.status import render_lines

@@ -141,3 +141,24 @@ async def test_deferred_means_only_held_back_behind_find_tools(proxy_factory, tm
             assert "held back by tool discovery until the model loads it with find_tools" in cap["reason"], cap
     assert caps["computer_use"]["state"] in ("active", "unavailable"), caps["computer_use"]
 
+
+
+async def test_status_names_the_private_desktop_the_tool_server_started(proxy_factory, tmp_path, monkeypatch):
+    """Seed 004 defect 14: once the tool server starts its private Xvfb desktop, `ctproxy status` (another
+    process) names it; before, it says it starts on first use."""
+    from tests.support import desktop
+
+    if (missing := desktop.missing()) is not None:
+        pytest.skip(missing)
+    monkeypatch.delenv("DISPLAY", raising=False)
+    state = tmp_path / "state"
+    write_config(state, {"computer_use": {"enabled": True, "start_xvfb": True, "approval_mode": "always"}})
+    proxy = await proxy_factory(state_dir=state, upstream="http://127.0.0.1:9")
+    _, caps, _ = status(state)
+    assert caps["computer_use"]["state"] == "active" and "private desktop running" not in caps["computer_use"]["reason"]
+    code, body = await call_tool(proxy, "computer_use_list_apps", {})
+    assert code == 200 and body["ok"], body
+    display = body["details"]["desktop"]["display"]
+    _, caps, text = status(state)
+    assert f"private desktop running on display {display}" in caps["computer_use"]["reason"]
+    assert f"display {display}" in text

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from proxy.config import ComputerUseConfig
@@ -68,6 +70,7 @@ class ComputerUseFamily:
         self._unknown: set[str] = set()  # apps (canonical names) whose last action's outcome is unknown
         self.served: list[Served] = []
         self._seq = 0
+        self._published: Path | None = None  # the desktop file written for `ctproxy status`, once
         services.extras["computer_use.family"] = self
 
     @property
@@ -90,6 +93,9 @@ class ComputerUseFamily:
         self.approvals.clear()
         if self._backend is not None:
             await self._backend.close()
+        if self._published is not None:
+            self._published.unlink(missing_ok=True)
+            self._published = None
 
     # -- the one path every call takes -----------------------------------------------------------------
     async def _serve(self, tool: str, ctx: CallContext, run: Callable[[], Awaitable[ToolResult]]) -> ToolResult:
@@ -103,6 +109,18 @@ class ComputerUseFamily:
             finally:
                 self.served.append(Served(seq, tool, started, time.monotonic()))
                 del self.served[:-200]
+                self._publish_desktop()
+
+    def _publish_desktop(self) -> None:
+        """Once the private desktop runs, say where in the state directory, for `ctproxy status` (another
+        process) to name it: its display and the tool server's pid (a file left by a dead server is ignored)."""
+        desktop = self.private_desktop()
+        if desktop is None or self._published:
+            return
+        from proxy.status import DESKTOP_FILE, write_desktop_file
+
+        write_desktop_file(self.services.state, {"pid": os.getpid(), "display": desktop["DISPLAY"]})
+        self._published = self.services.state.root / DESKTOP_FILE
 
     def _call(self, tool: str, app: str, ctx: CallContext) -> ActionCall:
         # approvals are the caller's own: a grant another caller gave does not cover this one
