@@ -41,8 +41,7 @@ async def test_an_overflow_event_is_compacted_and_retried_before_the_client_sees
 
 
 async def test_a_message_above_aiohttps_default_passes_and_one_above_the_limit_closes_with_1009(tmp_path) -> None:
-    # (with mitmproxy's WebSocket relay; through the raw relay an over-limit message ends the socket without
-    # the close frame reaching the client: docs/websocket.md, Not yet)
+    # (with mitmproxy's WebSocket relay, `raw_relay: false`; the default raw relay: the test below)
     """The message limit is `websocket.max_message_bytes` (default 256 MiB): an 8 MiB create (twice aiohttp's
     default limit) runs through the chain and reaches the upstream; with the limit at 1 MiB, a 2 MiB one closes the
     socket with 1009 (message too big) and nothing reaches the upstream."""
@@ -84,3 +83,26 @@ async def test_a_message_above_aiohttps_default_passes_and_one_above_the_limit_c
             assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1009, msg
         sent = [r for r in emu.requests if r.transport == "ws" and r.route == "responses"]
         assert len(sent) == 1 and sent[0].json["input"] == "y" * (512 * 1024)
+
+
+async def test_through_the_raw_relay_a_message_above_the_limit_gets_the_client_a_1009_close(tmp_path) -> None:
+    """With the default config (`websocket.raw_relay` on), a message above `websocket.max_message_bytes` closes
+    the client's socket with 1009 (message too big) — the close reaches the client, which is not left waiting —
+    and nothing reaches the upstream; a new connection then works."""
+    big = '{"type":"response.create","model":"gpt-5","store":false,"input":"' + "x" * (4 << 20) + '"}'
+    async with Emulator() as emu, running_proxy(tmp_path, emu.url, {"websocket": {"max_message_bytes": 1 << 20}}) \
+            as base, aiohttp.ClientSession() as http:
+        for compress in (0, 15):
+            async with http.ws_connect(base + "/v1/responses", compress=compress) as ws:
+                await ws.send_str(big)
+                msg = await ws.receive(timeout=60)
+                assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1009, msg
+        async with http.ws_connect(base + "/v1/responses") as ws:
+            await ws.send_str('{"type":"response.create","model":"gpt-5","input":"small"}')
+            while True:
+                msg = await ws.receive(timeout=60)
+                assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                if orjson.loads(msg.data)["type"] in TERMINAL:
+                    break
+            assert orjson.loads(msg.data)["type"] == "response.completed"
+        assert [r.json["input"] for r in emu.requests if r.route == "responses"] == ["small"]
