@@ -106,3 +106,32 @@ async def test_through_the_raw_relay_a_message_above_the_limit_gets_the_client_a
                     break
             assert orjson.loads(msg.data)["type"] == "response.completed"
         assert [r.json["input"] for r in emu.requests if r.route == "responses"] == ["small"]
+
+
+async def test_status_says_the_running_proxy_handles_the_websocket_with_its_limit_and_relay(tmp_path) -> None:
+    """`ctproxy status` (text and --json) reports what the running proxy does with a Responses WebSocket: handled
+    by the adapter, its message limit and whether mitmproxy relays the socket raw (run.json, written by `up`)."""
+    import asyncio
+    import json
+    import subprocess
+    import sys
+
+    def status(*extra: str) -> str:
+        res = subprocess.run([sys.executable, "-m", "proxy.cli", "status", "--state-dir", str(tmp_path / "state"),
+                              *extra], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    async with Emulator() as emu, running_proxy(tmp_path, emu.url, {"websocket": {"max_message_bytes": 3 << 20,
+                                                                                   "raw_relay": False}}) as base:
+        text, js = await asyncio.to_thread(status), json.loads(await asyncio.to_thread(status, "--json"))
+    [line] = [ln for ln in text.splitlines() if ln.startswith("websocket:")]
+    assert line.startswith(f"websocket: handled ({base}/v1/responses): each response.create runs through the chain")
+    assert "max message 3 MiB" in line and "raw relay off" in line, line
+    assert js["proxy"]["websocket"] == {"adapter": True, "max_message_bytes": 3 << 20, "raw_relay": False}
+    async with Emulator() as emu, running_proxy(tmp_path / "b", emu.url):
+        res = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.cli", "status", "--state-dir",
+                                                       str(tmp_path / "b" / "state")], capture_output=True, text=True,
+                                      timeout=120)
+    [line] = [ln for ln in res.stdout.splitlines() if ln.startswith("websocket:")]
+    assert "max message 256 MiB" in line and "raw relay on" in line, line
