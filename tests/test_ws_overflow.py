@@ -135,3 +135,53 @@ async def test_status_says_the_running_proxy_handles_the_websocket_with_its_limi
                                       timeout=120)
     [line] = [ln for ln in res.stdout.splitlines() if ln.startswith("websocket:")]
     assert "max message 256 MiB" in line and "raw relay on" in line, line
+
+
+async def test_a_closed_connections_state_is_released(tmp_path) -> None:
+    """Memory stays flat however many conversations come and go (the soak's figure: docs/websocket.md, Cost): once
+    a client's socket is closed, nothing of its connection stays — no registered upstream socket, no live key,
+    no connection, client socket or upstream socket object (counted after a collection), the upgrade's one-time
+    job consumed — after 3 connections as after 30."""
+    import asyncio
+    import gc
+
+    from proxy.upstream import ws as upws
+    from proxy.ws import server as wss
+
+    def alive() -> dict[str, int]:
+        gc.collect()
+        kinds = (wss._Connection, wss._ClientSocket, upws.UpstreamSocket)
+        counts = {k.__name__: 0 for k in kinds}
+        for obj in gc.get_objects():
+            for k in kinds:
+                if type(obj) is k:
+                    counts[k.__name__] += 1
+        services = [o for o in gc.get_objects() if type(o) is wss.WsService]
+        counts["live"] = sum(len(s._live) for s in services)
+        counts["jobs"] = sum(len(s._jobs) for s in services)
+        counts["open"] = sum(s.connections for s in services)
+        counts["registered"] = len(upws._SOCKETS)
+        return counts
+
+    async def conversations(http: aiohttp.ClientSession, base: str, n: int) -> None:
+        async def one(i: int) -> None:
+            async with http.ws_connect(base + "/v1/responses", headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+                await ws.send_str(orjson.dumps({"type": "response.create", "model": "gpt-5", "store": False,
+                                                "input": f"conversation {i}"}).decode())
+                while True:
+                    msg = await ws.receive(timeout=60)
+                    assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                    if orjson.loads(msg.data)["type"] in TERMINAL:
+                        break
+        await asyncio.gather(*(one(i) for i in range(n)))
+
+    empty = {"_Connection": 0, "_ClientSocket": 0, "UpstreamSocket": 0, "live": 0, "jobs": 0, "open": 0,
+             "registered": 0}
+    async with Emulator() as emu, running_proxy(tmp_path, emu.url, {}) as base, aiohttp.ClientSession() as http:
+        for n in (3, 30):
+            await conversations(http, base, n)
+            async with asyncio.timeout(60):  # the adapter's side of each close runs after the client's
+                while (now := alive()) != empty:
+                    await asyncio.sleep(0.1)
+            assert now == empty
+        assert len([r for r in emu.requests if r.transport == "ws"]) == 33
