@@ -118,7 +118,7 @@ async def codex_exec_json(tmp: Path, base_url: str, prompt: str, extra_toml: str
 
 @pytest.mark.xfail(strict=True, reason=(
     "found, not fixed (the window code's room): over the socket Codex chains every create by previous_response_id "
-    "with only the new items; the context stage leaves such stateful requests alone, so the bridge's round after "
+    "with only the new items; the rollover is not applied to the bridge's stateful next round: its round after "
     "new_context continues the old window upstream (previous_response_id + the new_context output), and Codex's "
     "next create (previous_response_id = the merged id, the shell's output) reaches the upstream as the new "
     "window's developer messages only: the function_call_output of call_sh is lost"))
