@@ -150,7 +150,10 @@ class UpstreamSocket:
             payload = self._payload(body)
         except orjson.JSONDecodeError:
             return True  # refused as a turn by `turn` (never sent elsewhere)
-        return not (isinstance(payload, dict) and payload.get("stream") is False)
+        if isinstance(payload, dict) and payload.get("stream") is False:
+            self._parsed = None  # not sent here: nothing of it kept
+            return False
+        return True
 
     def message_for(self, body: bytes) -> str:
         """The create frame for a body the chain forwarded: the client's own text when unchanged."""
