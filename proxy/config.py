@@ -234,11 +234,11 @@ class WebSocketConfig(_Section):
     max_message_bytes: int = Field(
         256 * 1024 * 1024, ge=1024,
         description="largest Responses WebSocket message, decompressed, either way (Codex sends a whole request "
-                    "as one message); a larger one ends the socket (1009 with raw_relay off)")
+                    "as one message); a larger one gets the client a 1009 close and ends the socket")
     raw_relay: bool = Field(
         True, description="mitmproxy relays the client's socket to the adapter as raw bytes (fast; compression "
                           "and the size bound are the adapter's); false: as WebSocket messages (mitmproxy parses, "
-                          "inflates and re-frames each one; an over-limit message gets a 1009 close frame)")
+                          "inflates and re-frames each one, and its inflation is not bounded)")
 
 
 class TimeoutsConfig(_Section):

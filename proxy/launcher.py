@@ -407,7 +407,8 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
                 "tools": tools.url if tools is not None else None,
                 "tools_pid": tools.proc.pid if tools is not None and tools.proc is not None else None,
                 "workspace": str(opts.workspace) if opts.workspace is not None else None,
-                "config": rt.config.model_dump(mode="json")}  # what both processes run
+                "config": rt.config.model_dump(mode="json"),  # what both processes run
+                "websocket": _websocket_info(chain, master.options, rt.config)}
     write_run_file(state, run_info)
     lines.insert(2, f"  requests     {request_changes(rt.config, run_info)}  (details: ctproxy status)")
     from proxy import memory
@@ -466,3 +467,13 @@ def replay_recording(path: Path, *, state_dir: Path | None = None, config_file: 
 
     with tempfile.TemporaryDirectory(prefix="ctproxy-replay-") as tmp:
         return asyncio.run(run(state_dir or Path(tmp)))
+
+
+def _websocket_info(chain: list[object], options: object, config: object) -> dict[str, object]:
+    """What the running proxy does with a Responses WebSocket (`ctproxy status`): whether the adapter stage is
+    in the chain and on (`ctp_ws`), its message limit, and whether mitmproxy relays the socket as raw bytes."""
+    stage = any(type(s).__name__ == "WebSocket" and type(s).__module__ == "addons.websocket" for s in chain)
+    ws = config.websocket  # type: ignore[attr-defined]
+    return {"adapter": stage and bool(getattr(options, "ctp_ws", False)),
+            "max_message_bytes": ws.max_message_bytes,
+            "raw_relay": bool(ws.raw_relay) and bool(getattr(options, "rawtcp", True))}

@@ -343,6 +343,8 @@ def render(config: Config, state: StateDir, config_path: Path, run: dict | None 
         if run.get("tools"):
             health = {True: "answering", False: "not answering (restart ctproxy)", None: ""}[answering]
             lines.append(f"tools:     {run['tools']}" + (f"  {health}" if health else ""))
+        if (ws := websocket_line(run)) is not None:
+            lines.append(f"websocket: {ws}")
         if file_config is not None and (others := other_drift(config, file_config)):
             lines.append(f"pending:   config changes {', '.join(others)}; restart ctproxy to apply")
     else:
@@ -356,6 +358,22 @@ def render(config: Config, state: StateDir, config_path: Path, run: dict | None 
 
     lines += render_lines(bridge_report(config, run, state), config.bridge.max_rounds)
     return "\n".join(lines)
+
+
+def websocket_line(run: dict | None) -> str | None:
+    """What the running proxy does with a client's Responses WebSocket (`GET …/responses`, Upgrade), as the
+    launcher recorded it (run.json); None for a run file that does not say."""
+    ws = run.get("websocket") if run else None
+    if not isinstance(ws, dict):
+        return None
+    where = "wss://…/responses through HTTPS_PROXY" if run.get("mode") == "regular" else f"{run['proxy']}/v1/responses"
+    if not ws.get("adapter"):
+        return f"relayed untouched ({where}): no stage sees its creates (the ctp_ws option is off)"
+    size = int(ws.get("max_message_bytes") or 0)
+    limit = f"{size // (1 << 20)} MiB" if size % (1 << 20) == 0 else f"{size} bytes"
+    relay = "raw relay on" if ws.get("raw_relay") else "raw relay off: mitmproxy parses each message"
+    return (f"handled ({where}): each response.create runs through the chain; max message {limit} "
+            f"(decompressed, websocket.max_message_bytes), {relay}")
 
 
 def bridge_report(config: Config, run: dict | None = None, state: StateDir | None = None) -> list:

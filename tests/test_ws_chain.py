@@ -278,3 +278,50 @@ async def test_creates_waiting_on_one_connection_are_bounded(proxy_factory) -> N
         assert refused and len(done) >= 16
         said = [r.json["input"] for r in emu.requests if r.transport == "ws" and r.route == "responses"]
         assert said == [f"burst {i}" for i in range(len(done))], "the creates ran in the order they came"
+
+
+async def test_the_checkpoint_turn_goes_over_http_and_leaves_the_sockets_chain_to_the_client(proxy_factory,
+                                                                                             tmp_path) -> None:
+    """At the hard trigger the context stage runs its checkpoint turn (a held, non-streamed request of ctproxy's
+    own) before forwarding the client's create. Over a WebSocket that turn goes over HTTP (the key taken off),
+    never over the connection's socket: it gets the JSON answer it asks for (the note is written), and the
+    socket's latest response stays the client's, so the client's next create chaining by
+    `previous_response_id` with `store: false` finds its own response."""
+    from tests.test_context_checkpoint import is_turn
+    from tests.test_context_reminder import BIG
+    from tests.test_context_rollover import TOOLS, start
+
+    cfg = tmp_path / "ctx.json"
+    cfg.write_text(json.dumps({"model_windows": {"gpt-4.1": 4_000},
+                               "context": {"reminder_ratio": 0.4, "hard_ratio": 0.5}}))
+    async with Emulator() as emu, aiohttp.ClientSession() as http:
+        agent = await start(emu, proxy_factory, ["--config", str(cfg)])
+        emu.script(Text("a"), Text("b"),
+                   FunctionCall("notes_write_file", {"path": "checkpoint.md", "text": "half done"}, call_id="c_ck"),
+                   Text("resumed"), Text("chained"))
+        headers = {**BETA, "x-ctp-task": agent.task, "x-ctp-agent": "/root"}
+        history: list[dict[str, Any]] = []
+        async with http.ws_connect(agent.proxy.url + "/v1/responses", headers=headers) as ws:
+            for said in ("small start", BIG):
+                history += user(said)
+                got = events(await turn(ws, {"model": "gpt-4.1", "store": False, "input": history, "tools": TOOLS}))
+                assert got[-1]["type"] == "response.completed", got[-1]
+                history += got[-1]["response"]["output"]
+            history += user("go on")
+            third = events(await turn(ws, {"model": "gpt-4.1", "store": False, "input": history, "tools": TOOLS}))
+            assert third[-1]["type"] == "response.completed", third[-1]
+            assert third[-1]["response"]["output"][0]["content"][0]["text"] == "resumed", third[-1]
+            rid = third[-1]["response"]["id"]
+            fourth = events(await turn(ws, {"model": "gpt-4.1", "store": False, "previous_response_id": rid,
+                                            "input": user("next"), "tools": TOOLS}))
+            assert fourth[-1]["type"] == "response.completed", fourth[-1]
+            assert fourth[-1]["response"]["output"][0]["content"][0]["text"] == "chained"
+        reqs = [r for r in emu.requests if r.route == "responses"]
+        turns = [r for r in reqs if is_turn(r)]
+        assert len(turns) == 1 and turns[0].transport == "http" and turns[0].status == 200, \
+            [(r.transport, r.status) for r in reqs]
+        assert "x-ctproxy-ws" not in {k.lower() for k, _ in turns[0].headers}, "the key never leaves ctproxy"
+        assert [r.transport for r in reqs if not is_turn(r)] == ["ws"] * 4
+        assert all(r.status == 200 for r in reqs)
+        notes = list((agent.proxy.state_dir / "notes").rglob("checkpoint.md"))
+        assert len(notes) == 1 and notes[0].read_text() == "half done", "the checkpoint turn's write ran"

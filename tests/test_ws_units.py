@@ -69,3 +69,32 @@ def test_the_raw_relay_to_the_adapter_keeps_only_the_chunk_in_flight() -> None:
     n = len(other.messages)
     stage.tcp_message(other)
     assert len(other.messages) == n
+
+
+def test_only_streamed_creates_of_a_connection_go_over_its_socket() -> None:
+    """A `POST …/responses` carrying a connection key goes over the socket — the client's own create, a bridged
+    round, an overflow retry, all streamed — except ctproxy's own held turn (`"stream": false`, the checkpoint
+    turn), which goes over HTTP with the key taken off (the socket's latest response stays the client's)."""
+    from proxy.upstream import UpstreamTurns
+    from proxy.upstream.ws import SOCKET_TRANSPORT, WS_HEADER, UpstreamSocket, register, unregister
+
+    sock = UpstreamSocket(ws=None, http=None)  # type: ignore[arg-type]
+    register("k1", sock)
+    try:
+        turns = UpstreamTurns(transport=object())  # type: ignore[arg-type]
+        headers = [("content-type", "application/json"), (WS_HEADER, "k1")]
+
+        def routed(body: dict) -> tuple[object, list[str]]:
+            req = turns.prepare("POST", "http://up.test/v1/responses", headers, orjson.dumps(body), False)
+            req, transport = turns.route(req)
+            return transport, [k for k, _ in req.headers]
+
+        for streamed in ({"model": "m", "input": "hi", "stream": True}, {"model": "m", "input": "hi"}):
+            transport, names = routed(streamed)
+            assert transport is SOCKET_TRANSPORT and WS_HEADER in names
+        transport, names = routed({"model": "m", "input": "checkpoint", "stream": False})
+        assert transport is turns.transport and WS_HEADER not in names
+        assert sock.message_for(orjson.dumps({"model": "m", "input": "hi", "stream": True})) == \
+            '{"type":"response.create","model":"m","input":"hi"}'
+    finally:
+        unregister("k1")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -34,11 +33,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy import loopback
 from proxy.bridge.items import BridgeMemory
 from proxy.bridge.specs import DISPLACED
 from proxy.bridge.turn import BridgedTurn, BridgeJob, TurnStats
 from proxy.files import atomic_write_text
 from proxy.flowbody import decode_bounded, max_body_bytes
+from proxy.loopback import JOB_TTL, Loopback, job_path, new_job
 from proxy.toolclient import BridgeTool, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 
@@ -50,15 +51,9 @@ PATH_PREFIX = "/ctp-bridge/"
 def agent_path(path: str) -> str:
     """The path the agent asked for, of a request the bridge stage re-routed (`/ctp-bridge/<key>/…`): what
     logs and the dashboard show. The key is a one-time secret of the job and never leaves the process."""
-    if not path.startswith(PATH_PREFIX):
-        return path
-    rest = path[len(PATH_PREFIX):]
-    cut = rest.find("/")
-    return rest[cut:] if cut >= 0 else "/"
+    return loopback.agent_path(path, PATH_PREFIX)
 SEEN_FILE = "bridge-seen.json"  # in the state directory: what the running proxy's bridge saw
 
-JOB_TTL = 60.0
-MAX_JOBS = 10_000
 CLAIM_SECONDS = 30.0  # a launched first round whose request has not reached the endpoint by then is closed
 # Not forwarded upstream: hop-by-hop, framing, and what the endpoint's own connection added.
 DROP_REQUEST = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
@@ -130,7 +125,7 @@ class BridgeService:
     _jobs: OrderedDict[str, tuple[float, BridgeJob]] = field(default_factory=OrderedDict)
     _launched: dict[str, Launched] = field(default_factory=dict)
     _claimed: set[str] = field(default_factory=set)  # jobs whose first request reached the endpoint
-    _runner: web.AppRunner | None = None
+    _endpoint: Loopback = field(default_factory=Loopback)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def tool_specs(self) -> list[BridgeTool] | None:
@@ -156,19 +151,14 @@ class BridgeService:
             return frozenset(t.name for t in specs if t.name not in held)
 
     async def start(self) -> int:
-        if self._runner is None:
-            async with self._lock:
-                if self._runner is None:
-                    app = web.Application(client_max_size=1024 * 1024 * 1024)
-                    app.router.add_post(PATH_PREFIX + "{job}/{rest:.*}", self._handle)
-                    # The agent hanging up (mitmproxy closes this connection) cancels the turn and its calls.
-                    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
-                    await runner.setup()
-                    site = web.TCPSite(runner, "127.0.0.1", 0)
-                    await site.start()
-                    self.port = runner.addresses[0][1]
-                    self._runner = runner
+        # The agent hanging up (mitmproxy closes the endpoint's connection) cancels the turn and its calls.
+        self.port = await self._endpoint.start(self._app)
         return self.port
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=1024 * 1024 * 1024)
+        app.router.add_post(PATH_PREFIX + "{job}/{rest:.*}", self._handle)
+        return app
 
     def note_left_out(self, left_out: tuple[tuple[str, str], ...]) -> None:
         """Count the bridged tools an agent's own tool displaced; `ctproxy status` shows them (written at
@@ -192,13 +182,8 @@ class BridgeService:
     def register(self, job: BridgeJob, path: str) -> tuple[str, str]:
         """(key, path): the job's key, and the path to re-route the agent's request to: the key, then the
         request's own path (so every stage still sees a Responses request: `…/v1/responses`)."""
-        now = time.monotonic()
-        while self._jobs and (next(iter(self._jobs.values()))[0] < now - JOB_TTL or len(self._jobs) > MAX_JOBS):
-            old, _ = self._jobs.popitem(last=False)
-            self._claimed.discard(old)
-        key = secrets.token_urlsafe(18)
-        self._jobs[key] = (now, job)
-        return key, PATH_PREFIX + key + (path if path.startswith("/") else "/" + path)
+        key = new_job(self._jobs, job, time.monotonic(), self._claimed.discard)
+        return key, job_path(PATH_PREFIX, key, path)
 
     def launch(self, key: str, headers: Sequence[tuple[str, str]], body: bytes, payload: Any) -> Launched | None:
         """Send a job's first round upstream now: `headers` and `body` as mitmproxy forwards them to the
@@ -250,9 +235,7 @@ class BridgeService:
     async def close(self) -> None:
         for key in list(self._launched):
             self.drop_launched(key)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._endpoint.close()
         await self.tools.close()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:

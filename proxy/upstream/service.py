@@ -11,7 +11,7 @@ from typing import Any
 
 from proxy.routes import CREDENTIAL_HEADERS
 from proxy.upstream.transport import AiohttpTransport, Answer, Transport, UpstreamRequest
-from proxy.upstream.ws import SOCKET_TRANSPORT, WS_HEADER, is_ws_request
+from proxy.upstream.ws import SOCKET_TRANSPORT, WS_HEADER, is_socket_turn, is_ws_request
 
 HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "host"})
 
@@ -47,7 +47,7 @@ class UpstreamTurns:
         the connection key (a compaction call of such a session, say)."""
         if not is_ws_request(request):
             return request, self.transport
-        if request.method == "POST" and request.url.split("?", 1)[0].endswith("/responses"):
+        if is_socket_turn(request):  # not ctproxy's own held turn (the checkpoint turn): that goes over HTTP
             return request, SOCKET_TRANSPORT
         return replace(request, headers=tuple((k, v) for k, v in request.headers if k.lower() != WS_HEADER)), \
             self.transport

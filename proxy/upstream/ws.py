@@ -93,6 +93,7 @@ class UpstreamSocket:
     close_reason: str = ""
     turns: int = 0
     reader: asyncio.Task[None] | None = None
+    _parsed: tuple[bytes, Any] | None = field(default=None, repr=False)  # the last body parsed, and its payload
 
     def start(self) -> None:
         self.reader = asyncio.get_running_loop().create_task(self._read())
@@ -128,14 +129,42 @@ class UpstreamSocket:
             if self.on_closed is not None:
                 await self.on_closed(self.close_code, self.close_reason)
 
+    def _payload(self, body: bytes) -> Any:
+        parsed = self._parsed
+        if parsed is not None and (parsed[0] is body or parsed[0] == body):
+            return parsed[1]
+        payload = orjson.loads(body)
+        self._parsed = (body, payload)
+        return payload
+
+    def is_turn_of(self, body: bytes) -> bool:
+        """Whether a create the chain sends for this connection is a turn of the socket: the client's own
+        create, or one built on it (a bridged round, an overflow retry), all streamed. A create that asks for
+        a held answer (`"stream": false`: ctproxy's own side turn, the context stage's checkpoint turn) is not:
+        the socket only streams, and its answer would become the connection's latest response and break the
+        client's `previous_response_id` chain (with `store: false` only the latest is kept)."""
+        verbatim = self.verbatim
+        if verbatim is not None and verbatim[0] == body:
+            return True
+        try:
+            payload = self._payload(body)
+        except orjson.JSONDecodeError:
+            return True  # refused as a turn by `turn` (never sent elsewhere)
+        if isinstance(payload, dict) and payload.get("stream") is False:
+            self._parsed = None  # not sent here: nothing of it kept
+            return False
+        return True
+
     def message_for(self, body: bytes) -> str:
         """The create frame for a body the chain forwarded: the client's own text when unchanged."""
         verbatim = self.verbatim
         if verbatim is not None and verbatim[0] == body:
             return verbatim[1]
-        payload = orjson.loads(body)
+        payload = self._payload(body)
+        self._parsed = None
         if not isinstance(payload, dict):
             raise ValueError("not a JSON object")
+        payload = dict(payload)
         if not self.client_stream:
             payload.pop("stream", None)  # the chain's, not the client's: WebSocket turns always stream
         payload.pop("type", None)
@@ -291,6 +320,16 @@ def socket_of(request: UpstreamRequest) -> UpstreamSocket | None:
 
 def is_ws_request(request: UpstreamRequest) -> bool:
     return any(name.lower() == WS_HEADER for name, _ in request.headers)
+
+
+def is_socket_turn(request: UpstreamRequest) -> bool:
+    """A `POST …/responses` that carries a connection key goes over that connection's socket unless it is
+    ctproxy's own held turn (`UpstreamSocket.is_turn_of`); a key whose socket is gone: the socket's (which
+    answers that the upstream cannot be reached, never a fallback to HTTP)."""
+    if request.method != "POST" or not request.url.split("?", 1)[0].endswith("/responses"):
+        return False
+    sock = socket_of(request)
+    return sock is None or sock.is_turn_of(request.body)
 
 
 class SocketTransport:

@@ -38,8 +38,10 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
+from proxy import loopback
+from proxy.loopback import JOB_TTL, Loopback, job_path, new_job
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 from proxy.upstream.ws import HANDSHAKE, WS_HEADER, SocketRefused, UpstreamSocket, open_socket, register, unregister
 
@@ -47,9 +49,8 @@ log = logging.getLogger("ctproxy.ws")
 
 PATH_PREFIX = "/ctp-ws/"  # the client's upgrade, re-routed here
 UP_PREFIX = "/ctp-ws-up/"  # a create's flow, when the chain forwards it: over the connection's upstream socket
-JOB_TTL = 60.0
-MAX_JOBS = 10_000
 DEFAULT_MAX_MESSAGE = 256 * 1024 * 1024
+LINGER = 10.0  # after a 1009 close: how long the rest of the oversized message is read and dropped, at most
 MAX_PENDING = 16  # creates a connection may have waiting behind the running one (each may be hundreds of MiB)
 # What a create's POST says about itself (the client's upgrade headers of these names are left out).
 CREATE_HEADERS = (("Content-Type", "application/json"), ("Accept", "text/event-stream"),
@@ -62,12 +63,7 @@ DROP_RESPONSE = frozenset({"content-length", "transfer-encoding", "connection", 
 def agent_path(path: str) -> str:
     """The path the client asked for, of a request the WebSocket stage re-routed: what logs show (never the
     connection's key)."""
-    for prefix in (PATH_PREFIX, UP_PREFIX):
-        if path.startswith(prefix):
-            rest = path[len(prefix):]
-            cut = rest.find("/")
-            return rest[cut:] if cut >= 0 else "/"
-    return path
+    return loopback.agent_path(path, PATH_PREFIX, UP_PREFIX)
 
 
 @dataclass
@@ -81,6 +77,40 @@ class WsJob:
     create_headers: tuple[tuple[str, str], ...] = field(repr=False)  # the client's upgrade headers, as it sent them
     timeout: float | None = 300.0  # until a turn's first event
     chain_proxy: str | None = None  # HTTPS proxy mode: the listen address, as the proxy to POST through
+
+
+class _ClientSocket(web.WebSocketResponse):
+    """The client's socket. A message above the limit is answered with a 1009 close frame; then, instead of
+    closing the TCP connection at once (aiohttp's way: with the rest of the oversized message still arriving,
+    the kernel resets the connection and the close frame is lost — mitmproxy's raw relay never passes it to
+    the client, which waits for its own timeout), only the adapter's sending side is shut (FIN after the close
+    frame) and what still arrives is read and dropped until the client (through mitmproxy) closes its side or
+    LINGER seconds pass: a lingering close, as HTTP servers do after refusing a large body."""
+
+    lingering = False
+
+    def _set_code_close_transport(self, code: Any) -> None:
+        if getattr(self, "_close_code", None) == WSCloseCode.MESSAGE_TOO_BIG and not self.lingering:
+            req = getattr(self, "_req", None)
+            transport = req.transport if req is not None else None
+            if transport is not None and not transport.is_closing() and transport.can_write_eof():
+                self.lingering = True
+                transport.write_eof()
+                return
+        super()._set_code_close_transport(code)
+
+    async def linger(self, transport: asyncio.BaseTransport | None) -> None:
+        """After a 1009 close: wait (bounded) until the client closed its side, then close the connection."""
+        if not self.lingering or transport is None:
+            return
+        try:
+            async with asyncio.timeout(LINGER):
+                while not transport.is_closing():
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            pass
+        finally:
+            transport.close()
 
 
 def error_frame(status: int, code: str, message: str, type_: str = "invalid_request_error") -> str:
@@ -122,33 +152,22 @@ class WsService:
     creates: int = 0  # creates run through the chain
     _jobs: OrderedDict[str, tuple[float, WsJob]] = field(default_factory=OrderedDict)
     _live: dict[str, WsJob] = field(default_factory=dict)  # connection key → its job, while it is open
-    _runner: web.AppRunner | None = None
+    _endpoint: Loopback = field(default_factory=Loopback)
     _http: aiohttp.ClientSession | None = None
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def start(self) -> int:
-        if self._runner is None:
-            async with self._lock:
-                if self._runner is None:
-                    app = web.Application(client_max_size=self.max_message + 1024 * 1024)
-                    app.router.add_get(PATH_PREFIX + "{job}/{rest:.*}", self._upgrade)
-                    app.router.add_post(UP_PREFIX + "{conn}/{rest:.*}", self._forward)
-                    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
-                    await runner.setup()
-                    site = web.TCPSite(runner, "127.0.0.1", 0)
-                    await site.start()
-                    self.port = runner.addresses[0][1]
-                    self._runner = runner
+        self.port = await self._endpoint.start(self._app)
         return self.port
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_message + 1024 * 1024)
+        app.router.add_get(PATH_PREFIX + "{job}/{rest:.*}", self._upgrade)
+        app.router.add_post(UP_PREFIX + "{conn}/{rest:.*}", self._forward)
+        return app
 
     def register(self, job: WsJob, path: str) -> str:
         """The path to re-route the client's upgrade to (its key, then the client's own path)."""
-        now = time.monotonic()
-        while self._jobs and (next(iter(self._jobs.values()))[0] < now - JOB_TTL or len(self._jobs) > MAX_JOBS):
-            self._jobs.popitem(last=False)
-        key = secrets.token_urlsafe(18)
-        self._jobs[key] = (now, job)
-        return PATH_PREFIX + key + (path if path.startswith("/") else "/" + path)
+        return job_path(PATH_PREFIX, new_job(self._jobs, job, time.monotonic()), path)
 
     def is_live(self, conn: str) -> bool:
         return conn in self._live
@@ -162,9 +181,7 @@ class WsService:
         return self._http
 
     async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._endpoint.close()
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -186,7 +203,7 @@ class WsService:
             return web.Response(status=refused.status, headers=headers, body=refused.body)
         except UpstreamUnavailable:
             return _json_error(502, "upstream_unavailable", "the upstream's WebSocket could not be reached")
-        client = web.WebSocketResponse(max_msg_size=self.max_message, compress=offered, autoping=True,
+        client = _ClientSocket(max_msg_size=self.max_message, compress=offered, autoping=True,
                                        protocols=(sock.ws.protocol,) if sock.ws.protocol else ())
         try:
             await client.prepare(request)
@@ -199,6 +216,7 @@ class WsService:
             await conn.run()
         finally:
             self.connections -= 1
+        await client.linger(request.transport)
         return client
 
     # ---- a create's flow, forwarded by the chain -------------------------------------------------

@@ -85,7 +85,9 @@ class Emulator:
         ws_refuse: int | None = None,
         ws_connection_limit: float = 3600.0,
         ws_max_message: int = 0,
+        ssl_context: Any = None,
     ):
+        self.ssl_context = ssl_context  # an ssl.SSLContext: the emulator speaks HTTPS / wss:// (url says https)
         self.default_deltas = default_deltas
         self.validate_requests = validate_requests  # answer 400 when a body violates CreateResponse
         self.check_previous_response_id = check_previous_response_id
@@ -152,7 +154,7 @@ class Emulator:
             shutdown_timeout=SHUTDOWN_GRACE,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, ssl_context=self.ssl_context)
         await site.start()
         sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
         self.host, self.port = sockets[0].getsockname()[:2]
@@ -172,7 +174,7 @@ class Emulator:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.ssl_context is not None else 'http'}://{host}:{self.port}"
 
     # ---- scripting -----------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from aiohttp import WSMsgType, web
 from .recording import ReceivedRequest
 from .render import Plan, RenderContext, error_plan, render
 from .replies import Response
-from .wire import error_body
+from .wire import ends_with_compaction_trigger, error_body
 
 if TYPE_CHECKING:
     from .app import Emulator
@@ -118,6 +118,8 @@ async def _message(emu: Emulator, conn: WsConnection, request: web.Request, head
     rec = ReceivedRequest(method="WS", path=request.path, query=request.query_string, headers=headers,
                           raw_body=data, body=data, json=body, received_at=loop.time(), route="responses",
                           transport="ws", ws_connection=conn.number)
+    if ends_with_compaction_trigger(body):  # Codex's remote compaction v2, as on HTTP
+        rec.route = "compaction"
     emu._remember(rec)
     generate = body.get("generate", True) is not False
     checked = {k: v for k, v in body.items() if k not in WS_ONLY_FIELDS}
@@ -125,11 +127,11 @@ async def _message(emu: Emulator, conn: WsConnection, request: web.Request, head
     error = emu._check_create(checked, local) or emu._check_input(checked, local) or emu._over_limit(rec)
     if error is not None:
         return await _send_error(ws, rec, error)
-    reply = Response([]) if not generate else emu._next("responses", rec)
+    reply = Response([]) if not generate else emu._next(rec.route, rec)
     if reply is None:
-        from .app import echo_reply
+        from .app import compaction_reply, echo_reply
 
-        reply = echo_reply(rec, emu.default_deltas)
+        reply = compaction_reply(rec) if rec.route == "compaction" else echo_reply(rec, emu.default_deltas)
     plan = render(reply, RenderContext.for_request({**checked, "stream": True}, emu.token_counter(checked)))
     if plan.body is not None:  # an HttpError reply: the error event
         return await _send_error(ws, rec, plan)
