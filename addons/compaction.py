@@ -162,7 +162,8 @@ class Compaction(Stage):
             return
         rt = self.rt
         cfg = rt.config.remote_compaction
-        if not cfg.enabled and not cfg.recover_overflow:
+        recover = rt.config.recovers_overflow()
+        if not cfg.enabled and not recover:
             return  # nothing to project or hold: the body need not even be parsed
         body = responses_body(flow)
         if body is None:
@@ -231,7 +232,7 @@ class Compaction(Stage):
         failed_here = sess is not None and sess.failed_items == len(items)
         want = route.eligible and info.window is not None and not failed_here and _fresh(info) and (
             (cfg.enabled and over(info.estimate.tokens, info.window, cfg.threshold) and _grown(info))
-            or (sess is not None and sess.force_compact and cfg.recover_overflow)
+            or (sess is not None and sess.force_compact and recover)
         )
         if want:
             payload = body.value
@@ -249,7 +250,7 @@ class Compaction(Stage):
                 projected, info.fit_budget = fitted
                 sent = _payload_bytes(projected, input_items(projected) or [])
                 info.estimate = self._estimate(sent, info, None, None)
-        info.hold = (cfg.recover_overflow and route.eligible
+        info.hold = (recover and route.eligible
                      and over(info.estimate.tokens, info.window, HOLD_FRACTION))
         # The context stage (addons/context.py) applies the checkpoint in effect to the body: compaction only
         # decides, on the projection that stage will send (the same pure transform).
@@ -379,7 +380,7 @@ class Compaction(Stage):
         resp = flow.response
         if not isinstance(info, FlowInfo) or resp is None:
             return
-        recoverable = self.rt.config.remote_compaction.recover_overflow and info.route.eligible
+        recoverable = self.rt.config.recovers_overflow() and info.route.eligible
         ctype = resp.headers.get("content-type", "").lower()
         if info.hold and resp.status_code == 200 and ctype.startswith("text/event-stream"):
             info.held_stream = resp.stream  # the tap's callable, fed once the answer is settled
@@ -400,7 +401,7 @@ class Compaction(Stage):
             code = response_error_code(resp.status_code, resp.headers.get("content-type", ""),
                                        resp.get_content(strict=False) or b"")
         recovered = False
-        if code == CODE and rt.config.remote_compaction.recover_overflow and info.route.eligible:
+        if code == CODE and rt.config.recovers_overflow() and info.route.eligible:
             recovered = await self._recover(flow, info, rt)
         elif code is None and streamed:
             tap = state_of(flow).tap

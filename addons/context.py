@@ -73,7 +73,7 @@ def _checkpoint_projection(w: Window, rt: runtime.Runtime) -> WindowProjection |
     cp = Checkpoint.from_window(w)
     # the context stage's own compactions (hard trigger, failed checkpoint turn) apply while context is on
     ours = rt.config.context.enabled and (w.reason or "").startswith(CONTEXT_REASON)
-    if cp is None or not (cfg.enabled or cfg.recover_overflow or ours):
+    if cp is None or not (cfg.enabled or rt.config.recovers_overflow() or ours):
         return None
     return cp.record().projection(replay_opaque=False)
 
@@ -138,7 +138,7 @@ class Context(Stage):
             return None
         cfg = self.rt.config
         rc = cfg.remote_compaction
-        if not (cfg.context.enabled or rc.enabled or rc.recover_overflow):
+        if not (cfg.context.enabled or rc.enabled or cfg.recovers_overflow()):
             return None  # no strategy makes or applies windows: the body need not even be parsed
         if cfg.context.enabled:
             ws = self._window_session(flow)
@@ -566,7 +566,7 @@ class Context(Stage):
         rt = self.rt
         others = _other_strategies()
         cfg = rt.config.remote_compaction
-        if window is None and not others and (decided or not (cfg.enabled or cfg.recover_overflow)):
+        if window is None and not others and (decided or not (cfg.enabled or rt.config.recovers_overflow())):
             return payload  # no strategy could apply
         if input_items(payload) is None:
             return payload
