@@ -60,6 +60,7 @@ from proxy.transforms.compaction import ProjectionContext, apply_projection, fit
 from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
 from proxy.transforms.lazyitems import as_list
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
+from proxy.windows import budget
 
 log = logging.getLogger("ctproxy.compaction")
 
@@ -417,6 +418,7 @@ class Compaction(Stage):
         if st.settling is not None:  # final now: the stages that read answers read this one
             settling, st.settling = st.settling, None
             settling.settled()
+            await budget.committed(self._db(rt))  # what they recorded is committed before the answer ends
 
     def _release_held(self, flow: http.HTTPFlow, info: FlowInfo) -> None:
         """Feed the held answer to the tap that would have seen it streamed."""

@@ -27,6 +27,7 @@ from proxy.flowstate import state_of
 from proxy.journal import JoinError, Journal, RequestMark, journal_for
 from proxy.session import SessionIdentity, resolve_session
 from proxy.sse import ResponseTap, SSEDecoder
+from proxy.windows.budget import turn_cost
 
 log = logging.getLogger("ctproxy.history")
 
@@ -194,7 +195,8 @@ class History(Stage):
                                error={"code": "no_response"} if broken else None, incomplete=True)
                 return
             j.end_response(mark, tap.items, response_id=tap.response_id, model=tap.model, status=tap.status,
-                           usage=tap.usage, error=tap.error, incomplete=broken or tap.incomplete or not tap.completed)
+                           usage=turn_cost(tap.usage, state_of(flow).context_usage), error=tap.error,
+                           incomplete=broken or tap.incomplete or not tap.completed)
         except Exception as exc:
             log.error("history: response not journaled (%s)", type(exc).__name__)
 

@@ -42,11 +42,16 @@ class Settling:
 
 @dataclass
 class ContextUsage:
-    """The usage the context budget counts for this answer when it is not the answer's own: a bridged
-    turn's merged `usage` sums every round (what the agent is billed), but the window holds only the last
-    round's input + output. Written by the bridge's turn before the final event goes out; read by the tap."""
+    """A bridged turn's usage, written by the bridge's turn (`proxy.bridge.turn`) round by round:
+    `usage` is the last round's (what the window holds, and what the agent's merged answer shows), `turn`
+    every round's summed (what the turn cost: the journal, `/metrics`, the `x-ctp-turn-usage` header).
+    `record`, when set (by the bridge stage), is awaited with each round's usage before that round's
+    budget-reading calls run, so `get_context_remaining` inside the turn reads it (read-your-writes)."""
 
     usage: dict[str, Any] | None = None
+    turn: dict[str, Any] | None = None
+    rounds: int = 0
+    record: Callable[[dict[str, Any], str | None, str | None], Awaitable[None]] | None = None
 
 
 # context → bridge: given the items a bridged turn showed the agent so far and its next round's payload, the
