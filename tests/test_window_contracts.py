@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from proxy.config import load_config
 from proxy.usage import model_window
 
@@ -43,3 +45,48 @@ def test_defaults_resolve_whatever_their_order():
     for model in ("gpt-5", "gpt-5-codex-mini", "gpt-4.1-mini", "o3", "gpt-4o", "unknown-model"):
         assert model_window(model, backwards) == model_window(model, DEFAULT_MODEL_WINDOWS)
     assert model_window("gpt-4.1-mini", backwards) == 1_047_576
+
+
+# ---- read-your-writes: once the proxy has answered, tools and the CLI see that answer ---------------------
+
+async def _tool(http, proxy, name: str, task: str, agent: str) -> dict:
+    token = (proxy.state_dir / "token").read_text().strip()
+    headers = {"Authorization": f"Bearer {token}", "x-ctp-task": task, "x-ctp-agent": agent}
+    async with http.post(proxy.tools_url + f"/v1/tools/{name}", headers=headers, json={}) as r:
+        return await r.json()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answered_request_is_seen_at_once(emulator, proxy_factory, stream):
+    """Audits seed000 16 and issue 29 "Registration is read-your-writes": right after the SDK has the
+    answer, the checkpoint route knows the agent (not 404 "registered agents: none"), and
+    get_context_remaining reports that answer's usage, its text and details agreeing. No polling."""
+    import aiohttp
+    import openai
+
+    from tests.emulator import Text
+
+    proxy = await proxy_factory(upstream=emulator.url)
+    task = cli("task", "new", "--state-dir", str(proxy.state_dir)).stdout.strip()
+    token = (proxy.state_dir / "token").read_text().strip()
+    c = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-x", max_retries=0,
+                           default_headers={"x-ctp-task": task, "x-ctp-agent": "/root/worker"})
+    async with aiohttp.ClientSession() as http:
+        for n, used in enumerate((1200, 3400)):
+            emulator.script(Text(f"answer {n}", usage={"input_tokens": used - 100, "output_tokens": 100}))
+            if stream:
+                async with c.responses.stream(model="gpt-4.1", input=f"question {n}") as s:
+                    await s.get_final_response()
+            else:
+                await c.responses.create(model="gpt-4.1", input=f"question {n}")
+            res = await _tool(http, proxy, "get_context_remaining", task, "/root/worker")
+            assert res["details"]["used_tokens"] == used, res  # this answer's, not the one before
+            assert res["details"]["agents"] == ["/root/worker"]
+            assert "Agents registered in this task: /root/worker." in res["text"]
+            if n == 0:
+                async with http.post(proxy.tools_url + "/v1/context/checkpoint",
+                                     headers={"Authorization": f"Bearer {token}"},
+                                     json={"task": task, "agent": "/root/worker"}) as r:
+                    assert r.status == 200, await r.text()
+    await c.close()

@@ -74,7 +74,10 @@ def budget_of(reader: HistoryReader, task_id: str, address: str, windows: dict[s
         hard = int(window * hard_ratio)
         left = max(min(hard, window) - used, 0)
     rollover.ensure(conn)
-    return Budget(address, reader.agents(task_id), current_window(conn, task_id, address), u.model if u else None,
+    agents = reader.agents(task_id)
+    if address not in agents:  # the caller is registered (it was resolved): text and details say the same
+        agents = sorted([*agents, address])
+    return Budget(address, agents, current_window(conn, task_id, address), u.model if u else None,
                   window, used, window_left, hard, left, rollover.peek_pending(conn, task_id, address))
 
 
@@ -93,7 +96,7 @@ def remaining_text(b: Budget, hard_ratio: float) -> str:
     else:
         lines.append("No answer with usage has been seen for this agent yet.")
     lines.append(f"Current agent: {b.agent}; window: {b.window_id or 'none yet'}.")
-    lines.append("Agents registered in this task: " + (", ".join(b.agents) or b.agent) + ".")
+    lines.append("Agents registered in this task: " + ", ".join(b.agents) + ".")
     if b.pending is not None:
         lines.append("A new context window is pending: it starts at your next request.")
     return "\n".join(lines)

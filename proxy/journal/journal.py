@@ -126,6 +126,8 @@ class SessionState:
     entries: list[Entry]
     window: Window
     generation: int = 0  # bumped whenever the branch is rewritten (not merely appended to)
+    # set once the session's task, agent and session rows are committed (None: loaded, so committed long ago)
+    registered: threading.Event | None = None
 
 
 def connect_retrying(path: Path, attempts: int = 40) -> sqlite3.Connection:
@@ -333,7 +335,20 @@ class Journal:
         ops.append(EnsureSession(session_key, task_id, address, source, now))
         self._submit(ops)
         window = self._new_window(session_key, task_id, address, None, "start", {})
-        return SessionState(session_key, task_id, address, source, [], window)
+        return SessionState(session_key, task_id, address, source, [], window, registered=self.writer.barrier())
+
+    def wait_registered(self, st: SessionState, timeout: float = 10.0) -> bool:
+        """Block until the session's registration (task, agent, session, first window) is committed: what a
+        tool or CLI call in another process needs once the proxy has answered (read-your-writes). Runs off
+        the event loop (`asyncio.to_thread`)."""
+        ev = st.registered
+        if ev is None or ev.is_set():
+            return True
+        self.writer.ring()
+        done = ev.wait(timeout)
+        if done:
+            st.registered = None
+        return done
 
     def _next_ordinal(self, task_id: str, address: str) -> int:
         key = (task_id, address)
