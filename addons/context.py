@@ -158,8 +158,11 @@ class Context(Stage):
         self._offer_midturn(flow, ws, payload)
         can_turn = self._can_checkpoint(payload)
         strategy = self.rt.config.context.strategy
-        # a manual checkpoint waits for a request that can serve it (the turn, or a compaction)
-        kinds = (*ROLLOVER_KINDS, "checkpoint") if can_turn or strategy != "notes" else ROLLOVER_KINDS
+        # A manual checkpoint is served by the checkpoint turn, which offers the own-notes write tool itself
+        # (whether or not the agent declares it: issue 29 (2)), or by a compaction: it waits only for a
+        # tool server to run the write.
+        can_manual = strategy != "notes" or self._tools_client() is not None
+        kinds = (*ROLLOVER_KINDS, "checkpoint") if can_manual else ROLLOVER_KINDS
         try:
             maybe = self._store().may_be_pending(ws.task_id, ws.address)
         except Exception:  # the state database is a record here: never a reason to fail the request
@@ -206,7 +209,13 @@ class Context(Stage):
             self._journal_turn(flow, ws, payload, executed)
             journal_link.record_event(ws, "checkpoint_turn", {"outcome": outcome, "reason": kind})
             debuglog.event("context", outcome="checkpoint_turn", result=outcome, reason=kind)
-            if outcome != "written":  # compaction (remote where eligible, else readable): never a loop
+            if outcome != "written" and kind == "checkpoint":
+                # Seed 000: an unsaved manual checkpoint cancels the compaction and keeps the current window
+                # (the guidance says only a saved own-notes write lets the window go).
+                journal_link.record_event(ws, "manual_checkpoint", {"outcome": "kept_window", "reason": outcome})
+                self._project(flow, ws, None)
+                return
+            if outcome != "written":  # the hard trigger: compaction (remote where eligible, else readable)
                 if await self._compact(flow, ws, kind, remote=True) != "none":
                     return
                 kind = f"{kind}_failed"  # nothing to compact: a notes window all the same
@@ -358,6 +367,7 @@ class Context(Stage):
             return "no_write_tool", executed
         forwarded = decorate(payload, self._forward_of(flow, ws, payload, None), ws, rt, None)
         extra: list[Any] = []
+        why = "write_failed"
         for _attempt in range(2):
             body = ckturn.turn_body(forwarded, spec, rt.config.context.checkpoint_instruction, extra)
             answer = await self._send(flow, body)
@@ -367,7 +377,10 @@ class Context(Stage):
             if call is None:
                 return why, executed
             if not ckturn.own_path(call.arguments, ws.address):
-                return "not_own_notes", executed  # another agent's notes never lift the fence
+                # another agent's notes never lift the fence: refused unexecuted, and corrected once
+                extra = ckturn.correction(call, ckturn.not_own_text(ws.address))
+                why = "not_own_notes"
+                continue
             try:
                 out = await client.call(ToolCall(ckturn.WRITE_TOOL, "function", call.arguments, call_id=call.call_id,
                                                  task=ws.task_id, agent=ws.address, session=ws.key))
@@ -377,7 +390,8 @@ class Context(Stage):
             if not out.is_error:
                 return "written", executed
             extra = ckturn.correction(call, out.output)
-        return "write_failed", executed
+            why = "write_failed"
+        return why, executed
 
     def _journal_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                       executed: list[dict[str, Any]]) -> None:

@@ -171,19 +171,22 @@ def add_context_routes(app: web.Application, services_of: Callable[[web.Applicat
         extra = set(body) - {"session", "task", "agent"}
         if extra:
             return _error(400, "invalid_arguments", f"unknown field {sorted(extra)[0]!r}")
-        db = services_of(request.app).state.db_path
+        services = services_of(request.app)
+        db = services.state.db_path
 
         def run() -> rollover.Pending:
             conn = connect(db)
             try:
-                return mark_checkpoint(conn, body.get("session"), body.get("task"), body.get("agent"), "rest")
+                return mark_checkpoint(conn, body.get("session"), body.get("task"), body.get("agent"), "rest",
+                                       services.config)
             finally:
                 conn.close()
 
         try:
             pending = await asyncio.to_thread(run)
         except CheckpointTargetError as exc:
-            return _error(404 if exc.code.startswith("unknown_") else 400, exc.code, exc.message)
+            status = 404 if exc.code.startswith("unknown_") else 409 if exc.code.endswith("_off") else 400
+            return _error(status, exc.code, exc.message)
         return web.json_response({"ok": True, "task": pending.task_id, "agent": pending.address,
                                   "pending_rollover": pending.kind, "window_id": pending.window_id})
 
