@@ -458,16 +458,18 @@ class Context(Stage):
         n = boot.rollover_boundary(items)
         if n == 0:
             return None  # nothing precedes the agent's messages: the window would be the one it has
-        mark = ws.mark
-        boundary_item = None
-        if mark is not None and not mark.failed and len(mark.input_ids) == len(items):
+        mark = state_of(flow).journal_mark or ws.mark  # (the checkpoint turn re-took it with its write)
+        boundary_item, follows = None, None
+        if mark is not None and not mark.failed and len(mark.input_ids) >= len(items):
+            # the mark's ids start with the agent's items (a checkpoint turn's write follows them)
             boundary_item = mark.input_ids[n - 1] or None
+            follows = [i for i in mark.input_ids[n:len(items)] if i]
         return self._open_notes_window(ws, items, n, kind, reachable_context_tools(body.value, self.rt),
-                                       boundary_item)
+                                       boundary_item, follows=follows)
 
     def _open_notes_window(self, ws: journal_link.WindowSession, items: list[Any], n: int, kind: str,
                            tools: tuple[str, ...], boundary_item: str | None,
-                           anchor: Mapping[str, Any] | None = None) -> Window:
+                           anchor: Mapping[str, Any] | None = None, follows: Sequence[str] | None = ()) -> Window:
         """The notes window after `items[:n]` (the agent's items), its bootstrap built once and stored."""
         rt = self.rt
         j = ws.journal
@@ -483,7 +485,7 @@ class Context(Stage):
         if anchor:  # a mid-turn window: how a resend in another form still finds its boundary (midturn.py)
             stored.update(anchor)
         w = j.start_window(ws.key, boundary_item, "notes", stored, boundary_pos=n,
-                           boundary_hash=chain_at(items, session_root(ws.key), n), reason=kind)
+                           boundary_hash=chain_at(items, session_root(ws.key), n), reason=kind, follows=follows)
         if w.window_id != window_id:  # the identity message names another window: said, never hidden
             log.warning("context: window %s opened, the bootstrap names %s", w.window_id, window_id)
         debuglog.event("context", outcome="rollover", kind=kind, window=w.window_id, boundary=n)
@@ -747,6 +749,8 @@ def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.Wind
     # a reminder only ever comes back as one of the input's developer messages: none there, none to drop
     resent = None if instructions is None or any(reminder.is_reminder(raw[k]) for k in instructions) else ()
     forwarded: Sequence[Any] = boot.insert_guidance(raw, tools, instructions)
+    if tools and (w := ws.journal.window_of(ws.key)) is not None:  # who and where: from the first window on
+        forwarded = boot.insert_identity(forwarded, boot.identity_text(ws.address, w.window_id, None, ws.task_id))
     # the markers are what history_read_item takes: shown only to a session that can call it
     if rt.config.context.id_projection and "history_read_item" in tools and isinstance(agent_items, list):
         ids = forwarded_ids(agent_items, forwarded, ws.mark)

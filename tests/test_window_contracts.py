@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from proxy.config import load_config
@@ -62,7 +63,6 @@ async def test_an_answered_request_is_seen_at_once(emulator, proxy_factory, stre
     """Audits seed000 16 and issue 29 "Registration is read-your-writes": right after the SDK has the
     answer, the checkpoint route knows the agent (not 404 "registered agents: none"), and
     get_context_remaining reports that answer's usage, its text and details agreeing. No polling."""
-    import aiohttp
     import openai
 
     from tests.emulator import Text
@@ -90,3 +90,65 @@ async def test_an_answered_request_is_seen_at_once(emulator, proxy_factory, stre
                                      json={"task": task, "agent": "/root/worker"}) as r:
                     assert r.status == 200, await r.text()
     await c.close()
+
+
+# ---- (1) items that came in with a rollover are filed in the window whose bootstrap they follow ----------
+
+@pytest.mark.timeout(120)
+async def test_a_steer_after_a_rollover_is_in_the_new_window(emulator, proxy_factory):
+    """Audit seed000 3: the steer sent with new_context's output follows the w2 bootstrap with an [id: …]
+    marker; history_read_item with w2 reads it, and history_list_items (w2, role=user) lists it."""
+    import asyncio
+    import re
+
+    from tests.emulator import FunctionCall, Response, Text
+    from tests.test_context_rollover import start, text_of
+
+    agent = await start(emulator, proxy_factory)
+    emulator.script(Response([FunctionCall("new_context", {}, call_id="c_nc")]), Text("resumed"))
+    resp = await agent.sample({"role": "user", "content": "do the work"})
+    outs = await agent.run_calls(resp)
+    await agent.sample(*outs, {"role": "user", "content": "steer: also check X"})
+    forwarded = emulator.responses_requests[1].input_items
+    assert any("context window w2" in text_of(i) for i in forwarded if i.get("role") == "developer")
+    steer = text_of(forwarded[-1])
+    found = re.match(r"\[id: ([^\]]+)\]", steer)
+    assert found is not None and steer.endswith("steer: also check X"), steer
+    item_id = found.group(1)
+    read: dict = {}
+    for _ in range(100):  # the journal's writer commits the window a moment after it opens
+        async with aiohttp.ClientSession() as http, http.post(
+                f"{agent.proxy.tools_url}/v1/tools/history_read_item", headers=agent.tool_headers,
+                json={"item_id": item_id, "window_id": "w2"}) as r:
+            read = await r.json()
+        if read.get("ok"):
+            break
+        await asyncio.sleep(0.1)
+    assert read.get("ok") and "steer: also check X" in read["text"], read
+    users = (await agent.tool("history_list_items", {"window_id": "w2", "role": "user"}))["text"]
+    assert "steer: also check X" in users
+    old = (await agent.tool("history_list_items", {"window_id": "w1", "role": "user"}))["text"]
+    assert "do the work" in old and "steer" not in old
+
+
+# ---- (4) the identity in the first window ---------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+async def test_the_first_window_names_the_agent_and_w1(emulator, proxy_factory):
+    """Audit seed000 7: the first forwarded request of a session that can call the history tools names its
+    agent address and "w1" (what history_read_item takes), once, after the guidance; the next keeps it."""
+    from proxy.context.bootstrap import GUIDANCE_MARKER
+    from tests.emulator import Text
+    from tests.test_context_rollover import start, text_of
+
+    agent = await start(emulator, proxy_factory)
+    emulator.script(Text("hi"), Text("again"))
+    await agent.sample({"role": "developer", "content": "be brief"}, {"role": "user", "content": "hello"})
+    first = emulator.responses_requests[0].input_items
+    texts = [text_of(i) for i in first]
+    assert texts[1].startswith(GUIDANCE_MARKER)
+    assert texts[2] == f"You are agent /root of task {agent.task}. This is context window w1."
+    assert sum(t.startswith("You are agent ") for t in texts) == 1
+    await agent.sample({"role": "user", "content": "more"})
+    second = emulator.responses_requests[1].input_items
+    assert [text_of(i) for i in second[:3]] == texts[:3]  # byte-stable within the window (prompt cache)

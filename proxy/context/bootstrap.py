@@ -232,6 +232,31 @@ def identity_text(agent: str, window_id: str, previous_window_id: str | None, ta
     return f"You are agent {agent}{task}. This is context window {window_id}.{prev}"
 
 
+IDENTITY_PREFIX = "You are agent "
+
+
+def is_identity(item: Any) -> bool:
+    """A window identity message (a notes bootstrap's, or the one `insert_identity` adds)."""
+    if not isinstance(item, dict) or item.get("role") != "developer":
+        return False
+    texts = _texts(item)
+    return bool(texts) and texts[0].startswith(IDENTITY_PREFIX)  # type: ignore[index]
+
+
+def insert_identity(items: Sequence[Any], text: str) -> Sequence[Any]:
+    """The forwarded input with the window identity (seed 000: refreshed at every request, so the model
+    always knows its agent address and the window id history_read_item takes, from the first window on).
+    An identity already among the leading instructions (a notes bootstrap's) is kept as it is; else one
+    goes right after the guidance (or after the leading instructions). `items` itself when nothing changes."""
+    lead = 0
+    while lead < len(items) and (_is_leading_instruction(items[lead]) or is_guidance(items[lead])):
+        if is_identity(items[lead]):
+            return items
+        lead += 1
+    at = next((k + 1 for k in range(lead) if is_guidance(items[k])), lead)
+    return [*items[:at], developer_message(text), *items[at:]]
+
+
 CONTINUATION = ("A new context window has started. Resume the unfinished work from your checkpoint: read your "
                 "checkpoint note first, then continue where it left off. If nothing remains to be done, wait for the "
                 "user.")

@@ -49,6 +49,7 @@ from proxy.journal.ops import (
     EnsureAgent,
     EnsureSession,
     EnsureTask,
+    FileItems,
     Op,
     PutAlias,
     PutEvent,
@@ -377,8 +378,11 @@ class Journal:
     def start_window(self, session_key: str, boundary_item_id: str | None, strategy: str,
                      bootstrap: dict[str, Any], *, boundary_pos: int | None = None,
                      boundary_hash: str | None = None, reason: str | None = None,
-                     opaque: bytes | None = None) -> Window:
-        """Open the session's next window. `boundary_item_id` is the last item (on the current branch)
+                     opaque: bytes | None = None, follows: Sequence[str] | None = None) -> Window:
+        """Open the session's next window (the one place window ids are assigned: `_new_window`).
+        `follows`: the journal ids of the agent's items that follow the bootstrap in the request that
+        opens it; they are filed in the new window (None: every item after the boundary on the branch).
+        `boundary_item_id` is the last item (on the current branch)
         that the window's bootstrap replaces; None replaces nothing.
 
         A window that the context projection applies names its boundary in the agent's items instead:
@@ -398,8 +402,17 @@ class Journal:
                 if boundary_item_id is None and st.entries:
                     self.record_event(session_key, "window_boundary", {"outcome": "off_branch",
                                                                        "boundary_pos": boundary_pos})
+            # The agent's items after the boundary (a steer, a follow-up, the request that triggered the turn)
+            # follow the new window's bootstrap: they are filed in it, where the model is told it is.
+            at = self._position(st, boundary_item_id) if boundary_item_id is not None else None
+            if follows is not None:
+                carried = tuple(i for i in follows if i and self._position(st, i) is not None)
+            else:
+                carried = tuple(e.item_id for e in st.entries[at + 1:]) if at is not None else ()
             st.window = self._new_window(session_key, st.task_id, st.address, boundary_item_id, strategy,
                                          dict(bootstrap), boundary_pos, boundary_hash, reason, opaque)
+            if carried:
+                self._submit([FileItems(session_key, carried, st.window.window_id)])
             self.record_event(session_key, "window", {"window_id": st.window.window_id, "strategy": strategy,
                                                       "boundary_item_id": boundary_item_id})
             return st.window
