@@ -144,8 +144,71 @@ class Context(Stage):
             ws = self._window_session(flow)
             if ws is not None:  # a stateless request of a known session: it may roll over
                 return self._with_rollover(flow, ws)
+            ws = self._stateful_session(flow)
+            if ws is not None:  # the upstream holds the history: a pending new_context starts a new chain
+                return self._stateful_rollover(flow, ws)
         self._project(flow, None, None)
         return None
+
+    # ------------------------------------------------------------------ stateful clients (issue 29 (2))
+    def _stateful_session(self, flow: http.HTTPFlow) -> journal_link.WindowSession | None:
+        """The journal session of a request chained by `previous_response_id` that may have a rollover
+        pending (the stamp says so without the database thread); else None."""
+        body = responses_body(flow)
+        if body is None:
+            return None
+        payload = body.view
+        if not payload.get("previous_response_id") or payload.get("conversation") is not None:
+            return None
+        ident = session_of(flow, self.rt.services.response_aliases)
+        if ident is None:
+            return None
+        st = state_of(flow)
+        ws = journal_link.window_session(self.rt, st.journal, st.journal_mark, ident,
+                                         lambda: {**header_map(flow), **st.identity_headers}, payload)
+        try:
+            maybe = ws is not None and self._store().may_be_pending(ws.task_id, ws.address)
+        except Exception:  # the state database is a record here: never a reason to fail the request
+            log.warning("context: could not read the pending rollover of a session")
+            return None
+        return ws if maybe else None
+
+    async def _stateful_rollover(self, flow: http.HTTPFlow, ws: journal_link.WindowSession) -> None:
+        """A pending `new_context` for a client that chains by `previous_response_id`: the id is dropped and
+        the request goes up as the new window's bootstrap plus the agent's new messages (its outputs for the
+        previous answer's calls close the old window). The answer's id then chains in the new window: the
+        upstream stored that input, so the agent's next `previous_response_id` continues there."""
+        try:
+            pending = await self._store().take(ws.task_id, ws.address, ROLLOVER_KINDS)
+        except Exception:
+            log.warning("context: could not read the pending rollover of a session")
+            pending = None
+        body = responses_body(flow)
+        if pending is None or body is None:
+            self._project(flow, None, None)
+            return
+        payload = body.value
+        raw = payload.get("input")
+        items = [{"role": "user", "content": raw}] if isinstance(raw, str) else as_list(input_items(payload) or [])
+        n = boot.rollover_boundary(items)
+        mark = state_of(flow).journal_mark or ws.mark
+        boundary_item, follows = None, None
+        if mark is not None and not mark.failed and len(mark.input_ids) >= len(items):
+            boundary_item = (mark.input_ids[n - 1] or None) if n else None
+            follows = [i for i in mark.input_ids[n:len(items)] if i]
+        tools = reachable_context_tools(payload, self.rt)
+        try:
+            w = self._open_notes_window(ws, items, n, f"{pending.kind}_stateful", tools, boundary_item,
+                                        follows=follows, stateful=True)
+        except Exception:  # the journal refused: the request goes on in its chain, the rollover is not lost
+            log.warning("context: a stateful rollover could not be opened")
+            self._project(flow, None, None)
+            return
+        out = {k: v for k, v in payload.items() if k != "previous_response_id"}
+        out["input"] = [*w.bootstrap["items"], *items[n:]]
+        journal_link.record_event(ws, "rollover", {"outcome": "stateful", "window_id": w.window_id, "boundary": n})
+        body.replace(out)
+        commit_if_alone(flow)
 
     def _with_rollover(self, flow: http.HTTPFlow, ws: journal_link.WindowSession) -> Awaitable[None] | None:
         """The session's pending rollover, consumed at this request (whatever it holds: only
@@ -469,25 +532,28 @@ class Context(Stage):
 
     def _open_notes_window(self, ws: journal_link.WindowSession, items: list[Any], n: int, kind: str,
                            tools: tuple[str, ...], boundary_item: str | None,
-                           anchor: Mapping[str, Any] | None = None, follows: Sequence[str] | None = ()) -> Window:
+                           anchor: Mapping[str, Any] | None = None, follows: Sequence[str] | None = (),
+                           stateful: bool = False) -> Window:
         """The notes window after `items[:n]` (the agent's items), its bootstrap built once and stored."""
         rt = self.rt
         j = ws.journal
         j.session(ws.key, ws.task_id, ws.address, ws.source)
-        prev = j.window_of(ws.key)
-        window_id = f"w{prev.ordinal + 1}" if prev is not None else "w1"  # the journal numbers windows so
         notes = _notes_index(rt, ws.task_id, ws.address)
-        start = boot.WindowStart(ws.address, window_id, prev.window_id if prev is not None else None, notes,
-                                 tools=tools, task_id=ws.task_id, reason=kind)
         # a copy, not the agent's objects: the stored bootstrap is what every later request replays
         leading = orjson.loads(orjson.dumps(boot.leading_instructions(items)))
-        stored: dict[str, Any] = {"items": boot.build_bootstrap(start, leading)}
-        if anchor:  # a mid-turn window: how a resend in another form still finds its boundary (midturn.py)
-            stored.update(anchor)
-        w = j.start_window(ws.key, boundary_item, "notes", stored, boundary_pos=n,
-                           boundary_hash=chain_at(items, session_root(ws.key), n), reason=kind, follows=follows)
-        if w.window_id != window_id:  # the identity message names another window: said, never hidden
-            log.warning("context: window %s opened, the bootstrap names %s", w.window_id, window_id)
+
+        def bootstrap(prev: Window | None, window_id: str) -> dict[str, Any]:  # the id the journal assigns
+            start = boot.WindowStart(ws.address, window_id, prev.window_id if prev is not None else None, notes,
+                                     tools=tools, task_id=ws.task_id, reason=kind)
+            stored: dict[str, Any] = {"items": boot.build_bootstrap(start, leading)}
+            if anchor:  # a mid-turn window: how a resend in another form still finds its boundary (midturn.py)
+                stored.update(anchor)
+            return stored
+
+        # a stateful session's window is the journal's record only: the upstream chain holds its bootstrap
+        w = j.start_window(ws.key, boundary_item, "notes", bootstrap, boundary_pos=None if stateful else n,
+                           boundary_hash=None if stateful else chain_at(items, session_root(ws.key), n),
+                           reason=kind, follows=follows)
         debuglog.event("context", outcome="rollover", kind=kind, window=w.window_id, boundary=n)
         proxy_metrics().rollover("notes")
         return w

@@ -84,12 +84,16 @@ async def test_an_answered_request_is_seen_at_once(emulator, proxy_factory, stre
             assert res["details"]["used_tokens"] == used, res  # this answer's, not the one before
             assert res["details"]["agents"] == ["/root/worker"]
             assert "Agents registered in this task: /root/worker." in res["text"]
-            if n == 0:
-                async with http.post(proxy.tools_url + "/v1/context/checkpoint",
-                                     headers={"Authorization": f"Bearer {token}"},
-                                     json={"task": task, "agent": "/root/worker"}) as r:
-                    assert r.status == 200, await r.text()
-    await c.close()
+        await c.close()
+        # a new agent's first answer: the checkpoint route knows it at once (not "registered agents: none")
+        c = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-x", max_retries=0,
+                               default_headers={"x-ctp-task": task, "x-ctp-agent": "/root/other"})
+        emulator.script(Text("hello"))
+        await c.responses.create(model="gpt-4.1", input="first")
+        await c.close()
+        async with http.post(proxy.tools_url + "/v1/context/checkpoint", headers={"Authorization": f"Bearer {token}"},
+                             json={"task": task, "agent": "/root/other"}) as r:
+            assert r.status == 200, await r.text()
 
 
 # ---- (1) items that came in with a rollover are filed in the window whose bootstrap they follow ----------
@@ -152,3 +156,40 @@ async def test_the_first_window_names_the_agent_and_w1(emulator, proxy_factory):
     await agent.sample({"role": "user", "content": "more"})
     second = emulator.responses_requests[1].input_items
     assert [text_of(i) for i in second[:3]] == texts[:3]  # byte-stable within the window (prompt cache)
+
+
+# ---- (2) a pending rollover applies to stateful clients too ----------------------------------------------
+
+@pytest.mark.timeout(120)
+async def test_new_context_rolls_a_stateful_chain_over(emulator, proxy_factory):
+    """Audit seed000 4(a): a client chaining by previous_response_id. After new_context, its next request
+    goes up without the id, as the w2 bootstrap plus its new message; the chain then continues from that
+    answer (forwarded unchanged), and nothing is pending any more."""
+    import openai
+
+    from tests.emulator import Text
+    from tests.test_context_rollover import start, text_of
+
+    agent = await start(emulator, proxy_factory)
+    emulator.script(Text("one"), Text("two"), Text("three"))
+    async with openai.AsyncOpenAI(**agent.client_args) as c:
+        r1 = await c.responses.create(model="gpt-4.1", store=True, input="hello stateful")
+        assert (await agent.tool("new_context", {}))["details"]["pending_rollover"] == "new_context"
+        r2 = await c.responses.create(model="gpt-4.1", store=True, previous_response_id=r1.id, input="next")
+        assert r2.output_text == "two"
+        second = emulator.responses_requests[1]
+        assert "previous_response_id" not in second.json
+        texts = [text_of(i) for i in second.input_items]
+        # (no guidance: this client declares no history/notes/context tool)
+        assert texts[0] == f"You are agent /root of task {agent.task}. This is context window w2. The previous " \
+                           "window is w1: read it with history_list_items (window_id=w1)."
+        assert texts[1].startswith("Existing notes for /root") and "Resume the unfinished work" in texts[2]
+        assert texts[3:] == ["next"]
+        left = await agent.tool("get_context_remaining", {})
+        assert left["details"]["pending_rollover"] is None and "pending" not in left["text"]
+        assert left["details"]["window_id"] == "w2"
+        r3 = await c.responses.create(model="gpt-4.1", store=True, previous_response_id=r2.id, input="more")
+        assert r3.output_text == "three"
+        third = emulator.responses_requests[2]
+        assert third.json["previous_response_id"] == r2.id  # the chain goes on, in the new window
+        assert [text_of(i) for i in third.input_items] == ["more"]

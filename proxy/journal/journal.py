@@ -21,7 +21,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,7 +127,8 @@ class SessionState:
     entries: list[Entry]
     window: Window
     generation: int = 0  # bumped whenever the branch is rewritten (not merely appended to)
-    # set once the session's task, agent and session rows are committed (None: loaded, so committed long ago)
+    # set once what the request path wrote for the session (its task, agent and session rows, a window it
+    # opened) is committed; None: nothing such is waiting (see `wait_registered`)
     registered: threading.Event | None = None
 
 
@@ -339,26 +340,30 @@ class Journal:
         return SessionState(session_key, task_id, address, source, [], window, registered=self.writer.barrier())
 
     def wait_registered(self, st: SessionState, timeout: float = 10.0) -> bool:
-        """Block until the session's registration (task, agent, session, first window) is committed: what a
-        tool or CLI call in another process needs once the proxy has answered (read-your-writes). Runs off
-        the event loop (`asyncio.to_thread`)."""
+        """Block until the session's registration (task, agent, session, first window) and any window the
+        request path opened since are committed: what a tool or CLI call in another process needs once the
+        proxy has answered (read-your-writes). Runs off the event loop (`asyncio.to_thread`)."""
         ev = st.registered
         if ev is None or ev.is_set():
             return True
         self.writer.ring()
         done = ev.wait(timeout)
-        if done:
+        if done and st.registered is ev:
             st.registered = None
         return done
 
-    def _next_ordinal(self, task_id: str, address: str) -> int:
+    def _peek_ordinal(self, task_id: str, address: str) -> int:
+        """The ordinal the agent's next window gets (under the journal's lock: `_next_ordinal` follows)."""
         key = (task_id, address)
         if key not in self._ordinals:
             row = self._read.execute("SELECT max(ordinal) FROM journal_windows WHERE task_id=? AND address=?",
                                      key).fetchone()
             self._ordinals[key] = int(row[0] or 0)
-        self._ordinals[key] += 1
-        return self._ordinals[key]
+        return self._ordinals[key] + 1
+
+    def _next_ordinal(self, task_id: str, address: str) -> int:
+        self._ordinals[(task_id, address)] = self._peek_ordinal(task_id, address)
+        return self._ordinals[(task_id, address)]
 
     def _new_window(self, session_key: str, task_id: str, address: str, boundary: str | None,
                     strategy: str, bootstrap: dict[str, Any], boundary_pos: int | None = None,
@@ -376,12 +381,15 @@ class Journal:
         return self.session(session_key).window
 
     def start_window(self, session_key: str, boundary_item_id: str | None, strategy: str,
-                     bootstrap: dict[str, Any], *, boundary_pos: int | None = None,
+                     bootstrap: dict[str, Any] | Callable[[Window | None, str], dict[str, Any]], *,
+                     boundary_pos: int | None = None,
                      boundary_hash: str | None = None, reason: str | None = None,
                      opaque: bytes | None = None, follows: Sequence[str] | None = None) -> Window:
         """Open the session's next window (the one place window ids are assigned: `_new_window`).
         `follows`: the journal ids of the agent's items that follow the bootstrap in the request that
         opens it; they are filed in the new window (None: every item after the boundary on the branch).
+        `bootstrap` may be built here, given the window it follows and the id this window gets (a notes
+        bootstrap names both): window ids are assigned nowhere else.
         `boundary_item_id` is the last item (on the current branch)
         that the window's bootstrap replaces; None replaces nothing.
 
@@ -409,12 +417,16 @@ class Journal:
                 carried = tuple(i for i in follows if i and self._position(st, i) is not None)
             else:
                 carried = tuple(e.item_id for e in st.entries[at + 1:]) if at is not None else ()
+            if callable(bootstrap):
+                prev = st.window
+                bootstrap = bootstrap(prev, f"w{self._peek_ordinal(st.task_id, st.address)}")
             st.window = self._new_window(session_key, st.task_id, st.address, boundary_item_id, strategy,
                                          dict(bootstrap), boundary_pos, boundary_hash, reason, opaque)
             if carried:
                 self._submit([FileItems(session_key, carried, st.window.window_id)])
             self.record_event(session_key, "window", {"window_id": st.window.window_id, "strategy": strategy,
                                                       "boundary_item_id": boundary_item_id})
+            st.registered = self.writer.barrier()  # the answer waits for the new window too (read-your-writes)
             return st.window
 
     def window_of(self, session_key: str) -> Window | None:
