@@ -60,7 +60,7 @@ from proxy.transforms.compaction import ProjectionContext, apply_projection, fit
 from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
 from proxy.transforms.lazyitems import as_list
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
-from proxy.windows import budget
+from proxy.windows import budget, service
 
 log = logging.getLogger("ctproxy.compaction")
 
@@ -195,7 +195,7 @@ class Compaction(Stage):
         st = state_of(flow)
         mark = st.journal_mark
         # The checkpoint in effect is the journal session's current window (the journal caches it).
-        windows = journal_link.window_session(rt, st.journal, mark, ident,
+        windows = journal_link.window_session(service.journal_of(rt, st.journal), mark, ident,
                                               lambda: {**headers, **st.identity_headers}, payload)
         checkpoint = journal_link.current_checkpoint(windows)
         if checkpoint is not None:  # the projection rewrites the history: the items themselves

@@ -58,6 +58,7 @@ from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, client_c
 from proxy.transforms.lazyitems import LazyItems, as_list, is_item_list, plain_payload
 from proxy.transforms.window import WindowProjection, apply_window
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
+from proxy.windows import service
 
 log = logging.getLogger("ctproxy.context")
 
@@ -164,7 +165,7 @@ class Context(Stage):
         if ident is None:
             return None
         st = state_of(flow)
-        ws = journal_link.window_session(self.rt, st.journal, st.journal_mark, ident,
+        ws = journal_link.window_session(service.journal_of(self.rt, st.journal), st.journal_mark, ident,
                                          lambda: {**header_map(flow), **st.identity_headers}, payload)
         try:
             maybe = ws is not None and self._store().may_be_pending(ws.task_id, ws.address)
@@ -508,7 +509,7 @@ class Context(Stage):
         if ident is None:
             return None
         st = state_of(flow)
-        return journal_link.window_session(rt, st.journal, st.journal_mark, ident,
+        return journal_link.window_session(service.journal_of(rt, st.journal), st.journal_mark, ident,
                                            lambda: {**header_map(flow), **st.identity_headers}, body.view)
 
     def _roll_over(self, ws: journal_link.WindowSession, flow: http.HTTPFlow, kind: str) -> Window | None:

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from proxy.windows.budget import ContextUsage  # (a leaf: the bridge imports it from there)
+
 if TYPE_CHECKING:
     from proxy.compaction.flowinfo import FlowInfo
     from proxy.journal import Journal, RequestMark
@@ -38,20 +40,6 @@ class Settling:
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
-
-
-@dataclass
-class ContextUsage:
-    """A bridged turn's usage, written by the bridge's turn (`proxy.bridge.turn`) round by round:
-    `usage` is the last round's (what the window holds, and what the agent's merged answer shows), `turn`
-    every round's summed (what the turn cost: the journal, `/metrics`, the `x-ctp-turn-usage` header).
-    `record`, when set (by the bridge stage), is awaited with each round's usage before that round's
-    budget-reading calls run, so `get_context_remaining` inside the turn reads it (read-your-writes)."""
-
-    usage: dict[str, Any] | None = None
-    turn: dict[str, Any] | None = None
-    rounds: int = 0
-    record: Callable[[dict[str, Any], str | None, str | None], Awaitable[None]] | None = None
 
 
 # context → bridge: given the items a bridged turn showed the agent so far and its next round's payload, the

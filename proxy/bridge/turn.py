@@ -45,10 +45,10 @@ from proxy.bridge.merge import (
 )
 from proxy.bridge.rawsse import EventSplitter
 from proxy.bridge.specs import Offer, replace_specs, select
-from proxy.flowstate import ContextUsage
 from proxy.metrics import proxy_metrics
 from proxy.toolclient import BridgeTool, CallerUpstream, CallOutcome, ToolCall, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable, continue_turn
+from proxy.windows.budget import ContextUsage
 
 log = logging.getLogger("ctproxy.bridge")
 

@@ -14,9 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy import runtime
 from proxy.compaction.store import Checkpoint
-from proxy.journal import JoinError, Journal, RequestMark, journal_for
+from proxy.journal import JoinError, Journal, RequestMark
 from proxy.session import SessionIdentity
 
 log = logging.getLogger("ctproxy.compaction")
@@ -34,28 +33,18 @@ class WindowSession:
     mark: RequestMark | None  # the history stage's mark of this request, when it ran
 
 
-def _journal(rt: runtime.Runtime, from_history: Journal | None) -> Journal:
-    if isinstance(from_history, Journal):
-        return from_history
-    j = rt.services.journal
-    if j is None:  # history is not in the chain: the journal keeps the windows all the same
-        j = rt.services.journal = journal_for(rt.state, rt.config.history.cache_mb << 20)
-    return j
-
-
-def window_session(rt: runtime.Runtime, from_history: Journal | None, mark: RequestMark | None,
-                   ident: SessionIdentity, headers: Callable[[], Mapping[str, str]],
-                   payload: Mapping[str, Any]) -> WindowSession | None:
+def window_session(journal: Journal, mark: RequestMark | None, ident: SessionIdentity,
+                   headers: Callable[[], Mapping[str, str]], payload: Mapping[str, Any]) -> WindowSession | None:
     """The request's journal session: the history stage's mark when it ran, else resolved here (`headers`
-    is called only then: building the merged map cost every request a dict it rarely needed)."""
-    j = _journal(rt, from_history)
+    is called only then: building the merged map cost every request a dict it rarely needed). `journal`:
+    `proxy.windows.service.journal_of` (the history stage's, or the one kept without it)."""
     if isinstance(mark, RequestMark):
-        return WindowSession(j, mark.session_key, mark.task_id, mark.address, ident.source, mark)
+        return WindowSession(journal, mark.session_key, mark.task_id, mark.address, ident.source, mark)
     try:
-        key, task_id, address = j.resolve(ident, headers(), payload)
+        key, task_id, address = journal.resolve(ident, headers(), payload)
     except JoinError:
         return None  # a request the history stage would refuse: no window of its own either
-    return WindowSession(j, key, task_id, address, ident.source, None)
+    return WindowSession(journal, key, task_id, address, ident.source, None)
 
 
 def current_checkpoint(ws: WindowSession | None) -> Checkpoint | None:

@@ -22,7 +22,6 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from proxy.journal.branch import (
 )
 from proxy.journal.canonical import canonical_hash, chain_id, fingerprint, input_items, item_type, session_root
 from proxy.journal.identity import new_task_id, resolve_identity
+from proxy.journal.model import SessionState, Window
 from proxy.journal.ops import (
     EnsureAgent,
     EnsureSession,
@@ -97,39 +97,6 @@ class BoundedSet[T]:
         self._items[item] = None
         while len(self._items) > self._capacity:
             self._items.popitem(last=False)
-
-
-@dataclass(frozen=True)
-class Window:
-    window_id: str  # "w<ordinal>", unique per agent
-    ordinal: int
-    session_key: str
-    task_id: str
-    address: str
-    boundary_item_id: str | None  # last journal item (on the branch) the bootstrap replaces (None: nothing)
-    strategy: str  # start | notes | remote | fallback | client_compaction | …
-    bootstrap: dict[str, Any]
-    created_at: float
-    # A window that replaces agent items when a request is forwarded (remote, fallback, notes): how many
-    # of the agent's items, and the one-chain id of the last of them (canonical.chain_at).
-    boundary_pos: int | None = None
-    boundary_hash: str | None = None
-    reason: str | None = None  # a category, never content
-    opaque: bytes | None = None  # remote: the compaction item exactly as received
-
-
-@dataclass
-class SessionState:
-    key: str
-    task_id: str
-    address: str
-    source: str | None
-    entries: list[Entry]
-    window: Window
-    generation: int = 0  # bumped whenever the branch is rewritten (not merely appended to)
-    # set once what the request path wrote for the session (its task, agent and session rows, a window it
-    # opened) is committed; None: nothing such is waiting (see `wait_registered`)
-    registered: threading.Event | None = None
 
 
 def connect_retrying(path: Path, attempts: int = 40) -> sqlite3.Connection:

@@ -9,6 +9,8 @@ answer's usage, never the one before."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +47,17 @@ def turn_cost(shown: dict[str, Any] | None, turn: Any) -> dict[str, Any] | None:
     if shown is None or turn is None or getattr(turn, "rounds", 0) < 2 or not getattr(turn, "turn", None):
         return shown
     return {**shown, TURN_KEY: {**turn.turn, "rounds": turn.rounds}}
+
+
+@dataclass
+class ContextUsage:
+    """A bridged turn's usage, written by the bridge's turn (`proxy.bridge.turn`) round by round:
+    `usage` is the last round's (what the window holds, and what the agent's merged answer shows), `turn`
+    every round's summed (what the turn cost: the journal, `/metrics`, the `x-ctp-turn-usage` header).
+    `record`, when set (by the bridge stage), is awaited with each round's usage before that round's
+    budget-reading calls run, so `get_context_remaining` inside the turn reads it (read-your-writes)."""
+
+    usage: dict[str, Any] | None = None
+    turn: dict[str, Any] | None = None
+    rounds: int = 0
+    record: Callable[[dict[str, Any], str | None, str | None], Awaitable[None]] | None = None
