@@ -60,7 +60,7 @@ from proxy.transforms.compaction import ProjectionContext, apply_projection, fit
 from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
 from proxy.transforms.lazyitems import as_list
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
-from proxy.windows import budget, service
+from proxy.windows import budget, opening, service
 
 log = logging.getLogger("ctproxy.compaction")
 
@@ -357,8 +357,17 @@ class Compaction(Stage):
         info.compacted, info.compacted_items = True, n
 
         if info.windows is not None:
+            w = info.windows
+            notes = None
+            # An overflow opens the window the agent did not ask for: with context on it gets the notes parts
+            # of the one bootstrap builder (identity, notes index, continuation). A threshold compaction
+            # (remote_compaction's own) replays the compaction output exactly, as the protocol does.
+            if rt.config.context.enabled and reason == "overflow":
+                notes = opening.window_notes_for(rt.state.subdir("notes"), w.task_id, w.address,
+                                                 opening.reachable_context_tools(request_payload,
+                                                                                 rt.config.bridge.families), reason)
             try:  # the window is the checkpoint's only record (ADR 0006)
-                cp = journal_link.open_window(info.windows, cp)
+                cp = journal_link.open_window(w, cp, notes)
             except Exception as exc:
                 log.error("compaction: the window was not journaled (%s)", type(exc).__name__)
 

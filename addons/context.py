@@ -50,7 +50,6 @@ from proxy.flowstate import state_of
 from proxy.journal import Window
 from proxy.journal.canonical import chain_at, session_root
 from proxy.metrics import proxy_metrics
-from proxy.notes.store import NotesStore
 from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.ids import project_ids
@@ -58,7 +57,7 @@ from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, client_c
 from proxy.transforms.lazyitems import LazyItems, as_list, is_item_list, plain_payload
 from proxy.transforms.window import WindowProjection, apply_window
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
-from proxy.windows import service
+from proxy.windows import opening, service
 
 log = logging.getLogger("ctproxy.context")
 
@@ -354,7 +353,9 @@ class Context(Stage):
                     retained_budget=retained_budget(window), seen=self._seen(ws, items, n))
         caller = http_caller(self._turns(), cfg.timeout_seconds) if blocked is None else _no_remote
         try:
-            cp = journal_link.open_window(ws, await compact(plan, caller))
+            notes = opening.window_notes_for(rt.state.subdir("notes"), ws.task_id, ws.address,
+                                             reachable_context_tools(payload, rt), plan.reason)
+            cp = journal_link.open_window(ws, await compact(plan, caller), notes)
         except Exception:  # the journal or the engine refused: the caller falls back to a notes window
             log.warning("context: a compaction at the hard trigger could not be opened")
             return "none"
@@ -734,45 +735,13 @@ def _facts(body: ResponsesBody, payload: dict[str, Any]) -> InputFacts | None:
 
 
 def _notes_index(rt: runtime.Runtime, task_id: str, address: str) -> boot.NotesSnapshot:
-    try:
-        return boot.read_notes_index(NotesStore(rt.state.subdir("notes"), task_id), address)
-    except (OSError, ValueError):  # an unusable task id or directory: the rollover still happens
-        return boot.NotesSnapshot(address, None)
+    return opening.notes_snapshot(rt.state.subdir("notes"), task_id, address)
 
 
 # ------------------------------------------------------------------------- guidance and [id: …]
-FAMILY_TOOLS = {"history": boot.HISTORY_TOOLS, "notes": boot.NOTES_TOOLS, "context": boot.CONTEXT_TOOLS}
-
-
-def declared_tool_name(tool: Any) -> str | None:
-    """A function tool's name as ctproxy knows it (Codex's `mcp__<server>__<tool>` mapped back)."""
-    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-        return None
-    name = tool["name"]
-    return name.rsplit("__", 1)[-1] if name.startswith("mcp__") else name
-
-
 def reachable_context_tools(payload: dict[str, Any], rt: runtime.Runtime) -> tuple[str, ...]:
-    """The context tools the session can call: bridged (`bridge.families`) or declared by the agent. Asked twice
-    of one request's `tools` (the checkpoint turn's check, then the decoration): the last answer is kept."""
-    tools = payload.get("tools")
-    families = rt.config.bridge.families
-    last = _last_reachable
-    if last[0] is tools and tools is not None and last[1] == families:
-        return last[2]
-    names: set[str] = set()
-    for fam in families:
-        names.update(FAMILY_TOOLS.get(fam, ()))
-    if isinstance(tools, list):
-        names.update(n for t in tools if (n := declared_tool_name(t)) is not None)
-    found = boot.reachable_tools(names) if not names.isdisjoint(_CONTEXT_TOOL_NAMES) else ()
-    if tools is not None:  # (the list is the request's own, never changed in place: ADR 0006)
-        last[:] = [tools, list(families), found]
-    return found
-
-
-_last_reachable: list[Any] = [None, None, ()]  # the tools list last asked of, the families then, the answer
-_CONTEXT_TOOL_NAMES = frozenset(boot.ALL_TOOLS)
+    """The context tools the session can call (proxy/windows/opening.py)."""
+    return opening.reachable_context_tools(payload, rt.config.bridge.families)
 
 
 def forwarded_ids(agent_items: list[Any], forwarded: list[Any], mark: Any) -> list[str | None] | None:

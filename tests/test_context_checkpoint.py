@@ -93,12 +93,17 @@ async def test_a_failed_turn_falls_back_to_compaction_without_a_loop(emulator, p
     assert resp.output_text == "resumed"
     k = 2 + len(failed)  # the turn's requests, then the agent's
     fwd = emulator.responses_requests[k].input_items
-    assert any(map(is_fallback_message, fwd[:3])) and BIG not in json.dumps(fwd)  # compacted: the window shrank
+    assert any(map(is_fallback_message, fwd[:5])) and BIG not in json.dumps(fwd)  # compacted: the window shrank
+    # a failed turn's window starts as every window does (issue 29 (4)): identity, notes index, continuation
+    texts = [text_of(i) for i in fwd]
+    at = next(i for i, item in enumerate(fwd) if is_fallback_message(item))
+    assert "This is context window w2" in texts[at - 2] and texts[at - 1].startswith("Existing notes for /root")
+    assert "Resume the unfinished work" in texts[at + 1]
     assert text_of(fwd[-1]).endswith("go on")
     assert not list((agent.proxy.state_dir / "notes").rglob("x.md"))
     await agent.sample({"role": "user", "content": "next"})
     assert len(emulator.responses_requests) == k + 2 and not is_turn(emulator.responses_requests[k + 1])
-    assert any(map(is_fallback_message, emulator.responses_requests[k + 1].input_items[:3]))  # still in effect
+    assert any(map(is_fallback_message, emulator.responses_requests[k + 1].input_items[:5]))  # still in effect
 
 
 async def test_manual_checkpoint_runs_the_turn_at_the_next_request(emulator, proxy_factory):

@@ -132,7 +132,11 @@ async def test_feature_off_recovers_with_the_readable_fallback(tmp_path, monkeyp
         await client.close()
         assert answer.output_text == "You said: q"
         retry = turns(emu)[-1]
-        assert is_fallback_message(retry.json["input"][0])
+        # the one bootstrap builder (issue 29 (4)): identity and notes index, the fallback, the continuation
+        first = retry.json["input"]
+        assert "This is context window w2" in orjson.dumps(first[0]).decode()
+        assert first[1]["content"][0]["text"].startswith("Existing notes for /root")
+        assert is_fallback_message(first[2]) and "Resume the unfinished work" in orjson.dumps(first[3]).decode()
         assert not any(r.route in ("compact", "compaction") for r in emu.requests)  # nothing remote when off
 
 

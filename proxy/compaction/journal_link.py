@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.compaction.store import Checkpoint
-from proxy.journal import JoinError, Journal, RequestMark
+from proxy.journal import JoinError, Journal, RequestMark, Window
 from proxy.session import SessionIdentity
 
 log = logging.getLogger("ctproxy.compaction")
@@ -55,19 +55,27 @@ def current_checkpoint(ws: WindowSession | None) -> Checkpoint | None:
     return Checkpoint.from_window(w) if w is not None else None
 
 
-def open_window(ws: WindowSession, cp: Checkpoint) -> Checkpoint:
+def open_window(ws: WindowSession, cp: Checkpoint,
+                notes: Callable[[Window | None, str], dict[str, Any]] | None = None) -> Checkpoint:
     """Open the session's next window for `cp` (its boundary after `cp.boundary` agent items); returns
-    the checkpoint as the window records it."""
+    the checkpoint as the window records it. `notes`: the builder of the window's notes parts
+    (proxy/windows/opening.py), when the context capability manages the session's windows."""
     j = ws.journal
     j.session(ws.key, ws.task_id, ws.address, ws.source)  # created when history is not in the chain
     boundary_item = None
     mark = ws.mark
     if mark is not None and 0 < cp.boundary <= len(mark.input_ids):
         boundary_item = mark.input_ids[cp.boundary - 1] or None  # the journal's own id of that item
-    w = j.start_window(ws.key, boundary_item, cp.strategy, cp.bootstrap(), boundary_pos=cp.boundary,
+    base = cp.bootstrap()
+
+    def with_notes(prev: Window | None, window_id: str) -> dict[str, Any]:
+        return {**base, **notes(prev, window_id)} if notes is not None else base
+
+    w = j.start_window(ws.key, boundary_item, cp.strategy, with_notes, boundary_pos=cp.boundary,
                        boundary_hash=cp.boundary_hash, reason=cp.reason, opaque=cp.compaction_item)
     return dataclasses.replace(cp, window_id=w.window_id, created_at=w.created_at,
-                               boundary_item_id=w.boundary_item_id)
+                               boundary_item_id=w.boundary_item_id, preface=tuple(w.bootstrap.get("preface") or ()),
+                               coda=tuple(w.bootstrap.get("coda") or ()))
 
 
 def journal_boundary(mark: RequestMark | None, cp: Checkpoint) -> Checkpoint | None:

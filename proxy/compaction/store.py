@@ -92,6 +92,8 @@ class Checkpoint:
     usage: dict[str, Any] | None
     window_id: str | None = None
     boundary_item_id: str | None = None  # the journal's id of the boundary item, when it is on the branch
+    preface: tuple[dict[str, Any], ...] = ()  # the window's notes parts (CompactionRecord)
+    coda: tuple[dict[str, Any], ...] = ()
 
     @property
     def root(self) -> str:
@@ -101,7 +103,7 @@ class Checkpoint:
     def record(self) -> CompactionRecord:
         item = orjson.loads(self.compaction_item) if self.compaction_item is not None else None
         return CompactionRecord(self.id, self.boundary, self.boundary_hash, self.retained, item, self.fallback_text,
-                                self.root)
+                                self.root, self.preface, self.coda)
 
     def bootstrap(self) -> dict[str, Any]:
         """What the window row's `bootstrap` holds (the opaque item is its own column)."""
@@ -122,7 +124,8 @@ class Checkpoint:
             marker=str(b.get("marker") or ""), fallback_text=str(b.get("fallback_text") or ""),
             compaction_item=w.opaque, retained=tuple(b.get("retained") or ()),
             fingerprint=Fingerprint(**fp) if isinstance(fp, dict) else None, usage=b.get("usage"),
-            window_id=w.window_id, boundary_item_id=w.boundary_item_id)
+            window_id=w.window_id, boundary_item_id=w.boundary_item_id,
+            preface=tuple(b.get("preface") or ()), coda=tuple(b.get("coda") or ()))
 
 
 def new_checkpoint_id() -> str:

@@ -275,17 +275,24 @@ class WindowStart:
     reason: str = "new_context"  # new_context | threshold | checkpoint | overflow (recorded, not shown)
 
 
+def window_notes(start: WindowStart) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The notes parts of any new window, whatever its strategy: (guidance when a context tool is
+    reachable, window identity, notes index) and (continuation). A notes window is only these; a
+    remote/fallback window opened while context is on puts its compaction between them."""
+    head: list[dict[str, Any]] = []
+    if reachable_tools(start.tools):
+        head.append(developer_message(guidance_text(start.tools)))
+    head.append(developer_message(identity_text(start.agent, start.window_id, start.previous_window_id,
+                                                start.task_id)))
+    head.append(developer_message(notes_index_text(start.notes)))
+    return head, [developer_message(CONTINUATION)]
+
+
 def build_bootstrap(start: WindowStart, leading: Sequence[Any] = ()) -> list[dict[str, Any]]:
     """The items that replace everything before the boundary: the agent's leading instructions (as
     given), guidance, window identity, notes index, continuation."""
-    items: list[Any] = [item for item in leading if not is_guidance(item)]
-    if reachable_tools(start.tools):
-        items.append(developer_message(guidance_text(start.tools)))
-    items.append(developer_message(identity_text(start.agent, start.window_id, start.previous_window_id,
-                                                 start.task_id)))
-    items.append(developer_message(notes_index_text(start.notes)))
-    items.append(developer_message(CONTINUATION))
-    return items
+    head, tail = window_notes(start)
+    return [*(item for item in leading if not is_guidance(item)), *head, *tail]
 
 
 def rollover_boundary(items: Sequence[Any]) -> int:
