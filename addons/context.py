@@ -47,7 +47,7 @@ from proxy.context import midturn, reminder
 from proxy.context.rollover import Kind, RolloverStore
 from proxy.flowbody import ResponsesBody, commit_if_alone, decode_bounded, responses_body
 from proxy.flowstate import state_of
-from proxy.journal import Window
+from proxy.journal import COMPACTION_STRATEGIES, Window
 from proxy.journal.canonical import chain_at, session_root
 from proxy.metrics import proxy_metrics
 from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
@@ -87,7 +87,6 @@ def stored_projection(w: Window, rt: runtime.Runtime) -> WindowProjection | None
                             tuple(items))
 
 
-COMPACTION_STRATEGIES = frozenset({"remote", "fallback"})  # decided by the compaction stage in the chain
 PROJECTIONS: dict[str, Callable[[Window, runtime.Runtime], WindowProjection | None]] = {
     "remote": _checkpoint_projection,
     "fallback": _checkpoint_projection,

@@ -23,7 +23,7 @@ import orjson
 from proxy.compaction.decision import LastRequest
 from proxy.compaction.fingerprint import Fingerprint
 from proxy.db import register_schema
-from proxy.journal import Window, migrate
+from proxy.journal import COMPACTION_STRATEGIES, Strategy, Window, migrate
 from proxy.journal.canonical import session_root
 from proxy.journal.journal import window_from_row
 from proxy.journal.migrate import checkpoint_bootstrap
@@ -70,9 +70,6 @@ register_schema(
 )
 
 
-COMPACTION_STRATEGIES = frozenset({"remote", "fallback"})
-
-
 @dataclass(frozen=True)
 class Checkpoint:
     """A remote/fallback window, typed (see `from_window`)."""
@@ -80,7 +77,7 @@ class Checkpoint:
     id: str  # the checkpoint id (cp_…): named by its marker and its events
     session_key: str  # the journal session whose window it is
     created_at: float
-    strategy: str
+    strategy: Strategy  # remote | fallback (COMPACTION_STRATEGIES)
     reason: str
     boundary: int
     boundary_hash: str  # one-chain id of the boundary item (proxy.journal.canonical.chain_at)

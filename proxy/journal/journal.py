@@ -44,7 +44,7 @@ from proxy.journal.branch import (
 )
 from proxy.journal.canonical import canonical_hash, chain_id, fingerprint, input_items, item_type, session_root
 from proxy.journal.identity import new_task_id, resolve_identity
-from proxy.journal.model import SessionState, Window
+from proxy.journal.model import SessionState, Strategy, Window
 from proxy.journal.ops import (
     EnsureAgent,
     EnsureSession,
@@ -333,7 +333,7 @@ class Journal:
         return self._ordinals[(task_id, address)]
 
     def _new_window(self, session_key: str, task_id: str, address: str, boundary: str | None,
-                    strategy: str, bootstrap: dict[str, Any], boundary_pos: int | None = None,
+                    strategy: Strategy, bootstrap: dict[str, Any], boundary_pos: int | None = None,
                     boundary_hash: str | None = None, reason: str | None = None,
                     opaque: bytes | None = None) -> Window:
         ordinal = self._next_ordinal(task_id, address)
@@ -347,7 +347,7 @@ class Journal:
     def current_window(self, session_key: str) -> Window:
         return self.session(session_key).window
 
-    def start_window(self, session_key: str, boundary_item_id: str | None, strategy: str,
+    def start_window(self, session_key: str, boundary_item_id: str | None, strategy: Strategy,
                      bootstrap: dict[str, Any] | Callable[[Window | None, str], dict[str, Any]], *,
                      boundary_pos: int | None = None,
                      boundary_hash: str | None = None, reason: str | None = None,

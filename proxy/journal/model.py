@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from proxy.journal.branch import Entry
+
+# How a window was made (the one definition; ADR 0010). `start`: a session's first window; `client_compaction`:
+# the client sent its own compaction item; `notes`: seed 000's checkpoint note and bootstrap; `remote` / `fallback`:
+# a compaction v2 item replayed / the readable excerpt.
+Strategy = Literal["start", "client_compaction", "notes", "remote", "fallback"]
+COMPACTION_STRATEGIES: frozenset[Strategy] = frozenset({"remote", "fallback"})  # a Checkpoint, replayed by compaction
 
 
 @dataclass(frozen=True)
@@ -18,7 +24,7 @@ class Window:
     task_id: str
     address: str
     boundary_item_id: str | None  # last journal item (on the branch) the bootstrap replaces (None: nothing)
-    strategy: str  # start | notes | remote | fallback | client_compaction | …
+    strategy: Strategy  # (a row written by another version may hold another word: read as it is)
     bootstrap: dict[str, Any]
     created_at: float
     # A window that replaces agent items when a request is forwarded (remote, fallback, notes): how many
