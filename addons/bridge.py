@@ -39,6 +39,7 @@ from proxy.flowstate import ContextUsage, state_of
 from proxy.toolclient import CallerUpstream, ToolClient
 from proxy.transforms.web_search import SIDECAR_TOOL, search_path
 from proxy.upstream import UpstreamTurns
+from proxy.windows import budget
 
 log = logging.getLogger("ctproxy.bridge")
 _CREDENTIAL_NAMES = frozenset(n.encode() for n in routes.CREDENTIAL_HEADERS)
@@ -143,7 +144,8 @@ class Bridge(Stage):
                         timeout=rt.config.timeouts.stream_idle_seconds, registered=registered,
                         catalog=tuple(specs or ()),
                         families=tuple(cfg.families), apply_patch_form=cfg.apply_patch_form,
-                        context_usage=ContextUsage(), withheld=withheld, rollover=st.context_rollover)
+                        context_usage=ContextUsage(record=_usage_recorder(rt, session, task, agent)),
+                        withheld=withheld, rollover=st.context_rollover)
         st.context_usage = job.context_usage  # the tap records the last round's usage for the context budget
         port = await svc.start()
         key, path = svc.register(job, req.path)
@@ -176,6 +178,18 @@ class Bridge(Stage):
         if rt is not None and rt.services.bridge is not None:
             svc, rt.services.bridge = rt.services.bridge, None
             await svc.close()
+
+
+def _usage_recorder(rt: runtime.Runtime, session: str | None, task: str | None, agent: str | None):
+    """The bridged turn's per-round usage, recorded and committed before the round's budget calls run."""
+    if session is None:
+        return None
+
+    async def record(used: dict, model: str | None, response_id: str | None) -> None:
+        await budget.committed(budget.record(rt.services, rt.state.db_path, session, task, agent, model, used,
+                                             response_id))
+
+    return record
 
 
 def job_key(path: str) -> str | None:

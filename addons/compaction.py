@@ -60,6 +60,7 @@ from proxy.transforms.compaction import ProjectionContext, apply_projection, fit
 from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
 from proxy.transforms.lazyitems import as_list
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
+from proxy.windows import budget, opening, service
 
 log = logging.getLogger("ctproxy.compaction")
 
@@ -162,7 +163,8 @@ class Compaction(Stage):
             return
         rt = self.rt
         cfg = rt.config.remote_compaction
-        if not cfg.enabled and not cfg.recover_overflow:
+        recover = rt.config.recovers_overflow()
+        if not cfg.enabled and not recover:
             return  # nothing to project or hold: the body need not even be parsed
         body = responses_body(flow)
         if body is None:
@@ -193,7 +195,7 @@ class Compaction(Stage):
         st = state_of(flow)
         mark = st.journal_mark
         # The checkpoint in effect is the journal session's current window (the journal caches it).
-        windows = journal_link.window_session(rt, st.journal, mark, ident,
+        windows = journal_link.window_session(service.journal_of(rt, st.journal), mark, ident,
                                               lambda: {**headers, **st.identity_headers}, payload)
         checkpoint = journal_link.current_checkpoint(windows)
         if checkpoint is not None:  # the projection rewrites the history: the items themselves
@@ -231,7 +233,7 @@ class Compaction(Stage):
         failed_here = sess is not None and sess.failed_items == len(items)
         want = route.eligible and info.window is not None and not failed_here and _fresh(info) and (
             (cfg.enabled and over(info.estimate.tokens, info.window, cfg.threshold) and _grown(info))
-            or (sess is not None and sess.force_compact and cfg.recover_overflow)
+            or (sess is not None and sess.force_compact and recover)
         )
         if want:
             payload = body.value
@@ -249,7 +251,7 @@ class Compaction(Stage):
                 projected, info.fit_budget = fitted
                 sent = _payload_bytes(projected, input_items(projected) or [])
                 info.estimate = self._estimate(sent, info, None, None)
-        info.hold = (cfg.recover_overflow and route.eligible
+        info.hold = (recover and route.eligible
                      and over(info.estimate.tokens, info.window, HOLD_FRACTION))
         # The context stage (addons/context.py) applies the checkpoint in effect to the body: compaction only
         # decides, on the projection that stage will send (the same pure transform).
@@ -355,8 +357,17 @@ class Compaction(Stage):
         info.compacted, info.compacted_items = True, n
 
         if info.windows is not None:
+            w = info.windows
+            notes = None
+            # An overflow opens the window the agent did not ask for: with context on it gets the notes parts
+            # of the one bootstrap builder (identity, notes index, continuation). A threshold compaction
+            # (remote_compaction's own) replays the compaction output exactly, as the protocol does.
+            if rt.config.context.enabled and reason == "overflow":
+                notes = opening.window_notes_for(rt.state.subdir("notes"), w.task_id, w.address,
+                                                 opening.reachable_context_tools(request_payload,
+                                                                                 rt.config.bridge.families), reason)
             try:  # the window is the checkpoint's only record (ADR 0006)
-                cp = journal_link.open_window(info.windows, cp)
+                cp = journal_link.open_window(w, cp, notes)
             except Exception as exc:
                 log.error("compaction: the window was not journaled (%s)", type(exc).__name__)
 
@@ -379,7 +390,7 @@ class Compaction(Stage):
         resp = flow.response
         if not isinstance(info, FlowInfo) or resp is None:
             return
-        recoverable = self.rt.config.remote_compaction.recover_overflow and info.route.eligible
+        recoverable = self.rt.config.recovers_overflow() and info.route.eligible
         ctype = resp.headers.get("content-type", "").lower()
         if info.hold and resp.status_code == 200 and ctype.startswith("text/event-stream"):
             info.held_stream = resp.stream  # the tap's callable, fed once the answer is settled
@@ -400,7 +411,7 @@ class Compaction(Stage):
             code = response_error_code(resp.status_code, resp.headers.get("content-type", ""),
                                        resp.get_content(strict=False) or b"")
         recovered = False
-        if code == CODE and rt.config.remote_compaction.recover_overflow and info.route.eligible:
+        if code == CODE and rt.config.recovers_overflow() and info.route.eligible:
             recovered = await self._recover(flow, info, rt)
         elif code is None and streamed:
             tap = state_of(flow).tap
@@ -416,6 +427,7 @@ class Compaction(Stage):
         if st.settling is not None:  # final now: the stages that read answers read this one
             settling, st.settling = st.settling, None
             settling.settled()
+            await budget.committed(self._db(rt))  # what they recorded is committed before the answer ends
 
     def _release_held(self, flow: http.HTTPFlow, info: FlowInfo) -> None:
         """Feed the held answer to the tap that would have seen it streamed."""

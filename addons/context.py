@@ -47,10 +47,9 @@ from proxy.context import midturn, reminder
 from proxy.context.rollover import Kind, RolloverStore
 from proxy.flowbody import ResponsesBody, commit_if_alone, decode_bounded, responses_body
 from proxy.flowstate import state_of
-from proxy.journal import Window
+from proxy.journal import COMPACTION_STRATEGIES, Window
 from proxy.journal.canonical import chain_at, session_root
 from proxy.metrics import proxy_metrics
-from proxy.notes.store import NotesStore
 from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.ids import project_ids
@@ -58,6 +57,7 @@ from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, client_c
 from proxy.transforms.lazyitems import LazyItems, as_list, is_item_list, plain_payload
 from proxy.transforms.window import WindowProjection, apply_window
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
+from proxy.windows import opening, service
 
 log = logging.getLogger("ctproxy.context")
 
@@ -73,7 +73,7 @@ def _checkpoint_projection(w: Window, rt: runtime.Runtime) -> WindowProjection |
     cp = Checkpoint.from_window(w)
     # the context stage's own compactions (hard trigger, failed checkpoint turn) apply while context is on
     ours = rt.config.context.enabled and (w.reason or "").startswith(CONTEXT_REASON)
-    if cp is None or not (cfg.enabled or cfg.recover_overflow or ours):
+    if cp is None or not (cfg.enabled or rt.config.recovers_overflow() or ours):
         return None
     return cp.record().projection(replay_opaque=False)
 
@@ -87,7 +87,6 @@ def stored_projection(w: Window, rt: runtime.Runtime) -> WindowProjection | None
                             tuple(items))
 
 
-COMPACTION_STRATEGIES = frozenset({"remote", "fallback"})  # decided by the compaction stage in the chain
 PROJECTIONS: dict[str, Callable[[Window, runtime.Runtime], WindowProjection | None]] = {
     "remote": _checkpoint_projection,
     "fallback": _checkpoint_projection,
@@ -138,14 +137,77 @@ class Context(Stage):
             return None
         cfg = self.rt.config
         rc = cfg.remote_compaction
-        if not (cfg.context.enabled or rc.enabled or rc.recover_overflow):
+        if not (cfg.context.enabled or rc.enabled or cfg.recovers_overflow()):
             return None  # no strategy makes or applies windows: the body need not even be parsed
         if cfg.context.enabled:
             ws = self._window_session(flow)
             if ws is not None:  # a stateless request of a known session: it may roll over
                 return self._with_rollover(flow, ws)
+            ws = self._stateful_session(flow)
+            if ws is not None:  # the upstream holds the history: a pending new_context starts a new chain
+                return self._stateful_rollover(flow, ws)
         self._project(flow, None, None)
         return None
+
+    # ------------------------------------------------------------------ stateful clients (issue 29 (2))
+    def _stateful_session(self, flow: http.HTTPFlow) -> journal_link.WindowSession | None:
+        """The journal session of a request chained by `previous_response_id` that may have a rollover
+        pending (the stamp says so without the database thread); else None."""
+        body = responses_body(flow)
+        if body is None:
+            return None
+        payload = body.view
+        if not payload.get("previous_response_id") or payload.get("conversation") is not None:
+            return None
+        ident = session_of(flow, self.rt.services.response_aliases)
+        if ident is None:
+            return None
+        st = state_of(flow)
+        ws = journal_link.window_session(service.journal_of(self.rt, st.journal), st.journal_mark, ident,
+                                         lambda: {**header_map(flow), **st.identity_headers}, payload)
+        try:
+            maybe = ws is not None and self._store().may_be_pending(ws.task_id, ws.address)
+        except Exception:  # the state database is a record here: never a reason to fail the request
+            log.warning("context: could not read the pending rollover of a session")
+            return None
+        return ws if maybe else None
+
+    async def _stateful_rollover(self, flow: http.HTTPFlow, ws: journal_link.WindowSession) -> None:
+        """A pending `new_context` for a client that chains by `previous_response_id`: the id is dropped and
+        the request goes up as the new window's bootstrap plus the agent's new messages (its outputs for the
+        previous answer's calls close the old window). The answer's id then chains in the new window: the
+        upstream stored that input, so the agent's next `previous_response_id` continues there."""
+        try:
+            pending = await self._store().take(ws.task_id, ws.address, ROLLOVER_KINDS)
+        except Exception:
+            log.warning("context: could not read the pending rollover of a session")
+            pending = None
+        body = responses_body(flow)
+        if pending is None or body is None:
+            self._project(flow, None, None)
+            return
+        payload = body.value
+        raw = payload.get("input")
+        items = [{"role": "user", "content": raw}] if isinstance(raw, str) else as_list(input_items(payload) or [])
+        n = boot.rollover_boundary(items)
+        mark = state_of(flow).journal_mark or ws.mark
+        boundary_item, follows = None, None
+        if mark is not None and not mark.failed and len(mark.input_ids) >= len(items):
+            boundary_item = (mark.input_ids[n - 1] or None) if n else None
+            follows = [i for i in mark.input_ids[n:len(items)] if i]
+        tools = reachable_context_tools(payload, self.rt)
+        try:
+            w = self._open_notes_window(ws, items, n, f"{pending.kind}_stateful", tools, boundary_item,
+                                        follows=follows, stateful=True)
+        except Exception:  # the journal refused: the request goes on in its chain, the rollover is not lost
+            log.warning("context: a stateful rollover could not be opened")
+            self._project(flow, None, None)
+            return
+        out = {k: v for k, v in payload.items() if k != "previous_response_id"}
+        out["input"] = [*w.bootstrap["items"], *items[n:]]
+        journal_link.record_event(ws, "rollover", {"outcome": "stateful", "window_id": w.window_id, "boundary": n})
+        body.replace(out)
+        commit_if_alone(flow)
 
     def _with_rollover(self, flow: http.HTTPFlow, ws: journal_link.WindowSession) -> Awaitable[None] | None:
         """The session's pending rollover, consumed at this request (whatever it holds: only
@@ -158,8 +220,11 @@ class Context(Stage):
         self._offer_midturn(flow, ws, payload)
         can_turn = self._can_checkpoint(payload)
         strategy = self.rt.config.context.strategy
-        # a manual checkpoint waits for a request that can serve it (the turn, or a compaction)
-        kinds = (*ROLLOVER_KINDS, "checkpoint") if can_turn or strategy != "notes" else ROLLOVER_KINDS
+        # A manual checkpoint is served by the checkpoint turn, which offers the own-notes write tool itself
+        # (whether or not the agent declares it: issue 29 (2)), or by a compaction: it waits only for a
+        # tool server to run the write.
+        can_manual = strategy != "notes" or self._tools_client() is not None
+        kinds = (*ROLLOVER_KINDS, "checkpoint") if can_manual else ROLLOVER_KINDS
         try:
             maybe = self._store().may_be_pending(ws.task_id, ws.address)
         except Exception:  # the state database is a record here: never a reason to fail the request
@@ -206,7 +271,13 @@ class Context(Stage):
             self._journal_turn(flow, ws, payload, executed)
             journal_link.record_event(ws, "checkpoint_turn", {"outcome": outcome, "reason": kind})
             debuglog.event("context", outcome="checkpoint_turn", result=outcome, reason=kind)
-            if outcome != "written":  # compaction (remote where eligible, else readable): never a loop
+            if outcome != "written" and kind == "checkpoint":
+                # Seed 000: an unsaved manual checkpoint cancels the compaction and keeps the current window
+                # (the guidance says only a saved own-notes write lets the window go).
+                journal_link.record_event(ws, "manual_checkpoint", {"outcome": "kept_window", "reason": outcome})
+                self._project(flow, ws, None)
+                return
+            if outcome != "written":  # the hard trigger: compaction (remote where eligible, else readable)
                 if await self._compact(flow, ws, kind, remote=True) != "none":
                     return
                 kind = f"{kind}_failed"  # nothing to compact: a notes window all the same
@@ -281,7 +352,9 @@ class Context(Stage):
                     retained_budget=retained_budget(window), seen=self._seen(ws, items, n))
         caller = http_caller(self._turns(), cfg.timeout_seconds) if blocked is None else _no_remote
         try:
-            cp = journal_link.open_window(ws, await compact(plan, caller))
+            notes = opening.window_notes_for(rt.state.subdir("notes"), ws.task_id, ws.address,
+                                             reachable_context_tools(payload, rt), plan.reason)
+            cp = journal_link.open_window(ws, await compact(plan, caller), notes)
         except Exception:  # the journal or the engine refused: the caller falls back to a notes window
             log.warning("context: a compaction at the hard trigger could not be opened")
             return "none"
@@ -358,6 +431,7 @@ class Context(Stage):
             return "no_write_tool", executed
         forwarded = decorate(payload, self._forward_of(flow, ws, payload, None), ws, rt, None)
         extra: list[Any] = []
+        why = "write_failed"
         for _attempt in range(2):
             body = ckturn.turn_body(forwarded, spec, rt.config.context.checkpoint_instruction, extra)
             answer = await self._send(flow, body)
@@ -367,7 +441,10 @@ class Context(Stage):
             if call is None:
                 return why, executed
             if not ckturn.own_path(call.arguments, ws.address):
-                return "not_own_notes", executed  # another agent's notes never lift the fence
+                # another agent's notes never lift the fence: refused unexecuted, and corrected once
+                extra = ckturn.correction(call, ckturn.not_own_text(ws.address))
+                why = "not_own_notes"
+                continue
             try:
                 out = await client.call(ToolCall(ckturn.WRITE_TOOL, "function", call.arguments, call_id=call.call_id,
                                                  task=ws.task_id, agent=ws.address, session=ws.key))
@@ -377,7 +454,8 @@ class Context(Stage):
             if not out.is_error:
                 return "written", executed
             extra = ckturn.correction(call, out.output)
-        return "write_failed", executed
+            why = "write_failed"
+        return why, executed
 
     def _journal_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                       executed: list[dict[str, Any]]) -> None:
@@ -431,7 +509,7 @@ class Context(Stage):
         if ident is None:
             return None
         st = state_of(flow)
-        return journal_link.window_session(rt, st.journal, st.journal_mark, ident,
+        return journal_link.window_session(service.journal_of(rt, st.journal), st.journal_mark, ident,
                                            lambda: {**header_map(flow), **st.identity_headers}, body.view)
 
     def _roll_over(self, ws: journal_link.WindowSession, flow: http.HTTPFlow, kind: str) -> Window | None:
@@ -444,34 +522,39 @@ class Context(Stage):
         n = boot.rollover_boundary(items)
         if n == 0:
             return None  # nothing precedes the agent's messages: the window would be the one it has
-        mark = ws.mark
-        boundary_item = None
-        if mark is not None and not mark.failed and len(mark.input_ids) == len(items):
+        mark = state_of(flow).journal_mark or ws.mark  # (the checkpoint turn re-took it with its write)
+        boundary_item, follows = None, None
+        if mark is not None and not mark.failed and len(mark.input_ids) >= len(items):
+            # the mark's ids start with the agent's items (a checkpoint turn's write follows them)
             boundary_item = mark.input_ids[n - 1] or None
+            follows = [i for i in mark.input_ids[n:len(items)] if i]
         return self._open_notes_window(ws, items, n, kind, reachable_context_tools(body.value, self.rt),
-                                       boundary_item)
+                                       boundary_item, follows=follows)
 
     def _open_notes_window(self, ws: journal_link.WindowSession, items: list[Any], n: int, kind: str,
                            tools: tuple[str, ...], boundary_item: str | None,
-                           anchor: Mapping[str, Any] | None = None) -> Window:
+                           anchor: Mapping[str, Any] | None = None, follows: Sequence[str] | None = (),
+                           stateful: bool = False) -> Window:
         """The notes window after `items[:n]` (the agent's items), its bootstrap built once and stored."""
         rt = self.rt
         j = ws.journal
         j.session(ws.key, ws.task_id, ws.address, ws.source)
-        prev = j.window_of(ws.key)
-        window_id = f"w{prev.ordinal + 1}" if prev is not None else "w1"  # the journal numbers windows so
         notes = _notes_index(rt, ws.task_id, ws.address)
-        start = boot.WindowStart(ws.address, window_id, prev.window_id if prev is not None else None, notes,
-                                 tools=tools, task_id=ws.task_id, reason=kind)
         # a copy, not the agent's objects: the stored bootstrap is what every later request replays
         leading = orjson.loads(orjson.dumps(boot.leading_instructions(items)))
-        stored: dict[str, Any] = {"items": boot.build_bootstrap(start, leading)}
-        if anchor:  # a mid-turn window: how a resend in another form still finds its boundary (midturn.py)
-            stored.update(anchor)
-        w = j.start_window(ws.key, boundary_item, "notes", stored, boundary_pos=n,
-                           boundary_hash=chain_at(items, session_root(ws.key), n), reason=kind)
-        if w.window_id != window_id:  # the identity message names another window: said, never hidden
-            log.warning("context: window %s opened, the bootstrap names %s", w.window_id, window_id)
+
+        def bootstrap(prev: Window | None, window_id: str) -> dict[str, Any]:  # the id the journal assigns
+            start = boot.WindowStart(ws.address, window_id, prev.window_id if prev is not None else None, notes,
+                                     tools=tools, task_id=ws.task_id, reason=kind)
+            stored: dict[str, Any] = {"items": boot.build_bootstrap(start, leading)}
+            if anchor:  # a mid-turn window: how a resend in another form still finds its boundary (midturn.py)
+                stored.update(anchor)
+            return stored
+
+        # a stateful session's window is the journal's record only: the upstream chain holds its bootstrap
+        w = j.start_window(ws.key, boundary_item, "notes", bootstrap, boundary_pos=None if stateful else n,
+                           boundary_hash=None if stateful else chain_at(items, session_root(ws.key), n),
+                           reason=kind, follows=follows)
         debuglog.event("context", outcome="rollover", kind=kind, window=w.window_id, boundary=n)
         proxy_metrics().rollover("notes")
         return w
@@ -566,7 +649,7 @@ class Context(Stage):
         rt = self.rt
         others = _other_strategies()
         cfg = rt.config.remote_compaction
-        if window is None and not others and (decided or not (cfg.enabled or cfg.recover_overflow)):
+        if window is None and not others and (decided or not (cfg.enabled or rt.config.recovers_overflow())):
             return payload  # no strategy could apply
         if input_items(payload) is None:
             return payload
@@ -651,45 +734,13 @@ def _facts(body: ResponsesBody, payload: dict[str, Any]) -> InputFacts | None:
 
 
 def _notes_index(rt: runtime.Runtime, task_id: str, address: str) -> boot.NotesSnapshot:
-    try:
-        return boot.read_notes_index(NotesStore(rt.state.subdir("notes"), task_id), address)
-    except (OSError, ValueError):  # an unusable task id or directory: the rollover still happens
-        return boot.NotesSnapshot(address, None)
+    return opening.notes_snapshot(rt.state.subdir("notes"), task_id, address)
 
 
 # ------------------------------------------------------------------------- guidance and [id: …]
-FAMILY_TOOLS = {"history": boot.HISTORY_TOOLS, "notes": boot.NOTES_TOOLS, "context": boot.CONTEXT_TOOLS}
-
-
-def declared_tool_name(tool: Any) -> str | None:
-    """A function tool's name as ctproxy knows it (Codex's `mcp__<server>__<tool>` mapped back)."""
-    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-        return None
-    name = tool["name"]
-    return name.rsplit("__", 1)[-1] if name.startswith("mcp__") else name
-
-
 def reachable_context_tools(payload: dict[str, Any], rt: runtime.Runtime) -> tuple[str, ...]:
-    """The context tools the session can call: bridged (`bridge.families`) or declared by the agent. Asked twice
-    of one request's `tools` (the checkpoint turn's check, then the decoration): the last answer is kept."""
-    tools = payload.get("tools")
-    families = rt.config.bridge.families
-    last = _last_reachable
-    if last[0] is tools and tools is not None and last[1] == families:
-        return last[2]
-    names: set[str] = set()
-    for fam in families:
-        names.update(FAMILY_TOOLS.get(fam, ()))
-    if isinstance(tools, list):
-        names.update(n for t in tools if (n := declared_tool_name(t)) is not None)
-    found = boot.reachable_tools(names) if not names.isdisjoint(_CONTEXT_TOOL_NAMES) else ()
-    if tools is not None:  # (the list is the request's own, never changed in place: ADR 0006)
-        last[:] = [tools, list(families), found]
-    return found
-
-
-_last_reachable: list[Any] = [None, None, ()]  # the tools list last asked of, the families then, the answer
-_CONTEXT_TOOL_NAMES = frozenset(boot.ALL_TOOLS)
+    """The context tools the session can call (proxy/windows/opening.py)."""
+    return opening.reachable_context_tools(payload, rt.config.bridge.families)
 
 
 def forwarded_ids(agent_items: list[Any], forwarded: list[Any], mark: Any) -> list[str | None] | None:
@@ -733,6 +784,8 @@ def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.Wind
     # a reminder only ever comes back as one of the input's developer messages: none there, none to drop
     resent = None if instructions is None or any(reminder.is_reminder(raw[k]) for k in instructions) else ()
     forwarded: Sequence[Any] = boot.insert_guidance(raw, tools, instructions)
+    if tools and (w := ws.journal.window_of(ws.key)) is not None:  # who and where: from the first window on
+        forwarded = boot.insert_identity(forwarded, boot.identity_text(ws.address, w.window_id, None, ws.task_id))
     # the markers are what history_read_item takes: shown only to a session that can call it
     if rt.config.context.id_projection and "history_read_item" in tools and isinstance(agent_items, list):
         ids = forwarded_ids(agent_items, forwarded, ws.mark)

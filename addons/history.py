@@ -13,7 +13,9 @@ waits for the database, and no hashing or alignment runs on the request path.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 import orjson
@@ -27,6 +29,7 @@ from proxy.flowstate import state_of
 from proxy.journal import JoinError, Journal, RequestMark, journal_for
 from proxy.session import SessionIdentity, resolve_session
 from proxy.sse import ResponseTap, SSEDecoder
+from proxy.windows.budget import turn_cost
 
 log = logging.getLogger("ctproxy.history")
 
@@ -167,11 +170,20 @@ class History(Stage):
             except Exception as exc:
                 log.error("history: response not journaled (%s)", type(exc).__name__)
 
-    def response(self, flow: http.HTTPFlow) -> None:
+    def response(self, flow: http.HTTPFlow) -> Awaitable[bool] | None:
         st = state_of(flow)
         if st.settling is not None:  # the answer may still be replaced: journal it once it is final
-            st.settling.when_settled(lambda: self.response(flow))
-            return
+            st.settling.when_settled(lambda: self._answered(flow))
+            return None
+        self._answered(flow)
+        # Read-your-writes: once the proxy has answered a session's first request, every tool and CLI call
+        # (other processes) sees its task, agent and session; the answer ends once they are committed.
+        mark, j = mark_of(flow), st.journal
+        if mark is None or not isinstance(j, Journal) or mark.state is None or mark.state.registered is None:
+            return None
+        return asyncio.to_thread(j.wait_registered, mark.state)
+
+    def _answered(self, flow: http.HTTPFlow) -> None:
         if mark_of(flow) is not None:
             tap = state_of(flow).tap
             self._finish(flow, tap if isinstance(tap, ResponseTap) else _tap_from_body(flow))
@@ -194,7 +206,8 @@ class History(Stage):
                                error={"code": "no_response"} if broken else None, incomplete=True)
                 return
             j.end_response(mark, tap.items, response_id=tap.response_id, model=tap.model, status=tap.status,
-                           usage=tap.usage, error=tap.error, incomplete=broken or tap.incomplete or not tap.completed)
+                           usage=turn_cost(tap.usage, state_of(flow).context_usage), error=tap.error,
+                           incomplete=broken or tap.incomplete or not tap.completed)
         except Exception as exc:
             log.error("history: response not journaled (%s)", type(exc).__name__)
 

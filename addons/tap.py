@@ -9,16 +9,18 @@ session's usage for `get_context_remaining`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 
 import orjson
 from mitmproxy import http
 
 from addons._flow import session_of, weak_listener
 from addons._stage import Stage
-from proxy import dbworker, usage
+from proxy import dbworker
 from proxy.flowbody import is_compact, is_responses_create
 from proxy.flowstate import state_of
 from proxy.sse import ResponseTap, StreamTap
+from proxy.windows import budget
 
 log = logging.getLogger("ctproxy.tap")
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
@@ -63,14 +65,21 @@ class Tap(Stage):
             except Exception as exc:  # observing must never break the stream
                 log.error("tap: usage not recorded (%s)", type(exc).__name__)
 
-    def response(self, flow: http.HTTPFlow) -> None:
+    def response(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        if not self._read(flow):
+            return None
+        # the answer ends (its last bytes, mitmproxy's end of message) once its usage is committed
+        return budget.committed(dbworker.shared(self.rt.services, self.rt.state.db_path))
+
+    def _read(self, flow: http.HTTPFlow) -> bool:
+        """Read the final answer and record its usage; whether usage was recorded for it."""
         st = state_of(flow)
         tap = st.tap
         if not isinstance(tap, ResponseTap) or flow.response is None:
-            return
+            return False
         if st.settling is not None:  # the answer may still be replaced: read it once it is final
-            st.settling.when_settled(lambda: self.response(flow))
-            return
+            st.settling.when_settled(lambda: self._read(flow))  # (the settling stage awaits the commit)
+            return False
         stream = flow.response.stream
         ctype = flow.response.headers.get("content-type", "").lower()
         if isinstance(stream, StreamTap):
@@ -90,6 +99,7 @@ class Tap(Stage):
             if isinstance(body, dict):
                 tap.on_json_response(body)
         self._record_usage(flow, tap)
+        return tap.usage_recorded
 
     def error(self, flow: http.HTTPFlow) -> None:
         tap = state_of(flow).tap
@@ -115,12 +125,9 @@ class Tap(Stage):
         used = dict(counted.usage) if counted is not None and counted.usage else dict(tap.usage)
         model, rid = tap.model or ident.model, tap.response_id
         tap.usage_recorded = True
-        seen = usage.make_usage(ident.session_key, task, agent, model, used, rid)
-        rt.services.usage.put(seen)
-        # Coalesced: only the session's newest usage matters, and a burst of answers shares one commit.
-        dbworker.shared(rt.services, rt.state.db_path).put_latest(("usage", ident.session_key),
-                             lambda conn: usage.record_usage(conn, ident.session_key, task, agent, model, used, rid,
-                                                         seen.updated_at))
+        # Coalesced: only the session's newest usage matters, and a burst of answers shares one commit; the
+        # `response` hook waits for that commit before the answer ends (read-your-writes).
+        budget.record(rt.services, rt.state.db_path, ident.session_key, task, agent, model, used, rid)
 
     def done(self) -> None:
         dbworker.close_shared(self.rt.services)

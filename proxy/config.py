@@ -269,12 +269,21 @@ class Config(_Section):
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     model_windows: dict[str, int] = Field(
         default_factory=lambda: dict(DEFAULT_MODEL_WINDOWS),
-        description="context window in tokens per model name glob; the first match wins",
+        description="context window in tokens per model name glob; the most specific match wins "
+                    "(an exact name, then the glob with the most literal characters; '*' last)",
     )
     debug: bool = False
 
     def enabled(self, capability: str) -> bool:
         return bool(getattr(self, capability).enabled)
+
+    def recovers_overflow(self) -> bool:
+        """Overflow recovery (compact and retry once on `context_length_exceeded`) is part of context
+        management: it acts only while `remote_compaction.recover_overflow` is on AND one of the two
+        capabilities that manage windows is on (`remote_compaction` or `context`). With both off the
+        upstream's error reaches the agent unchanged (docs/adr/0010-window-service.md)."""
+        rc = self.remote_compaction
+        return rc.recover_overflow and (rc.enabled or self.context.enabled)
 
     @model_validator(mode="after")
     def _link_sidecar(self) -> Config:

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from proxy.windows.budget import ContextUsage  # (a leaf: the bridge imports it from there)
+
 if TYPE_CHECKING:
     from proxy.compaction.flowinfo import FlowInfo
     from proxy.journal import Journal, RequestMark
@@ -38,15 +40,6 @@ class Settling:
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
-
-
-@dataclass
-class ContextUsage:
-    """The usage the context budget counts for this answer when it is not the answer's own: a bridged
-    turn's merged `usage` sums every round (what the agent is billed), but the window holds only the last
-    round's input + output. Written by the bridge's turn before the final event goes out; read by the tap."""
-
-    usage: dict[str, Any] | None = None
 
 
 # context → bridge: given the items a bridged turn showed the agent so far and its next round's payload, the

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -149,6 +150,9 @@ class ProxyMetrics:
                                    ["outcome"], registry=r)
         self._bridged = Counter("ctproxy_bridged_rounds", "Bridged tool rounds the proxy ran upstream, by outcome",
                                 ["outcome"], registry=r)
+        self._turn_tokens = Counter("ctproxy_bridged_turn_tokens", "Tokens bridged turns cost, every round summed "
+                                    "(input, output, cached, total); each answer's own usage is its last round's",
+                                    ["kind"], registry=r)
         self._backlog = Gauge("ctproxy_journal_writer_backlog", "Journal writes waiting for the writer thread",
                               registry=r)
         self._backlog_of: Callable[[], int] | None = None
@@ -174,6 +178,16 @@ class ProxyMetrics:
 
     def bridged_round(self, outcome: str = "ok") -> None:
         self._bridged.labels(_short(outcome)).inc()
+
+    def turn_tokens(self, usage: Mapping[str, Any]) -> None:
+        """A bridged turn's summed usage (what it cost)."""
+        details = usage.get("input_tokens_details")
+        found = {"input": usage.get("input_tokens"), "output": usage.get("output_tokens"),
+                 "total": usage.get("total_tokens"),
+                 "cached": details.get("cached_tokens") if isinstance(details, Mapping) else None}
+        for kind, n in found.items():
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                self._turn_tokens.labels(kind).inc(n)
 
     def watch_journal_backlog(self, read: Callable[[], int] | None) -> None:
         """`read()` is called at scrape time (it must be cheap and thread-safe)."""

@@ -333,7 +333,7 @@ def session_plot(conn: sqlite3.Connection, key: str, config: Config) -> SessionP
         rc = config.remote_compaction
         if rc.enabled:
             lines.append(PlotLine("compaction threshold", int(window * rc.threshold)))
-        if rc.recover_overflow:
+        if config.recovers_overflow():
             lines.append(PlotLine("hold for overflow recovery", int(window * HOLD_FRACTION)))
         ctx = config.context
         if ctx.enabled:

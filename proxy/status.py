@@ -68,7 +68,7 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
         from proxy.compaction.decision import status
 
         rc = config.remote_compaction
-        return CapabilityStatus(name, *status(rc.enabled, rc.threshold, rc.recover_overflow, upstream_official,
+        return CapabilityStatus(name, *status(rc.enabled, rc.threshold, config.recovers_overflow(), upstream_official,
                                               upstream_trusted))
     if name == "computer_use":
         state, reason = computer_use_status(config)

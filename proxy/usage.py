@@ -47,8 +47,9 @@ class Usage:
 
 
 def model_window(model: str | None, windows: dict[str, int]) -> int | None:
-    """The window of `model` in `windows` (the first pattern that matches it). Asked several times per request:
-    the answers for the table last asked of are kept (a config's table is replaced, never changed in place)."""
+    """The window of `model` in `windows` (the most specific pattern that matches it, `pattern_rank`). Asked
+    several times per request: the answers for the table last asked of are kept (a config's table is
+    replaced, never changed in place)."""
     if not model:
         return None
     memo = _WINDOW_MEMO
@@ -59,10 +60,24 @@ def model_window(model: str | None, windows: dict[str, int]) -> int | None:
         return found[model]
     except KeyError:
         pass
-    size = next((size for pattern, size in windows.items() if fnmatch.fnmatchcase(model, pattern)), None)
+    size = None
+    best: tuple[int, int] | None = None
+    for pattern, n in windows.items():
+        if fnmatch.fnmatchcase(model, pattern):
+            rank = pattern_rank(pattern)
+            if best is None or rank > best:
+                best, size = rank, n
     if len(found) < _WINDOW_MEMO_MODELS:
         found[model] = size
     return size
+
+
+def pattern_rank(pattern: str) -> tuple[int, int]:
+    """How specific a `model_windows` pattern is: an exact name (no glob character) beats every glob, then
+    the pattern with more literal characters wins; `"*"` ranks last. The table's key order does not matter
+    (`ctproxy config set` saves it sorted, which puts `"*"` first); among equal ranks the first one wins."""
+    literal = sum(1 for c in pattern if c not in "*?[]")
+    return (0 if any(c in pattern for c in "*?[") else 1, literal)
 
 
 _WINDOW_MEMO: list[Any] = [None, 0, {}]  # the table, its length then, model → window

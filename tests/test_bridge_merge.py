@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from proxy.bridge.items import BridgeMemory, ExecutedCall, mcp_id, repair_request
-from proxy.bridge.merge import MergedStream, merge_responses, sum_usage
+from proxy.bridge.merge import MergedStream, merge_responses, sum_usage, usage_header
 from proxy.sse import SSEDecoder, SSEEvent
 
 
@@ -56,7 +56,7 @@ def test_two_rounds_one_lifecycle():
     assert final["id"] == "resp_1"
     assert [o["type"] for o in final["output"]] == ["mcp_call", "message"]
     assert final["output"][0]["id"] == mcp_id("function", "call_1") and final["output"][0]["output"] == "12 tokens left"
-    assert final["usage"] == {"input_tokens": 30, "output_tokens": 5, "total_tokens": 35}
+    assert final["usage"] == {"input_tokens": 20, "output_tokens": 3, "total_tokens": 23}  # the last round's
 
 
 def test_a_round_without_bridged_calls_passes_as_it_came():
@@ -74,7 +74,12 @@ def test_usage_sum_and_merge():
     rounds = [{"id": "a", "usage": {"output_tokens": 1}}, {"id": "b", "status": "completed",
                                                            "usage": {"output_tokens": 2}}]
     merged = merge_responses("a", rounds, [MSG])
-    assert merged["id"] == "a" and merged["status"] == "completed" and merged["usage"]["output_tokens"] == 3
+    # the last round's usage: what the window holds (issue 29 (6)); the sum is the turn's cost, kept apart
+    assert merged["id"] == "a" and merged["status"] == "completed" and merged["usage"]["output_tokens"] == 2
+    assert usage_header({"input_tokens": 5, "output_tokens": 3, "total_tokens": 8,
+                         "input_tokens_details": {"cached_tokens": 4}}, 2) == \
+        "input_tokens=5, output_tokens=3, total_tokens=8, cached_tokens=4, rounds=2"
+    assert usage_header(None, 2) is None
 
 
 def test_repair_turns_resent_items_back_and_maps_the_id():

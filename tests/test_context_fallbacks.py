@@ -347,5 +347,10 @@ async def test_a_manual_checkpoint_under_strategy_fallback_compacts_a_session_wi
     history.append({"role": "user", "content": "continue"})
     assert (await agent.create(input=list(history))).output_text == "resumed"
     fwd = emulator.responses_requests[1].input_items
-    assert any(map(is_fallback_message, fwd)) and "do the work" not in json.dumps(fwd[1:])
+    k = next(i for i, item in enumerate(fwd) if is_fallback_message(item))
+    assert "do the work" not in json.dumps(fwd[k + 1:])
+    # the one bootstrap builder (issue 29 (4)): identity and notes index before, the continuation after
+    texts = [text_of(i) for i in fwd]
+    assert "This is context window w2" in texts[k - 2] and texts[k - 1].startswith("Existing notes for /root")
+    assert "Resume the unfinished work" in texts[k + 1]
     assert text_of(fwd[-1]).endswith("continue") and not any(map(is_turn, emulator.responses_requests))

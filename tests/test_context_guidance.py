@@ -80,7 +80,8 @@ async def test_id_markers_are_the_journals_ids_and_the_prefix_stays_byte_identic
     assert orjson.dumps(second[:len(reqs[0].input_items)]) == orjson.dumps(reqs[0].input_items)
     assert reqs[1].json["tools"] == reqs[2].json["tools"] and reqs[1].json.get("instructions") == reqs[2].json.get(
         "instructions")
-    user = third[1]
+    assert text_of(third[1]).endswith("This is context window w1.")  # the identity, after the guidance
+    user = third[2]
     m = ID_RE.match(user["content"][0]["text"])
     assert m and user["content"][1] == {"type": "input_text", "text": "do the work"}  # beside, not into
     out = next(i for i in third if i.get("type") == "function_call_output")

@@ -222,8 +222,8 @@ async def test_without_a_rollover_nothing_is_replaced(emulator, proxy_factory):
     await agent.sample({"role": "user", "content": "do the work"})
     await agent.sample({"role": "user", "content": "more"})
     items = emulator.responses_requests[1].input_items
-    assert [i.get("role") for i in items] == ["developer", "user", "assistant", "user"]
-    assert "do the work" in text_of(items[1])
+    assert [i.get("role") for i in items] == ["developer", "developer", "user", "assistant", "user"]  # + identity
+    assert "do the work" in text_of(items[2])
 
 
 async def test_rest_checkpoint_route_is_mounted(emulator, proxy_factory):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import orjson
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow, tutils
@@ -51,13 +53,20 @@ async def run_request(addons: list, flow: http.HTTPFlow) -> None:
             a.request(flow)
 
 
-def run_response(addons: list, flow: http.HTTPFlow) -> None:
+async def run_response(addons: list, flow: http.HTTPFlow) -> None:
     for a in addons:
         if hasattr(a, "responseheaders"):
             a.responseheaders(flow)
     for a in addons:
         if hasattr(a, "response"):
-            a.response(flow)
+            await settled(a.response(flow))
+
+
+async def settled(result: object) -> None:
+    """A hook's result, awaited when it is awaitable (as mitmproxy does): the tap waits for its usage commit,
+    the history stage for the session's registration (read-your-writes)."""
+    if inspect.isawaitable(result):
+        await result
 
 
 async def test_chain_journals_input_and_json_output(rt):
@@ -69,7 +78,7 @@ async def test_chain_journals_input_and_json_output(rt):
         assert mark is not None and mark.address == "/root" and len(mark.input_ids) == 1
         assert state_of(flow).agent_identity == (mark.task_id, "/root")
         flow.response = json_response([output_msg("hello", 1)], "resp_1")
-        run_response(chain, flow)
+        await run_response(chain, flow)
         assert mark.response_done
         j = rt.services.journal
         assert j.flush()
@@ -140,7 +149,7 @@ async def test_streamed_output_is_enqueued_before_the_last_event_is_forwarded(rt
         flow.response.content = None
         for a in chain:
             if hasattr(a, "response"):
-                a.response(flow)
+                await settled(a.response(flow))
         j = rt.services.journal
         assert len(j.item_ids_for_session(mark.session_key)) == 3
         assert j.session_for_response("resp_s") == mark.session_key
@@ -178,7 +187,7 @@ async def test_history_alone_resolves_strips_headers_and_reads_the_buffered_body
         assert mark.address == "/root/solo"
         flow.response = http.Response.make(200, b"".join(sse_events([output_msg("yo", 1)], "resp_a")),
                                            {"content-type": "text/event-stream"})
-        addon.response(flow)
+        await settled(addon.response(flow))
         j = rt.services.journal
         assert len(j.item_ids_for_session(mark.session_key)) == 2
 
@@ -200,7 +209,7 @@ async def test_upstream_error_is_kept_with_the_response(rt):
         err = {"error": {"message": "Your input exceeds the context window of this model.",
                          "type": "invalid_request_error", "param": "input", "code": "context_length_exceeded"}}
         flow.response = http.Response.make(400, orjson.dumps(err), {"content-type": "application/json"})
-        run_response(chain, flow)
+        await run_response(chain, flow)
         j = rt.services.journal
         assert j.flush()
         row = j._read.execute("SELECT error, item_count, incomplete FROM journal_responses").fetchone()
@@ -220,7 +229,7 @@ async def test_a_held_answer_is_journaled_once_it_is_settled_and_as_it_ends(rt):
         await run_request(chain, flow)
         flow.response = json_response([output_msg("first try", 1)], "resp_first")
         state_of(flow).settling = Settling()  # what the compaction stage does for a maybe-overflow
-        run_response(chain, flow)
+        await run_response(chain, flow)
         mark = mark_of(flow)
         assert not mark.response_done  # nobody read the held answer
         flow.response = json_response([output_msg("the retry", 2)], "resp_retry")  # replaced

@@ -132,7 +132,11 @@ async def test_feature_off_recovers_with_the_readable_fallback(tmp_path, monkeyp
         await client.close()
         assert answer.output_text == "You said: q"
         retry = turns(emu)[-1]
-        assert is_fallback_message(retry.json["input"][0])
+        # the one bootstrap builder (issue 29 (4)): identity and notes index, the fallback, the continuation
+        first = retry.json["input"]
+        assert "This is context window w2" in orjson.dumps(first[0]).decode()
+        assert first[1]["content"][0]["text"].startswith("Existing notes for /root")
+        assert is_fallback_message(first[2]) and "Resume the unfinished work" in orjson.dumps(first[3]).decode()
         assert not any(r.route in ("compact", "compaction") for r in emu.requests)  # nothing remote when off
 
 
@@ -230,3 +234,32 @@ async def test_recovery_off_passes_the_400_through(tmp_path, monkeypatch):
             await client.responses.create(model="gpt-test-1", input=[user("q")])
         await client.close()
         assert len(emu.requests) == 1
+
+
+@pytestmark_e2e
+async def test_all_switches_off_pass_the_overflow_through_unchanged(tmp_path, monkeypatch):
+    """Issue 29 (7), audit seed004-pipeline 1: with remote_compaction, context, history and web search off in
+    the config (recover_overflow left at its default), a context_length_exceeded reaches the agent unchanged:
+    no compaction, no retry, and status says recovery is off."""
+    from proxy.config import Config
+    from proxy.status import capability_status
+
+    off = {"web_search": {"enabled": False}, "remote_compaction": {"enabled": False},
+           "context": {"enabled": False}, "history": {"enabled": False}, "notes": {"enabled": False},
+           "model_windows": {"gpt-test*": WINDOW}}
+    async with Emulator() as emu, running_proxy(tmp_path, emu.url, off, monkeypatch) as base:
+        emu.script(context_length_exceeded_400())
+        client = AsyncOpenAI(base_url=f"{base}/v1", api_key=API_KEY, max_retries=0)
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.responses.create(model="gpt-test-1", input=[user(OLDER), user("q")])
+        await client.close()
+        assert err.value.code == CODE
+        assert len(emu.requests) == 1  # no retry, no compaction call
+    cfg = Config.model_validate(off)
+    assert not cfg.recovers_overflow()
+    st = capability_status(cfg, "remote_compaction")
+    assert st.state == "off" and "reaches the agent unchanged" in st.reason
+    # context on (its default) keeps recovery with the readable fallback, and status says so
+    on = Config.model_validate({**off, "context": {"enabled": True}})
+    assert on.recovers_overflow()
+    assert "readable fallback" in capability_status(on, "remote_compaction").reason

@@ -74,7 +74,10 @@ def budget_of(reader: HistoryReader, task_id: str, address: str, windows: dict[s
         hard = int(window * hard_ratio)
         left = max(min(hard, window) - used, 0)
     rollover.ensure(conn)
-    return Budget(address, reader.agents(task_id), current_window(conn, task_id, address), u.model if u else None,
+    agents = reader.agents(task_id)
+    if address not in agents:  # the caller is registered (it was resolved): text and details say the same
+        agents = sorted([*agents, address])
+    return Budget(address, agents, current_window(conn, task_id, address), u.model if u else None,
                   window, used, window_left, hard, left, rollover.peek_pending(conn, task_id, address))
 
 
@@ -93,7 +96,7 @@ def remaining_text(b: Budget, hard_ratio: float) -> str:
     else:
         lines.append("No answer with usage has been seen for this agent yet.")
     lines.append(f"Current agent: {b.agent}; window: {b.window_id or 'none yet'}.")
-    lines.append("Agents registered in this task: " + (", ".join(b.agents) or b.agent) + ".")
+    lines.append("Agents registered in this task: " + ", ".join(b.agents) + ".")
     if b.pending is not None:
         lines.append("A new context window is pending: it starts at your next request.")
     return "\n".join(lines)
@@ -168,19 +171,22 @@ def add_context_routes(app: web.Application, services_of: Callable[[web.Applicat
         extra = set(body) - {"session", "task", "agent"}
         if extra:
             return _error(400, "invalid_arguments", f"unknown field {sorted(extra)[0]!r}")
-        db = services_of(request.app).state.db_path
+        services = services_of(request.app)
+        db = services.state.db_path
 
         def run() -> rollover.Pending:
             conn = connect(db)
             try:
-                return mark_checkpoint(conn, body.get("session"), body.get("task"), body.get("agent"), "rest")
+                return mark_checkpoint(conn, body.get("session"), body.get("task"), body.get("agent"), "rest",
+                                       services.config)
             finally:
                 conn.close()
 
         try:
             pending = await asyncio.to_thread(run)
         except CheckpointTargetError as exc:
-            return _error(404 if exc.code.startswith("unknown_") else 400, exc.code, exc.message)
+            status = 404 if exc.code.startswith("unknown_") else 409 if exc.code.endswith("_off") else 400
+            return _error(status, exc.code, exc.message)
         return web.json_response({"ok": True, "task": pending.task_id, "agent": pending.address,
                                   "pending_rollover": pending.kind, "window_id": pending.window_id})
 

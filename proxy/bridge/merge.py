@@ -9,7 +9,11 @@ Streaming (`MergedStream`, fed the upstream's events round by round):
   changes: the agent's id is mapped to the upstream's last one in `items.BridgeMemory.aliases`);
 - a bridged call is shown as an `mcp_call` item (added → arguments → in_progress → completed/failed →
   done), never as a call the agent should run;
-- one final terminal event whose `output` lists every round's items and whose `usage` is the sum.
+- one final terminal event whose `output` lists every round's items and whose `usage` is the LAST round's:
+  what the context window now holds (its input covers every earlier round's items), the number agents
+  such as Pi and Codex read as their context size. What the turn cost (every round summed, `sum_usage`) is
+  kept apart by the turn (`proxy.bridge.turn.TurnStats.usage`) for the journal, `/metrics`, the dashboard
+  and the `x-ctp-turn-usage` header (`usage_header`; docs/bridge.md "Usage").
 An event the merger would send on unchanged is not decoded at all (`MergedStream.block`): its bytes as
 they came (`proxy.bridge.rawsse`) when it is plainly framed, its `type` is the event's name, and its
 `sequence_number` is the next one. In the first round that is every event but the few the merger reads
@@ -115,7 +119,7 @@ class MergedStream:
     _response_id: str | None = None  # the first round's: the one the agent sees throughout (`response_id`)
     _start_data: bytes | str | None = None  # the first start event's data, read for the id when it is needed
     shown: dict[int, dict[str, Any]] = field(default_factory=dict)  # output_index -> finished item (agent view)
-    usage: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None  # the last round's (what the window holds; what the agent is shown)
     end: RoundEnd | None = None  # set when the current round's terminal event arrived
     _calls: dict[int, PendingCall] = field(default_factory=dict)  # the round's upstream output_index -> call
     _action: bool = False
@@ -185,8 +189,8 @@ class MergedStream:
             return [self._emit(typ, data, ev.data)]
         if typ in HELD_TERMINALS or typ in FAIL_TERMINALS:
             resp = data.get("response") if isinstance(data.get("response"), dict) else None
-            if resp is not None:
-                self.usage = sum_usage(self.usage, resp.get("usage"))
+            if resp is not None and isinstance(resp.get("usage"), Mapping):
+                self.usage = dict(resp["usage"])
             self.end = RoundEnd(typ, resp, list(self._calls.values()), self._action, ev.data, data)
             return []
         idx = data.get("output_index")
@@ -242,7 +246,7 @@ class MergedStream:
         return [self.shown[i] for i in sorted(self.shown)]
 
     def final(self, end: RoundEnd) -> bytes:
-        """The one terminal event of the agent's response: every round's items, the summed usage."""
+        """The one terminal event of the agent's response: every round's items, the last round's usage."""
         resp = dict(end.response or {})
         resp["id"] = self.response_id or resp.get("id")
         resp["output"] = self.output()
@@ -284,13 +288,26 @@ class MergedStream:
 
 def merge_responses(first_id: str | None, rounds: Sequence[Mapping[str, Any]],
                     output: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The non-streaming merged Response: the last round's object with the first id, all items, summed usage."""
+    """The non-streaming merged Response: the last round's object (its usage: what the window holds) with the
+    first id and all items."""
     last = dict(rounds[-1])
-    usage: dict[str, Any] | None = None
-    for r in rounds:
-        usage = sum_usage(usage, r.get("usage"))
     last["id"] = first_id or last.get("id")
     last["output"] = list(output)
-    if usage is not None:
-        last["usage"] = usage
     return last
+
+
+TURN_USAGE_HEADER = "x-ctp-turn-usage"
+
+
+def usage_header(turn: Mapping[str, Any] | None, rounds: int) -> str | None:
+    """The `x-ctp-turn-usage` header value: the turn's summed tokens and its rounds (no prompt, no id)."""
+    if not turn:
+        return None
+    details = turn.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    parts = [f"{k}={int(turn[k])}" for k in ("input_tokens", "output_tokens", "total_tokens")
+             if isinstance(turn.get(k), int | float) and not isinstance(turn.get(k), bool)]
+    if isinstance(cached, int | float) and not isinstance(cached, bool):
+        parts.append(f"cached_tokens={int(cached)}")
+    parts.append(f"rounds={rounds}")
+    return ", ".join(parts)

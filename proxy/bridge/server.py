@@ -35,6 +35,7 @@ from aiohttp import web
 
 from proxy import loopback
 from proxy.bridge.items import BridgeMemory
+from proxy.bridge.merge import TURN_USAGE_HEADER, usage_header
 from proxy.bridge.specs import DISPLACED
 from proxy.bridge.turn import BridgedTurn, BridgeJob, TurnStats
 from proxy.files import atomic_write_text
@@ -291,7 +292,9 @@ class BridgeService:
                     return resp
                 first = b"".join([c async for c in answer.chunks])
             status, out = await turn.hold(first)
-            return web.Response(status=status, body=out, content_type="application/json")
+            cost = usage_header(turn.stats.usage, turn.stats.usage_rounds)
+            return web.Response(status=status, body=out, content_type="application/json",
+                                headers={TURN_USAGE_HEADER: cost} if cost is not None else None)
         except UpstreamUnavailable as exc:
             code = 504 if exc.category == "timeout" else 502
             return _json_error(code, "upstream_unavailable", f"the upstream could not be reached ({exc.category})")

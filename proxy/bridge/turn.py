@@ -35,13 +35,21 @@ from proxy.bridge.items import (
     parse_mcp_id,
     upstream_call,
 )
-from proxy.bridge.merge import AGENT_ACTION_TYPES, MergedStream, PendingCall, RoundEnd, is_bridged, merge_responses
+from proxy.bridge.merge import (
+    AGENT_ACTION_TYPES,
+    MergedStream,
+    PendingCall,
+    RoundEnd,
+    is_bridged,
+    merge_responses,
+    sum_usage,
+)
 from proxy.bridge.rawsse import EventSplitter
 from proxy.bridge.specs import Offer, replace_specs, select
-from proxy.flowstate import ContextUsage
 from proxy.metrics import proxy_metrics
 from proxy.toolclient import BridgeTool, CallerUpstream, CallOutcome, ToolCall, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable, continue_turn
+from proxy.windows.budget import ContextUsage
 
 log = logging.getLogger("ctproxy.bridge")
 
@@ -94,6 +102,13 @@ class BridgeJob:
 class TurnStats:
     rounds: int = 0  # upstream round trips of this turn
     bridged_calls: int = 0
+    usage: dict[str, Any] | None = None  # every round's usage summed: what the turn cost
+    usage_rounds: int = 0  # the rounds whose usage came back
+
+
+# Tools that read the context budget: inside a bridged turn they run once the round's usage is recorded
+# (its terminal event), so they answer with the window as it now is, never the round before's.
+BUDGET_READERS = frozenset({"get_context_remaining"})
 
 
 class CallRunner:
@@ -104,12 +119,15 @@ class CallRunner:
         self._sequential = asyncio.Lock()  # FIFO: sequential calls run in the order they were started
         self.tasks: dict[str, asyncio.Task[CallOutcome]] = {}
         self._registered: asyncio.Future[Any] | None = None
+        self.usage_counted = asyncio.Event()  # this round's usage is recorded (set by the turn, per round)
 
     def start(self, call: PendingCall) -> None:
         if call.key not in self.tasks:
             self.tasks[call.key] = asyncio.ensure_future(self._run(call))
 
     async def _run(self, call: PendingCall) -> CallOutcome:
+        if call.item.get("name") in BUDGET_READERS:
+            await self.usage_counted.wait()
         tool = self.job.offer.tool(str(call.item.get("name")))
         if tool is not None and not tool.parallel:
             async with self._sequential:
@@ -214,11 +232,29 @@ class BridgedTurn:
                 self.job.offer = offer
         return nxt
 
-    def _count_usage(self, response: Mapping[str, Any] | None) -> None:
-        """Before the final event goes out: this round's usage is what the context window now holds."""
+    async def _count_usage(self, response: Mapping[str, Any] | None, runner: CallRunner, calls: bool) -> None:
+        """At each round's terminal event: this round's usage is what the context window now holds (the
+        agent is shown it), and it adds to what the turn cost. When the round's bridged calls run next, it
+        is recorded first (awaited), and only then may a budget-reading call run."""
         used = response.get("usage") if isinstance(response, Mapping) else None
-        if self.job.context_usage is not None and isinstance(used, dict):
-            self.job.context_usage.usage = used
+        cu = self.job.context_usage
+        if isinstance(used, dict):
+            self.stats.usage = sum_usage(self.stats.usage, used)
+            self.stats.usage_rounds += 1
+            if cu is not None:
+                cu.usage, cu.turn, cu.rounds = used, self.stats.usage, self.stats.usage_rounds
+                if calls and cu.record is not None:
+                    rid, model = response.get("id"), response.get("model")  # type: ignore[union-attr]
+                    try:
+                        await cu.record(used, model if isinstance(model, str) else None,
+                                        rid if isinstance(rid, str) else None)
+                    except Exception:  # a record: a budget call then reads the round before's
+                        log.warning("bridge: a round's usage was not recorded")
+        runner.usage_counted.set()
+
+    def _turn_done(self) -> None:
+        if self.stats.usage:
+            proxy_metrics().turn_tokens(self.stats.usage)
 
     def _record(self, call: PendingCall, outcome: CallOutcome) -> dict[str, Any]:
         out = output_item(call.kind, str(call.item.get("call_id", "")), outcome.output,
@@ -276,7 +312,7 @@ class BridgedTurn:
                 finally:
                     await stack.aclose()  # this round's upstream answer (a later round's)
                 end = merged.end or RoundEnd("eof", None, [], False)
-                self._count_usage(end.response)
+                await self._count_usage(end.response, runner, bool(end.calls))
                 if end.terminal in ("response.failed", "error"):
                     yield merged.failure(end)
                     return
@@ -311,6 +347,7 @@ class BridgedTurn:
                 payload = await self._rolled(self._next_payload(payload, resp, outputs, last=over), merged.output())
                 merged.bridged = self.job.offer.names
                 merged.next_round()
+                runner.usage_counted.clear()
                 try:
                     answer = await stack.enter_async_context(
                         self.turns.stream(self.request(orjson.dumps(payload)), self.job.timeout))
@@ -330,6 +367,7 @@ class BridgedTurn:
         finally:
             runner.cancel()
             await stack.aclose()
+            self._turn_done()
             self.job.rollover = None  # it holds the agent's items; the job itself is kept for a minute
 
     # ---- not streaming ----------------------------------------------------------------------------
@@ -350,10 +388,11 @@ class BridgedTurn:
                 except orjson.JSONDecodeError:
                     return 502, _error_json("upstream_invalid", "the upstream's answer was not JSON")
                 rounds.append(resp)
-                self._count_usage(resp)
                 items = [i for i in resp.get("output") or [] if isinstance(i, dict)]
                 names = self.job.offer.names
                 calls = [PendingCall(0, dict(i), True) for i in items if is_bridged(i, names)]
+                runner.usage_counted.clear()
+                await self._count_usage(resp, runner, bool(calls))
                 if not calls:
                     if len(rounds) == 1:
                         return 200, body
@@ -397,6 +436,7 @@ class BridgedTurn:
                 body = held.body
         finally:
             runner.cancel()
+            self._turn_done()
             self.job.rollover = None  # it holds the agent's items; the job itself is kept for a minute
 
 

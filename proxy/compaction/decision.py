@@ -90,7 +90,9 @@ def status(enabled: bool, threshold: float, recover_overflow: bool, upstream_off
     if not enabled:
         if recover_overflow:
             return "off", "remote_compaction.enabled is false; overflow recovery uses the readable fallback"
-        return "off", "remote_compaction.enabled is false"
+        return "off", ("remote_compaction.enabled is false; overflow recovery is off (context and remote_compaction "
+                       "off, or remote_compaction.recover_overflow false): context_length_exceeded reaches the agent "
+                       "unchanged")
     if not (upstream_official or upstream_trusted):
         return "unavailable", "needs an official route (api.openai.com/v1 or chatgpt.com/backend-api/codex)"
     return "active", f"compacts above {threshold:.0%} of the model window; replay needs matching fingerprints"

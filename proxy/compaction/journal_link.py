@@ -14,9 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy import runtime
 from proxy.compaction.store import Checkpoint
-from proxy.journal import JoinError, Journal, RequestMark, journal_for
+from proxy.journal import JoinError, Journal, RequestMark, Window
 from proxy.session import SessionIdentity
 
 log = logging.getLogger("ctproxy.compaction")
@@ -34,28 +33,18 @@ class WindowSession:
     mark: RequestMark | None  # the history stage's mark of this request, when it ran
 
 
-def _journal(rt: runtime.Runtime, from_history: Journal | None) -> Journal:
-    if isinstance(from_history, Journal):
-        return from_history
-    j = rt.services.journal
-    if j is None:  # history is not in the chain: the journal keeps the windows all the same
-        j = rt.services.journal = journal_for(rt.state, rt.config.history.cache_mb << 20)
-    return j
-
-
-def window_session(rt: runtime.Runtime, from_history: Journal | None, mark: RequestMark | None,
-                   ident: SessionIdentity, headers: Callable[[], Mapping[str, str]],
-                   payload: Mapping[str, Any]) -> WindowSession | None:
+def window_session(journal: Journal, mark: RequestMark | None, ident: SessionIdentity,
+                   headers: Callable[[], Mapping[str, str]], payload: Mapping[str, Any]) -> WindowSession | None:
     """The request's journal session: the history stage's mark when it ran, else resolved here (`headers`
-    is called only then: building the merged map cost every request a dict it rarely needed)."""
-    j = _journal(rt, from_history)
+    is called only then: building the merged map cost every request a dict it rarely needed). `journal`:
+    `proxy.windows.service.journal_of` (the history stage's, or the one kept without it)."""
     if isinstance(mark, RequestMark):
-        return WindowSession(j, mark.session_key, mark.task_id, mark.address, ident.source, mark)
+        return WindowSession(journal, mark.session_key, mark.task_id, mark.address, ident.source, mark)
     try:
-        key, task_id, address = j.resolve(ident, headers(), payload)
+        key, task_id, address = journal.resolve(ident, headers(), payload)
     except JoinError:
         return None  # a request the history stage would refuse: no window of its own either
-    return WindowSession(j, key, task_id, address, ident.source, None)
+    return WindowSession(journal, key, task_id, address, ident.source, None)
 
 
 def current_checkpoint(ws: WindowSession | None) -> Checkpoint | None:
@@ -66,19 +55,27 @@ def current_checkpoint(ws: WindowSession | None) -> Checkpoint | None:
     return Checkpoint.from_window(w) if w is not None else None
 
 
-def open_window(ws: WindowSession, cp: Checkpoint) -> Checkpoint:
+def open_window(ws: WindowSession, cp: Checkpoint,
+                notes: Callable[[Window | None, str], dict[str, Any]] | None = None) -> Checkpoint:
     """Open the session's next window for `cp` (its boundary after `cp.boundary` agent items); returns
-    the checkpoint as the window records it."""
+    the checkpoint as the window records it. `notes`: the builder of the window's notes parts
+    (proxy/windows/opening.py), when the context capability manages the session's windows."""
     j = ws.journal
     j.session(ws.key, ws.task_id, ws.address, ws.source)  # created when history is not in the chain
     boundary_item = None
     mark = ws.mark
     if mark is not None and 0 < cp.boundary <= len(mark.input_ids):
         boundary_item = mark.input_ids[cp.boundary - 1] or None  # the journal's own id of that item
-    w = j.start_window(ws.key, boundary_item, cp.strategy, cp.bootstrap(), boundary_pos=cp.boundary,
+    base = cp.bootstrap()
+
+    def with_notes(prev: Window | None, window_id: str) -> dict[str, Any]:
+        return {**base, **notes(prev, window_id)} if notes is not None else base
+
+    w = j.start_window(ws.key, boundary_item, cp.strategy, with_notes, boundary_pos=cp.boundary,
                        boundary_hash=cp.boundary_hash, reason=cp.reason, opaque=cp.compaction_item)
     return dataclasses.replace(cp, window_id=w.window_id, created_at=w.created_at,
-                               boundary_item_id=w.boundary_item_id)
+                               boundary_item_id=w.boundary_item_id, preface=tuple(w.bootstrap.get("preface") or ()),
+                               coda=tuple(w.bootstrap.get("coda") or ()))
 
 
 def journal_boundary(mark: RequestMark | None, cp: Checkpoint) -> Checkpoint | None:

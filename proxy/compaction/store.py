@@ -23,7 +23,7 @@ import orjson
 from proxy.compaction.decision import LastRequest
 from proxy.compaction.fingerprint import Fingerprint
 from proxy.db import register_schema
-from proxy.journal import Window, migrate
+from proxy.journal import COMPACTION_STRATEGIES, Strategy, Window, migrate
 from proxy.journal.canonical import session_root
 from proxy.journal.journal import window_from_row
 from proxy.journal.migrate import checkpoint_bootstrap
@@ -70,9 +70,6 @@ register_schema(
 )
 
 
-COMPACTION_STRATEGIES = frozenset({"remote", "fallback"})
-
-
 @dataclass(frozen=True)
 class Checkpoint:
     """A remote/fallback window, typed (see `from_window`)."""
@@ -80,7 +77,7 @@ class Checkpoint:
     id: str  # the checkpoint id (cp_…): named by its marker and its events
     session_key: str  # the journal session whose window it is
     created_at: float
-    strategy: str
+    strategy: Strategy  # remote | fallback (COMPACTION_STRATEGIES)
     reason: str
     boundary: int
     boundary_hash: str  # one-chain id of the boundary item (proxy.journal.canonical.chain_at)
@@ -92,6 +89,8 @@ class Checkpoint:
     usage: dict[str, Any] | None
     window_id: str | None = None
     boundary_item_id: str | None = None  # the journal's id of the boundary item, when it is on the branch
+    preface: tuple[dict[str, Any], ...] = ()  # the window's notes parts (CompactionRecord)
+    coda: tuple[dict[str, Any], ...] = ()
 
     @property
     def root(self) -> str:
@@ -101,7 +100,7 @@ class Checkpoint:
     def record(self) -> CompactionRecord:
         item = orjson.loads(self.compaction_item) if self.compaction_item is not None else None
         return CompactionRecord(self.id, self.boundary, self.boundary_hash, self.retained, item, self.fallback_text,
-                                self.root)
+                                self.root, self.preface, self.coda)
 
     def bootstrap(self) -> dict[str, Any]:
         """What the window row's `bootstrap` holds (the opaque item is its own column)."""
@@ -122,7 +121,8 @@ class Checkpoint:
             marker=str(b.get("marker") or ""), fallback_text=str(b.get("fallback_text") or ""),
             compaction_item=w.opaque, retained=tuple(b.get("retained") or ()),
             fingerprint=Fingerprint(**fp) if isinstance(fp, dict) else None, usage=b.get("usage"),
-            window_id=w.window_id, boundary_item_id=w.boundary_item_id)
+            window_id=w.window_id, boundary_item_id=w.boundary_item_id,
+            preface=tuple(b.get("preface") or ()), coda=tuple(b.get("coda") or ()))
 
 
 def new_checkpoint_id() -> str:

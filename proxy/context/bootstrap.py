@@ -239,6 +239,31 @@ def identity_text(agent: str, window_id: str, previous_window_id: str | None, ta
     return f"You are agent {agent}{task}. This is context window {window_id}.{prev}"
 
 
+IDENTITY_PREFIX = "You are agent "
+
+
+def is_identity(item: Any) -> bool:
+    """A window identity message (a notes bootstrap's, or the one `insert_identity` adds)."""
+    if not isinstance(item, dict) or item.get("role") != "developer":
+        return False
+    texts = _texts(item)
+    return bool(texts) and texts[0].startswith(IDENTITY_PREFIX)  # type: ignore[index]
+
+
+def insert_identity(items: Sequence[Any], text: str) -> Sequence[Any]:
+    """The forwarded input with the window identity (seed 000: refreshed at every request, so the model
+    always knows its agent address and the window id history_read_item takes, from the first window on).
+    An identity already among the leading instructions (a notes bootstrap's) is kept as it is; else one
+    goes right after the guidance (or after the leading instructions). `items` itself when nothing changes."""
+    lead = 0
+    while lead < len(items) and (_is_leading_instruction(items[lead]) or is_guidance(items[lead])):
+        if is_identity(items[lead]):
+            return items
+        lead += 1
+    at = next((k + 1 for k in range(lead) if is_guidance(items[k])), lead)
+    return [*items[:at], developer_message(text), *items[at:]]
+
+
 CONTINUATION = ("A new context window has started. Resume the unfinished work from your checkpoint: read your "
                 "checkpoint note first, then continue where it left off. If nothing remains to be done, wait for the "
                 "user.")
@@ -257,17 +282,24 @@ class WindowStart:
     reason: str = "new_context"  # new_context | threshold | checkpoint | overflow (recorded, not shown)
 
 
+def window_notes(start: WindowStart) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The notes parts of any new window, whatever its strategy: (guidance when a context tool is
+    reachable, window identity, notes index) and (continuation). A notes window is only these; a
+    remote/fallback window opened while context is on puts its compaction between them."""
+    head: list[dict[str, Any]] = []
+    if reachable_tools(start.tools):
+        head.append(developer_message(guidance_text(start.tools)))
+    head.append(developer_message(identity_text(start.agent, start.window_id, start.previous_window_id,
+                                                start.task_id)))
+    head.append(developer_message(notes_index_text(start.notes)))
+    return head, [developer_message(CONTINUATION)]
+
+
 def build_bootstrap(start: WindowStart, leading: Sequence[Any] = ()) -> list[dict[str, Any]]:
     """The items that replace everything before the boundary: the agent's leading instructions (as
     given), guidance, window identity, notes index, continuation."""
-    items: list[Any] = [item for item in leading if not is_guidance(item)]
-    if reachable_tools(start.tools):
-        items.append(developer_message(guidance_text(start.tools)))
-    items.append(developer_message(identity_text(start.agent, start.window_id, start.previous_window_id,
-                                                 start.task_id)))
-    items.append(developer_message(notes_index_text(start.notes)))
-    items.append(developer_message(CONTINUATION))
-    return items
+    head, tail = window_notes(start)
+    return [*(item for item in leading if not is_guidance(item)), *head, *tail]
 
 
 def rollover_boundary(items: Sequence[Any]) -> int:

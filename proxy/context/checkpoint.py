@@ -6,6 +6,7 @@ Used by `ctproxy context checkpoint` and the tool server's `POST /v1/context/che
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 from proxy.context import rollover
 from proxy.errors import CtproxyError
@@ -53,9 +54,24 @@ def checkpoint_target(conn: sqlite3.Connection, session: str | None, task: str |
     return task, address
 
 
+def refusal(config: Any) -> CheckpointTargetError | None:
+    """Why no manual checkpoint can be served with `config` (said when it is marked, never left pending for
+    ever): context off, or the notes strategy with notes off (the turn has no note to write)."""
+    if not config.context.enabled:
+        return CheckpointTargetError("context_off", "context is off (context.enabled false): no checkpoint can "
+                                     "run; `ctproxy config set context.enabled true`, then restart ctproxy")
+    if config.context.strategy == "notes" and not config.notes.enabled:
+        return CheckpointTargetError("notes_off", "notes are off (notes.enabled false): the checkpoint turn has no "
+                                     "note to write; enable notes, or set context.strategy remote or fallback")
+    return None
+
+
 def mark_checkpoint(conn: sqlite3.Connection, session: str | None, task: str | None, agent: str | None,
-                    origin: str) -> rollover.Pending:
-    """Mark the agent so its next request runs the checkpoint turn and rolls over (seed 000: `/compact`)."""
+                    origin: str, config: Any = None) -> rollover.Pending:
+    """Mark the agent so its next request runs the checkpoint turn and rolls over (seed 000: `/compact`).
+    With `config` (the running configuration), a checkpoint it cannot serve is refused with the reason."""
+    if config is not None and (why := refusal(config)) is not None:
+        raise why
     task_id, address = checkpoint_target(conn, session, task, agent)
     rollover.ensure(conn)
     return rollover.mark_pending(conn, task_id, address, "checkpoint", origin, current_window(conn, task_id, address))

@@ -81,6 +81,12 @@ def write_call(answer: Mapping[str, Any]) -> tuple[WriteCall | None, str]:
     return WriteCall(c["call_id"], c["arguments"], c), "ok"
 
 
+def not_own_text(address: str) -> str:
+    """The refusal of a write outside the agent's own notes (not executed), for the one correction."""
+    return (f"Refused: not executed. A checkpoint is accepted only in your own notes ({address.rstrip('/')}/notes/). "
+            f"Call {WRITE_TOOL} again with a relative path such as checkpoint.md.")
+
+
 def correction(call: WriteCall, error_text: str) -> list[dict[str, Any]]:
     """The failed call and its error, for the model's one chance to correct it."""
     item = {k: v for k, v in call.item.items() if k not in ("id", "status")}

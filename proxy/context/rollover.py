@@ -192,11 +192,6 @@ def take_pending(conn: sqlite3.Connection, task_id: str, address: str,
         (task_id, address, *kinds)).fetchone())
 
 
-def cancel_pending(conn: sqlite3.Connection, task_id: str, address: str) -> bool:
-    return conn.execute("DELETE FROM context_rollovers WHERE task_id=? AND address=?",
-                        (task_id, address)).rowcount > 0
-
-
 class RolloverStore:
     """The proxy's side: every read and write on its one database thread (never the event loop)."""
 

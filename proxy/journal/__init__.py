@@ -11,9 +11,11 @@ import threading
 from proxy.journal.backlog import RequestMark
 from proxy.journal.identity import JoinError
 from proxy.journal.journal import Journal, SessionState, Window
+from proxy.journal.model import COMPACTION_STRATEGIES, Strategy
 from proxy.state import StateDir
 
-__all__ = ["JoinError", "Journal", "RequestMark", "SessionState", "Window", "journal_for"]
+__all__ = ["COMPACTION_STRATEGIES", "JoinError", "Journal", "RequestMark", "SessionState", "Strategy", "Window",
+           "journal_for"]
 
 _instances: dict[str, Journal] = {}
 _lock = threading.Lock()

@@ -19,7 +19,7 @@ import orjson
 
 if TYPE_CHECKING:
     from proxy.journal.branch import Entry
-    from proxy.journal.journal import SessionState
+    from proxy.journal.model import SessionState
 
 
 class RequestMark:

@@ -21,8 +21,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +44,12 @@ from proxy.journal.branch import (
 )
 from proxy.journal.canonical import canonical_hash, chain_id, fingerprint, input_items, item_type, session_root
 from proxy.journal.identity import new_task_id, resolve_identity
+from proxy.journal.model import SessionState, Strategy, Window
 from proxy.journal.ops import (
     EnsureAgent,
     EnsureSession,
     EnsureTask,
+    FileItems,
     Op,
     PutAlias,
     PutEvent,
@@ -96,36 +97,6 @@ class BoundedSet[T]:
         self._items[item] = None
         while len(self._items) > self._capacity:
             self._items.popitem(last=False)
-
-
-@dataclass(frozen=True)
-class Window:
-    window_id: str  # "w<ordinal>", unique per agent
-    ordinal: int
-    session_key: str
-    task_id: str
-    address: str
-    boundary_item_id: str | None  # last journal item (on the branch) the bootstrap replaces (None: nothing)
-    strategy: str  # start | notes | remote | fallback | client_compaction | …
-    bootstrap: dict[str, Any]
-    created_at: float
-    # A window that replaces agent items when a request is forwarded (remote, fallback, notes): how many
-    # of the agent's items, and the one-chain id of the last of them (canonical.chain_at).
-    boundary_pos: int | None = None
-    boundary_hash: str | None = None
-    reason: str | None = None  # a category, never content
-    opaque: bytes | None = None  # remote: the compaction item exactly as received
-
-
-@dataclass
-class SessionState:
-    key: str
-    task_id: str
-    address: str
-    source: str | None
-    entries: list[Entry]
-    window: Window
-    generation: int = 0  # bumped whenever the branch is rewritten (not merely appended to)
 
 
 def connect_retrying(path: Path, attempts: int = 40) -> sqlite3.Connection:
@@ -333,19 +304,36 @@ class Journal:
         ops.append(EnsureSession(session_key, task_id, address, source, now))
         self._submit(ops)
         window = self._new_window(session_key, task_id, address, None, "start", {})
-        return SessionState(session_key, task_id, address, source, [], window)
+        return SessionState(session_key, task_id, address, source, [], window, registered=self.writer.barrier())
 
-    def _next_ordinal(self, task_id: str, address: str) -> int:
+    def wait_registered(self, st: SessionState, timeout: float = 10.0) -> bool:
+        """Block until the session's registration (task, agent, session, first window) and any window the
+        request path opened since are committed: what a tool or CLI call in another process needs once the
+        proxy has answered (read-your-writes). Runs off the event loop (`asyncio.to_thread`)."""
+        ev = st.registered
+        if ev is None or ev.is_set():
+            return True
+        self.writer.ring()
+        done = ev.wait(timeout)
+        if done and st.registered is ev:
+            st.registered = None
+        return done
+
+    def _peek_ordinal(self, task_id: str, address: str) -> int:
+        """The ordinal the agent's next window gets (under the journal's lock: `_next_ordinal` follows)."""
         key = (task_id, address)
         if key not in self._ordinals:
             row = self._read.execute("SELECT max(ordinal) FROM journal_windows WHERE task_id=? AND address=?",
                                      key).fetchone()
             self._ordinals[key] = int(row[0] or 0)
-        self._ordinals[key] += 1
-        return self._ordinals[key]
+        return self._ordinals[key] + 1
+
+    def _next_ordinal(self, task_id: str, address: str) -> int:
+        self._ordinals[(task_id, address)] = self._peek_ordinal(task_id, address)
+        return self._ordinals[(task_id, address)]
 
     def _new_window(self, session_key: str, task_id: str, address: str, boundary: str | None,
-                    strategy: str, bootstrap: dict[str, Any], boundary_pos: int | None = None,
+                    strategy: Strategy, bootstrap: dict[str, Any], boundary_pos: int | None = None,
                     boundary_hash: str | None = None, reason: str | None = None,
                     opaque: bytes | None = None) -> Window:
         ordinal = self._next_ordinal(task_id, address)
@@ -359,11 +347,17 @@ class Journal:
     def current_window(self, session_key: str) -> Window:
         return self.session(session_key).window
 
-    def start_window(self, session_key: str, boundary_item_id: str | None, strategy: str,
-                     bootstrap: dict[str, Any], *, boundary_pos: int | None = None,
+    def start_window(self, session_key: str, boundary_item_id: str | None, strategy: Strategy,
+                     bootstrap: dict[str, Any] | Callable[[Window | None, str], dict[str, Any]], *,
+                     boundary_pos: int | None = None,
                      boundary_hash: str | None = None, reason: str | None = None,
-                     opaque: bytes | None = None) -> Window:
-        """Open the session's next window. `boundary_item_id` is the last item (on the current branch)
+                     opaque: bytes | None = None, follows: Sequence[str] | None = None) -> Window:
+        """Open the session's next window (the one place window ids are assigned: `_new_window`).
+        `follows`: the journal ids of the agent's items that follow the bootstrap in the request that
+        opens it; they are filed in the new window (None: every item after the boundary on the branch).
+        `bootstrap` may be built here, given the window it follows and the id this window gets (a notes
+        bootstrap names both): window ids are assigned nowhere else.
+        `boundary_item_id` is the last item (on the current branch)
         that the window's bootstrap replaces; None replaces nothing.
 
         A window that the context projection applies names its boundary in the agent's items instead:
@@ -383,10 +377,23 @@ class Journal:
                 if boundary_item_id is None and st.entries:
                     self.record_event(session_key, "window_boundary", {"outcome": "off_branch",
                                                                        "boundary_pos": boundary_pos})
+            # The agent's items after the boundary (a steer, a follow-up, the request that triggered the turn)
+            # follow the new window's bootstrap: they are filed in it, where the model is told it is.
+            at = self._position(st, boundary_item_id) if boundary_item_id is not None else None
+            if follows is not None:
+                carried = tuple(i for i in follows if i and self._position(st, i) is not None)
+            else:
+                carried = tuple(e.item_id for e in st.entries[at + 1:]) if at is not None else ()
+            if callable(bootstrap):
+                prev = st.window
+                bootstrap = bootstrap(prev, f"w{self._peek_ordinal(st.task_id, st.address)}")
             st.window = self._new_window(session_key, st.task_id, st.address, boundary_item_id, strategy,
                                          dict(bootstrap), boundary_pos, boundary_hash, reason, opaque)
+            if carried:
+                self._submit([FileItems(session_key, carried, st.window.window_id)])
             self.record_event(session_key, "window", {"window_id": st.window.window_id, "strategy": strategy,
                                                       "boundary_item_id": boundary_item_id})
+            st.registered = self.writer.barrier()  # the answer waits for the new window too (read-your-writes)
             return st.window
 
     def window_of(self, session_key: str) -> Window | None:

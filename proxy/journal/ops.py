@@ -95,4 +95,14 @@ class PutEvent(NamedTuple):
     created_at: float
 
 
-Op = EnsureTask | EnsureAgent | EnsureSession | PutWindow | PutItem | SetBranch | PutResponse | PutAlias | PutEvent
+class FileItems(NamedTuple):
+    """Items on a session's branch re-filed in `window_id`: the agent's items that follow a new window's
+    bootstrap in the request that opened it (a steer, a follow-up), which were journaled before it opened."""
+
+    session_key: str
+    item_ids: tuple[str, ...]
+    window_id: str
+
+
+Op = (EnsureTask | EnsureAgent | EnsureSession | PutWindow | PutItem | SetBranch | PutResponse | PutAlias | PutEvent
+      | FileItems)

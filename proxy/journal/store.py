@@ -19,6 +19,7 @@ from proxy.journal.ops import (
     EnsureAgent,
     EnsureSession,
     EnsureTask,
+    FileItems,
     Op,
     PutAlias,
     PutEvent,
@@ -155,6 +156,21 @@ def _groups(conn: sqlite3.Connection, ctx: BatchContext, ids: Sequence[str],
     return out
 
 
+def file_items(conn: sqlite3.Connection, ctx: BatchContext, op: FileItems) -> None:
+    """Move items (on the branch) to another window, with the per-window counts."""
+    flush_branches(conn, ctx)  # the branch's pending appends are counted where the items were first placed
+    ids = list(op.item_ids)
+    _count(conn, op.session_key, _groups(conn, ctx, ids, cached=False), -1)
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        conn.execute(f"UPDATE journal_items SET window_id=? WHERE item_id IN ({','.join('?' * len(chunk))})",
+                     [op.window_id, *chunk])
+    _count(conn, op.session_key, _groups(conn, ctx, ids, cached=False), +1)
+    for item_id in ids:
+        if item_id in ctx.placed:
+            ctx.placed[item_id] = (op.window_id, ctx.placed[item_id][1])
+
+
 def apply_op(conn: sqlite3.Connection, ctx: BatchContext, op: Op) -> None:
     match op:
         case PutItem():
@@ -190,6 +206,8 @@ def apply_op(conn: sqlite3.Connection, ctx: BatchContext, op: Op) -> None:
         case PutAlias():
             conn.execute("INSERT OR REPLACE INTO journal_aliases(response_id, session_key, created_at)"
                          " VALUES (?,?,?)", (op.response_id, op.session_key, op.created_at))
+        case FileItems():
+            file_items(conn, ctx, op)
         case PutEvent():
             conn.execute("INSERT INTO journal_events(session_key, kind, detail, created_at) VALUES (?,?,?,?)",
                          (op.session_key, op.kind, _dumps(op.detail), op.created_at))

@@ -35,11 +35,15 @@ class CompactionRecord:
     compaction_item: dict[str, Any] | None  # the opaque item; None for a fallback-only checkpoint
     fallback_text: str  # marker + excerpt
     root: str = ""  # the chain's root: the journal session's root (session_root(key))
+    # the window's notes parts, where the context capability opened or manages it (the one builder,
+    # proxy/context/bootstrap.py `window_notes`): identity and notes index before, continuation after
+    preface: tuple[dict[str, Any], ...] = ()
+    coda: tuple[dict[str, Any], ...] = ()
 
     def bootstrap(self, replay_opaque: bool) -> list[dict[str, Any]]:
         if replay_opaque and self.compaction_item is not None:
-            return [*self.retained, self.compaction_item]
-        return [fallback_message(self.fallback_text)]
+            return [*self.preface, *self.retained, self.compaction_item, *self.coda]
+        return [*self.preface, fallback_message(self.fallback_text), *self.coda]
 
     def projection(self, replay_opaque: bool) -> WindowProjection:
         boot = tuple(self.bootstrap(replay_opaque))
@@ -121,9 +125,11 @@ def _item_bytes(item: Any) -> int:
 
 
 def _anchor(item: Any) -> bool:
-    """What a bootstrap cannot do without: the compaction item, the fallback message."""
-    typ = item.get("type") if isinstance(item, dict) else None
-    return typ in COMPACTION_ITEM_TYPES or is_fallback_message(item)
+    """What a bootstrap cannot do without: the compaction item, the fallback message, and the window's notes
+    parts (developer messages: identity, notes index, continuation; small, and the model's way back)."""
+    if not isinstance(item, dict):
+        return False
+    return item.get("type") in COMPACTION_ITEM_TYPES or item.get("role") == "developer" or is_fallback_message(item)
 
 
 def project(payload: dict[str, Any], ctx: ProjectionContext) -> dict[str, Any]:

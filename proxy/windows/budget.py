@@ -1,0 +1,63 @@
+"""The budget every agent reads: one writer of a session's usage, read-your-writes (issue 29 (5)).
+
+`record` is the one place an answer's usage is recorded (the tap at an answer's end, the bridge at each
+round of a bridged turn): into this process's memo at once, and into the state database through the shared
+worker, coalesced per session. `committed` waits until what was recorded is committed, so that once the
+proxy has answered, a tool or CLI call in another process (the tool server, `ctproxy context`) reads this
+answer's usage, never the one before."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from proxy import dbworker, usage
+
+
+def record(services: Any, db_path: Path, session_key: str, task: str | None, agent: str | None,
+           model: str | None, used: dict[str, Any], response_id: str | None) -> dbworker.DBWorker:
+    """Record an answer's (or a round's) usage; returns the worker that will commit it."""
+    seen = usage.make_usage(session_key, task, agent, model, used, response_id)
+    services.usage.put(seen)
+    db = dbworker.shared(services, db_path)
+    db.put_latest(("usage", session_key),
+                  lambda conn: usage.record_usage(conn, session_key, task, agent, model, used, response_id,
+                                                  seen.updated_at))
+    return db
+
+
+def _nothing(_conn: sqlite3.Connection) -> None:
+    return None
+
+
+async def committed(db: dbworker.DBWorker) -> None:
+    """Wait until every write recorded so far (this answer's usage among them) is committed."""
+    await db.run(_nothing)
+
+
+TURN_KEY = "ctp_turn"  # in a journaled answer's usage: what a bridged turn of several rounds cost
+
+
+def turn_cost(shown: dict[str, Any] | None, turn: Any) -> dict[str, Any] | None:
+    """The usage the journal keeps for an answer: what the agent was shown (a bridged turn's last round)
+    and, for a bridged turn of several rounds, every round summed under `ctp_turn` with the rounds counted."""
+    if shown is None or turn is None or getattr(turn, "rounds", 0) < 2 or not getattr(turn, "turn", None):
+        return shown
+    return {**shown, TURN_KEY: {**turn.turn, "rounds": turn.rounds}}
+
+
+@dataclass
+class ContextUsage:
+    """A bridged turn's usage, written by the bridge's turn (`proxy.bridge.turn`) round by round:
+    `usage` is the last round's (what the window holds, and what the agent's merged answer shows), `turn`
+    every round's summed (what the turn cost: the journal, `/metrics`, the `x-ctp-turn-usage` header).
+    `record`, when set (by the bridge stage), is awaited with each round's usage before that round's
+    budget-reading calls run, so `get_context_remaining` inside the turn reads it (read-your-writes)."""
+
+    usage: dict[str, Any] | None = None
+    turn: dict[str, Any] | None = None
+    rounds: int = 0
+    record: Callable[[dict[str, Any], str | None, str | None], Awaitable[None]] | None = None

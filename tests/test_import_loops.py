@@ -1,0 +1,15 @@
+"""Issue 29: no import loop among proxy/ and addons/ modules (DESIGN's rooms; ADR 0010). The loop that
+started at proxy/runtime.py → proxy/bridge/server.py (→ flowstate → compaction → runtime) is gone, and
+none may come back. grimp is the graph import-linter builds (its TYPE_CHECKING imports count too)."""
+
+from __future__ import annotations
+
+import grimp
+
+
+def test_no_module_of_proxy_or_addons_imports_itself_back():
+    graph = grimp.build_graph("proxy", "addons")
+    loops = sorted((m, imp) for m in graph.modules for imp in graph.find_modules_directly_imported_by(m)
+                   if graph.find_shortest_chain(importer=imp, imported=m))
+    chains = {(m, imp): graph.find_shortest_chain(importer=imp, imported=m) for m, imp in loops[:3]}
+    assert not loops, f"import loops: {chains}"

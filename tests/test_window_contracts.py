@@ -1,0 +1,195 @@
+"""Issue 29: the context-window contracts users feel (seed 000; audits seed000-defects 3–7, 16 and
+seed004-pipeline-defects 1). Each test failed before the change it covers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from proxy.config import load_config
+from proxy.usage import model_window
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ}, timeout=120)
+
+
+# ---- model windows from the config ---------------------------------------------------------------------
+
+def test_config_set_model_windows_keeps_the_specific_entries(tmp_path):
+    """`ctproxy config set model_windows …` saves keys sorted ("*" first); a specific entry still wins."""
+    state = tmp_path / "state"
+    table = {"gpt-test-big": 400_000, "gpt-test*": 50_000, "*": 8_000}
+    out = cli("config", "set", "model_windows", json.dumps(table), "--state-dir", str(state))
+    assert out.returncode == 0, out.stderr
+    saved = json.loads((state / "config.json").read_text())["model_windows"]
+    assert next(iter(saved)) == "*"  # what the file holds: sorted
+    cfg = load_config(state / "config.json")
+    assert model_window("gpt-test-big", cfg.model_windows) == 400_000  # the exact name
+    assert model_window("gpt-test-1", cfg.model_windows) == 50_000  # the longer glob
+    assert model_window("other", cfg.model_windows) == 8_000  # "*" only when nothing else matches
+
+
+def test_defaults_resolve_whatever_their_order():
+    from proxy.config import DEFAULT_MODEL_WINDOWS
+
+    backwards = dict(reversed(list(DEFAULT_MODEL_WINDOWS.items())))
+    for model in ("gpt-5", "gpt-5-codex-mini", "gpt-4.1-mini", "o3", "gpt-4o", "unknown-model"):
+        assert model_window(model, backwards) == model_window(model, DEFAULT_MODEL_WINDOWS)
+    assert model_window("gpt-4.1-mini", backwards) == 1_047_576
+
+
+# ---- read-your-writes: once the proxy has answered, tools and the CLI see that answer ---------------------
+
+async def _tool(http, proxy, name: str, task: str, agent: str) -> dict:
+    token = (proxy.state_dir / "token").read_text().strip()
+    headers = {"Authorization": f"Bearer {token}", "x-ctp-task": task, "x-ctp-agent": agent}
+    async with http.post(proxy.tools_url + f"/v1/tools/{name}", headers=headers, json={}) as r:
+        return await r.json()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answered_request_is_seen_at_once(emulator, proxy_factory, stream):
+    """Audits seed000 16 and issue 29 "Registration is read-your-writes": right after the SDK has the
+    answer, the checkpoint route knows the agent (not 404 "registered agents: none"), and
+    get_context_remaining reports that answer's usage, its text and details agreeing. No polling."""
+    import openai
+
+    from tests.emulator import Text
+
+    proxy = await proxy_factory(upstream=emulator.url)
+    task = cli("task", "new", "--state-dir", str(proxy.state_dir)).stdout.strip()
+    token = (proxy.state_dir / "token").read_text().strip()
+    c = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-x", max_retries=0,
+                           default_headers={"x-ctp-task": task, "x-ctp-agent": "/root/worker"})
+    async with aiohttp.ClientSession() as http:
+        for n, used in enumerate((1200, 3400)):
+            emulator.script(Text(f"answer {n}", usage={"input_tokens": used - 100, "output_tokens": 100}))
+            if stream:
+                async with c.responses.stream(model="gpt-4.1", input=f"question {n}") as s:
+                    await s.get_final_response()
+            else:
+                await c.responses.create(model="gpt-4.1", input=f"question {n}")
+            res = await _tool(http, proxy, "get_context_remaining", task, "/root/worker")
+            assert res["details"]["used_tokens"] == used, res  # this answer's, not the one before
+            assert res["details"]["agents"] == ["/root/worker"]
+            assert "Agents registered in this task: /root/worker." in res["text"]
+        await c.close()
+        # a new agent's first answer: the checkpoint route knows it at once (not "registered agents: none")
+        c = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-x", max_retries=0,
+                               default_headers={"x-ctp-task": task, "x-ctp-agent": "/root/other"})
+        emulator.script(Text("hello"))
+        await c.responses.create(model="gpt-4.1", input="first")
+        await c.close()
+        async with http.post(proxy.tools_url + "/v1/context/checkpoint", headers={"Authorization": f"Bearer {token}"},
+                             json={"task": task, "agent": "/root/other"}) as r:
+            assert r.status == 200, await r.text()
+
+
+# ---- (1) items that came in with a rollover are filed in the window whose bootstrap they follow ----------
+
+@pytest.mark.timeout(120)
+async def test_a_steer_after_a_rollover_is_in_the_new_window(emulator, proxy_factory):
+    """Audit seed000 3: the steer sent with new_context's output follows the w2 bootstrap with an [id: …]
+    marker; history_read_item with w2 reads it, and history_list_items (w2, role=user) lists it."""
+    import asyncio
+    import re
+
+    from tests.emulator import FunctionCall, Response, Text
+    from tests.test_context_rollover import start, text_of
+
+    agent = await start(emulator, proxy_factory)
+    emulator.script(Response([FunctionCall("new_context", {}, call_id="c_nc")]), Text("resumed"))
+    resp = await agent.sample({"role": "user", "content": "do the work"})
+    outs = await agent.run_calls(resp)
+    await agent.sample(*outs, {"role": "user", "content": "steer: also check X"})
+    forwarded = emulator.responses_requests[1].input_items
+    assert any("context window w2" in text_of(i) for i in forwarded if i.get("role") == "developer")
+    steer = text_of(forwarded[-1])
+    found = re.match(r"\[id: ([^\]]+)\]", steer)
+    assert found is not None and steer.endswith("steer: also check X"), steer
+    item_id = found.group(1)
+    read: dict = {}
+    for _ in range(100):  # the journal's writer commits the window a moment after it opens
+        async with aiohttp.ClientSession() as http, http.post(
+                f"{agent.proxy.tools_url}/v1/tools/history_read_item", headers=agent.tool_headers,
+                json={"item_id": item_id, "window_id": "w2"}) as r:
+            read = await r.json()
+        if read.get("ok"):
+            break
+        await asyncio.sleep(0.1)
+    assert read.get("ok") and "steer: also check X" in read["text"], read
+    users = (await agent.tool("history_list_items", {"window_id": "w2", "role": "user"}))["text"]
+    assert "steer: also check X" in users
+    old = (await agent.tool("history_list_items", {"window_id": "w1", "role": "user"}))["text"]
+    assert "do the work" in old and "steer" not in old
+
+
+# ---- (4) the identity in the first window ---------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+async def test_the_first_window_names_the_agent_and_w1(emulator, proxy_factory):
+    """Audit seed000 7: the first forwarded request of a session that can call the history tools names its
+    agent address and "w1" (what history_read_item takes), once, after the guidance; the next keeps it."""
+    from proxy.context.bootstrap import GUIDANCE_MARKER
+    from tests.emulator import Text
+    from tests.test_context_rollover import start, text_of
+
+    agent = await start(emulator, proxy_factory)
+    emulator.script(Text("hi"), Text("again"))
+    await agent.sample({"role": "developer", "content": "be brief"}, {"role": "user", "content": "hello"})
+    first = emulator.responses_requests[0].input_items
+    texts = [text_of(i) for i in first]
+    assert texts[1].startswith(GUIDANCE_MARKER)
+    assert texts[2] == f"You are agent /root of task {agent.task}. This is context window w1."
+    assert sum(t.startswith("You are agent ") for t in texts) == 1
+    await agent.sample({"role": "user", "content": "more"})
+    second = emulator.responses_requests[1].input_items
+    assert [text_of(i) for i in second[:3]] == texts[:3]  # byte-stable within the window (prompt cache)
+
+
+# ---- (2) a pending rollover applies to stateful clients too ----------------------------------------------
+
+@pytest.mark.timeout(120)
+async def test_new_context_rolls_a_stateful_chain_over(emulator, proxy_factory):
+    """Audit seed000 4(a): a client chaining by previous_response_id. After new_context, its next request
+    goes up without the id, as the w2 bootstrap plus its new message; the chain then continues from that
+    answer (forwarded unchanged), and nothing is pending any more."""
+    import openai
+
+    from tests.emulator import Text
+    from tests.test_context_rollover import start, text_of
+
+    agent = await start(emulator, proxy_factory)
+    emulator.script(Text("one"), Text("two"), Text("three"))
+    async with openai.AsyncOpenAI(**agent.client_args) as c:
+        r1 = await c.responses.create(model="gpt-4.1", store=True, input="hello stateful")
+        assert (await agent.tool("new_context", {}))["details"]["pending_rollover"] == "new_context"
+        r2 = await c.responses.create(model="gpt-4.1", store=True, previous_response_id=r1.id, input="next")
+        assert r2.output_text == "two"
+        second = emulator.responses_requests[1]
+        assert "previous_response_id" not in second.json
+        texts = [text_of(i) for i in second.input_items]
+        # (no guidance: this client declares no history/notes/context tool)
+        assert texts[0] == f"You are agent /root of task {agent.task}. This is context window w2. The previous " \
+                           "window is w1: read it with history_list_items (window_id=w1)."
+        assert texts[1].startswith("Existing notes for /root") and "Resume the unfinished work" in texts[2]
+        assert texts[3:] == ["next"]
+        left = await agent.tool("get_context_remaining", {})
+        assert left["details"]["pending_rollover"] is None and "pending" not in left["text"]
+        assert left["details"]["window_id"] == "w2"
+        r3 = await c.responses.create(model="gpt-4.1", store=True, previous_response_id=r2.id, input="more")
+        assert r3.output_text == "three"
+        third = emulator.responses_requests[2]
+        assert third.json["previous_response_id"] == r2.id  # the chain goes on, in the new window
+        assert [text_of(i) for i in third.input_items] == ["more"]
