@@ -281,7 +281,7 @@ class Config(_Section):
         """Overflow recovery (compact and retry once on `context_length_exceeded`) is part of context
         management: it acts only while `remote_compaction.recover_overflow` is on AND one of the two
         capabilities that manage windows is on (`remote_compaction` or `context`). With both off the
-        upstream's error reaches the agent unchanged (docs/adr/0010-window-service.md)."""
+        upstream's error reaches the agent unchanged (docs/adr/0011-window-service.md)."""
         rc = self.remote_compaction
         return rc.recover_overflow and (rc.enabled or self.context.enabled)
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from proxy.journal.branch import Entry
 
-# How a window was made (the one definition; ADR 0010). `start`: a session's first window; `client_compaction`:
+# How a window was made (the one definition; ADR 0011). `start`: a session's first window; `client_compaction`:
 # the client sent its own compaction item; `notes`: seed 000's checkpoint note and bootstrap; `remote` / `fallback`:
 # a compaction v2 item replayed / the readable excerpt.
 Strategy = Literal["start", "client_compaction", "notes", "remote", "fallback"]

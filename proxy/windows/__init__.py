@@ -1,4 +1,4 @@
-"""The window service (DESIGN §3.3, docs/adr/0010-window-service.md): what a session's context window holds,
+"""The window service (DESIGN §3.3, docs/adr/0011-window-service.md): what a session's context window holds,
 how much of it is left, and the records every reader of the budget shares.
 
 The strategy rooms sit under it: `proxy/compaction/` (the remote protocol, fingerprint, eligibility, store)

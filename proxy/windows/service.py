@@ -1,4 +1,4 @@
-"""The window service's wiring to the runtime (ADR 0010): what the stages share to read and open windows.
+"""The window service's wiring to the runtime (ADR 0011): what the stages share to read and open windows.
 Kept out of the strategy rooms, so `proxy/compaction/` and `proxy/context/` never import the runtime (that
 import closed a loop: runtime → bridge → flowstate → compaction → runtime)."""
 
