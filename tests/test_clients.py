@@ -185,3 +185,42 @@ async def test_codex_builtin_provider_with_openai_base_url(emulator, proxy_facto
     # Codex keeps its runs apart by itself: its session id header makes a session of its own.
     sessions = [s for t in tasks(proxy.state_dir) for a in t["agents"] for s in a["sessions"]]
     assert [s["source"] for s in sessions] == ["codex"]
+
+
+async def test_pis_multi_round_bridged_turn_does_not_make_pi_compact(emulator, proxy_factory, tmp_path):
+    """Issue 29 (6) with the real client: a bridged turn of 8 rounds (bridge.max_rounds) shows Pi the last round's
+    usage (what its context holds), not the sum. Pi compacts when input tokens exceed its window less 16,384; with
+    a 40,000-token window the sum of 8 rounds of 5,000 (40,000) would make it compact, the last round does not."""
+    from tests.emulator import FunctionCall, Text
+
+    require_tool("pi", PI, "Pi (npm @mariozechner/pi-coding-agent)")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "config.json").write_text(json.dumps({"model_windows": {"gpt-5": 40_000, "*": 128_000}}))
+    proxy = await proxy_factory(state_dir=state, upstream=emulator.url, extra_args=["--bridge", "history"])
+    agent_dir, home, work = tmp_path / "pi-agent", tmp_path / "home", tmp_path / "work"
+    for d in (agent_dir, home, work):
+        d.mkdir()
+    cli(state, "pi-config", "--write", str(agent_dir / "models.json"))
+    assert json.loads((agent_dir / "models.json").read_text())["providers"]["ctproxy"]["models"][0][
+        "contextWindow"] == 40_000
+    rounds = [FunctionCall("history_list_windows", {}, call_id=f"call_{i}", usage={"input_tokens": 5_000,
+                                                                                  "output_tokens": 20})
+              for i in range(7)]
+    emulator.script(*rounds, Text("looked it up", usage={"input_tokens": 5_000, "output_tokens": 20}))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "PI_CODING_AGENT_DIR": str(agent_dir),
+           "OPENAI_API_KEY": KEY, "NO_COLOR": "1", "LANG": "C.UTF-8"}
+    proc = await asyncio.create_subprocess_exec(
+        str(PI), "-p", "what windows are there?", "--provider", "ctproxy", "--model", "gpt-5", "--mode", "json",
+        cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    assert not [e for e in events if e.get("type") == "compaction_start"], "Pi compacted its session"
+    all_valid(emulator)
+    assert len(emulator.responses_requests) == 8  # the bridged rounds; no summarisation request from Pi
+    usages = [e["message"]["usage"] for e in events if e.get("type") == "message_end"
+              and isinstance(e.get("message"), dict) and e["message"].get("role") == "assistant"
+              and isinstance(e["message"].get("usage"), dict)]
+    assert usages and all(u.get("input", 0) <= 5_000 for u in usages), usages
