@@ -197,7 +197,7 @@ async def test_pis_multi_round_bridged_turn_does_not_make_pi_compact(emulator, p
     state = tmp_path / "state"
     state.mkdir()
     (state / "config.json").write_text(json.dumps({"model_windows": {"gpt-5": 40_000, "*": 128_000}}))
-    proxy = await proxy_factory(state_dir=state, upstream=emulator.url, extra_args=["--bridge", "history"])
+    await proxy_factory(state_dir=state, upstream=emulator.url, extra_args=["--bridge", "history"])
     agent_dir, home, work = tmp_path / "pi-agent", tmp_path / "home", tmp_path / "work"
     for d in (agent_dir, home, work):
         d.mkdir()
