@@ -89,7 +89,9 @@ class CodexBackend(Stage):
         req.headers["authorization"] = f"Bearer {self._token}"
         # ctproxy's own process, with its own token: the guard must not take that token off again.
         kind = "codex" if client_prefix == "/backend-api/codex" else "api"
-        state_of(flow).route = routes.Route(kind=kind, official=False, trusted=True)
+        st = state_of(flow)
+        st.route = routes.Route(kind=kind, official=False, trusted=True)
+        st.to_tool_server = True  # the x-ctp-* headers name the caller there (addons/session.py keeps them)
         log.debug("codex backend call %s/%s → tool server", namespace, tool)  # names only, never arguments
 
 

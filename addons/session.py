@@ -36,7 +36,7 @@ class Session(Stage):
         if not has_ctp_headers(flow):
             return
         st = state_of(flow)
-        if st.route is not None and st.route.trusted and not st.route.official:
+        if st.to_tool_server:
             # Codex's backend call, retargeted to ctproxy's own tool server (addons/codex_backend.py): the
             # headers are the tool server's caller identity there, as on its REST routes; they stay.
             return

@@ -59,6 +59,7 @@ class FlowState:
     route: Any = None  # proxy.routes.Route (routing)
     session: Any = None  # proxy.session.SessionIdentity (session_of)
     identity_headers: dict[str, str] = field(default_factory=dict)  # session: x-ctp-* as the client sent them
+    to_tool_server: bool = False  # codex_backend: retargeted to ctproxy's own tool server (never upstream)
     tap: Any = None  # proxy.sse.ResponseTap (tap)
     journal: Journal | None = None  # history: the journal this request was written to
     journal_mark: RequestMark | None = None  # history: the journal's ids of this request's items

@@ -15,6 +15,7 @@ import copy
 import json
 from typing import Any
 
+from proxy.errors import CtproxyError
 from proxy.usage import model_window
 
 PI_NAME = "ctproxy"  # the provider's key in models.json: `pi --provider ctproxy --model gpt-5`
@@ -22,7 +23,7 @@ PI_NAME = "ctproxy"  # the provider's key in models.json: `pi --provider ctproxy
 _REASONING_PREFIXES = ("gpt-5", "o3", "o4")
 
 
-class PiMergeError(ValueError):
+class PiMergeError(CtproxyError, ValueError):
     pass
 
 

@@ -46,7 +46,7 @@ async def test_all_features_off_is_byte_identical(emulator, proxy_factory):
                                                       "accept"} | HOP_BY_HOP)
             for item in expected:
                 assert item in received or item[0] in ("accept",), (item, received)
-            assert not any(k.lower().startswith("x-ctp-") for k, _ in rec.headers)
+            assert not any(k.lower().startswith("x-ctp-") for k, _ in rec.headers), (method, path, rec.headers)
             # The client gets the upstream's bytes.
             direct = await _direct(http, emulator, method, path, data, headers)
             if path != "/v1/responses" or data != body:

@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from proxy.errors import UpstreamError
 from proxy.routes import CREDENTIAL_HEADERS
 from proxy.upstream.transport import Answer, UpstreamBroken, UpstreamRequest, UpstreamUnavailable
 
@@ -44,7 +45,7 @@ _ENDED = frozenset({aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.
                     aiohttp.WSMsgType.ERROR})  # the upstream socket ended while a turn was reading
 
 
-class SocketRefused(Exception):
+class SocketRefused(UpstreamError):
     """The upstream answered the upgrade with an HTTP status instead of 101 (426: no WebSocket mode)."""
 
     def __init__(self, status: int, headers: list[tuple[str, str]], body: bytes):
