@@ -249,7 +249,10 @@ class HistoryReader:
         return hits, False
 
 
-BRIDGE_NAMESPACE = "ctproxy"  # the tool bridge's executed calls: `mcp_call` items filed under this namespace
+# The tool bridge's executed calls: `mcp_call` items with server label `ctproxy`, which the journal files under
+# that namespace, or under the recovery tools' concept pair (history, notes; `functions` for the context tools:
+# proxy/journal/classify.normalize_tool). Another MCP server's calls carry their own label.
+BRIDGE_NAMESPACES = ("ctproxy", "history", "notes", "functions")
 
 
 @dataclass(frozen=True)
@@ -269,10 +272,12 @@ def bridged_counts(conn: sqlite3.Connection, keys: list[str]) -> dict[str, Bridg
     if not keys:
         return {}
     marks = ",".join("?" * len(keys))
+    ours = ",".join("?" * len(BRIDGE_NAMESPACES))
+    bridged = f"(type = 'mcp_call' AND tool_namespace IN ({ours}))"
     sql = ("SELECT session_key, sum(b), sum(b AND NOT coalesce(prev, 0)), count(DISTINCT CASE WHEN b THEN "
-           "response_id END) FROM (SELECT session_key, response_id, (type = 'mcp_call' AND tool_namespace = ?) "
-           "AS b, lag(type = 'mcp_call' AND tool_namespace = ?) OVER (PARTITION BY session_key, response_id "
+           f"response_id END) FROM (SELECT session_key, response_id, {bridged} "
+           f"AS b, lag({bridged}) OVER (PARTITION BY session_key, response_id "
            f"ORDER BY seq) AS prev FROM journal_items WHERE origin = 'output' AND session_key IN ({marks})) "
            "GROUP BY session_key HAVING sum(b) > 0")
     return {r[0]: BridgedCounts(int(r[1]), int(r[2]), int(r[3]))
-            for r in conn.execute(sql, [BRIDGE_NAMESPACE, BRIDGE_NAMESPACE, *keys])}
+            for r in conn.execute(sql, [*BRIDGE_NAMESPACES, *BRIDGE_NAMESPACES, *keys])}
