@@ -100,10 +100,11 @@ class Job:
         self._transport: asyncio.SubprocessTransport | None = None
 
     # -- start ---------------------------------------------------------------------------------
-    async def spawn(self, shell: str, cmd: str, env: dict[str, str]) -> None:
+    async def spawn(self, argv: list[str], env: dict[str, str]) -> None:
+        """Start `argv` (the shell, wrapped by the sandbox and the limits: proxy/sandbox.command_argv)."""
         loop = asyncio.get_running_loop()
         transport, _ = await loop.subprocess_exec(
-            lambda: _Protocol(self), shell, "-c", cmd,
+            lambda: _Protocol(self), *argv,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             cwd=str(self.cwd), env=env, start_new_session=True,
         )

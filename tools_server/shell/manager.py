@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proxy.sandbox import UNSANDBOXED, Limits, command_argv, find_bwrap, find_prlimit, limits_of, sandbox_problem
 from tools_server.shell import limits
 from tools_server.shell.capture import CaptureStore
 from tools_server.shell.errors import ShellError
@@ -29,6 +30,23 @@ log = logging.getLogger(__name__)
 ARG_MAX_ONE = 131_072
 
 Owner = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """Where and how each command runs (issue 33): the sandbox mode and the per-job limits. The default is
+    unsandboxed without limits; the shell family builds it from `shell.*` (`confinement_of`)."""
+
+    mode: str = UNSANDBOXED
+    network: bool = True
+    workspace: Path | None = None
+    state_dir: Path | None = None
+    limits: Limits = field(default_factory=Limits)
+
+
+def confinement_of(cfg: Any, workspace: Path | None, state_dir: Path) -> Confinement:
+    return Confinement(cfg.sandbox, cfg.network, workspace.resolve() if workspace else None,
+                       state_dir.resolve(), limits_of(cfg))
 
 
 def resolve_shell(configured: str | None, env: Mapping[str, str]) -> str:
@@ -54,7 +72,12 @@ class ShellManager:
                  env: Mapping[str, str] | None = None,
                  max_jobs: int = limits.MAX_UNSETTLED_JOBS, max_jobs_total: int = limits.MAX_UNSETTLED_JOBS_TOTAL,
                  kill_after: float = limits.STOP_KILL_AFTER_S,
-                 confirm: float = limits.STOP_CONFIRM_S) -> None:
+                 confirm: float = limits.STOP_CONFIRM_S, confinement: Confinement | None = None) -> None:
+        self.confinement = confinement or Confinement()
+        self._bwrap = find_bwrap()
+        self._prlimit = find_prlimit()
+        self._sandbox_problem: str | None = None
+        self._probed = False
         self._env = dict(os.environ if env is None else env)  # captured once; overlays never change it
         self.shell = resolve_shell(shell, self._env)  # resolved once per manager
         self.store = store
@@ -136,10 +159,11 @@ class ShellManager:
     async def start(self, tool: str, owner: Owner, cmd: str, cwd: Path, overlay: Mapping[str, str]) -> Job:
         """Spawn once (call inside `admission`). Spawn errors settle at once: no phantom slot."""
         self._ensure_open(tool)
+        argv = await self._argv(tool, cmd, cwd)
         job = Job(self._new_id(), owner, cwd, self.store, kill_after=self.kill_after, confirm=self.confirm)
         env = {**self._env, **overlay}  # per-spawn overlay; the manager's env stays as captured
         try:
-            await job.spawn(self.shell, cmd, env)
+            await job.spawn(argv, env)
         except OSError as exc:
             if exc.errno == errno.E2BIG:  # the command (one argument of the shell) or the environment is too long
                 longest = max([len(cmd.encode("utf-8", "replace")),
@@ -158,6 +182,21 @@ class ShellManager:
             raise ShellError(tool, "owner-closed", "shell sessions were shut down while starting")
         self._jobs[job.id] = job
         return job
+
+    async def _argv(self, tool: str, cmd: str, cwd: Path) -> list[str]:
+        """The command wrapped where it is spawned, so direct and nested calls get the same sandbox. A sandboxed
+        mode that cannot run here refuses: a command never runs unconfined by surprise."""
+        box = self.confinement
+        if box.mode != UNSANDBOXED:
+            if not self._probed:
+                self._sandbox_problem = await asyncio.to_thread(sandbox_problem, box.mode)  # probed once
+                self._probed = True
+            if self._sandbox_problem is not None or box.workspace is None:
+                raise ShellError(tool, "sandbox-unavailable",
+                                 f"{self._sandbox_problem or 'a sandboxed mode needs a workspace'}; nothing was run")
+        return command_argv(self.shell, cmd, mode=box.mode, network=box.network, workspace=box.workspace,
+                            state_dir=box.state_dir or Path("/nonexistent"), cwd=cwd, limits=box.limits,
+                            bwrap=self._bwrap, prlimit=self._prlimit)
 
     # -- stdin -----------------------------------------------------------------------------------
     async def write(self, tool: str, job: Job, data: bytes, timeout: float) -> Delivery:

@@ -1,0 +1,155 @@
+"""The shell sandbox (issue 33): bubblewrap argv, per-job limits, and the one probe of this machine.
+
+Pure functions plus one cached probe, shared by `ctproxy status` (proxy/status.py) and the tool server's
+spawn (tools_server/shell/manager.py), so what status says is what the spawn does.
+
+Modes, named as Codex names them:
+- `workspace-write` (default): the filesystem is read-only except the workspace and a private /tmp (tmpfs);
+  the workspace's `.git` is re-bound read-only; ctproxy's state directory is covered by an empty read-only
+  tmpfs; a new network namespace unless `shell.network`; a new pid namespace, the sandbox dies with its
+  job (`--die-with-parent`) and runs in a new session (`--new-session`, no terminal injection).
+- `read-only`: the same, with the workspace read-only too: only the private /tmp is writable.
+- `danger-full-access`: no sandbox (the behaviour before issue 33).
+
+bubblewrap sets no_new_privs; it drops every capability (also when ctproxy runs as root). No seccomp filter is
+installed (ctproxy has no BPF compiler it can rely on): a syscall the namespaces do not cover is not filtered.
+
+Per-job limits (`prlimit`, applied inside the sandbox after its namespaces exist): CPU seconds and address
+space per process, and a process count. The kernel never applies RLIMIT_NPROC to root, so as root the process
+count is not enforced (status says so).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+MODES: tuple[str, ...] = ("workspace-write", "read-only", "danger-full-access")
+UNSANDBOXED = "danger-full-access"
+PROTECTED = (".git",)  # re-bound read-only inside a writable workspace (apply_patch refuses them too)
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_seconds: int = 0  # 0: none
+    address_space_mb: int = 0
+    processes: int = 0
+
+    def argv(self, prlimit: str) -> list[str]:
+        opts = []
+        if self.cpu_seconds:
+            opts.append(f"--cpu={self.cpu_seconds}")
+        if self.address_space_mb:
+            opts.append(f"--as={self.address_space_mb * 1024 * 1024}")
+        if self.processes:
+            opts.append(f"--nproc={self.processes}")
+        return [prlimit, *opts, "--"] if opts else []
+
+
+def limits_of(shell: object) -> Limits:
+    """The per-job limits of a `ShellConfig`."""
+    return Limits(getattr(shell, "cpu_limit_s", 0), getattr(shell, "memory_limit_mb", 0),
+                  getattr(shell, "max_processes", 0))
+
+
+def _under(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def bwrap_argv(mode: str, network: bool, workspace: Path, state_dir: Path, cwd: Path, *,
+               bwrap: str = "bwrap") -> list[str]:
+    """The bubblewrap prefix for one command (empty for danger-full-access). Paths should be resolved."""
+    if mode not in MODES:
+        raise ValueError(f"unknown sandbox mode {mode!r}; choose from: {', '.join(MODES)}")
+    if mode == UNSANDBOXED:
+        return []
+    ws, state = str(workspace), str(state_dir)
+    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    hide_state = ["--tmpfs", state]
+    if _under(workspace, state_dir):  # a workspace inside the state directory: cover first, then bind into it
+        argv += hide_state
+        hide_state = []
+    else:
+        hide_state += ["--remount-ro", state]
+    # the workspace again after the /tmp tmpfs (it may live under /tmp): writable, or read-only
+    argv += ["--bind" if mode == "workspace-write" else "--ro-bind", ws, ws]
+    if mode == "workspace-write":
+        for name in PROTECTED:
+            inner = workspace / name
+            if inner.exists() or inner.is_symlink():
+                argv += ["--ro-bind", str(inner), str(inner)]
+    argv += hide_state
+    argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if not network:
+        argv.append("--unshare-net")
+    argv += ["--die-with-parent", "--new-session", "--chdir", str(cwd), "--"]
+    return argv
+
+
+def command_argv(shell: str, cmd: str, *, mode: str, network: bool, workspace: Path | None, state_dir: Path,
+                 cwd: Path, limits: Limits, bwrap: str | None, prlimit: str | None) -> list[str]:
+    """The whole argv of one exec_command: [bwrap …] [prlimit …] shell -c cmd."""
+    argv: list[str] = []
+    if mode != UNSANDBOXED:
+        if bwrap is None or workspace is None:
+            raise ValueError("a sandboxed mode needs bubblewrap and a workspace")
+        argv += bwrap_argv(mode, network, workspace, state_dir, cwd, bwrap=bwrap)
+    if prlimit is not None:
+        argv += limits.argv(prlimit)
+    return [*argv, shell, "-c", cmd]
+
+
+def find_bwrap(path: str | None = None) -> str | None:
+    return shutil.which("bwrap", path=path)
+
+
+def find_prlimit(path: str | None = None) -> str | None:
+    return shutil.which("prlimit", path=path)
+
+
+@functools.lru_cache(maxsize=8)
+def _probe(bwrap: str) -> str | None:
+    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net",
+            "--die-with-parent", "--new-session", "--", "true"]
+    try:
+        out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap ({bwrap}) cannot run: {type(exc).__name__}"
+    if out.returncode != 0:
+        said = out.stderr.decode("utf-8", "replace").strip().splitlines()
+        return (f"bubblewrap ({bwrap}) cannot create the sandbox's namespaces here: "
+                f"{said[-1][:200] if said else f'exit {out.returncode}'}")
+    return None
+
+
+def sandbox_problem(mode: str, path: str | None = None) -> str | None:
+    """Why the configured sandbox cannot run here (every command would be refused), or None."""
+    if mode == UNSANDBOXED:
+        return None
+    bwrap = find_bwrap(path)
+    if bwrap is None:
+        return (f"shell.sandbox {mode} needs bubblewrap (bwrap), which is not on PATH (Debian package bubblewrap; "
+                "scripts/bootstrap.sh installs it), or ctproxy up --sandbox danger-full-access to run unsandboxed")
+    return _probe(bwrap)
+
+
+def describe(mode: str, network: bool, limits: Limits, prlimit: str | None, root: bool | None = None) -> str:
+    """The status words: `sandbox workspace-write, network off` or `unsandboxed`, then the limits."""
+    head = "unsandboxed (danger-full-access)" if mode == UNSANDBOXED else (
+        f"sandbox {mode}, network {'on' if network else 'off'} (bubblewrap; no seccomp filter)")
+    if prlimit is None:
+        return f"{head}; no per-job limits (prlimit is not on PATH)"
+    parts = []
+    if limits.cpu_seconds:
+        parts.append(f"cpu {limits.cpu_seconds} s")
+    if limits.address_space_mb:
+        parts.append(f"address space {limits.address_space_mb} MiB")
+    if limits.processes:
+        root = os.geteuid() == 0 if root is None else root
+        parts.append(f"{limits.processes} processes" + (" (not enforced: the kernel exempts root)" if root else ""))
+    return f"{head}; per-job limits: {', '.join(parts) if parts else 'none'}"
