@@ -56,6 +56,14 @@ def limits_of(shell: object) -> Limits:
                   getattr(shell, "max_processes", 0))
 
 
+def protected_part(path: str, workspace: str) -> str | None:
+    """The protected name (`.git`) that `path` (absolute, normalised) lies in or is, directly under the
+    workspace; None when it touches none. apply_patch refuses these in a sandboxed mode, as bubblewrap does."""
+    rel = os.path.relpath(path, workspace)
+    first = rel.split(os.sep, 1)[0]
+    return first if first in PROTECTED else None
+
+
 def _under(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
