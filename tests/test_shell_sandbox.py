@@ -1,0 +1,279 @@
+"""The shell sandbox (issue 33) with a real bubblewrap, through the tool server's REST and MCP.
+
+Every test that needs bubblewrap skips with the set-up's reason when it is missing (`sandbox` in
+.venv/ctproxy-setup.json). Nothing here waits on wall-clock figures: conditions are polled with generous bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from proxy.config import Config
+from proxy.sandbox import Limits, bwrap_argv, command_argv, describe, protected_part, sandbox_problem
+from proxy.status import capability_status
+from tests.support.optional import skip_reason
+
+pytestmark = pytest.mark.timeout(180)
+
+ON = {"shell.enabled": True}
+AGENT = {"task": "t", "agent": "/root"}
+
+
+@pytest.fixture
+def bwrap() -> None:
+    if sandbox_problem("workspace-write") is not None:
+        pytest.skip(skip_reason("sandbox", "bubblewrap (a working bwrap)"))
+
+
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    (ws / ".git").mkdir(parents=True)
+    (ws / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    return ws
+
+
+async def run(srv: Any, cmd: str, **kw: Any) -> Any:
+    res = await srv.rest("exec_command", {"cmd": cmd, "yield_time_ms": 30000, **kw}, **AGENT)
+    assert res.status == 200, res.body
+    return res
+
+
+# -- the pure argv ------------------------------------------------------------------------------------------
+def test_the_argv_of_each_mode(tmp_path: Path) -> None:
+    ws, state = workspace(tmp_path), tmp_path / "state"
+    argv = bwrap_argv("workspace-write", False, ws, state, ws, bwrap="/usr/bin/bwrap")
+    text = " ".join(argv)
+    assert argv[:5] == ["/usr/bin/bwrap", "--ro-bind", "/", "/", "--dev"]
+    assert f"--bind {ws} {ws}" in text and f"--ro-bind {ws}/.git {ws}/.git" in text
+    assert f"--tmpfs {state} --remount-ro {state}" in text
+    assert text.index("--tmpfs /tmp") < text.index(f"--bind {ws}")  # a workspace under /tmp stays visible
+    assert "--unshare-net" in argv and "--unshare-pid" in argv and "--die-with-parent" in argv
+    assert "--new-session" in argv and argv[-1] == "--" and "--unshare-user" not in argv
+    assert "--unshare-net" not in bwrap_argv("workspace-write", True, ws, state, ws)
+    ro = " ".join(bwrap_argv("read-only", False, ws, state, ws))
+    assert f"--ro-bind {ws} {ws}" in ro and f"--bind {ws}" not in ro
+    assert bwrap_argv("danger-full-access", False, ws, state, ws) == []
+    inner = tmp_path / "state" / "ws"  # a workspace inside the state directory: covered first, then bound
+    nested = " ".join(bwrap_argv("workspace-write", False, inner, state, inner))
+    assert nested.index(f"--tmpfs {state}") < nested.index(f"--bind {inner}") and "--remount-ro" not in nested
+    full = command_argv("/bin/sh", "true", mode="workspace-write", network=False, workspace=ws, state_dir=state,
+                        cwd=ws, limits=Limits(10, 100, 20), bwrap="bwrap", prlimit="prlimit")
+    assert full[-8:] == ["prlimit", "--cpu=10", f"--as={100 * 1024 * 1024}", "--nproc=20", "--", "/bin/sh", "-c",
+                         "true"]
+    with pytest.raises(ValueError):
+        bwrap_argv("sandboxed", False, ws, state, ws)
+
+
+def test_protected_part_and_the_status_words(tmp_path: Path) -> None:
+    assert protected_part("/w/.git/config", "/w") == ".git" and protected_part("/w/.git", "/w") == ".git"
+    assert protected_part("/w/src/.git/x", "/w") is None and protected_part("/w/.gitignore", "/w") is None
+    assert describe("workspace-write", False, Limits(), "prlimit").startswith("sandbox workspace-write, network off")
+    assert describe("read-only", True, Limits(), "prlimit").startswith("sandbox read-only, network on")
+    assert describe("danger-full-access", False, Limits(), "prlimit").startswith("unsandboxed")
+    assert "not enforced: the kernel exempts root" in describe("read-only", False, Limits(processes=5), "p", root=True)
+    assert "no per-job limits" in describe("read-only", False, Limits(processes=5), None)
+
+
+# -- workspace-write through REST and MCP -------------------------------------------------------------------
+async def test_workspace_write_confines_files_and_state(bwrap: None, tool_server: Any, tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    srv = await tool_server(ON, workspace=ws)
+    state = srv.services.state.root
+    token = srv.services.state.token()
+    assert (state / "token").exists()
+
+    assert (await run(srv, "echo inside > made.txt")).details["exit_code"] == 0
+    assert (ws / "made.txt").read_text() == "inside\n"  # lands on the host
+
+    mark = f"ctp-sandbox-{uuid.uuid4().hex}"
+    res = await run(srv, f"echo x > {outside}/{mark}; echo x > /tmp/{mark} && cat /tmp/{mark}; "
+                         f"echo x > /var/tmp/{mark}; echo x > {Path.home()}/{mark}; echo done")
+    assert res.details["stdout"]["text"] == "x\ndone\n"  # the private /tmp works, inside the sandbox only
+    assert not (outside / mark).exists() and not Path(f"/tmp/{mark}").exists()
+    assert not Path(f"/var/tmp/{mark}").exists() and not (Path.home() / mark).exists()
+
+    res = await run(srv, f"cat {state}/token; ls -A {state} | wc -l")
+    assert token not in res.details["stdout"]["text"] and res.details["stdout"]["text"].strip() == "0"
+
+    res = await run(srv, "cat .git/config && echo more >> .git/config; echo rc=$?; touch .git/new; echo rc=$?")
+    assert "bare = false" in res.details["stdout"]["text"]
+    assert "rc=1\nrc=1" in res.details["stdout"]["text"]
+    assert (ws / ".git" / "config").read_text() == "[core]\n\tbare = false\n" and not (ws / ".git" / "new").exists()
+
+    mcp = await srv.mcp("exec_command", {"cmd": f"echo mcp > by-mcp.txt; echo x > {outside}/{mark}-mcp; "
+                                                "echo y >> .git/config; true", "yield_time_ms": 30000}, **AGENT)
+    assert not mcp.is_error, mcp.text
+    assert (ws / "by-mcp.txt").read_text() == "mcp\n" and not (outside / f"{mark}-mcp").exists()
+    assert "y" not in (ws / ".git" / "config").read_text()
+
+
+async def test_read_only_leaves_only_the_private_tmp(bwrap: None, tool_server: Any, tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    srv = await tool_server({**ON, "shell.sandbox": "read-only"}, workspace=ws)
+    res = await run(srv, "echo no > made.txt; echo rc=$?; echo yes > /tmp/t && cat /tmp/t")
+    assert res.details["stdout"]["text"] == "rc=1\nyes\n" and not (ws / "made.txt").exists()
+
+
+async def test_loopback_is_unreachable_unless_network_is_on(bwrap: None, tool_server: Any, tmp_path: Path) -> None:
+    accepted = asyncio.Event()
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.set()
+        writer.write(b"hello\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(on_client, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    probe = (f"python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', {port}), 10); "
+             f"print(s.recv(16).decode().strip())\"; echo rc=$?")
+    try:
+        off = await tool_server(ON, workspace=workspace(tmp_path / "a"))
+        res = await run(off, probe)
+        assert "hello" not in res.details["stdout"]["text"] and "rc=1" in res.details["stdout"]["text"]
+        assert not accepted.is_set()
+        on = await tool_server({**ON, "shell.network": True}, workspace=workspace(tmp_path / "b"))
+        res = await run(on, probe)
+        assert "hello\nrc=0" in res.details["stdout"]["text"] and accepted.is_set()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_code_cell_nested_exec_obeys_the_same_rules(bwrap: None, tool_server: Any, tmp_path: Path) -> None:
+    ws = workspace(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    srv = await tool_server({**ON, "code_mode.enabled": True}, workspace=ws)
+    cmd = f"echo cell > cell.txt; echo x > {outside}/x; echo y >> .git/config; cat {srv.services.state.root}/token"
+    code = f"const r = await tools.exec_command({{cmd: {cmd!r}}});\nreturn r.exit_code"
+    res = await srv.rest("exec", {"code": code}, **AGENT)
+    assert res.ok, res.body
+    assert (ws / "cell.txt").read_text() == "cell\n" and not (outside / "x").exists()
+    assert "y" not in (ws / ".git" / "config").read_text() and res.details["result"] != 0
+
+
+def _processes_with(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+async def _until(check: Any, what: str, bound: float = 60.0) -> None:
+    for _ in range(int(bound / 0.1)):
+        if await asyncio.to_thread(check):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(what)
+
+
+async def test_terminating_a_session_leaves_no_process(bwrap: None, tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server({**ON, "shell.kill_after_ms": 500}, workspace=workspace(tmp_path))
+    seconds = 900_000 + os.getpid() % 1000  # a marker no other process has
+    cmd = f"trap '' TERM; setsid sleep {seconds} & sleep {seconds} & (sleep {seconds} &); echo ready; wait"
+    first = await srv.rest("exec_command", {"cmd": cmd, "yield_time_ms": 1000}, **AGENT)
+    assert first.ok and "session_id" in first.details, first.body
+    await _until(lambda: len(_processes_with(f"sleep {seconds}")) >= 3, "the sleeps did not start")
+    done = await srv.rest("write_stdin", {"session_id": first.details["session_id"], "terminate": True}, **AGENT)
+    assert done.ok and done.details["terminated"] is True
+    await _until(lambda: not _processes_with(f"sleep {seconds}"), "a process of the session outlived it")
+
+
+async def test_limits_are_set_inside_the_job(bwrap: None, tool_server: Any, tmp_path: Path) -> None:
+    srv = await tool_server({**ON, "shell.cpu_limit_s": 1, "shell.memory_limit_mb": 256, "shell.max_processes": 64},
+                            workspace=workspace(tmp_path))
+    limits = (await run(srv, "cat /proc/self/limits")).details["stdout"]["text"]
+    assert any(line.startswith("Max cpu time") and " 1 " in line for line in limits.splitlines())
+    assert any(line.startswith("Max processes") and " 64 " in line for line in limits.splitlines())
+    assert any(line.startswith("Max address space") and str(256 * 1024 * 1024) in line for line in limits.splitlines())
+    res = await run(srv, "python3 -c 'bytearray(1024 * 1024 * 1024)'")  # 1 GiB past a 256 MiB address space
+    assert res.details["exit_code"] != 0 and "MemoryError" in res.details["stderr"]["text"]
+    res = await run(srv, "while :; do :; done")  # one CPU second: SIGXCPU, or SIGKILL at the same hard limit
+    assert res.details["exit_code"] in (128 + 24, 128 + 9)
+    assert (await run(srv, "echo still up")).details["stdout"]["text"] == "still up\n"
+
+
+async def test_a_fork_bomb_ends_at_its_limit(bwrap: None, tool_server: Any, tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("the kernel never applies RLIMIT_NPROC to root: a fork bomb is not bounded when ctproxy runs as "
+                    "root (status says so), so it is not run here")
+    srv = await tool_server({**ON, "shell.max_processes": 64}, workspace=workspace(tmp_path))
+    res = await run(srv, "bomb() { bomb | bomb & }; bomb; sleep 2; echo survived")
+    assert res.details["stdout"]["text"].endswith("survived\n") or res.details["exit_code"] is not None
+    assert (await run(srv, "echo still up")).details["stdout"]["text"] == "still up\n"
+
+
+# -- the other modes and the missing sandbox ------------------------------------------------------------------
+async def test_danger_full_access_writes_through_and_says_unsandboxed(tool_server: Any, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    srv = await tool_server({**ON, "shell.sandbox": "danger-full-access"}, workspace=workspace(tmp_path))
+    assert (await run(srv, f"echo x > {outside}/through; echo y >> .git/config")).details["exit_code"] == 0
+    assert (outside / "through").read_text() == "x\n" and "y" in (tmp_path / "ws" / ".git" / "config").read_text()
+    st = capability_status(srv.services.config, "shell")
+    assert st.state == "active" and "unsandboxed" in st.reason
+
+
+async def test_without_bwrap_sandboxed_modes_are_unavailable(tool_server: Any, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    config = Config()
+    config.shell.enabled = True
+    st = capability_status(config, "shell")
+    assert st.state == "unavailable" and "needs bubblewrap (bwrap), which is not on PATH" in st.reason
+    config.shell.sandbox = "danger-full-access"
+    assert capability_status(config, "shell").state == "active"
+    srv = await tool_server(ON, workspace=workspace(tmp_path))  # the registry hides it: never run unconfined
+    res = await srv.rest("exec_command", {"cmd": "echo x > leaked"}, **AGENT)
+    assert not res.ok and "not on PATH" in str(res.body)
+    assert not (tmp_path / "ws" / "leaked").exists()
+    assert "exec_command" not in {s["name"] for s in await srv.list_rest()}
+
+
+async def test_the_manager_refuses_when_the_sandbox_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defence in depth: even a family built before bwrap went missing never spawns unconfined."""
+    from tests.support.toolserver import make_services
+    from tools_server.registry import CallContext
+    from tools_server.shell.errors import ShellError
+    from tools_server.shell.family import RawArgs, ShellFamily
+
+    services = make_services(tmp_path, ON, workspace(tmp_path))
+    family = ShellFamily(services)
+    family.manager._probed, family.manager._sandbox_problem = True, "bubblewrap cannot create namespaces (test)"
+    ctx = CallContext(services=services, task="t", agent="/root")
+    try:
+        with pytest.raises(ShellError, match="cannot create namespaces"):
+            await family.exec_command(RawArgs.model_validate({"cmd": "echo x > leaked"}), ctx)
+        assert not (tmp_path / "ws" / "leaked").exists()
+    finally:
+        await family.close()
+
+
+# -- apply_patch keeps .git read-only too -------------------------------------------------------------------
+async def test_apply_patch_refuses_git_in_a_sandboxed_mode(tool_server: Any, tmp_path: Path) -> None:
+    patch = "*** Begin Patch\n*** Add File: .git/hooks/post-checkout\n+#!/bin/sh\n*** End Patch\n"
+    srv = await tool_server({"apply_patch.enabled": True}, workspace=workspace(tmp_path / "a"))
+    res = await srv.rest("apply_patch", {"input": patch}, **AGENT)
+    assert not res.ok and "read-only under shell.sandbox workspace-write" in res.text
+    assert not (tmp_path / "a" / "ws" / ".git" / "hooks").exists()
+    ok = "*** Begin Patch\n*** Add File: .gitignore\n+x\n*** End Patch\n"
+    assert (await srv.rest("apply_patch", {"input": ok}, **AGENT)).ok
+    free = await tool_server({"apply_patch.enabled": True, "shell.sandbox": "danger-full-access"},
+                             workspace=workspace(tmp_path / "b"))
+    assert (await free.rest("apply_patch", {"input": patch}, **AGENT)).ok
