@@ -111,6 +111,22 @@ def command_argv(shell: str, cmd: str, *, mode: str, network: bool, workspace: P
     return [*argv, shell, "-c", cmd]
 
 
+PIDS_CGROUP = Path("/sys/fs/cgroup/pids")  # the cgroup v1 pids hierarchy, where ctproxy may make one per job
+
+
+def pids_cgroup(root: Path = PIDS_CGROUP) -> Path | None:
+    """A pids cgroup hierarchy ctproxy may write (root, or a delegated one): each job then gets its own
+    `pids.max`, which holds for root too (RLIMIT_NPROC does not). None when there is none."""
+    if (root / "cgroup.procs").exists() and os.access(root, os.W_OK):
+        return root
+    return None
+
+
+def join_cgroup_argv(cgroup: Path) -> list[str]:
+    """A prefix that moves the job into `cgroup` before anything of it runs; if that fails nothing runs."""
+    return ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup)]
+
+
 def find_bwrap(path: str | None = None) -> str | None:
     return shutil.which("bwrap", path=path)
 
@@ -146,7 +162,8 @@ def sandbox_problem(mode: str, path: str | None = None) -> str | None:
     return _probe(bwrap)
 
 
-def describe(mode: str, network: bool, limits: Limits, prlimit: str | None, root: bool | None = None) -> str:
+def describe(mode: str, network: bool, limits: Limits, prlimit: str | None, root: bool | None = None,
+             cgroup: Path | None = None) -> str:
     """The status words: `sandbox workspace-write, network off` or `unsandboxed`, then the limits."""
     head = "unsandboxed (danger-full-access)" if mode == UNSANDBOXED else (
         f"sandbox {mode}, network {'on' if network else 'off'} (bubblewrap; no seccomp filter)")
@@ -159,5 +176,8 @@ def describe(mode: str, network: bool, limits: Limits, prlimit: str | None, root
         parts.append(f"address space {limits.address_space_mb} MiB")
     if limits.processes:
         root = os.geteuid() == 0 if root is None else root
-        parts.append(f"{limits.processes} processes" + (" (not enforced: the kernel exempts root)" if root else ""))
+        if cgroup is not None:
+            parts.append(f"{limits.processes} processes (a pids cgroup per job)")
+        else:
+            parts.append(f"{limits.processes} processes" + (" (not enforced: the kernel exempts root)" if root else ""))
     return f"{head}; per-job limits: {', '.join(parts) if parts else 'none'}"

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from proxy.capabilities import capability
 from proxy.config import CAPABILITIES, Config
-from proxy.sandbox import describe, find_prlimit, limits_of, sandbox_problem
+from proxy.sandbox import describe, find_prlimit, limits_of, pids_cgroup, sandbox_problem
 from proxy.state import StateDir
 
 RUN_FILE = "run.json"
@@ -148,7 +148,7 @@ def shell_problem(config: Config) -> str | None:
 def shell_sandbox(config: Config) -> str:
     """The shell line's sandbox words: `sandbox workspace-write, network off …` or `unsandboxed …`."""
     sh = config.shell
-    return describe(sh.sandbox, sh.network, limits_of(sh), find_prlimit())
+    return describe(sh.sandbox, sh.network, limits_of(sh), find_prlimit(), cgroup=pids_cgroup())
 
 
 def _discovery_status(config: Config) -> tuple[str, str]:

@@ -98,6 +98,7 @@ class Job:
         self._stop_task: asyncio.Task[bool] | None = None
         self._probe_task: asyncio.Task[None] | None = None
         self._transport: asyncio.SubprocessTransport | None = None
+        self.cgroup: Path | None = None  # its own pids cgroup, when the manager made one
 
     # -- start ---------------------------------------------------------------------------------
     async def spawn(self, argv: list[str], env: dict[str, str]) -> None:
@@ -189,8 +190,15 @@ class Job:
         if self.leader_exited.is_set() and self.group_gone and all(s.closed for s in self.streams.values()):
             self.finished_at = time.monotonic()
             self.complete.set()
+            self.remove_cgroup()
             if self._transport is not None:
                 self._transport.close()
+
+    def remove_cgroup(self) -> None:
+        """Best effort: a cgroup still busy is removed by the manager's next start."""
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                self.cgroup.rmdir()
 
     # -- status ----------------------------------------------------------------------------------
     @property

@@ -19,7 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.sandbox import UNSANDBOXED, Limits, command_argv, find_bwrap, find_prlimit, limits_of, sandbox_problem
+from proxy.sandbox import (
+    UNSANDBOXED,
+    Limits,
+    command_argv,
+    find_bwrap,
+    find_prlimit,
+    join_cgroup_argv,
+    limits_of,
+    pids_cgroup,
+    sandbox_problem,
+)
 from tools_server.shell import limits
 from tools_server.shell.capture import CaptureStore
 from tools_server.shell.errors import ShellError
@@ -77,6 +87,8 @@ class ShellManager:
         self.confinement = confinement or Confinement()
         self._bwrap = find_bwrap()
         self._prlimit = find_prlimit()
+        self._cgroups = pids_cgroup()
+        self._in_cgroups: set[Job] = set()
         self._sandbox_problem: str | None = None
         self._probed = False
         self._env = dict(os.environ if env is None else env)  # captured once; overlays never change it
@@ -162,6 +174,8 @@ class ShellManager:
         self._ensure_open(tool)
         argv = await self._argv(tool, cmd, cwd)
         job = Job(self._new_id(), owner, cwd, self.store, kill_after=self.kill_after, confirm=self.confirm)
+        if self._cgroups is not None and self.confinement.limits.processes:
+            argv = self._in_cgroup(tool, job, argv)
         env = {**self._env, **overlay}  # per-spawn overlay; the manager's env stays as captured
         try:
             await job.spawn(argv, env)
@@ -183,6 +197,39 @@ class ShellManager:
             raise ShellError(tool, "owner-closed", "shell sessions were shut down while starting")
         self._jobs[job.id] = job
         return job
+
+    def _in_cgroup(self, tool: str, job: Job, argv: list[str]) -> list[str]:
+        """The job's own pids cgroup (`pids.max` = shell.max_processes): a fork bomb stays inside its job, for
+        root too. Cgroups of finished jobs are removed as they end, and here (one that was still busy)."""
+        assert self._cgroups is not None
+        for done in [j for j in self._in_cgroups if j.complete.is_set()]:
+            done.remove_cgroup()
+            if done.cgroup is None or not done.cgroup.exists():
+                self._in_cgroups.discard(done)
+        path = self._cgroups / f"ctproxy-{os.getpid()}-{job.id}"
+        try:
+            path.mkdir(exist_ok=True)
+            (path / "pids.max").write_text(f"{self.confinement.limits.processes}\n")
+        except OSError as exc:
+            raise ShellError(tool, "spawn-failed", f"cannot make the job's pids cgroup ({exc.strerror or exc}); "
+                             "nothing was run") from exc
+        job.cgroup = path
+        self._in_cgroups.add(job)
+        return [*join_cgroup_argv(path), *argv]
+
+    async def _remove_cgroups(self, bound: float = 5.0) -> None:
+        """At close: every job's cgroup, once the kernel has let go of its last process (bounded)."""
+        deadline = time.monotonic() + bound
+        while self._in_cgroups:
+            for job in list(self._in_cgroups):
+                job.remove_cgroup()
+                if job.cgroup is None or not job.cgroup.exists():
+                    self._in_cgroups.discard(job)
+            if not self._in_cgroups or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(limits.GROUP_PROBE_S)
+        if self._in_cgroups:
+            log.warning("shell close: %d job cgroup(s) still busy, left in place", len(self._in_cgroups))
 
     async def _argv(self, tool: str, cmd: str, cwd: Path) -> list[str]:
         """The command wrapped where it is spawned, so direct and nested calls get the same sandbox. A sandboxed
@@ -329,6 +376,7 @@ class ShellManager:
         # keep the files of groups we could not confirm gone: they are still someone's responsibility
         keep = {s.capture.path for j in unconfirmed for s in j.streams.values() if s.capture.path}
         removed = await asyncio.to_thread(self.store.cleanup, keep)
+        await self._remove_cgroups()
         self._jobs.clear()
         if unconfirmed:
             log.warning("shell close: %d process group(s) not confirmed gone (cleanup-incomplete)",
