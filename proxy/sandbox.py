@@ -25,12 +25,16 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from proxy.seatbelt import SANDBOX_EXEC, backend_for, seatbelt_problem
+
 MODES: tuple[str, ...] = ("workspace-write", "read-only", "danger-full-access")
 UNSANDBOXED = "danger-full-access"
-PROTECTED = (".git",)  # re-bound read-only inside a writable workspace (apply_patch refuses them too)
+# re-bound read-only inside a writable workspace, as Codex does (apply_patch refuses them too); only those that exist
+PROTECTED = (".git", ".agents", ".codex")
 
 
 @dataclass(frozen=True)
@@ -151,10 +155,18 @@ def _probe(bwrap: str) -> str | None:
     return None
 
 
-def sandbox_problem(mode: str, path: str | None = None) -> str | None:
+def sandbox_problem(mode: str, path: str | None = None, platform: str = sys.platform) -> str | None:
     """Why the configured sandbox cannot run here (every command would be refused), or None."""
     if mode == UNSANDBOXED:
         return None
+    backend = backend_for(platform)
+    if backend == "seatbelt":
+        checked = seatbelt_problem() or f"{SANDBOX_EXEC} is present"
+        return (f"shell.sandbox {mode} on macOS: the Seatbelt profile (proxy/seatbelt.py) is not wired to the spawn "
+                f"yet (checked: {checked}); ctproxy up --sandbox danger-full-access runs unsandboxed")
+    if backend is None:
+        return (f"shell.sandbox {mode}: no sandbox on {platform}; "
+                "ctproxy up --sandbox danger-full-access runs unsandboxed")
     bwrap = find_bwrap(path)
     if bwrap is None:
         return (f"shell.sandbox {mode} needs bubblewrap (bwrap), which is not on PATH (Debian package bubblewrap; "

@@ -65,6 +65,9 @@ def test_the_argv_of_each_mode(tmp_path: Path) -> None:
     assert "--unshare-net" in argv and "--unshare-pid" in argv and "--die-with-parent" in argv
     assert "--new-session" in argv and argv[-1] == "--" and "--unshare-user" not in argv
     assert "--unshare-net" not in bwrap_argv("workspace-write", True, ws, state, ws)
+    (ws / ".codex").mkdir()  # Codex's other protected names, when they exist
+    assert f"--ro-bind {ws}/.codex {ws}/.codex" in " ".join(bwrap_argv("workspace-write", False, ws, state, ws))
+    assert ".agents" not in " ".join(bwrap_argv("workspace-write", False, ws, state, ws))
     ro = " ".join(bwrap_argv("read-only", False, ws, state, ws))
     assert f"--ro-bind {ws} {ws}" in ro and f"--bind {ws}" not in ro
     assert bwrap_argv("danger-full-access", False, ws, state, ws) == []
@@ -311,3 +314,29 @@ async def test_apply_patch_refuses_git_in_a_sandboxed_mode(tool_server: Any, tmp
     free = await tool_server({"apply_patch.enabled": True, "shell.sandbox": "danger-full-access"},
                              workspace=workspace(tmp_path / "b"))
     assert (await free.rest("apply_patch", {"input": patch}, **AGENT)).ok
+
+
+# -- macOS: the Seatbelt profile and the decision, as pure functions ------------------------------------------
+def test_seatbelt_profile_and_the_platform_decision(tmp_path: Path) -> None:
+    from proxy.seatbelt import backend_for, seatbelt_argv, seatbelt_problem, seatbelt_profile
+
+    assert backend_for("linux") == "bubblewrap" and backend_for("darwin") == "seatbelt" and backend_for("win32") is None
+    ww = seatbelt_profile("workspace-write", False, protected=2)
+    assert ww.startswith("(version 1)\n(deny default)") and '(deny file-read* (subpath (param "STATE_DIR")))' in ww
+    assert ('(allow file-write* (require-all (subpath (param "WORKSPACE")) (require-not (subpath (param '
+            '"PROTECTED_0"))) (require-not (subpath (param "PROTECTED_1")))))') in ww
+    assert "network" not in ww
+    assert "(allow network*)" in seatbelt_profile("workspace-write", True)
+    ro = seatbelt_profile("read-only", False)
+    assert 'param "WORKSPACE"' not in ro and '(subpath (param "JOB_TMPDIR"))' in ro
+    with pytest.raises(ValueError):
+        seatbelt_profile("danger-full-access", False)
+    ws = tmp_path / "w w"  # a path with a space and a quote is a parameter, never profile text
+    argv = seatbelt_argv("workspace-write", False, ws, tmp_path / 's"t', tmp_path / "tmp", [ws / ".git"])
+    assert argv[0] == "/usr/bin/sandbox-exec" and argv[1] == "-p" and argv[-1] == "--"
+    assert f"-DWORKSPACE={ws}" in argv and f"-DPROTECTED_0={ws}/.git" in argv and str(ws) not in argv[2]
+    assert seatbelt_problem("/nonexistent/sandbox-exec") is not None and seatbelt_problem(exists=True) is None
+    said = sandbox_problem("workspace-write", platform="darwin")
+    assert said is not None and "not wired to the spawn yet" in said and "checked:" in said
+    assert sandbox_problem("danger-full-access", platform="darwin") is None
+    assert "no sandbox on win32" in (sandbox_problem("read-only", platform="win32") or "")
