@@ -180,6 +180,7 @@ class ShellManager:
         try:
             await job.spawn(argv, env)
         except OSError as exc:
+            job.remove_cgroup()  # nothing joined it
             if exc.errno == errno.E2BIG:  # the command (one argument of the shell) or the environment is too long
                 longest = max([len(cmd.encode("utf-8", "replace")),
                                *(len(f"{k}={v}".encode("utf-8", "replace")) for k, v in env.items())])
