@@ -11,8 +11,9 @@ Modes, named as Codex names them:
 - `read-only`: the same, with the workspace read-only too: only the private /tmp is writable.
 - `danger-full-access`: no sandbox (the behaviour before issue 33).
 
-bubblewrap sets no_new_privs; it drops every capability (also when ctproxy runs as root). No seccomp filter is
-installed (ctproxy has no BPF compiler it can rely on): a syscall the namespaces do not cover is not filtered.
+bubblewrap sets no_new_privs; it drops every capability (also when ctproxy runs as root). On x86_64 it also
+installs a seccomp filter ctproxy builds here (`seccomp_program`: mount, namespaces, ptrace, modules, keys, BPF,
+io_uring … get EPERM); on other CPUs there is none, and status says so.
 
 Per-job limits (`prlimit`, applied inside the sandbox after its namespaces exist): CPU seconds and address
 space per process, and a process count. The kernel never applies RLIMIT_NPROC to root, so as root the process
@@ -73,7 +74,7 @@ def _under(path: Path, root: Path) -> bool:
 
 
 def bwrap_argv(mode: str, network: bool, workspace: Path, state_dir: Path, cwd: Path, *,
-               bwrap: str = "bwrap") -> list[str]:
+               bwrap: str = "bwrap", seccomp: int | None = None) -> list[str]:
     """The bubblewrap prefix for one command (empty for danger-full-access). Paths should be resolved."""
     if mode not in MODES:
         raise ValueError(f"unknown sandbox mode {mode!r}; choose from: {', '.join(MODES)}")
@@ -98,18 +99,21 @@ def bwrap_argv(mode: str, network: bool, workspace: Path, state_dir: Path, cwd: 
     argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     if not network:
         argv.append("--unshare-net")
+    if seccomp is not None:
+        argv += ["--seccomp", str(seccomp)]
     argv += ["--die-with-parent", "--new-session", "--chdir", str(cwd), "--"]
     return argv
 
 
 def command_argv(shell: str, cmd: str, *, mode: str, network: bool, workspace: Path | None, state_dir: Path,
-                 cwd: Path, limits: Limits, bwrap: str | None, prlimit: str | None) -> list[str]:
+                 cwd: Path, limits: Limits, bwrap: str | None, prlimit: str | None,
+                 seccomp: int | None = None) -> list[str]:
     """The whole argv of one exec_command: [bwrap …] [prlimit …] shell -c cmd."""
     argv: list[str] = []
     if mode != UNSANDBOXED:
         if bwrap is None or workspace is None:
             raise ValueError("a sandboxed mode needs bubblewrap and a workspace")
-        argv += bwrap_argv(mode, network, workspace, state_dir, cwd, bwrap=bwrap)
+        argv += bwrap_argv(mode, network, workspace, state_dir, cwd, bwrap=bwrap, seccomp=seccomp)
     if prlimit is not None:
         argv += limits.argv(prlimit)
     return [*argv, shell, "-c", cmd]
@@ -175,10 +179,13 @@ def sandbox_problem(mode: str, path: str | None = None, platform: str = sys.plat
 
 
 def describe(mode: str, network: bool, limits: Limits, prlimit: str | None, root: bool | None = None,
-             cgroup: Path | None = None) -> str:
+             cgroup: Path | None = None, seccomp: bool | None = None) -> str:
     """The status words: `sandbox workspace-write, network off` or `unsandboxed`, then the limits."""
+    if seccomp is None:
+        seccomp = seccomp_program() is not None
+    filt = f"seccomp denies {len(SECCOMP_DENIED_X86_64)} system calls" if seccomp else "no seccomp filter on this CPU"
     head = "unsandboxed (danger-full-access)" if mode == UNSANDBOXED else (
-        f"sandbox {mode}, network {'on' if network else 'off'} (bubblewrap; no seccomp filter)")
+        f"sandbox {mode}, network {'on' if network else 'off'} (bubblewrap; {filt})")
     if prlimit is None:
         return f"{head}; no per-job limits (prlimit is not on PATH)"
     parts = []
@@ -193,3 +200,49 @@ def describe(mode: str, network: bool, limits: Limits, prlimit: str | None, root
         else:
             parts.append(f"{limits.processes} processes" + (" (not enforced: the kernel exempts root)" if root else ""))
     return f"{head}; per-job limits: {', '.join(parts) if parts else 'none'}"
+
+
+# -- seccomp (x86_64 only): a BPF program bubblewrap installs before the command (`--seccomp FD`) ---------------
+# System calls a sandboxed command has no business making, refused with EPERM (after Docker's default profile):
+# tracing other processes, mounting, namespaces, kernel modules and keys, kexec, BPF, perf, userfaultfd,
+# io_uring, file handles. clone()'s namespace flags are not inspected (clone3 takes them in memory).
+SECCOMP_DENIED_X86_64: dict[str, int] = {
+    "ptrace": 101, "pivot_root": 155, "chroot": 161, "acct": 163, "mount": 165, "umount2": 166, "swapon": 167,
+    "swapoff": 168, "reboot": 169, "init_module": 175, "delete_module": 176, "kexec_load": 246, "add_key": 248,
+    "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298, "name_to_handle_at": 303,
+    "open_by_handle_at": 304, "setns": 308, "process_vm_readv": 310, "process_vm_writev": 311,
+    "finit_module": 313, "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425,
+    "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
+    "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+}
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_X32_BIT = 0x40000000
+_RET_ALLOW, _RET_KILL_PROCESS, _RET_EPERM = 0x7FFF0000, 0x80000000, 0x00050000 | 1
+_LD_ABS, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
+
+
+def seccomp_program(machine: str | None = None) -> bytes | None:
+    """The BPF program (struct sock_filter[]) for this machine, or None where ctproxy has none (not x86_64)."""
+    import platform
+    import struct
+
+    if (machine or platform.machine()) not in ("x86_64", "AMD64"):
+        return None
+    numbers = sorted(SECCOMP_DENIED_X86_64.values())
+    n = len(numbers)
+    deny = 6 + n  # index of the EPERM return
+    prog = [(_LD_ABS, 0, 0, 4), (_JEQ, 1, 0, _AUDIT_ARCH_X86_64), (_RET, 0, 0, _RET_KILL_PROCESS),
+            (_LD_ABS, 0, 0, 0), (_JGE, deny - 5, 0, _X32_BIT)]
+    for i, nr in enumerate(numbers):
+        prog.append((_JEQ, deny - (5 + i + 1), 0, nr))
+    prog += [(_RET, 0, 0, _RET_ALLOW), (_RET, 0, 0, _RET_EPERM)]
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+
+
+def seccomp_fd(program: bytes) -> int:
+    """A fresh readable fd holding `program` (bubblewrap reads it to the end): one per spawn, closed by the caller
+    once the child has it."""
+    fd = os.memfd_create("ctproxy-seccomp", 0)
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd

@@ -76,8 +76,10 @@ def test_the_argv_of_each_mode(tmp_path: Path) -> None:
     assert nested.index(f"--tmpfs {state}") < nested.index(f"--bind {inner}") and "--remount-ro" not in nested
     full = command_argv("/bin/sh", "true", mode="workspace-write", network=False, workspace=ws, state_dir=state,
                         cwd=ws, limits=Limits(10, 100, 20), bwrap="bwrap", prlimit="prlimit")
+    assert "--seccomp" not in full
     assert full[-8:] == ["prlimit", "--cpu=10", f"--as={100 * 1024 * 1024}", "--nproc=20", "--", "/bin/sh", "-c",
                          "true"]
+    assert bwrap_argv("read-only", False, ws, state, ws, seccomp=7)[-7:-5] == ["--seccomp", "7"]
     with pytest.raises(ValueError):
         bwrap_argv("sandboxed", False, ws, state, ws)
 
@@ -86,6 +88,7 @@ def test_protected_part_and_the_status_words(tmp_path: Path) -> None:
     assert protected_part("/w/.git/config", "/w") == ".git" and protected_part("/w/.git", "/w") == ".git"
     assert protected_part("/w/src/.git/x", "/w") is None and protected_part("/w/.gitignore", "/w") is None
     assert describe("workspace-write", False, Limits(), "prlimit").startswith("sandbox workspace-write, network off")
+    assert "no seccomp filter on this CPU" in describe("read-only", False, Limits(), "prlimit", seccomp=False)
     assert describe("read-only", True, Limits(), "prlimit").startswith("sandbox read-only, network on")
     assert describe("danger-full-access", False, Limits(), "prlimit").startswith("unsandboxed")
     assert "not enforced: the kernel exempts root" in describe("read-only", False, Limits(processes=5), "p", root=True)
@@ -340,3 +343,23 @@ def test_seatbelt_profile_and_the_platform_decision(tmp_path: Path) -> None:
     assert said is not None and "not wired to the spawn yet" in said and "checked:" in said
     assert sandbox_problem("danger-full-access", platform="darwin") is None
     assert "no sandbox on win32" in (sandbox_problem("read-only", platform="win32") or "")
+
+
+async def test_the_seccomp_filter_refuses_what_it_lists(bwrap: None, tool_server: Any, tmp_path: Path) -> None:
+    from proxy.sandbox import seccomp_program
+
+    if seccomp_program() is None:
+        pytest.skip("ctproxy has a seccomp program for x86_64 only")
+    srv = await tool_server(ON, workspace=workspace(tmp_path))
+    probe = ("python3 -c \"import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+             "r = libc.syscall(272, 0x10000000); print('unshare', r, ctypes.get_errno()); "  # CLONE_NEWUSER
+             "r = libc.syscall(101, 0, os.getppid(), 0, 0); print('ptrace', r, ctypes.get_errno()); "  # ATTACH
+             "print('getpid', libc.syscall(39) > 0)\"")
+    out = (await run(srv, probe)).details["stdout"]["text"]
+    assert "unshare -1 1\n" in out and "ptrace -1 1\n" in out and "getpid True" in out, out  # EPERM; others run
+    st = capability_status(srv.services.config, "shell")
+    assert "seccomp denies" in st.reason
+    free = await tool_server({**ON, "shell.sandbox": "danger-full-access"}, workspace=workspace(tmp_path / "b"))
+    out = (await run(free, "python3 -c \"import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+                           "print('unshare', libc.syscall(272, 0x10000000))\"")).details["stdout"]["text"]
+    assert "unshare 0" in out  # unsandboxed, nothing is filtered (root may make a user namespace)

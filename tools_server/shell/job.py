@@ -101,13 +101,13 @@ class Job:
         self.cgroup: Path | None = None  # its own pids cgroup, when the manager made one
 
     # -- start ---------------------------------------------------------------------------------
-    async def spawn(self, argv: list[str], env: dict[str, str]) -> None:
+    async def spawn(self, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> None:
         """Start `argv` (the shell, wrapped by the sandbox and the limits: proxy/sandbox.command_argv)."""
         loop = asyncio.get_running_loop()
         transport, _ = await loop.subprocess_exec(
             lambda: _Protocol(self), *argv,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=str(self.cwd), env=env, start_new_session=True,
+            cwd=str(self.cwd), env=env, start_new_session=True, pass_fds=pass_fds,
         )
         self._transport = transport
         self.pid = transport.get_pid()

@@ -29,6 +29,8 @@ from proxy.sandbox import (
     limits_of,
     pids_cgroup,
     sandbox_problem,
+    seccomp_fd,
+    seccomp_program,
 )
 from tools_server.shell import limits
 from tools_server.shell.capture import CaptureStore
@@ -88,6 +90,7 @@ class ShellManager:
         self._bwrap = find_bwrap()
         self._prlimit = find_prlimit()
         self._cgroups = pids_cgroup()
+        self._seccomp = seccomp_program()
         self._in_cgroups: set[Job] = set()
         self._sandbox_problem: str | None = None
         self._probed = False
@@ -172,13 +175,20 @@ class ShellManager:
     async def start(self, tool: str, owner: Owner, cmd: str, cwd: Path, overlay: Mapping[str, str]) -> Job:
         """Spawn once (call inside `admission`). Spawn errors settle at once: no phantom slot."""
         self._ensure_open(tool)
-        argv = await self._argv(tool, cmd, cwd)
-        job = Job(self._new_id(), owner, cwd, self.store, kill_after=self.kill_after, confirm=self.confirm)
-        if self._cgroups is not None and self.confinement.limits.processes:
-            argv = self._in_cgroup(tool, job, argv)
+        filter_fd = seccomp_fd(self._seccomp) if self._seccomp is not None and self.confinement.mode != UNSANDBOXED \
+            else None
+        try:
+            argv = await self._argv(tool, cmd, cwd, filter_fd)
+            job = Job(self._new_id(), owner, cwd, self.store, kill_after=self.kill_after, confirm=self.confirm)
+            if self._cgroups is not None and self.confinement.limits.processes:
+                argv = self._in_cgroup(tool, job, argv)
+        except BaseException:
+            if filter_fd is not None:
+                os.close(filter_fd)
+            raise
         env = {**self._env, **overlay}  # per-spawn overlay; the manager's env stays as captured
         try:
-            await job.spawn(argv, env)
+            await job.spawn(argv, env, pass_fds=(filter_fd,) if filter_fd is not None else ())
         except OSError as exc:
             job.remove_cgroup()  # nothing joined it
             if exc.errno == errno.E2BIG:  # the command (one argument of the shell) or the environment is too long
@@ -192,6 +202,9 @@ class ShellManager:
             raise ShellError(tool, "spawn-failed",
                              f"cannot start {self.shell}: {exc.strerror or type(exc).__name__}; "
                              "check shell.shell in the configuration") from exc
+        finally:
+            if filter_fd is not None:
+                os.close(filter_fd)  # the child has its own copy
         if self.closed:  # closed while spawning: this job is ours to stop
             self._jobs[job.id] = job
             await job.stop()
@@ -232,7 +245,7 @@ class ShellManager:
         if self._in_cgroups:
             log.warning("shell close: %d job cgroup(s) still busy, left in place", len(self._in_cgroups))
 
-    async def _argv(self, tool: str, cmd: str, cwd: Path) -> list[str]:
+    async def _argv(self, tool: str, cmd: str, cwd: Path, filter_fd: int | None = None) -> list[str]:
         """The command wrapped where it is spawned, so direct and nested calls get the same sandbox. A sandboxed
         mode that cannot run here refuses: a command never runs unconfined by surprise."""
         box = self.confinement
@@ -249,7 +262,7 @@ class ShellManager:
                                  "check shell.shell in the configuration")
         return command_argv(self.shell, cmd, mode=box.mode, network=box.network, workspace=box.workspace,
                             state_dir=box.state_dir or Path("/nonexistent"), cwd=cwd, limits=box.limits,
-                            bwrap=self._bwrap, prlimit=self._prlimit)
+                            bwrap=self._bwrap, prlimit=self._prlimit, seccomp=filter_fd)
 
     # -- stdin -----------------------------------------------------------------------------------
     async def write(self, tool: str, job: Job, data: bytes, timeout: float) -> Delivery:
