@@ -130,9 +130,15 @@ def pids_cgroup(root: Path = PIDS_CGROUP) -> Path | None:
     return None
 
 
-def join_cgroup_argv(cgroup: Path) -> list[str]:
-    """A prefix that moves the job into `cgroup` before anything of it runs; if that fails nothing runs."""
-    return ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup)]
+def join_cgroup_argv(cgroup: Path, limits: Limits | None = None) -> list[str]:
+    """A prefix that moves the job into `cgroup` before anything of it runs, and sets the CPU and address-space
+    limits there (one `exec` fewer than prlimit: the cgroup bounds the processes); if a step fails nothing runs."""
+    script = 'echo $$ > "$0/cgroup.procs"'
+    if limits is not None and limits.cpu_seconds:
+        script += f" && ulimit -t {limits.cpu_seconds}"
+    if limits is not None and limits.address_space_mb:
+        script += f" && ulimit -v {limits.address_space_mb * 1024}"
+    return ["/bin/sh", "-c", script + ' && exec "$@"', str(cgroup)]
 
 
 def find_bwrap(path: str | None = None) -> str | None:

@@ -212,7 +212,14 @@ async def test_limits_are_set_inside_the_job(bwrap: None, tool_server: Any, tmp_
                             workspace=workspace(tmp_path))
     limits = (await run(srv, "cat /proc/self/limits")).details["stdout"]["text"]
     assert any(line.startswith("Max cpu time") and " 1 " in line for line in limits.splitlines())
-    assert any(line.startswith("Max processes") and " 64 " in line for line in limits.splitlines())
+    if pids_cgroup() is None:  # RLIMIT_NPROC; with a pids cgroup the job's pids.max holds instead
+        assert any(line.startswith("Max processes") and " 64 " in line for line in limits.splitlines())
+    else:
+        first = await srv.rest("exec_command", {"cmd": "sleep 60", "yield_time_ms": 250}, **AGENT)
+        job = srv.services.extras["shell.family"].manager._jobs[first.details["session_id"]]
+        assert job.cgroup is not None and (job.cgroup / "pids.max").read_text().strip() == "64"
+        assert int((job.cgroup / "pids.current").read_text()) >= 1  # the job is in it
+        await srv.rest("write_stdin", {"session_id": first.details["session_id"], "terminate": True}, **AGENT)
     assert any(line.startswith("Max address space") and str(256 * 1024 * 1024) in line for line in limits.splitlines())
     res = await run(srv, "python3 -c 'bytearray(1024 * 1024 * 1024)'")  # 1 GiB past a 256 MiB address space
     assert res.details["exit_code"] != 0 and "MemoryError" in res.details["stderr"]["text"]

@@ -178,9 +178,10 @@ class ShellManager:
         filter_fd = seccomp_fd(self._seccomp) if self._seccomp is not None and self.confinement.mode != UNSANDBOXED \
             else None
         try:
-            argv = await self._argv(tool, cmd, cwd, filter_fd)
+            in_cgroup = self._cgroups is not None and bool(self.confinement.limits.processes)
+            argv = await self._argv(tool, cmd, cwd, filter_fd, prlimit=not in_cgroup)
             job = Job(self._new_id(), owner, cwd, self.store, kill_after=self.kill_after, confirm=self.confirm)
-            if self._cgroups is not None and self.confinement.limits.processes:
+            if in_cgroup:
                 argv = self._in_cgroup(tool, job, argv)
         except BaseException:
             if filter_fd is not None:
@@ -229,7 +230,7 @@ class ShellManager:
                              "nothing was run") from exc
         job.cgroup = path
         self._in_cgroups.add(job)
-        return [*join_cgroup_argv(path), *argv]
+        return [*join_cgroup_argv(path, self.confinement.limits), *argv]
 
     async def _remove_cgroups(self, bound: float = 5.0) -> None:
         """At close: every job's cgroup, once the kernel has let go of its last process (bounded)."""
@@ -245,7 +246,8 @@ class ShellManager:
         if self._in_cgroups:
             log.warning("shell close: %d job cgroup(s) still busy, left in place", len(self._in_cgroups))
 
-    async def _argv(self, tool: str, cmd: str, cwd: Path, filter_fd: int | None = None) -> list[str]:
+    async def _argv(self, tool: str, cmd: str, cwd: Path, filter_fd: int | None = None,
+                    prlimit: bool = True) -> list[str]:
         """The command wrapped where it is spawned, so direct and nested calls get the same sandbox. A sandboxed
         mode that cannot run here refuses: a command never runs unconfined by surprise."""
         box = self.confinement
@@ -262,7 +264,7 @@ class ShellManager:
                                  "check shell.shell in the configuration")
         return command_argv(self.shell, cmd, mode=box.mode, network=box.network, workspace=box.workspace,
                             state_dir=box.state_dir or Path("/nonexistent"), cwd=cwd, limits=box.limits,
-                            bwrap=self._bwrap, prlimit=self._prlimit, seccomp=filter_fd)
+                            bwrap=self._bwrap, prlimit=self._prlimit if prlimit else None, seccomp=filter_fd)
 
     # -- stdin -----------------------------------------------------------------------------------
     async def write(self, tool: str, job: Job, data: bytes, timeout: float) -> Delivery:
