@@ -192,8 +192,8 @@ def describe(mode: str, network: bool, limits: Limits, prlimit: str | None, root
     filt = f"seccomp denies {len(SECCOMP_DENIED_X86_64)} system calls" if seccomp else "no seccomp filter on this CPU"
     head = "unsandboxed (danger-full-access)" if mode == UNSANDBOXED else (
         f"sandbox {mode}, network {'on' if network else 'off'} (bubblewrap; {filt})")
-    if prlimit is None:
-        return f"{head}; no per-job limits (prlimit is not on PATH)"
+    if prlimit is None and cgroup is None:
+        return f"{head}; no per-job limits (prlimit is not on PATH, and no pids cgroup is writable)"
     parts = []
     if limits.cpu_seconds:
         parts.append(f"cpu {limits.cpu_seconds} s")

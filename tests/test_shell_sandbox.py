@@ -93,6 +93,8 @@ def test_protected_part_and_the_status_words(tmp_path: Path) -> None:
     assert describe("danger-full-access", False, Limits(), "prlimit").startswith("unsandboxed")
     assert "not enforced: the kernel exempts root" in describe("read-only", False, Limits(processes=5), "p", root=True)
     assert "no per-job limits" in describe("read-only", False, Limits(processes=5), None)
+    with_cgroup = describe("read-only", False, Limits(processes=5), None, root=True, cgroup=Path("/cg"))
+    assert "5 processes (a pids cgroup per job)" in with_cgroup and "not enforced" not in with_cgroup
 
 
 # -- workspace-write through REST and MCP -------------------------------------------------------------------
