@@ -23,6 +23,7 @@ from proxy.config import (
     with_run_flags,
 )
 from proxy.errors import CtproxyError
+from proxy.sandbox import MODES as SANDBOX_MODES
 from proxy.state import StateDir, StateDirBusy
 
 EPILOG = """\
@@ -94,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--bridge", metavar="FAMILIES", default=None, type=_families,
                     help="for this run, bridge these tool families (comma-separated, e.g. history,notes,context): "
                     "every agent gets their tools and ctproxy runs the calls (docs/bridge.md); '' = none")
+    up.add_argument("--sandbox", choices=SANDBOX_MODES, default=None, metavar="MODE",
+                    help="for this run, shell.sandbox: workspace-write (default: the workspace and a private /tmp "
+                    "writable, .git read-only, no network unless shell.network), read-only, or danger-full-access "
+                    "(unsandboxed); bubblewrap, docs/shell.md")
     up.add_argument("--debug", action="store_true",
                     help="ctproxy's own loggers at debug: categories, counts and timings (never content)")
     up.add_argument("--quiet", action="store_true",
@@ -260,7 +265,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                      workspace=args.workspace.resolve() if args.workspace else None, record=args.record,
                      server_replay=args.server_replay,
                      enable=args.enable, disable=args.disable, debug=args.debug, quiet=args.quiet,
-                     metrics=not args.no_metrics, bridge=args.bridge)
+                     metrics=not args.no_metrics, bridge=args.bridge, sandbox=args.sandbox)
     try:
         return asyncio.run(run_up(opts))
     except KeyboardInterrupt:
@@ -305,7 +310,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if run:
         # The file as `ctproxy up` would apply it now, with the running proxy's --enable/--disable.
         wanted = with_run_flags(with_overrides(config, run.get("enable") or [], run.get("disable") or []),
-                                debug=bool(run.get("debug")), bridge=run.get("bridge"))
+                                debug=bool(run.get("debug")), bridge=run.get("bridge"), sandbox=run.get("sandbox"))
         config = running_config(run) or wanted  # a run.json from an older ctproxy has no snapshot
         answering = tools_answering(state, run)
     file_config = wanted if run and wanted is not config else None

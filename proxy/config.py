@@ -117,6 +117,15 @@ class ShellConfig(_Section):
     max_jobs: int = Field(16, ge=1, le=256, description="unsettled commands per (task, agent)")
     max_poll_ms: int = Field(300_000, ge=5_000, description="longest empty write_stdin poll")
     kill_after_ms: int = Field(5_000, ge=0, description="SIGTERM to SIGKILL grace when stopping")
+    sandbox: Literal["workspace-write", "read-only", "danger-full-access"] = Field(
+        "workspace-write", description="bubblewrap around every command (proxy/sandbox.py): workspace-write (the "
+                                       "workspace and a private /tmp writable, .git read-only), read-only, or "
+                                       "danger-full-access (unsandboxed)")
+    network: bool = Field(False, description="a sandboxed command may use the network (false: its own empty "
+                                             "network namespace)")
+    cpu_limit_s: int = Field(3_600, ge=0, description="CPU seconds per process of a job (0: none)")
+    memory_limit_mb: int = Field(16_384, ge=0, description="address space per process of a job, MiB (0: none)")
+    max_processes: int = Field(512, ge=0, description="processes of a job (RLIMIT_NPROC; 0: none)")
 
 
 class CodeModeConfig(_Section):
@@ -415,12 +424,16 @@ def with_overrides(config: Config, enable: list[str], disable: list[str]) -> Con
     return config
 
 
-def with_run_flags(config: Config, *, debug: bool = False, bridge: list[str] | None = None) -> Config:
-    """`ctproxy up --debug` and `--bridge FAMILY` for one run, applied in place (the model validates the
-    assignment). `ctproxy up` and `ctproxy status` both apply them, so a flag is never a pending change."""
+def with_run_flags(config: Config, *, debug: bool = False, bridge: list[str] | None = None,
+                   sandbox: str | None = None) -> Config:
+    """`ctproxy up --debug`, `--bridge FAMILY` and `--sandbox MODE` for one run, applied in place (the model
+    validates the assignment). `ctproxy up` and `ctproxy status` both apply them, so a flag is never a pending
+    change."""
     config.debug = config.debug or debug
     if bridge is not None:
         config.bridge.families = list(bridge)
+    if sandbox is not None:
+        config.shell.sandbox = sandbox  # type: ignore[assignment]
     return config
 
 

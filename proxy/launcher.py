@@ -50,6 +50,7 @@ class UpOptions:
     disable: list[str] = field(default_factory=list)
     debug: bool = False
     bridge: list[str] | None = None  # --bridge: bridge.families for this run (None: as configured)
+    sandbox: str | None = None  # --sandbox: shell.sandbox for this run (None: as configured)
     quiet: bool = False  # no request log line (issue 17)
     metrics: bool = True  # Prometheus metrics and the dashboard's request feed (proxy/telemetry.py)
 
@@ -123,6 +124,8 @@ class ToolServerProcess:
             cmd += ["--enable", name]
         for name in self.opts.disable:
             cmd += ["--disable", name]
+        if self.opts.sandbox is not None:
+            cmd += ["--sandbox", self.opts.sandbox]
         if self.opts.debug:
             cmd.append("--debug")
         if self.telemetry_url:
@@ -250,7 +253,7 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     state = StateDir.open(opts.state_dir)
     rt = runtime.build(str(state.root), str(opts.config_file) if opts.config_file else None, opts.upstream,
                        opts.trust_upstream, opts.enable, opts.disable)
-    with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge)
+    with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge, sandbox=opts.sandbox)
     state.token()
 
     from proxy.status import write_run_config
@@ -402,6 +405,7 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
                 "upstream_trusted": rt.upstream.trusted,
                 "enable": list(opts.enable), "disable": list(opts.disable),
                 "debug": opts.debug, "bridge": list(opts.bridge) if opts.bridge is not None else None,
+                "sandbox": opts.sandbox,
                 # what the tools that call OpenAI themselves can use (the tool server inherits it)
                 "openai_api_key": bool(os.environ.get("OPENAI_API_KEY")),
                 "tools": tools.url if tools is not None else None,

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from proxy.capabilities import capability
 from proxy.config import CAPABILITIES, Config
+from proxy.sandbox import describe, find_prlimit, limits_of, pids_cgroup, sandbox_problem
 from proxy.state import StateDir
 
 RUN_FILE = "run.json"
@@ -85,6 +86,8 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
         return CapabilityStatus(name, "unavailable", "no workspace: restart ctproxy with --workspace DIR")
     if (held := _held_by_discovery(config, cap.tools)) is not None:
         return CapabilityStatus(name, "deferred", held)
+    if name == "shell":
+        return CapabilityStatus(name, "active", f"{what}; {shell_sandbox(config)}")
     if name == "code_mode":
         return CapabilityStatus(name, "active", f"{what}, memory limit {config.code_mode.memory_limit_mb} MiB "
                                 f"each, nested apply_patch approval {config.code_mode.approval_mode}; remote code "
@@ -140,7 +143,13 @@ def shell_problem(config: Config) -> str | None:
         return f"{exc} (fix shell.policy, or ctproxy config set shell.policy null)"
     except Exception as exc:  # a hook that fails while being built refuses every call too
         return f"shell.policy {config.shell.policy!r} fails when built: {type(exc).__name__}"
-    return None
+    return sandbox_problem(config.shell.sandbox)  # never unconfined by surprise: no sandbox, no command
+
+
+def shell_sandbox(config: Config) -> str:
+    """The shell line's sandbox words: `sandbox workspace-write, network off …` or `unsandboxed …`."""
+    sh = config.shell
+    return describe(sh.sandbox, sh.network, limits_of(sh), find_prlimit(), cgroup=pids_cgroup())
 
 
 def _discovery_status(config: Config) -> tuple[str, str]:

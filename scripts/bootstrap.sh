@@ -2,7 +2,8 @@
 # The set-up behind both README commands. Required: a Python >= 3.12, a virtualenv (.venv) with ctproxy and its
 # test dependencies. Optional, installed when this machine allows it and otherwise skipped with one line that
 # says what the skip costs: the real clients the end-to-end tests drive (Codex CLI and Pi from npm, the OpenAI
-# Agents SDK and litellm from PyPI) and the Debian packages of the desktop (Computer Use) and browser tests.
+# Agents SDK and litellm from PyPI) and the Debian packages of the desktop (Computer Use) and browser tests, and
+# bubblewrap (the shell sandbox).
 # What was skipped is written to .venv/ctproxy-setup.json, where the tests read the reason they skip with.
 # Idempotent and quick when done; never stops for something optional.
 set -euo pipefail
@@ -105,7 +106,7 @@ npm_client() {  # name, package@version, binary (the record's key), env switch
 npm_client "Codex CLI" "@openai/codex@$CODEX_VERSION" codex CTPROXY_SKIP_CODEX
 npm_client "Pi" "@mariozechner/pi-coding-agent@$PI_VERSION" pi CTPROXY_SKIP_PI
 
-# --- optional: Debian packages of the desktop and browser tests ------------------------------------------------
+# --- optional: Debian packages of the desktop and browser tests, and the shell sandbox ------------------------------------------------
 APT=""
 if command -v apt-get >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ]; then APT="apt-get"
@@ -146,6 +147,7 @@ debs desktop "the Computer Use desktop" CTPROXY_SKIP_DESKTOP \
   "computer_use stays unavailable on this machine and its desktop tests skip" \
   xvfb xdotool openbox at-spi2-core dbus-daemon dbus-session-bus-common python3-gi gir1.2-gtk-3.0
 debs chromium "Chromium" CTPROXY_SKIP_BROWSER "the dashboard's browser test skips" chromium
+debs sandbox "bubblewrap" CTPROXY_SKIP_SANDBOX "shell sandbox modes are unavailable and their tests skip" bubblewrap
 
 # --- the record the tests read ---------------------------------------------------------------------------------
 printf '%s\n' "${SKIPPED[@]}" | .venv/bin/python -c '

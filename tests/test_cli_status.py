@@ -111,3 +111,24 @@ async def test_a_tool_server_that_stopped_answering_is_reported(proxy_factory, t
     info, _, text = status(proxy.state_dir)
     assert info["tools_answering"] is False
     assert "not answering" in next(line for line in text.splitlines() if line.startswith("tools:"))
+
+
+async def test_up_sandbox_reaches_the_tool_server_and_status_says_it(proxy_factory, tmp_path):
+    """`ctproxy up --sandbox MODE` (issue 33): one run's mode, in the snapshot, the tool server and status alike."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    proxy = await proxy_factory(upstream="http://127.0.0.1:9", extra_args=[
+        "--enable", "shell", "--sandbox", "danger-full-access", "--workspace", str(ws)])
+    run = json.loads((proxy.state_dir / "run.json").read_text())
+    assert run["config"]["shell"]["sandbox"] == "danger-full-access" and run["sandbox"] == "danger-full-access"
+    _, caps, _ = status(proxy.state_dir)
+    assert caps["shell"]["state"] == "active" and "unsandboxed" in caps["shell"]["reason"]
+    assert caps["shell"]["pending"] == ""  # a flag of this run is not a changed file
+    token = (proxy.state_dir / "token").read_text().strip()
+    async with aiohttp.ClientSession() as http, http.post(
+            proxy.tools_url + "/v1/tools/exec_command", data=json.dumps({"cmd": f"echo x > {outside}/through"}),
+            headers={"Authorization": f"Bearer {token}"}) as resp:
+        assert resp.status == 200, await resp.text()
+    assert (outside / "through").read_text() == "x\n"

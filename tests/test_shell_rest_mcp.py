@@ -61,7 +61,9 @@ async def test_mcp_exec_and_structured_details(tool_server: Any, tmp_path: Path)
 
 
 async def test_no_process_left_after_the_tool_server_stops(tool_server: Any, tmp_path: Path) -> None:
-    srv = await tool_server({**ENABLE, "shell.kill_after_ms": 500}, workspace=tmp_path)
+    # the process group of danger-full-access (a sandboxed job's processes live in its own pid namespace)
+    srv = await tool_server({**ENABLE, "shell.kill_after_ms": 500, "shell.sandbox": "danger-full-access"},
+                            workspace=tmp_path)
     res = await srv.rest("exec_command", {"cmd": "trap '' TERM; sleep 1000 & sleep 1000 & echo up; wait",
                                           "yield_time_ms": 500})
     assert res.ok and res.details["stdout"]["text"] == "up\n"
@@ -80,7 +82,7 @@ async def test_rest_client_hanging_up_stops_the_command_it_started(tool_server: 
 
     import aiohttp
 
-    srv = await tool_server(ENABLE, workspace=tmp_path)
+    srv = await tool_server({**ENABLE, "shell.sandbox": "danger-full-access"}, workspace=tmp_path)  # host pid
     pidfile = tmp_path / "pid"
     args = {"cmd": f"echo $$ > {pidfile}; exec sleep 60", "yield_time_ms": 20000}
     async with aiohttp.ClientSession() as http:

@@ -47,7 +47,7 @@ def make_harness(tmp_path: Path, **shell: Any) -> Harness:
     for key, value in shell.items():
         setattr(config.shell, key, value)
     workspace = tmp_path / "ws"
-    workspace.mkdir(exist_ok=True)
+    workspace.mkdir(parents=True, exist_ok=True)
     services = Services(config=config, state=StateDir.open(tmp_path / "state"), workspace=workspace)
     return Harness(create_family(services), services)
 
@@ -84,11 +84,17 @@ async def test_short_command_returns_output_and_exit_in_one_call(sh: Harness) ->
     assert d["recovery"] == {}  # small and fully delivered: no file needed
 
 
-async def test_exit_codes_and_signals(sh: Harness) -> None:
+async def test_exit_codes_and_signals(sh: Harness, tmp_path: Path) -> None:
     assert ok(await sh.exec({"cmd": "exit 0"}))["exit_code"] == 0
     assert ok(await sh.exec({"cmd": "false"}))["exit_code"] == 1
-    d = ok(await sh.exec({"cmd": "kill -KILL $$"}))
-    assert d["exit_code"] == 137 and d["signal"] == "SIGKILL"
+    # sandboxed (the default), bubblewrap reports a signal as the shell does: 128 + its number
+    assert ok(await sh.exec({"cmd": "kill -KILL $$"}))["exit_code"] == 137
+    h = make_harness(tmp_path / "unsandboxed", sandbox="danger-full-access")  # the signal itself is seen
+    try:
+        d = ok(await h.exec({"cmd": "kill -KILL $$"}))
+        assert d["exit_code"] == 137 and d["signal"] == "SIGKILL"
+    finally:
+        await h.family.close()
 
 
 async def test_env_is_inherited_and_cwd_resolved(sh: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -141,13 +147,18 @@ async def test_utf8_split_across_chunks(sh: Harness) -> None:
     assert d["recovery"]["stdout"]["state"] == "complete"
 
 
-async def test_same_group_child_keeps_the_job_running(sh: Harness) -> None:
-    # the leader exits at once; a child with redirected output is still part of the job
-    first = ok(await sh.exec({"cmd": "sleep 1.5 >/dev/null 2>&1 & echo started", "yield_time_ms": 1000}))
-    assert "session_id" in first
-    d = ok(await sh.write({"session_id": first["session_id"]}))
-    assert d["exit_code"] == 0
-    assert first["stdout"]["text"] + d["stdout"]["text"] == "started\n"
+async def test_same_group_child_keeps_the_job_running(tmp_path: Path) -> None:
+    # danger-full-access: the leader exits at once; a child with redirected output is still part of the job
+    # (sandboxed, the job's pid namespace ends with its command: tests/test_shell_sandbox.py)
+    h = make_harness(tmp_path, sandbox="danger-full-access")
+    try:
+        first = ok(await h.exec({"cmd": "sleep 1.5 >/dev/null 2>&1 & echo started", "yield_time_ms": 1000}))
+        assert "session_id" in first
+        d = ok(await h.write({"session_id": first["session_id"]}))
+        assert d["exit_code"] == 0
+        assert first["stdout"]["text"] + d["stdout"]["text"] == "started\n"
+    finally:
+        await h.family.close()
 
 
 # -- stdin ---------------------------------------------------------------------------------------------
@@ -350,7 +361,8 @@ async def test_spawn_failure_takes_no_slot(tmp_path: Path) -> None:
 
 # -- stop, cancel, close -----------------------------------------------------------------------------------
 async def test_terminate_children_that_ignore_sigterm(tmp_path: Path) -> None:
-    h = make_harness(tmp_path)  # the real 5 s grace
+    # the process-group machinery of danger-full-access (a sandboxed job runs in its own pid namespace)
+    h = make_harness(tmp_path, sandbox="danger-full-access")  # the real 5 s grace
     try:
         cmd = "trap '' TERM; sleep 1000 & sleep 1000 & echo ready; wait"
         first = ok(await h.exec({"cmd": cmd, "yield_time_ms": 500}))
@@ -388,7 +400,7 @@ async def test_task_cancellation_stops_the_job(sh: Harness) -> None:
 
 
 async def test_close_leaves_no_process_and_no_own_file(tmp_path: Path) -> None:
-    h = make_harness(tmp_path, kill_after_ms=500)
+    h = make_harness(tmp_path, kill_after_ms=500, sandbox="danger-full-access")  # its process group
     first = ok(await h.exec({"cmd": "trap '' TERM; sleep 1000 & sleep 1000 & wait", "yield_time_ms": 300}))
     job = h.family.manager._jobs[first["session_id"]]
     capture_dir = Path(first["recovery"]["stdout"]["path"]).parent

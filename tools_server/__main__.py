@@ -7,7 +7,8 @@ import asyncio
 import logging
 from pathlib import Path
 
-from proxy.config import config_path_from_env, load_config, with_overrides
+from proxy.config import config_path_from_env, load_config, with_overrides, with_run_flags
+from proxy.sandbox import MODES as SANDBOX_MODES
 from proxy.state import StateDir
 from tools_server.server import serve
 
@@ -31,6 +32,8 @@ def main() -> None:
                         help="enable a capability for this run (repeatable)")
     parser.add_argument("--disable", action="append", default=[], metavar="NAME",
                         help="disable a capability for this run (repeatable; 'all' disables every one)")
+    parser.add_argument("--sandbox", choices=SANDBOX_MODES, default=None,
+                        help="shell.sandbox for this run: workspace-write, read-only or danger-full-access")
     parser.add_argument("--debug", action="store_true",
                         help="ctproxy's own loggers at debug (tool names, outcomes, timings; never arguments)")
     parser.add_argument("--proxy-telemetry", metavar="URL",
@@ -48,6 +51,7 @@ def main() -> None:
     logging.getLogger("ctproxy").setLevel(logging.DEBUG if args.debug else logging.WARNING)
     state = StateDir.open(args.state_dir)
     config = with_overrides(load_config(config_path_from_env(state.root, args.config)), args.enable, args.disable)
+    with_run_flags(config, sandbox=args.sandbox)
     if args.upstream is not None:  # web_search auto is native on an official or trusted upstream (issue 31)
         config.web_search.for_upstream(args.upstream != "untrusted")
     host, _, port = args.listen.rpartition(":")

@@ -1,7 +1,7 @@
 """Optional test dependencies: a test that needs one skips with the reason the set-up recorded.
 
 scripts/bootstrap.sh installs the real clients and the Debian packages the end-to-end tests drive where the
-machine allows it; what it had to skip, and why, it writes to .venv/ctproxy-setup.json (keys: codex, pi,
+machine allows it; what it had to skip, and why, it writes to .venv/ctproxy-setup.json (keys: codex, pi, sandbox,
 openai-agents, litellm, desktop, chromium). A test whose dependency is missing skips with that reason, or with
 what to run when the set-up never tried.
 """

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from proxy.sandbox import UNSANDBOXED, protected_part
 from tools_server.patch.commit import LOCAL_FS, CommitReport, LocalFs
 from tools_server.patch.engine import apply_patch
 from tools_server.patch.model import Patch, PatchError, UpdateFile
@@ -74,6 +75,14 @@ class PatchFamily:
         root = require(self.services, "apply_patch")
         patch, cwd = self._prepare(args, ctx, root)
         keys = _queue_keys(patch, cwd)
+        if self.services.config.shell.sandbox != UNSANDBOXED:  # the sandbox's rule (issue 33): .git stays read-only
+            real_root = os.path.realpath(root)
+            for key in keys:
+                if (part := protected_part(key, real_root)) is not None:
+                    raise ToolError(f"apply_patch: '{os.path.relpath(key, real_root)}' is inside the workspace's "
+                                    f"{part}, which is read-only under shell.sandbox "
+                                    f"{self.services.config.shell.sandbox}; nothing was changed",
+                                    code="protected_path")
         try:
             async with shared_path_queue(self.services).hold(keys, cancel=ctx.cancel):
                 report = await _run_in_thread(

@@ -25,7 +25,7 @@ from tools_server.shell.capture import CaptureStore
 from tools_server.shell.dialect import EXEC, WRITE, normalize_exec, normalize_write
 from tools_server.shell.errors import ShellError
 from tools_server.shell.job import Delivery, Job
-from tools_server.shell.manager import Observation, Owner, ShellManager
+from tools_server.shell.manager import Observation, Owner, ShellManager, confinement_of
 from tools_server.shell.render import render
 from tools_server.workspace import OutsideWorkspace, inside, require
 
@@ -103,7 +103,8 @@ class ShellFamily:
         self.config = cfg
         self.store = CaptureStore(lambda: services.state.subdir("captures"))
         self.manager = ShellManager(self.store, shell=cfg.shell, max_jobs=cfg.max_jobs,
-                                    kill_after=cfg.kill_after_ms / 1000)
+                                    kill_after=cfg.kill_after_ms / 1000,
+                                    confinement=confinement_of(cfg, services.workspace, services.state.root))
         # code mode shares this family's capture store for its cells' output
         services.extras["shell.family"] = self
 

@@ -98,14 +98,16 @@ class Job:
         self._stop_task: asyncio.Task[bool] | None = None
         self._probe_task: asyncio.Task[None] | None = None
         self._transport: asyncio.SubprocessTransport | None = None
+        self.cgroup: Path | None = None  # its own pids cgroup, when the manager made one
 
     # -- start ---------------------------------------------------------------------------------
-    async def spawn(self, shell: str, cmd: str, env: dict[str, str]) -> None:
+    async def spawn(self, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> None:
+        """Start `argv` (the shell, wrapped by the sandbox and the limits: proxy/sandbox.command_argv)."""
         loop = asyncio.get_running_loop()
         transport, _ = await loop.subprocess_exec(
-            lambda: _Protocol(self), shell, "-c", cmd,
+            lambda: _Protocol(self), *argv,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=str(self.cwd), env=env, start_new_session=True,
+            cwd=str(self.cwd), env=env, start_new_session=True, pass_fds=pass_fds,
         )
         self._transport = transport
         self.pid = transport.get_pid()
@@ -188,8 +190,15 @@ class Job:
         if self.leader_exited.is_set() and self.group_gone and all(s.closed for s in self.streams.values()):
             self.finished_at = time.monotonic()
             self.complete.set()
+            self.remove_cgroup()
             if self._transport is not None:
                 self._transport.close()
+
+    def remove_cgroup(self) -> None:
+        """Best effort: a cgroup still busy is removed by the manager's next start."""
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                self.cgroup.rmdir()
 
     # -- status ----------------------------------------------------------------------------------
     @property

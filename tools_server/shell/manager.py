@@ -12,12 +12,26 @@ import errno
 import logging
 import os
 import random
+import shutil
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proxy.sandbox import (
+    UNSANDBOXED,
+    Limits,
+    command_argv,
+    find_bwrap,
+    find_prlimit,
+    join_cgroup_argv,
+    limits_of,
+    pids_cgroup,
+    sandbox_problem,
+    seccomp_fd,
+    seccomp_program,
+)
 from tools_server.shell import limits
 from tools_server.shell.capture import CaptureStore
 from tools_server.shell.errors import ShellError
@@ -29,6 +43,23 @@ log = logging.getLogger(__name__)
 ARG_MAX_ONE = 131_072
 
 Owner = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """Where and how each command runs (issue 33): the sandbox mode and the per-job limits. The default is
+    unsandboxed without limits; the shell family builds it from `shell.*` (`confinement_of`)."""
+
+    mode: str = UNSANDBOXED
+    network: bool = True
+    workspace: Path | None = None
+    state_dir: Path | None = None
+    limits: Limits = field(default_factory=Limits)
+
+
+def confinement_of(cfg: Any, workspace: Path | None, state_dir: Path) -> Confinement:
+    return Confinement(cfg.sandbox, cfg.network, workspace.resolve() if workspace else None,
+                       state_dir.resolve(), limits_of(cfg))
 
 
 def resolve_shell(configured: str | None, env: Mapping[str, str]) -> str:
@@ -54,7 +85,15 @@ class ShellManager:
                  env: Mapping[str, str] | None = None,
                  max_jobs: int = limits.MAX_UNSETTLED_JOBS, max_jobs_total: int = limits.MAX_UNSETTLED_JOBS_TOTAL,
                  kill_after: float = limits.STOP_KILL_AFTER_S,
-                 confirm: float = limits.STOP_CONFIRM_S) -> None:
+                 confirm: float = limits.STOP_CONFIRM_S, confinement: Confinement | None = None) -> None:
+        self.confinement = confinement or Confinement()
+        self._bwrap = find_bwrap()
+        self._prlimit = find_prlimit()
+        self._cgroups = pids_cgroup()
+        self._seccomp = seccomp_program()
+        self._in_cgroups: set[Job] = set()
+        self._sandbox_problem: str | None = None
+        self._probed = False
         self._env = dict(os.environ if env is None else env)  # captured once; overlays never change it
         self.shell = resolve_shell(shell, self._env)  # resolved once per manager
         self.store = store
@@ -136,11 +175,23 @@ class ShellManager:
     async def start(self, tool: str, owner: Owner, cmd: str, cwd: Path, overlay: Mapping[str, str]) -> Job:
         """Spawn once (call inside `admission`). Spawn errors settle at once: no phantom slot."""
         self._ensure_open(tool)
-        job = Job(self._new_id(), owner, cwd, self.store, kill_after=self.kill_after, confirm=self.confirm)
+        filter_fd = seccomp_fd(self._seccomp) if self._seccomp is not None and self.confinement.mode != UNSANDBOXED \
+            else None
+        try:
+            in_cgroup = self._cgroups is not None and bool(self.confinement.limits.processes)
+            argv = await self._argv(tool, cmd, cwd, filter_fd, prlimit=not in_cgroup)
+            job = Job(self._new_id(), owner, cwd, self.store, kill_after=self.kill_after, confirm=self.confirm)
+            if in_cgroup:
+                argv = self._in_cgroup(tool, job, argv)
+        except BaseException:
+            if filter_fd is not None:
+                os.close(filter_fd)
+            raise
         env = {**self._env, **overlay}  # per-spawn overlay; the manager's env stays as captured
         try:
-            await job.spawn(self.shell, cmd, env)
+            await job.spawn(argv, env, pass_fds=(filter_fd,) if filter_fd is not None else ())
         except OSError as exc:
+            job.remove_cgroup()  # nothing joined it
             if exc.errno == errno.E2BIG:  # the command (one argument of the shell) or the environment is too long
                 longest = max([len(cmd.encode("utf-8", "replace")),
                                *(len(f"{k}={v}".encode("utf-8", "replace")) for k, v in env.items())])
@@ -152,12 +203,68 @@ class ShellManager:
             raise ShellError(tool, "spawn-failed",
                              f"cannot start {self.shell}: {exc.strerror or type(exc).__name__}; "
                              "check shell.shell in the configuration") from exc
+        finally:
+            if filter_fd is not None:
+                os.close(filter_fd)  # the child has its own copy
         if self.closed:  # closed while spawning: this job is ours to stop
             self._jobs[job.id] = job
             await job.stop()
             raise ShellError(tool, "owner-closed", "shell sessions were shut down while starting")
         self._jobs[job.id] = job
         return job
+
+    def _in_cgroup(self, tool: str, job: Job, argv: list[str]) -> list[str]:
+        """The job's own pids cgroup (`pids.max` = shell.max_processes): a fork bomb stays inside its job, for
+        root too. Cgroups of finished jobs are removed as they end, and here (one that was still busy)."""
+        assert self._cgroups is not None
+        for done in [j for j in self._in_cgroups if j.complete.is_set()]:
+            done.remove_cgroup()
+            if done.cgroup is None or not done.cgroup.exists():
+                self._in_cgroups.discard(done)
+        path = self._cgroups / f"ctproxy-{os.getpid()}-{job.id}"
+        try:
+            path.mkdir(exist_ok=True)
+            (path / "pids.max").write_text(f"{self.confinement.limits.processes}\n")
+        except OSError as exc:
+            raise ShellError(tool, "spawn-failed", f"cannot make the job's pids cgroup ({exc.strerror or exc}); "
+                             "nothing was run") from exc
+        job.cgroup = path
+        self._in_cgroups.add(job)
+        return [*join_cgroup_argv(path, self.confinement.limits), *argv]
+
+    async def _remove_cgroups(self, bound: float = 5.0) -> None:
+        """At close: every job's cgroup, once the kernel has let go of its last process (bounded)."""
+        deadline = time.monotonic() + bound
+        while self._in_cgroups:
+            for job in list(self._in_cgroups):
+                job.remove_cgroup()
+                if job.cgroup is None or not job.cgroup.exists():
+                    self._in_cgroups.discard(job)
+            if not self._in_cgroups or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(limits.GROUP_PROBE_S)
+        if self._in_cgroups:
+            log.warning("shell close: %d job cgroup(s) still busy, left in place", len(self._in_cgroups))
+
+    async def _argv(self, tool: str, cmd: str, cwd: Path, filter_fd: int | None = None,
+                    prlimit: bool = True) -> list[str]:
+        """The command wrapped where it is spawned, so direct and nested calls get the same sandbox. A sandboxed
+        mode that cannot run here refuses: a command never runs unconfined by surprise."""
+        box = self.confinement
+        if box.mode != UNSANDBOXED:
+            if not self._probed:
+                self._sandbox_problem = await asyncio.to_thread(sandbox_problem, box.mode)  # probed once
+                self._probed = True
+            if self._sandbox_problem is not None or box.workspace is None:
+                raise ShellError(tool, "sandbox-unavailable",
+                                 f"{self._sandbox_problem or 'a sandboxed mode needs a workspace'}; nothing was run")
+            if not os.access(self.shell, os.X_OK) and shutil.which(self.shell) is None:
+                # bubblewrap would start and then fail to exec it: say what the unsandboxed spawn says
+                raise ShellError(tool, "spawn-failed", f"cannot start {self.shell}: not an executable here; "
+                                 "check shell.shell in the configuration")
+        return command_argv(self.shell, cmd, mode=box.mode, network=box.network, workspace=box.workspace,
+                            state_dir=box.state_dir or Path("/nonexistent"), cwd=cwd, limits=box.limits,
+                            bwrap=self._bwrap, prlimit=self._prlimit if prlimit else None, seccomp=filter_fd)
 
     # -- stdin -----------------------------------------------------------------------------------
     async def write(self, tool: str, job: Job, data: bytes, timeout: float) -> Delivery:
@@ -285,6 +392,7 @@ class ShellManager:
         # keep the files of groups we could not confirm gone: they are still someone's responsibility
         keep = {s.capture.path for j in unconfirmed for s in j.streams.values() if s.capture.path}
         removed = await asyncio.to_thread(self.store.cleanup, keep)
+        await self._remove_cgroups()
         self._jobs.clear()
         if unconfirmed:
             log.warning("shell close: %d process group(s) not confirmed gone (cleanup-incomplete)",
