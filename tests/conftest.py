@@ -11,8 +11,12 @@ import pytest
 from proxy import runtime
 from proxy.journal import close_all
 from tests.emulator import Emulator
+from tests.support import sandbox as sandbox_support
 from tests.support.proxyproc import ProxyProcess
 from tests.support.toolserver import ToolServerHandle, make_services
+
+if sandbox_support.MISSING:  # no bubblewrap here: shell tests other than the sandbox's own run unsandboxed
+    sandbox_support.use_fallback_default()
 
 
 @pytest.fixture

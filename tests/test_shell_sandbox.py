@@ -30,7 +30,8 @@ from tests.support.optional import skip_reason
 
 pytestmark = pytest.mark.timeout(180)
 
-ON = {"shell.enabled": True}
+# explicit: the suite may default to unsandboxed where bwrap is missing (tests/support/sandbox.py)
+ON = {"shell.enabled": True, "shell.sandbox": "workspace-write"}
 AGENT = {"task": "t", "agent": "/root"}
 
 
@@ -283,7 +284,7 @@ async def test_without_bwrap_sandboxed_modes_are_unavailable(tool_server: Any, t
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
     config = Config()
-    config.shell.enabled = True
+    config.shell.enabled, config.shell.sandbox = True, "workspace-write"
     st = capability_status(config, "shell")
     assert st.state == "unavailable" and "needs bubblewrap (bwrap), which is not on PATH" in st.reason
     config.shell.sandbox = "danger-full-access"
@@ -317,7 +318,8 @@ async def test_the_manager_refuses_when_the_sandbox_cannot_run(tmp_path: Path, m
 # -- apply_patch keeps .git read-only too -------------------------------------------------------------------
 async def test_apply_patch_refuses_git_in_a_sandboxed_mode(tool_server: Any, tmp_path: Path) -> None:
     patch = "*** Begin Patch\n*** Add File: .git/hooks/post-checkout\n+#!/bin/sh\n*** End Patch\n"
-    srv = await tool_server({"apply_patch.enabled": True}, workspace=workspace(tmp_path / "a"))
+    srv = await tool_server({"apply_patch.enabled": True, "shell.sandbox": "workspace-write"},
+                            workspace=workspace(tmp_path / "a"))
     res = await srv.rest("apply_patch", {"input": patch}, **AGENT)
     assert not res.ok and "read-only under shell.sandbox workspace-write" in res.text
     assert not (tmp_path / "a" / "ws" / ".git" / "hooks").exists()

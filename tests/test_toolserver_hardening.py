@@ -284,8 +284,11 @@ async def test_the_tool_server_process_has_no_default_workspace(tmp_path: Path) 
     cwd.mkdir()
     (cwd / "keep.txt").write_text("untouched\n")
     state = tmp_path / "state"
+    from tests.support.sandbox import extra_up_args
+
     proc = subprocess.Popen([sys.executable, "-m", "tools_server", "--listen", "127.0.0.1:0",
-                             "--state-dir", str(state), "--enable", "apply_patch", "--enable", "shell"],
+                             "--state-dir", str(state),
+                             *extra_up_args(["--enable", "apply_patch", "--enable", "shell"])],
                             cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

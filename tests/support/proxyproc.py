@@ -52,7 +52,9 @@ class ProxyProcess:
                 args.append("--trust-upstream")
         if not self.with_tools:
             args.append("--no-tools")
-        return args + self.extra_args
+        from tests.support.sandbox import extra_up_args
+
+        return args + extra_up_args(self.extra_args)
 
     def start(self) -> ProxyProcess:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}

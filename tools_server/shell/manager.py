@@ -258,10 +258,11 @@ class ShellManager:
             if self._sandbox_problem is not None or box.workspace is None:
                 raise ShellError(tool, "sandbox-unavailable",
                                  f"{self._sandbox_problem or 'a sandboxed mode needs a workspace'}; nothing was run")
-            if not os.access(self.shell, os.X_OK) and shutil.which(self.shell) is None:
-                # bubblewrap would start and then fail to exec it: say what the unsandboxed spawn says
-                raise ShellError(tool, "spawn-failed", f"cannot start {self.shell}: not an executable here; "
-                                 "check shell.shell in the configuration")
+        if not os.access(self.shell, os.X_OK) and shutil.which(self.shell) is None:
+            # bubblewrap, or the limits' wrapper shell, would start and then fail to exec it (exit 127): say it
+            # the way a direct spawn would, in every mode
+            raise ShellError(tool, "spawn-failed", f"cannot start {self.shell}: not an executable here; "
+                             "check shell.shell in the configuration")
         return command_argv(self.shell, cmd, mode=box.mode, network=box.network, workspace=box.workspace,
                             state_dir=box.state_dir or Path("/nonexistent"), cwd=cwd, limits=box.limits,
                             bwrap=self._bwrap, prlimit=self._prlimit if prlimit else None, seccomp=filter_fd)
