@@ -13,7 +13,7 @@ import aiohttp
 import openai
 import pytest
 
-from proxy.context.bootstrap import is_guidance
+from proxy.context.bootstrap import is_guidance, is_identity
 from proxy.state import StateDir
 from tests.emulator import Emulator, Text
 from tests.openapi_schema import spec_available, validate
@@ -67,8 +67,8 @@ async def test_new_item_types_reach_the_upstream_unchanged_and_are_journaled_in_
         await c.responses.create(model="gpt-5", input=sent, tools=[FN])
         [req] = emulator.responses_requests
         assert req.status == 200
-        # unchanged, in order (the context stage's guidance message is the one item ctproxy adds)
-        assert [i for i in req.json["input"] if not is_guidance(i)] == sent
+        # unchanged, in order (the context stage's guidance and the window's identity are what ctproxy adds)
+        assert [i for i in req.json["input"] if not is_guidance(i) and not is_identity(i)] == sent
         types = await journaled_types(proxy, task, len(sent) + 1)
     assert [t for t in types if t in {i["type"] for i in NEW_ITEMS}] == [i["type"] for i in NEW_ITEMS], types
 
