@@ -310,7 +310,9 @@ async def test_the_private_desktop_is_published_to_the_shell_tools(tool_server: 
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("XAUTHORITY", raising=False)
     srv = await tool_server({"computer_use.enabled": True, "computer_use.start_xvfb": True,
-                             "computer_use.approval_mode": "always", "shell.enabled": True}, workspace=tmp_path)
+                             "computer_use.approval_mode": "always", "shell.enabled": True,
+                             # the sandbox's private /tmp hides the desktop's X socket (docs/shell.md)
+                             "shell.sandbox": "danger-full-access"}, workspace=tmp_path)
     first = await srv.rest(LIST, {})
     assert first.ok and first.details["desktop"]["private"], first.body
     display = first.details["desktop"]["display"]
