@@ -20,7 +20,9 @@ from tools_server.service import ToolService
 from tools_server.shell import ShellFamily, create_family
 from tools_server.shell.procgroup import live_members
 
-PY = sys.executable
+# The sandbox replaces /tmp with a private one: a virtualenv under /tmp (a clone there) is not visible to a command,
+# but the interpreter it links to is (the scripts here need only the standard library).
+PY = os.path.realpath(sys.executable) if os.path.realpath(sys.prefix).startswith("/tmp/") else sys.executable
 
 
 class Harness:
