@@ -178,16 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(the tool server's /mcp with its bearer token), both tagged with the same task and agent headers, and "
         "the MCP approval setting `codex exec` needs. Addresses come from the running ctproxy (else the "
         "defaults of `ctproxy up`).")
-    _common(cx)
-    cx.add_argument("--write", type=Path, metavar="PATH",
-                    help="merge into this config.toml (e.g. ~/.codex/config.toml) instead of printing; the "
-                    "ctproxy tables are replaced whole, everything else is kept")
-    cx.add_argument("--task", metavar="ID", help="x-ctp-task for Codex's traffic (default: a fresh `ctproxy task new`)")
-    cx.add_argument("--agent", default="/root", metavar="ADDRESS", help="x-ctp-agent (default %(default)s)")
-    cx.add_argument("--proxy", metavar="URL", help="the proxy's address (default: the running ctproxy's)")
+    _client_config_args(cx, "Codex", "config.toml (e.g. ~/.codex/config.toml)",
+                        "the ctproxy tables are replaced whole")
     cx.add_argument("--tools-url", metavar="URL", help="the tool server's address (default: the running one's)")
-    cx.add_argument("--env-key", default="OPENAI_API_KEY", metavar="VAR",
-                    help="environment variable with the API key Codex sends (default %(default)s)")
     cx.add_argument("--chatgpt", action="store_true",
                     help="Codex signed in with ChatGPT: use its login (requires_openai_auth) and the "
                     "/backend-api/codex route instead of an API key")
@@ -205,20 +198,25 @@ def build_parser() -> argparse.ArgumentParser:
         "provider: this writes a provider `ctproxy` (OpenAI Responses API, the proxy's /v1, the task and agent "
         "headers) into Pi's models.json; then `pi --provider ctproxy --model gpt-5`. Each Pi session stays its "
         "own session in that task (Pi sends its session id as prompt_cache_key).")
-    _common(pc)
-    pc.add_argument("--write", type=Path, metavar="PATH",
-                    help="merge into this models.json (e.g. ~/.pi/agent/models.json) instead of printing; "
-                    "providers.ctproxy is replaced whole, everything else is kept")
-    pc.add_argument("--task", metavar="ID", help="x-ctp-task for Pi's traffic (default: a fresh `ctproxy task new`)")
-    pc.add_argument("--agent", default="/root", metavar="ADDRESS", help="x-ctp-agent (default %(default)s)")
-    pc.add_argument("--proxy", metavar="URL", help="the proxy's address (default: the running ctproxy's)")
-    pc.add_argument("--env-key", default="OPENAI_API_KEY", metavar="VAR",
-                    help="environment variable with the API key Pi sends (default %(default)s)")
+    _client_config_args(pc, "Pi", "models.json (e.g. ~/.pi/agent/models.json)", "providers.ctproxy is replaced whole")
     pc.add_argument("--model", action="append", metavar="ID",
                     help="a model Pi may pick under this provider (repeatable; default gpt-5)")
     pc.add_argument("--web-search", choices=["on", "off"],
                     help="send x-ctp-web-search on every request: off keeps ctproxy from adding web search")
     return parser
+
+
+def _client_config_args(p: argparse.ArgumentParser, client: str, file: str, replaced: str) -> None:
+    """What `codex-config` and `pi-config` share: where to write, whose traffic it is, where ctproxy is."""
+    _common(p)
+    p.add_argument("--write", type=Path, metavar="PATH",
+                   help=f"merge into this {file} instead of printing; {replaced}, everything else is kept")
+    p.add_argument("--task", metavar="ID",
+                   help=f"x-ctp-task for {client}'s traffic (default: a fresh `ctproxy task new`)")
+    p.add_argument("--agent", default="/root", metavar="ADDRESS", help="x-ctp-agent (default %(default)s)")
+    p.add_argument("--proxy", metavar="URL", help="the proxy's address (default: the running ctproxy's)")
+    p.add_argument("--env-key", default="OPENAI_API_KEY", metavar="VAR",
+                   help=f"environment variable with the API key {client} sends (default %(default)s)")
 
 
 def _state(args: argparse.Namespace) -> StateDir:
