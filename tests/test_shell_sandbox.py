@@ -121,9 +121,11 @@ async def test_workspace_write_confines_files_and_state(bwrap: None, tool_server
     res = await run(srv, f"cat {state}/token; ls -A {state} | wc -l")
     assert token not in res.details["stdout"]["text"] and res.details["stdout"]["text"].strip() == "0"
 
-    res = await run(srv, "cat .git/config && echo more >> .git/config; echo rc=$?; touch .git/new; echo rc=$?")
+    # A refused write is a non-zero status: 1 from bash, 2 from dash (whichever $SHELL the host has).
+    res = await run(srv, "cat .git/config && echo more >> .git/config; echo refused=$(($? != 0)); "
+                         "touch .git/new; echo refused=$(($? != 0))")
     assert "bare = false" in res.details["stdout"]["text"]
-    assert "rc=1\nrc=1" in res.details["stdout"]["text"]
+    assert "refused=1\nrefused=1" in res.details["stdout"]["text"]
     assert (ws / ".git" / "config").read_text() == "[core]\n\tbare = false\n" and not (ws / ".git" / "new").exists()
 
     mcp = await srv.mcp("exec_command", {"cmd": f"echo mcp > by-mcp.txt; echo x > {outside}/{mark}-mcp; "
@@ -136,8 +138,8 @@ async def test_workspace_write_confines_files_and_state(bwrap: None, tool_server
 async def test_read_only_leaves_only_the_private_tmp(bwrap: None, tool_server: Any, tmp_path: Path) -> None:
     ws = workspace(tmp_path)
     srv = await tool_server({**ON, "shell.sandbox": "read-only"}, workspace=ws)
-    res = await run(srv, "echo no > made.txt; echo rc=$?; echo yes > /tmp/t && cat /tmp/t")
-    assert res.details["stdout"]["text"] == "rc=1\nyes\n" and not (ws / "made.txt").exists()
+    res = await run(srv, "echo no > made.txt; echo refused=$(($? != 0)); echo yes > /tmp/t && cat /tmp/t")
+    assert res.details["stdout"]["text"] == "refused=1\nyes\n" and not (ws / "made.txt").exists()
 
 
 async def test_loopback_is_unreachable_unless_network_is_on(bwrap: None, tool_server: Any, tmp_path: Path) -> None:
