@@ -469,13 +469,18 @@ def cmd_task(args: argparse.Namespace) -> int:
 def cmd_context(args: argparse.Namespace) -> int:
     from proxy.context.checkpoint import CheckpointTargetError, mark_checkpoint
     from proxy.db import connect
+    from proxy.status import read_run_file, running_config
 
     if bool(args.session) == bool(args.task) or (args.agent and not args.task):
         print("ctproxy context checkpoint: give SESSION, or --task ID [--agent ADDRESS]", file=sys.stderr)
         return 2
-    conn = connect(_state(args).db_path)
+    state = _state(args)
+    # Refused now, with the reason, when the proxy that will serve it cannot: the running one's configuration
+    # if a proxy runs, else the file's (the next `ctproxy up`).
+    config = running_config(read_run_file(state)) or load_config(_config_path(args, state))
+    conn = connect(state.db_path)
     try:
-        pending = mark_checkpoint(conn, args.session, args.task, args.agent, "cli")
+        pending = mark_checkpoint(conn, args.session, args.task, args.agent, "cli", config)
     except CheckpointTargetError as exc:
         print(f"ctproxy context checkpoint: {exc.message}", file=sys.stderr)
         return 1
