@@ -23,7 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -31,9 +31,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from proxy import routes
 from proxy.errors import CtproxyError
-
-if TYPE_CHECKING:
-    from tools_server.registry import CallContext, UpstreamAccess
 
 Source = Literal["bridge", "session", "environment"]
 ENV_KEY = "OPENAI_API_KEY"
@@ -89,6 +86,21 @@ def _used(headers: dict[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items() if k.lower() in USED_HEADERS and v}
 
 
+@dataclass(frozen=True)
+class UpstreamAccess:
+    """The route and credentials of the agent request a bridged call came from (tools that call an upstream
+    themselves: image generation, sidecar search). Held in memory for that one call only; never logged
+    (`repr` hides the headers). `headers` is empty unless the route may receive credentials
+    (proxy.routes.may_receive_credentials, decided by the proxy)."""
+
+    base_url: str  # where the agent's request went, up to and including the API prefix (…/v1, …/codex)
+    route_kind: str | None  # proxy.routes.Route.kind: "api" | "codex" | None
+    official: bool
+    credentials_allowed: bool
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+
+
+
 def from_access(access: UpstreamAccess, source: Source) -> Resolved | None:
     """An agent request's route and credentials as a dispatch target; None when they may not be used."""
     if not access.credentials_allowed or access.route_kind not in ("api", "codex"):
@@ -141,7 +153,26 @@ class SessionCredentials:
         return len(self._entries)
 
 
-def resolve(ctx: CallContext, env: dict[str, str] | None = None) -> Resolved:
+class _HasSessionCredentials(Protocol):
+    @property
+    def session_credentials(self) -> SessionCredentials: ...
+
+
+class Caller(Protocol):
+    """What `resolve` reads of a call: tools_server.registry.CallContext (a Protocol, so the registry can
+    import this module without a loop)."""
+
+    @property
+    def services(self) -> _HasSessionCredentials: ...
+    @property
+    def upstream(self) -> UpstreamAccess | None: ...
+    @property
+    def task(self) -> str | None: ...
+    @property
+    def agent(self) -> str | None: ...
+
+
+def resolve(ctx: Caller, env: dict[str, str] | None = None) -> Resolved:
     """The credentials for this dispatch (module docstring); raises CredentialsMissing."""
     if ctx.upstream is not None and (r := from_access(ctx.upstream, "bridge")) is not None:
         return r
@@ -189,8 +220,6 @@ def _refuse(status: int, code: str, message: str) -> web.Response:
 
 def add_routes(app: web.Application, store_of: Callable[[web.Application], SessionCredentials]) -> None:
     """`PUT /v1/credentials` (write-only: there is no GET). `store_of(app)` gives the SessionCredentials."""
-    from tools_server.registry import UpstreamAccess
-
     async def put(request: web.Request) -> web.Response:
         try:
             body = Handover.model_validate_json(await request.read())

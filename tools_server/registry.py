@@ -19,7 +19,7 @@ from proxy.config import Config
 from proxy.errors import CtproxyError
 from proxy.state import StateDir
 from proxy.upstream import UpstreamTurns
-from tools_server.credentials import SessionCredentials
+from tools_server.credentials import SessionCredentials, UpstreamAccess
 
 log = logging.getLogger("ctproxy.tools")
 
@@ -88,20 +88,6 @@ class Services:
     # capabilities can work here (proxy.status), as `ctproxy status` does. Official unless told otherwise.
     upstream_official: bool = True
     upstream_trusted: bool = False
-
-
-@dataclass(frozen=True)
-class UpstreamAccess:
-    """The route and credentials of the agent request a bridged call came from (tools that call an upstream
-    themselves: image generation, sidecar search). Held in memory for that one call only; never logged
-    (`repr` hides the headers). `headers` is empty unless the route may receive credentials
-    (proxy.routes.may_receive_credentials, decided by the proxy)."""
-
-    base_url: str  # where the agent's request went, up to and including the API prefix (…/v1, …/codex)
-    route_kind: str | None  # proxy.routes.Route.kind: "api" | "codex" | None
-    official: bool
-    credentials_allowed: bool
-    headers: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 # What a person answered to one yes/no question asked through the calling client (MCP elicitation's actions).

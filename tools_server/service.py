@@ -99,11 +99,7 @@ class ToolService:
     def held_back(self, ctx: CallContext) -> frozenset[str]:
         """The deferred tools this caller has not loaded (nothing when discovery is off)."""
         family = self._discovery()
-        if family is None:
-            return frozenset()
-        from tools_server.discovery.family import session_key
-
-        return family.deferred() - family.loads(session_key(ctx))
+        return frozenset() if family is None else family.held_back(ctx)
 
     def visible_tools(self, ctx: CallContext) -> list[Tool]:
         """The enabled tools this caller may see and call now: what MCP `tools/list` and `GET /v1/tools`

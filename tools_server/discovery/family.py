@@ -87,6 +87,10 @@ class DiscoveryFamily:
             return frozenset()
         return self._loads.get(key, frozenset())
 
+    def held_back(self, ctx: CallContext) -> frozenset[str]:
+        """The deferred tools this caller has not loaded (the one road asks, tools_server/service.py)."""
+        return self.deferred() - self.loads(session_key(ctx))
+
     def forget_session(self, key: str) -> None:
         self._loads.pop(key, None)
 
