@@ -3,9 +3,11 @@ errors before any change, per-session loads, and what the bridge would carry for
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
+import mcp_types
 import pytest
 
 pytestmark = pytest.mark.timeout(120)
@@ -127,15 +129,24 @@ async def test_mcp_session_lists_and_calls_what_it_loaded(tool_server: Any, tmp_
 
     srv = await tool_server(ON, workspace=tmp_path)
     patch = "*** Begin Patch\n*** Add File: made.txt\n+x\n*** End Patch"
+    told = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            told.set()
+
     async with srv._mcp_client(None, None, None) as client, streamable_http_client(
-            f"{srv.url}/mcp", http_client=client) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
+            f"{srv.url}/mcp", http_client=client) as (read, write), ClientSession(
+                read, write, message_handler=on_message) as session:
+        init = await session.initialize()
+        assert init.capabilities.tools is not None and init.capabilities.tools.list_changed
         assert "apply_patch" not in {t.name for t in (await session.list_tools()).tools}
         held = await session.call_tool("apply_patch", {"patch": patch})
         assert held.is_error and held.structured_content["error"] == "not_loaded"
         assert not (tmp_path / "made.txt").exists()
         loaded = await session.call_tool("find_tools", {"load": ["apply_patch"]})
         assert not loaded.is_error and loaded.structured_content["loaded"] == ["apply_patch"]
+        await asyncio.wait_for(told.wait(), 60)  # the session is told its tools changed
         assert "apply_patch" in {t.name for t in (await session.list_tools()).tools}
         done = await session.call_tool("apply_patch", {"patch": patch})
         assert not done.is_error, done.content

@@ -10,7 +10,8 @@ from typing import Any
 import mcp_types as types
 from aiohttp import web
 from aiohttp_asgi import ASGIResource
-from mcp.server.lowlevel import Server
+from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
@@ -47,6 +48,8 @@ def build_mcp_server(service: ToolService) -> Server:
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         try:
             result = await service.call(params.name, dict(params.arguments or {}), _context(service, ctx))
+            if result.details.get("loaded") and params.name == "find_tools":
+                await _say_the_list_changed(ctx)
             return _to_mcp(result)
         except ToolError as exc:
             return _to_mcp(ToolResult.from_error(exc))
@@ -56,7 +59,27 @@ def build_mcp_server(service: ToolService) -> Server:
                 f"the tool call failed with an internal error ({type(exc).__name__}); its effect is unknown",
                 code="internal_error")))
 
-    return Server("ctproxy", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
+    return _ListChangingServer("ctproxy", version=__version__, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+class _ListChangingServer(Server):
+    """Says `tools.listChanged` at the handshake: a `find_tools` load changes this MCP session's tools/list,
+    and the session is told so (`notifications/tools/list_changed`) instead of having to poll."""
+
+    def create_initialization_options(self, notification_options: NotificationOptions | None = None,
+                                      *args: Any, **kwargs: Any) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True), *args, **kwargs)
+
+
+async def _say_the_list_changed(ctx: Any) -> None:
+    session = getattr(ctx, "session", None)
+    if session is None:
+        return
+    try:
+        await session.send_tool_list_changed()
+    except Exception as exc:  # a client gone or a channel without notifications: the load itself stands
+        log.info("MCP tools/list_changed not delivered: %s", type(exc).__name__)
 
 
 def _to_mcp(result: ToolResult) -> types.CallToolResult:
