@@ -1,0 +1,102 @@
+"""The Responses WebSocket through ctproxy (issue 28), the points test_ws_chain.py leaves out: web search on a
+create, `/metrics` and the dashboard's request feed counting WebSocket creates, a warm-up (`generate: false`) and
+a create chained from it, `response.steer` passed upstream unchanged, and compression towards the upstream
+negotiated as the client asked. A plain aiohttp `ws_connect` client, `ctproxy up` as a real process, the emulator
+upstream speaking WebSocket mode."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.emulator import Emulator, Text
+from tests.openapi_schema import spec_available
+from tests.test_metrics import _until, _value
+from tests.test_ws_chain import BETA, events, turn, user
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def test_web_search_runs_on_a_websocket_create_and_the_switch_rides_on_the_upgrade(proxy_factory) -> None:
+    async with Emulator(validate_requests=spec_available()) as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url)
+        emu.set_default(Text("ok"))
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            got = events(await turn(ws, {"model": "gpt-5", "store": False, "input": user("search the web")}))
+            assert got[-1]["type"] == "response.completed", got[-1]
+        async with http.ws_connect(proxy.url + "/v1/responses", headers={**BETA, "x-ctp-web-search": "off"}) as ws:
+            got = events(await turn(ws, {"model": "gpt-5", "store": False, "input": user("no search")}))
+            assert got[-1]["type"] == "response.completed", got[-1]
+        on, off = [r for r in emu.responses_requests if r.transport == "ws"]
+        assert [t.get("type") for t in on.json.get("tools") or []] == ["web_search"], on.json
+        assert "web_search_call.action.sources" in (on.json.get("include") or [])
+        assert not off.json.get("tools") and "include" not in off.json, "off: the create as the client sent it"
+        for up in emu.ws_upgrades:
+            assert not [k for k, _ in up if k.lower().startswith("x-ctp-")], "ctproxy's own headers never go up"
+
+
+async def test_metrics_and_the_dashboard_count_websocket_creates(proxy_factory) -> None:
+    async with Emulator() as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url)
+        token = (proxy.state_dir / "token").read_text().strip()
+        emu.script(Text("one"), Text("two"))
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            for said in ("one", "two"):
+                got = events(await turn(ws, {"model": "gpt-5", "input": user(said)}))
+                assert got[-1]["type"] == "response.completed", got[-1]
+        samples = await _until(http, proxy, token, lambda s: _value(
+            s, "ctproxy_requests_total", route="responses", method="POST", status="200") >= 2)
+        assert _value(samples, "ctproxy_requests_total", route="responses", method="POST", status="200") == 2
+        auth = {"Authorization": f"Bearer {token}"}
+        records: list[dict] = []
+
+        async def feed() -> bool:
+            async with http.get(proxy.tools_url + "/ui/api/requests", headers=auth) as r:
+                assert r.status == 200
+                records[:] = (await r.json())["data"]
+            return len([x for x in records if x["method"] == "POST"]) >= 2
+
+        async def until_feed() -> None:
+            for _ in range(300):
+                if await feed():
+                    return
+                await asyncio.sleep(0.1)
+            raise AssertionError(records)
+
+        await until_feed()
+        posts = [x for x in records if x["method"] == "POST"]
+        assert [(x["path"], x["status"], x["transport"]) for x in posts] == [("/v1/responses", 200, "ws")] * 2
+        upgrade = [x for x in records if x["method"] == "GET"]
+        assert upgrade and upgrade[0]["transport"] == "ws" and upgrade[0]["path"] == "/v1/responses", upgrade
+        assert not [x for x in records if "ctp-ws" in x["path"]], "a connection's key never shows"
+
+
+async def test_a_warm_up_a_steer_and_compression_pass_as_the_client_sent_them(proxy_factory) -> None:
+    async with Emulator(validate_requests=spec_available()) as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url)
+        emu.script(Text("after the warm-up"))
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA, compress=0) as ws:
+            warm = events(await turn(ws, {"model": "gpt-5", "store": False, "generate": False,
+                                          "input": user("warm the cache")}))
+            assert warm[0]["type"] == "response.created" and warm[-1]["type"] == "response.completed", warm
+            assert not [e for e in warm if e["type"].startswith("response.output")], warm
+            assert warm[-1]["response"]["output"] == []
+            real = events(await turn(ws, {"model": "gpt-5", "store": False, "input": user("now answer"),
+                                          "previous_response_id": warm[-1]["response"]["id"]}))
+            assert real[-1]["type"] == "response.completed", real[-1]
+            assert real[-1]["response"]["output"][0]["content"][0]["text"] == "after the warm-up"
+            steer = '{"type":"response.steer","previous_response_id":"resp_x","input":[{"role":"user","content":"go"}]}'
+            await ws.send_str(steer)
+            answer = orjson.loads((await ws.receive(timeout=60)).data)
+            assert answer["type"] == "error" and answer["error"]["param"] == "type", answer  # the emulator's own
+        assert emu.ws_other_messages == [orjson.loads(steer)], "the steer reached the upstream as it was sent"
+        creates = [r for r in emu.responses_requests if r.transport == "ws"]
+        assert [r.json.get("generate") for r in creates] == [False, None] and all(r.status == 200 for r in creates)
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA, compress=15) as ws:
+            assert ws.compress == 15
+        offered = ["permessage-deflate" in dict((k.lower(), v) for k, v in up).get("sec-websocket-extensions", "")
+                   for up in emu.ws_upgrades]
+        assert offered == [False, True], "permessage-deflate towards the upstream only when the client offered it"
