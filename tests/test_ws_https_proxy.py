@@ -125,6 +125,12 @@ async def test_codex_over_wss_through_ctproxy_as_https_proxy(proxy_factory, tmp_
             (proxy.log()[-3000:], err_s[-2000:])
         # 127.0.0.1 is no official endpoint: Codex's key never reaches it.
         assert not [k for up in emu.ws_upgrades for k, v in up if "sk-codex-wss" in v]
+        # The journal holds the session, as with the built-in provider pointed at ctproxy.
+        from tests.test_ws_codex import journaled
+
+        real = [r for r in turns if r.json.get("generate") is not False]
+        sessions = await journaled(proxy.state_dir, len(real[-1].json["input"]) + 1)
+        assert len(sessions) == 1 and sessions[0]["items"] >= len(real[-1].json["input"]) + 1, sessions
     finally:
         await emu.close()
 
@@ -140,3 +146,35 @@ def own_address() -> str | None:
         except OSError:
             return None
     return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
+
+
+async def test_a_bridged_call_inside_a_wss_turn_through_ctproxy_as_https_proxy(proxy_factory, tmp_path) -> None:
+    """HTTPS proxy mode, `--bridge context`: the model's call to the bridged tool runs inside the wss:// turn, its
+    next round goes over the same upstream socket, and the client sees one merged lifecycle whose id chains the
+    next create on the connection."""
+    from tests.emulator import FunctionCall
+
+    cert, key = self_signed(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    async with Emulator(ssl_context=server_ctx) as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(mode="regular", extra_args=["--bridge", "context"],
+                                    env={"SSL_CERT_FILE": str(cert)})
+        client_ctx = ssl.create_default_context(cafile=str(proxy.state_dir / "mitmproxy" / "mitmproxy-ca-cert.pem"))
+        emu.script(FunctionCall("get_context_remaining", {}, call_id="call_wss"), Text("bridged over wss"),
+                   Text("chained over wss"))
+        url = f"wss://127.0.0.1:{emu.port}/v1/responses"
+        async with http.ws_connect(url, headers={"OpenAI-Beta": "responses_websockets=2026-02-06"}, proxy=proxy.url,
+                                   ssl=client_ctx) as ws:
+            first = events(await turn(ws, {"model": "gpt-5", "store": False, "input": user("context left?")}))
+            assert first[-1]["type"] == "response.completed", first[-1]
+            assert [o["type"] for o in first[-1]["response"]["output"]] == ["mcp_call", "message"]
+            assert [e["type"] for e in first].count("response.created") == 1
+            second = events(await turn(ws, {"model": "gpt-5", "store": False, "input": user("thanks"),
+                                            "previous_response_id": first[-1]["response"]["id"]}))
+            assert second[-1]["type"] == "response.completed", second[-1]
+        creates = [r for r in emu.requests if r.route == "responses"]
+        assert [(r.transport, r.status) for r in creates] == [("ws", 200)] * 3, "no fallback to HTTP"
+        assert {r.ws_connection for r in creates} == {1}, "the bridged round went over the same upstream socket"
+        outputs = [i for i in creates[1].json["input"] if i.get("type") == "function_call_output"]
+        assert outputs and outputs[-1]["call_id"] == "call_wss"
