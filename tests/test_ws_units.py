@@ -119,6 +119,12 @@ def test_only_streamed_creates_of_a_connection_go_over_its_socket() -> None:
             assert transport is SOCKET_TRANSPORT and WS_HEADER in names
         transport, names = routed({"model": "m", "input": "checkpoint", "stream": False})
         assert transport is turns.transport and WS_HEADER not in names
+        # …and without the WebSocket create's own envelope (a lane's `stream_id`), which HTTP does not take.
+        req = turns.prepare("POST", "http://up.test/v1/responses", headers, orjson.dumps(
+            {"model": "m", "stream_id": "lane_1", "input": "checkpoint", "stream": False}), False)
+        req, transport = turns.route(req)
+        assert transport is turns.transport and orjson.loads(req.body) == {"model": "m", "input": "checkpoint",
+                                                                           "stream": False}
         assert sock.message_for(orjson.dumps({"model": "m", "input": "hi", "stream": True}))[1] == \
             '{"type":"response.create","model":"m","input":"hi"}'
     finally:
