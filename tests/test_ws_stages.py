@@ -100,3 +100,35 @@ async def test_a_warm_up_a_steer_and_compression_pass_as_the_client_sent_them(pr
         offered = ["permessage-deflate" in dict((k.lower(), v) for k, v in up).get("sec-websocket-extensions", "")
                    for up in emu.ws_upgrades]
         assert offered == [False, True], "permessage-deflate towards the upstream only when the client offered it"
+
+
+async def test_guidance_and_id_markers_on_websocket_creates_keep_the_prefix_byte_identical(proxy_factory) -> None:
+    """The context stage on WebSocket creates as on HTTP (tests/test_context_guidance.py): one guidance message
+    after the agent's own instructions, `[id: …]` markers beside the agent's items, and the next create of the
+    same window forwarded with a byte-identical prefix (the upstream's prompt cache)."""
+    import re
+
+    from proxy.context.bootstrap import GUIDANCE_MARKER
+    from tests.test_context_rollover import TOOLS, start, text_of
+
+    async with Emulator() as emu, aiohttp.ClientSession() as http:  # (TOOLS: the agent's own, loosely typed)
+        agent = await start(emu, proxy_factory)
+        emu.script(Text("a"), Text("b"))
+        headers = {**BETA, "x-ctp-task": agent.task, "x-ctp-agent": "/root"}
+        history: list[dict] = [{"role": "developer", "content": "You are a careful agent."}, *user("do the work")]
+        async with http.ws_connect(agent.proxy.url + "/v1/responses", headers=headers) as ws:
+            got = events(await turn(ws, {"model": "gpt-4.1", "store": False, "input": history, "tools": TOOLS}))
+            assert got[-1]["type"] == "response.completed", got[-1]
+            history += [*got[-1]["response"]["output"], *user("and more")]
+            got = events(await turn(ws, {"model": "gpt-4.1", "store": False, "input": history, "tools": TOOLS}))
+            assert got[-1]["type"] == "response.completed", got[-1]
+        first, second = (r.input_items for r in emu.responses_requests)
+        assert all(r.transport == "ws" and r.status == 200 for r in emu.responses_requests)
+        for items in (first, second):
+            guidance = [k for k, i in enumerate(items)
+                        if i.get("role") == "developer" and text_of(i).startswith(GUIDANCE_MARKER)]
+            assert guidance == [1], items
+            assert text_of(items[0]).endswith("You are a careful agent.")
+        user_item = next(i for i in second if i.get("role") == "user")
+        assert re.match(r"^\[id: it_[0-9a-f]+\]$", user_item["content"][0]["text"]), user_item
+        assert orjson.dumps(second[:len(first)]) == orjson.dumps(first), "the prefix stays byte-identical"
