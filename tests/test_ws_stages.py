@@ -1,8 +1,8 @@
 """The Responses WebSocket through ctproxy (issue 28), the points test_ws_chain.py leaves out: web search on a
 create, `/metrics` and the dashboard's request feed counting WebSocket creates, a warm-up (`generate: false`) and
-a create chained from it, `response.steer` passed upstream unchanged, and compression towards the upstream
-negotiated as the client asked. A plain aiohttp `ws_connect` client, `ctproxy up` as a real process, the emulator
-upstream speaking WebSocket mode."""
+a create chained from it, `response.steer` and a binary frame passed upstream unchanged, compression towards the
+upstream negotiated as the client asked, the context stage's guidance and `[id: …]` markers. A plain aiohttp
+`ws_connect` client, `ctproxy up` as a real process, the emulator upstream speaking WebSocket mode."""
 
 from __future__ import annotations
 
@@ -92,7 +92,11 @@ async def test_a_warm_up_a_steer_and_compression_pass_as_the_client_sent_them(pr
             await ws.send_str(steer)
             answer = orjson.loads((await ws.receive(timeout=60)).data)
             assert answer["type"] == "error" and answer["error"]["param"] == "type", answer  # the emulator's own
+            await ws.send_bytes(b"\x00\x01binary\xff")
+            answer = orjson.loads((await ws.receive(timeout=60)).data)
+            assert answer["type"] == "error" and answer["error"]["code"] == "invalid_frame", answer
         assert emu.ws_other_messages == [orjson.loads(steer)], "the steer reached the upstream as it was sent"
+        assert emu.ws_binary == [b"\x00\x01binary\xff"], "a binary frame reached the upstream as it was sent"
         creates = [r for r in emu.responses_requests if r.transport == "ws"]
         assert [r.json.get("generate") for r in creates] == [False, None] and all(r.status == 200 for r in creates)
         async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA, compress=15) as ws:

@@ -111,6 +111,7 @@ class Emulator:
         self.ws_connections = 0
         self.ws_upgrades: list[list[tuple[str, str]]] = []  # each accepted upgrade's headers
         self.ws_other_messages: list[Any] = []  # client messages that were not response.create
+        self.ws_binary: list[bytes] = []  # binary client frames, as received
         self.ws_closed: list[tuple[int, int | None]] = []  # (connection, close code) as each socket ended
         # Awaited with each turn's record before its answer is sent (HTTP and WebSocket): a test holds one
         # create here (an asyncio.Event it sets later) while others go on.

@@ -100,6 +100,7 @@ async def serve(emu: Emulator, request: web.Request) -> web.StreamResponse:
             if msg.type == WSMsgType.TEXT:
                 _dispatch(emu, conn, request, headers, ws, msg.data)
             elif msg.type == WSMsgType.BINARY:
+                emu.ws_binary.append(msg.data)
                 await _send(conn, ws, error_event(400, "Binary frames are not supported; send JSON text frames.",
                                                   "invalid_request_error", None, "invalid_frame"))
     finally:
