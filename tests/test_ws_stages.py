@@ -136,3 +136,41 @@ async def test_guidance_and_id_markers_on_websocket_creates_keep_the_prefix_byte
         user_item = next(i for i in second if i.get("role") == "user")
         assert re.match(r"^\[id: it_[0-9a-f]+\]$", user_item["content"][0]["text"]), user_item
         assert orjson.dumps(second[:len(first)]) == orjson.dumps(first), "the prefix stays byte-identical"
+
+
+async def test_the_chatgpt_sign_in_route_over_the_websocket(proxy_factory) -> None:
+    """`/backend-api/codex/responses` (ChatGPT sign-in) over the WebSocket, as Codex signed in opens it: each
+    create runs through the chain (journaled as one session, one request-log line with transport=ws)
+    and goes up over ctproxy's socket; the sign-in credentials follow the one credential rule — the emulator is
+    a trusted gateway, which gets API keys only, so the JWT and the account id reach it on no frame and no
+    upgrade."""
+    from tests.test_compaction_harness import ACCOUNT, JWT_SECRET_PART, codex_token
+
+    async with Emulator() as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url)
+        emu.script(Text("signed in"), Text("still signed in"))
+        headers = {"OpenAI-Beta": "responses_websockets=2026-02-06", "Authorization": f"Bearer {codex_token()}",
+                   "chatgpt-account-id": ACCOUNT, "session_id": "sess-ws-codex-route", "originator": "codex_cli_rs"}
+        async with http.ws_connect(proxy.url + "/backend-api/codex/responses", headers=headers) as ws:
+            first = events(await turn(ws, {"model": "gpt-5", "store": False, "input": user("over the codex route")}))
+            assert first[-1]["type"] == "response.completed", first[-1]
+            second = events(await turn(ws, {"model": "gpt-5", "store": False, "input": user("again"),
+                                            "previous_response_id": first[-1]["response"]["id"]}))
+            assert second[-1]["type"] == "response.completed", second[-1]
+        creates = [r for r in emu.requests if r.route == "responses"]
+        assert [(r.transport, r.path) for r in creates] == [("ws", "/backend-api/codex/responses")] * 2
+        assert {r.ws_connection for r in creates} == {1}
+        seen = [v for up in emu.ws_upgrades for _, v in up] + [v for r in emu.requests for _, v in r.headers]
+        assert not [v for v in seen if JWT_SECRET_PART in v or ACCOUNT in v], "sign-in credentials reach no gateway"
+        for _ in range(300):
+            if proxy.log().count("ctproxy-request POST /backend-api/codex/responses") >= 2:
+                break
+            await asyncio.sleep(0.1)
+        lines = [ln for ln in proxy.log().splitlines() if "ctproxy-request POST /backend-api/codex/responses" in ln]
+        assert len(lines) == 2 and all("transport=ws" in ln for ln in lines), proxy.log()[-2000:]
+        assert JWT_SECRET_PART not in proxy.log()
+        from tests.test_ws_chain import _tasks
+
+        tasks = orjson.loads(await asyncio.to_thread(_tasks, proxy))
+        sessions = [s for t in tasks for a in t["agents"] for s in a["sessions"]]
+        assert len(sessions) == 1 and sessions[0]["items"] == 4 and sessions[0]["responses"] == 2, tasks
