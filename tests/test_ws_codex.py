@@ -189,6 +189,10 @@ async def test_codex_falls_back_to_http_by_itself_when_the_upstream_refuses_the_
         turns = [r for r in emu.requests if r.route in ("responses", "compaction")]
         assert turns and all(r.transport == "http" and r.status == 200 for r in turns), \
             [(r.transport, r.status) for r in turns]
-        log = proxy.log()
+        for _ in range(300):  # the request log is written after each flow ends
+            log = proxy.log()
+            if "GET /v1/responses 426" in log and "ctproxy-request POST /v1/responses" in log:
+                break
+            await asyncio.sleep(0.1)
         assert [ln for ln in log.splitlines() if "ctproxy-request POST /v1/responses" in ln], log[-3000:]
         assert [ln for ln in log.splitlines() if "GET /v1/responses 426" in ln], log[-3000:]
