@@ -1,6 +1,7 @@
 """Benchmark: the Responses WebSocket through ctproxy (issue 28), ratios measured in one run.
 
-    .venv/bin/python bench/bench_ws.py [--rounds 40] [--conversations 50] [--loop-calls 20] [--loops 5] [--quick]
+    .venv/bin/python bench/bench_ws.py [--rounds 40] [--conversations 50] [--loop-calls 20] [--loops 5] [--lanes 8]
+                                       [--soak S] [--quick]
 
 Processes: the emulator (WebSocket mode and HTTP; `--tool-loop N`: it answers a `lookup` call until the input
 carries the N-th call's output), `ctproxy up` (default features: every create runs through the chain) and bare
@@ -13,6 +14,10 @@ b) `--conversations` WebSocket conversations at once (each its own connection, 3
 c) A `--loop-calls`-call tool loop: over one WebSocket (each create chains the previous response by
    `previous_response_id` and sends only the call's output) against the same loop over HTTP (each request
    resends the whole input, as Codex does with `store: false`), directly and through ctproxy.
+e) `--lanes K` creates sent at once on one connection: on K lanes (`stream_id`, run in parallel) against the same
+   K creates on one lane (run one after another), through ctproxy and directly; each answer starts after 50 ms
+   (the emulator's `--burst-latency`, a model's time to first event); wall time until the K-th
+   `response.completed`, medians of `--loops` rounds.
 d) `--soak S` (0: skipped): `--conversations` conversations keep turning for S seconds (each connection
    chains its creates by `previous_response_id`); ctproxy's resident memory every 10 s.
 Printed: a table per part and the ratios; `bench/results/ws.json`.
@@ -174,6 +179,29 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+async def lanes_burst(url: str, http: aiohttp.ClientSession, k: int, laned: bool, i: int) -> float:
+    """K creates sent at once on one connection (each on its own lane, or all on the default lane): the time
+    until the K-th completes."""
+    async with http.ws_connect(url + "/v1/responses", headers=HEADERS) as ws:
+        t0 = time.perf_counter()
+        for j in range(k):
+            body: dict[str, Any] = {"type": "response.create", "model": "gpt-5", "store": False,
+                                    "input": [user(f"burst {i}.{j}")]}
+            if laned:
+                body["stream_id"] = f"lane_{j}"
+            await ws.send_str(orjson.dumps(body).decode())
+        done = 0
+        while done < k:
+            msg = await ws.receive(timeout=60)
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                raise RuntimeError(f"the socket ended: {msg}")
+            if '"response.completed"' in msg.data[:40]:
+                done += 1
+            elif msg.data.startswith('{"type":"error"'):
+                raise RuntimeError(f"a create failed: {msg.data[:300]}")
+        return time.perf_counter() - t0
+
+
 async def soak(url: str, pid: int, http: aiohttp.ClientSession, n: int, seconds: float) -> dict[str, Any]:
     stop = time.monotonic() + seconds
     turns = 0
@@ -200,12 +228,12 @@ async def soak(url: str, pid: int, http: aiohttp.ClientSession, n: int, seconds:
     return {"turns": turns, "rss_mib": samples}
 
 
-async def run(rounds: int, n_conv: int, loop_calls: int, loops: int, soak_s: float = 0) -> dict[str, Any]:
+async def run(rounds: int, n_conv: int, loop_calls: int, loops: int, soak_s: float = 0, k: int = 8) -> dict[str, Any]:
     with Processes() as procs:
         port = free_port()
         emu = procs._spawn("emulator", port, [sys.executable, "-m", "tests.emulator", "--port", str(port),
                                               "--deltas", "8", "--max-recorded", "8",
-                                              "--tool-loop", str(loop_calls)],
+                                              "--tool-loop", str(loop_calls), "--burst-latency", "0.05"],
                            lambda s: "listening on" in s.log())
         ct = procs.ctproxy(emu.url)
         bare = procs.mitmdump(emu.url)
@@ -254,6 +282,23 @@ async def run(rounds: int, n_conv: int, loop_calls: int, loops: int, soak_s: flo
                 "ws/http direct": ratio(lm["ws direct"], lm["http direct"]),
                 "ws/http through ctproxy": ratio(lm["ws ctproxy"], lm["http ctproxy"]),
             }
+            # e) lanes
+            lane_targets = {f"{k} lanes ctproxy": ct.url, "1 lane ctproxy": ct.url, f"{k} lanes direct": emu.url,
+                            "1 lane direct": emu.url}
+
+            async def burst(name: str, url: str) -> float:
+                return await lanes_burst(url, http, k, "lanes" in name, next(counter))
+
+            lane_samples = await round_robin(lane_targets, loops, burst)
+            lsum = {n: summarize(v) for n, v in lane_samples.items()}
+            print_table([f"{k} creates at once on one socket", "median ms"],
+                        [[n, f"{v.median * 1000:.1f}"] for n, v in lsum.items()])
+            out["lanes"] = {n: v.ms() for n, v in lsum.items()}
+            lmed = {n: v.median for n, v in lsum.items()}
+            out["lanes_ratios"] = {
+                "k lanes / 1 lane through ctproxy": ratio(lmed[f"{k} lanes ctproxy"], lmed["1 lane ctproxy"]),
+                "k lanes / 1 lane direct": ratio(lmed[f"{k} lanes direct"], lmed["1 lane direct"]),
+            }
             if soak_s:
                 out["soak"] = await soak(ct.url, ct.proc.pid, http, n_conv, soak_s)
                 print_table(["soak: s", "ctproxy RSS MiB"], out["soak"]["rss_mib"])
@@ -268,12 +313,13 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=50)
     parser.add_argument("--loop-calls", type=int, default=20)
     parser.add_argument("--loops", type=int, default=5)
+    parser.add_argument("--lanes", type=int, default=8, help="creates sent at once on one socket (part e)")
     parser.add_argument("--soak", type=float, default=0, metavar="S", help="a memory soak of S seconds (0: none)")
     parser.add_argument("--quick", action="store_true", help="a few rounds only (a smoke run)")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.conversations, args.loops = 8, 10, 2
-    result = asyncio.run(run(args.rounds, args.conversations, args.loop_calls, args.loops, args.soak))
+    result = asyncio.run(run(args.rounds, args.conversations, args.loop_calls, args.loops, args.soak, args.lanes))
     path = write_result("ws", {"args": vars(args), **result})
     print(f"written: {path}")
 

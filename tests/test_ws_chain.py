@@ -201,7 +201,7 @@ async def test_close_codes_and_the_connection_limit_reach_the_client(proxy_facto
         async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
             await ws.close(code=4001, message=b"bye")
         await wait_for(lambda: len(emu.ws_closed) == 2, "the second socket closed")
-        assert emu.ws_closed[-1][1] == 4001
+        assert emu.ws_closed[-1][1] == 4001, emu.ws_closed
 
 
 async def test_http_proxy_mode_runs_the_creates_through_the_chain(proxy_factory) -> None:
@@ -325,3 +325,57 @@ async def test_the_checkpoint_turn_goes_over_http_and_leaves_the_sockets_chain_t
         assert all(r.status == 200 for r in reqs)
         notes = list((agent.proxy.state_dir / "notes").rglob("checkpoint.md"))
         assert len(notes) == 1 and notes[0].read_text() == "half done", "the checkpoint turn's write ran"
+
+
+async def test_lanes_run_in_parallel_each_fifo(proxy_factory) -> None:
+    """`stream_id` lanes on one connection: lane a's create is held in the upstream; lane b's create — a bridged
+    turn of two rounds — runs through the chain meanwhile and completes before lane a's; lane a's second create
+    waits behind its first (FIFO). Each lane's events come in order and name their lane (the bridge's merged
+    lifecycle too)."""
+    release = asyncio.Event()
+
+    async def hold_lane_a(rec) -> None:
+        if rec.json.get("stream_id") == "a" and "slow" in orjson.dumps(rec.json.get("input")).decode():
+            await release.wait()
+
+    async with Emulator(validate_requests=spec_available()) as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url, extra_args=["--bridge", "context"])
+        emu.before_answer = hold_lane_a
+        emu.script(Text("slow answer on a"), FunctionCall("get_context_remaining", {}, call_id="call_b1"),
+                   Text("b is done", deltas=4), Text("second answer on a"))
+
+        def create(lane: str, said: str) -> str:
+            return orjson.dumps({"type": "response.create", "stream_id": lane, "model": "gpt-5", "store": False,
+                                 "input": user(said)}).decode()
+
+        by_lane: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            await ws.send_str(create("a", "slow one"))
+            await wait_for(lambda: len(emu.responses_requests) == 1, "lane a's create reached the upstream")
+            await ws.send_str(create("a", "after the slow one"))
+            await ws.send_str(create("b", "quick one"))
+            while not (by_lane["b"] and by_lane["b"][-1]["type"] in TERMINAL):
+                ev = orjson.loads((await ws.receive(timeout=60)).data)
+                by_lane[ev.get("stream_id", "?")].append(ev)
+            assert by_lane["b"][-1]["type"] == "response.completed", by_lane["b"][-1]
+            assert not by_lane["a"], "lane a is still held upstream"
+            assert len(emu.responses_requests) == 3, "lane a's second create waits behind its first"
+            release.set()
+            done_a = 0
+            while done_a < 2:
+                ev = orjson.loads((await ws.receive(timeout=60)).data)
+                assert ev.get("stream_id") == "a", ev
+                by_lane["a"].append(ev)
+                done_a += ev["type"] == "response.completed"
+        b = by_lane["b"]
+        assert [o["type"] for o in b[-1]["response"]["output"]] == ["mcp_call", "message"]
+        assert [e["type"] for e in b].count("response.created") == 1
+        seqs = [e["sequence_number"] for e in b]
+        assert seqs == sorted(set(seqs)), "lane b's events in order"
+        a_texts = [e["response"]["output"][0]["content"][0]["text"] for e in by_lane["a"]
+                   if e["type"] == "response.completed"]
+        assert a_texts == ["slow answer on a", "second answer on a"], "lane a is FIFO"
+        reqs = emu.responses_requests
+        assert [r.json.get("stream_id") for r in reqs] == ["a", "b", "b", "a"]
+        assert {r.ws_connection for r in reqs} == {1} and all(r.status == 200 for r in reqs)
+        assert "after the slow one" in orjson.dumps(reqs[3].json["input"]).decode()

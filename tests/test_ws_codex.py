@@ -171,3 +171,28 @@ async def test_codex_remote_compaction_over_the_socket(proxy_factory, tmp_path) 
         after = turns[turns.index(compactions[0]) + 1:]
         assert any(i.get("type") == "compaction" for r in after for i in r.json.get("input") or []), summary
         assert ANSWER in out
+
+
+async def test_codex_falls_back_to_http_by_itself_when_the_upstream_refuses_the_upgrade(proxy_factory,
+                                                                                        tmp_path) -> None:
+    """An upstream without WebSocket mode answers Codex's upgrade with 426: ctproxy hands the client that very
+    refusal (not a socket it would have to fail later), so Codex falls back to HTTP by itself and its turn runs
+    through the chain as `POST /v1/responses`."""
+    async with Emulator(validate_requests=spec_available(), ws_refuse=426) as emu:
+        emu.set_default(Text(ANSWER, deltas=5))
+        proxy = await proxy_factory(upstream=emu.url)
+        code, out, err = await codex_exec(tmp_path, proxy.url + "/v1", "say hi")
+        assert code == 0, f"codex exec failed ({code}):\n{err[-3000:]}\nproxy log:\n{proxy.log()[-3000:]}"
+        assert ANSWER in out
+        refused = [r for r in emu.requests if r.route == "ws_upgrade"]
+        assert refused and all(r.status == 426 for r in refused), [(r.route, r.status) for r in emu.requests]
+        turns = [r for r in emu.requests if r.route in ("responses", "compaction")]
+        assert turns and all(r.transport == "http" and r.status == 200 for r in turns), \
+            [(r.transport, r.status) for r in turns]
+        for _ in range(300):  # the request log is written after each flow ends
+            log = proxy.log()
+            if "GET /v1/responses 426" in log and "ctproxy-request POST /v1/responses" in log:
+                break
+            await asyncio.sleep(0.1)
+        assert [ln for ln in log.splitlines() if "ctproxy-request POST /v1/responses" in ln], log[-3000:]
+        assert [ln for ln in log.splitlines() if "GET /v1/responses 426" in ln], log[-3000:]

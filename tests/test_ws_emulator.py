@@ -5,6 +5,7 @@ limit; every create recorded with its transport."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -106,3 +107,40 @@ async def test_refused_upgrade_and_the_connection_limit() -> None:
         assert limit["error"]["code"] == "websocket_connection_limit_reached"
         closing = await ws.receive(timeout=30)
         assert closing.type == aiohttp.WSMsgType.CLOSE and closing.data == 1000
+
+
+async def test_lanes_run_at_the_same_time_each_fifo_and_echo_their_stream_id() -> None:
+    """`stream_id` lanes: a create held on lane `a` does not hold lane `b`; each lane's events echo its
+    `stream_id`; a second create on lane `a` waits for the first; a lane may fork from another lane's response."""
+    release = asyncio.Event()
+
+    async def hold_slow(rec) -> None:
+        if rec.json.get("stream_id") == "a" and "slow" in orjson.dumps(rec.json["input"]).decode():
+            await release.wait()
+
+    async with Emulator(validate_requests=openapi_schema.spec_available()) as emu, aiohttp.ClientSession() as http:
+        emu.before_answer = hold_slow
+        async with http.ws_connect(emu.url + "/v1/responses") as ws:
+            for lane, said in (("a", "slow one"), ("a", "after the slow one"), ("b", "quick one")):
+                await ws.send_str(orjson.dumps({"type": "response.create", "stream_id": lane, "model": "gpt-5",
+                                                "store": False, "input": user(said)}).decode())
+            seen: list[dict[str, Any]] = []
+            while not (seen and seen[-1]["type"] == "response.completed"):
+                seen.append(orjson.loads((await ws.receive(timeout=30)).data))
+            assert {e.get("stream_id") for e in seen} == {"b"}, "lane b answered while lane a was held"
+            assert len(emu.requests) == 2, "lane a's second create waits behind its first"
+            release.set()
+            done_a: list[str] = []
+            while len(done_a) < 2:
+                ev = orjson.loads((await ws.receive(timeout=30)).data)
+                assert ev.get("stream_id") == "a", ev
+                if ev["type"] == "response.completed":
+                    done_a.append(ev["response"]["id"])
+            # A new lane forks from lane b's response (store: false: the connection's own, per lane).
+            fork = await turn(ws, {"stream_id": "c", "model": "gpt-5", "store": False, "input": user("fork"),
+                                   "previous_response_id": seen[-1]["response"]["id"]})
+            assert fork[-1]["type"] == "response.completed" and fork[-1]["stream_id"] == "c"
+            bad = await turn(ws, {"stream_id": "no spaces", "model": "gpt-5", "input": "x"})
+            assert bad[-1]["type"] == "error" and bad[-1]["error"]["param"] == "stream_id"
+        said = [orjson.dumps(r.json["input"]).decode() for r in emu.requests]
+        assert "slow one" in said[0] and "quick one" in said[1] and "after the slow one" in said[2]

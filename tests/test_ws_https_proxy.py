@@ -125,6 +125,12 @@ async def test_codex_over_wss_through_ctproxy_as_https_proxy(proxy_factory, tmp_
             (proxy.log()[-3000:], err_s[-2000:])
         # 127.0.0.1 is no official endpoint: Codex's key never reaches it.
         assert not [k for up in emu.ws_upgrades for k, v in up if "sk-codex-wss" in v]
+        # The journal holds the session, as with the built-in provider pointed at ctproxy.
+        from tests.test_ws_codex import journaled
+
+        real = [r for r in turns if r.json.get("generate") is not False]
+        sessions = await journaled(proxy.state_dir, len(real[-1].json["input"]) + 1)
+        assert len(sessions) == 1 and sessions[0]["items"] >= len(real[-1].json["input"]) + 1, sessions
     finally:
         await emu.close()
 
@@ -140,3 +146,115 @@ def own_address() -> str | None:
         except OSError:
             return None
     return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
+
+
+async def test_a_bridged_call_inside_a_wss_turn_through_ctproxy_as_https_proxy(proxy_factory, tmp_path) -> None:
+    """HTTPS proxy mode, `--bridge context`: the model's call to the bridged tool runs inside the wss:// turn, its
+    next round goes over the same upstream socket, and the client sees one merged lifecycle whose id chains the
+    next create on the connection."""
+    from tests.emulator import FunctionCall
+
+    cert, key = self_signed(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    async with Emulator(ssl_context=server_ctx) as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(mode="regular", extra_args=["--bridge", "context"],
+                                    env={"SSL_CERT_FILE": str(cert)})
+        client_ctx = ssl.create_default_context(cafile=str(proxy.state_dir / "mitmproxy" / "mitmproxy-ca-cert.pem"))
+        emu.script(FunctionCall("get_context_remaining", {}, call_id="call_wss"), Text("bridged over wss"),
+                   Text("chained over wss"))
+        url = f"wss://127.0.0.1:{emu.port}/v1/responses"
+        async with http.ws_connect(url, headers={"OpenAI-Beta": "responses_websockets=2026-02-06"}, proxy=proxy.url,
+                                   ssl=client_ctx) as ws:
+            first = events(await turn(ws, {"model": "gpt-5", "store": False, "input": user("context left?")}))
+            assert first[-1]["type"] == "response.completed", first[-1]
+            assert [o["type"] for o in first[-1]["response"]["output"]] == ["mcp_call", "message"]
+            assert [e["type"] for e in first].count("response.created") == 1
+            second = events(await turn(ws, {"model": "gpt-5", "store": False, "input": user("thanks"),
+                                            "previous_response_id": first[-1]["response"]["id"]}))
+            assert second[-1]["type"] == "response.completed", second[-1]
+        creates = [r for r in emu.requests if r.route == "responses"]
+        assert [(r.transport, r.status) for r in creates] == [("ws", 200)] * 3, "no fallback to HTTP"
+        assert {r.ws_connection for r in creates} == {1}, "the bridged round went over the same upstream socket"
+        outputs = [i for i in creates[1].json["input"] if i.get("type") == "function_call_output"]
+        assert outputs and outputs[-1]["call_id"] == "call_wss"
+
+
+async def _codex_over_wss(proxy_factory, tmp_path, prompt: str, extra_args: list[str], extra_toml: str = ""):
+    """One `codex exec` (no sandbox) in HTTPS proxy mode against the TLS emulator on this machine's own address:
+    (emulator, proxy, exit code, stdout, stderr). The caller scripts the emulator through `script`."""
+    from tests.support.codex import codex_env, isolated_dirs, run_codex
+    from tests.test_ws_codex import config_toml
+
+    ip = own_address()
+    if ip is None:
+        pytest.skip("no non-loopback IPv4 address here (Codex never sends a loopback address through its proxy)")
+    cert, key = self_signed(tmp_path, ip)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    emu = await Emulator(ssl_context=server_ctx).start(host=ip)
+    proxy = await proxy_factory(mode="regular", extra_args=extra_args, env={"SSL_CERT_FILE": str(cert)})
+    ca = proxy.state_dir / "mitmproxy" / "mitmproxy-ca-cert.pem"
+    home, codex_home, workdir = isolated_dirs(tmp_path)
+    (codex_home / "config.toml").write_text(extra_toml + config_toml(f"https://{ip}:{emu.port}/v1"))
+    env = codex_env(home, codex_home, CODEX_API_KEY="sk-codex-wss-test-not-real", HTTPS_PROXY=proxy.url,
+                    https_proxy=proxy.url, NO_PROXY="", no_proxy="", CODEX_CA_CERTIFICATE=str(ca))
+
+    async def run() -> tuple[int, str, str]:
+        code, out, err = await run_codex(["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+                                          prompt], workdir, env, 180.0)
+        return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+    return emu, proxy, run
+
+
+async def test_codex_gets_a_bridged_call_inside_a_wss_turn_as_https_proxy(proxy_factory, tmp_path) -> None:
+    """Codex in HTTPS proxy mode, `--bridge context`: the bridged call runs inside the wss:// turn, its round goes
+    over the same upstream socket, and Codex completes its turn; no fallback to HTTP."""
+    from tests.emulator import FunctionCall
+    from tests.test_ws_codex import ANSWER
+
+    emu, proxy, run = await _codex_over_wss(proxy_factory, tmp_path, "how much context is left?",
+                                            ["--bridge", "context"])
+    try:
+        emu.script(FunctionCall("get_context_remaining", {}, call_id="call_wss_ctx"))
+        emu.set_default(Text(ANSWER, deltas=5))
+        code, out, err = await run()
+        assert code == 0, f"codex exec failed ({code}):\n{err[-3000:]}\nproxy log:\n{proxy.log()[-3000:]}"
+        assert ANSWER in out
+        turns = [r for r in emu.requests if r.route in ("responses", "compaction")]
+        assert turns and all(r.transport == "ws" and r.status == 200 for r in turns), \
+            [(r.transport, r.status, r.extra.get("error_body")) for r in turns]
+        assert len({r.ws_connection for r in turns}) == 1, "the bridged round went over the same socket"
+        rounds = [r for r in turns if r.json.get("generate") is not False]
+        assert len(rounds) == 2
+        outputs = [i for i in rounds[1].json["input"] if i.get("type") == "function_call_output"]
+        assert outputs and outputs[-1]["call_id"] == "call_wss_ctx"
+    finally:
+        await emu.close()
+
+
+async def test_codex_remote_compaction_over_wss_as_https_proxy(proxy_factory, tmp_path) -> None:
+    """Codex's own remote compaction (a create ending in `compaction_trigger`, forced by a low
+    `model_auto_compact_token_limit`) over the intercepted wss:// socket, through the chain; Codex completes its
+    turn on the compacted history."""
+    from tests.emulator import FunctionCall
+    from tests.test_ws_codex import ANSWER
+
+    emu, proxy, run = await _codex_over_wss(proxy_factory, tmp_path, "run echo, then answer", [],
+                                            "model_auto_compact_token_limit = 1000\n")
+    try:
+        emu.script(FunctionCall("exec_command", {"cmd": "echo compact-me"}, call_id="call_sh"),
+                   Text(ANSWER, deltas=3), Text(ANSWER, deltas=3))
+        code, out, err = await run()
+        assert code == 0, f"codex exec failed ({code}):\n{err[-3000:]}\nproxy log:\n{proxy.log()[-3000:]}"
+        turns = [r for r in emu.requests if r.route in ("responses", "compaction")]
+        summary = [(r.route, r.transport, r.status, (r.json.get("input") or [{}])[-1].get("type")) for r in turns]
+        assert all(r.transport == "ws" and r.status == 200 for r in turns), summary
+        compactions = [r for r in turns if (r.json.get("input") or [{}])[-1].get("type") == "compaction_trigger"]
+        assert compactions, summary
+        after = turns[turns.index(compactions[0]) + 1:]
+        assert any(i.get("type") == "compaction" for r in after for i in r.json.get("input") or []), summary
+        assert ANSWER in out
+    finally:
+        await emu.close()

@@ -185,3 +185,35 @@ async def test_a_closed_connections_state_is_released(tmp_path) -> None:
                     await asyncio.sleep(0.1)
             assert now == empty
         assert len([r for r in emu.requests if r.transport == "ws"]) == 33
+
+
+async def test_a_lanes_state_is_released_while_its_connection_stays_open(tmp_path) -> None:
+    """A connection lives up to an hour and may name a new `stream_id` for every request: once a lane's creates
+    are answered, nothing of the lane stays — no waiting queue, no worker, no upstream lane — while the socket
+    itself stays open and usable."""
+    import asyncio
+    import gc
+
+    from proxy.ws import server as wss
+
+    async with Emulator() as emu, running_proxy(tmp_path, emu.url, {}) as base, aiohttp.ClientSession() as http:
+        async with http.ws_connect(base + "/v1/responses", headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+            for batch in range(3):
+                for j in range(10):
+                    await ws.send_str(orjson.dumps({"type": "response.create", "model": "gpt-5", "store": False,
+                                                    "stream_id": f"lane_{batch}_{j}", "input": f"lane {j}"}).decode())
+                done = 0
+                while done < 10:
+                    msg = await ws.receive(timeout=60)
+                    assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                    event = orjson.loads(msg.data)
+                    assert event["type"] != "error", event
+                    done += event["type"] == "response.completed"
+                conns = [o for o in gc.get_objects() if type(o) is wss._Connection]
+                assert len(conns) == 1
+                conn = conns[0]
+                async with asyncio.timeout(30):  # a lane's worker ends right after its last event is sent
+                    while conn.lanes or conn.workers or conn.sock.lanes or conn.pending or conn.running:
+                        await asyncio.sleep(0.05)
+            assert not ws.closed
+        assert len([r for r in emu.requests if r.transport == "ws"]) == 30

@@ -30,13 +30,38 @@ def test_an_unchanged_body_goes_as_the_clients_own_frame_and_a_changed_one_witho
     sock = UpstreamSocket(ws=None, http=None)  # type: ignore[arg-type]
     text = '{"type":"response.create", "model":"gpt-5","input":"hi"}'
     body = orjson.dumps({"model": "gpt-5", "input": "hi", "stream": True})
-    sock.verbatim = (body, text)
-    assert sock.message_for(body) == text
-    changed = orjson.loads(sock.message_for(orjson.dumps({"model": "gpt-5", "input": "hi", "stream": True,
-                                                          "tools": [{"type": "web_search"}]})))
+    lane = sock.begin(None, body, text, False)
+    assert sock.message_for(body) == (None, text)
+    _, changed_text = sock.message_for(orjson.dumps({"model": "gpt-5", "input": "hi", "stream": True,
+                                                     "tools": [{"type": "web_search"}]}))
+    changed = orjson.loads(changed_text)
     assert next(iter(changed)) == "type" and changed["type"] == "response.create" and "stream" not in changed
-    sock.client_stream = True  # the client sent a `stream` field itself: it stays
-    assert "stream" in orjson.loads(sock.message_for(orjson.dumps({"model": "m", "stream": True, "x": 1})))
+    lane.client_stream = True  # the client sent a `stream` field itself: it stays
+    assert "stream" in orjson.loads(sock.message_for(orjson.dumps({"model": "m", "stream": True, "x": 1}))[1])
+    # A lane's create: the frame keeps its `stream_id`, and the lane is known by it (a bridged round's body,
+    # changed by the chain, still names it).
+    sock.begin("agent_1", b"{}", "{}", False)
+    assert sock.message_for(orjson.dumps({"model": "m", "stream_id": "agent_1", "stream": True}))[0] == "agent_1"
+    sock.end(lane)
+    assert None not in sock.lanes and "agent_1" in sock.lanes, "a lane no create uses is forgotten"
+
+
+def test_events_go_to_the_lane_they_name() -> None:
+    from proxy.upstream.ws import UpstreamSocket, stream_id_of
+
+    assert stream_id_of('{"type":"response.created","stream_id":"b"}') == "b"
+    assert stream_id_of('{"type":"response.output_text.delta","delta":"\\"stream_id\\""}') is None
+    sock = UpstreamSocket(ws=None, http=None)  # type: ignore[arg-type]
+    a, b = sock.begin("a", b"1", "1", False), sock.begin("b", b"2", "2", False)
+    assert sock._sink_for('{"type":"x","stream_id":"a"}') is None, "no turn of lane a is reading"
+    import asyncio
+
+    a.sink, b.sink = asyncio.Queue(), asyncio.Queue()
+    assert sock._sink_for('{"type":"x","stream_id":"a"}') is a
+    assert sock._sink_for('{"type":"x","stream_id":"b"}') is b
+    assert sock._sink_for('{"type":"x"}') is None, "two lanes reading: an event naming none is nobody's"
+    a.sink = None
+    assert sock._sink_for('{"type":"x"}') is b, "one lane reading: an upstream that does not echo lanes"
 
 
 def test_the_relay_flow_keeps_only_the_message_in_flight() -> None:
@@ -94,7 +119,13 @@ def test_only_streamed_creates_of_a_connection_go_over_its_socket() -> None:
             assert transport is SOCKET_TRANSPORT and WS_HEADER in names
         transport, names = routed({"model": "m", "input": "checkpoint", "stream": False})
         assert transport is turns.transport and WS_HEADER not in names
-        assert sock.message_for(orjson.dumps({"model": "m", "input": "hi", "stream": True})) == \
+        # …and without the WebSocket create's own envelope (a lane's `stream_id`), which HTTP does not take.
+        req = turns.prepare("POST", "http://up.test/v1/responses", headers, orjson.dumps(
+            {"model": "m", "stream_id": "lane_1", "input": "checkpoint", "stream": False}), False)
+        req, transport = turns.route(req)
+        assert transport is turns.transport and orjson.loads(req.body) == {"model": "m", "input": "checkpoint",
+                                                                           "stream": False}
+        assert sock.message_for(orjson.dumps({"model": "m", "input": "hi", "stream": True}))[1] == \
             '{"type":"response.create","model":"m","input":"hi"}'
     finally:
         unregister("k1")

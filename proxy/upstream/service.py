@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+import orjson
+
 from proxy.routes import CREDENTIAL_HEADERS
 from proxy.upstream.transport import AiohttpTransport, Answer, Transport, UpstreamRequest
 from proxy.upstream.ws import SOCKET_TRANSPORT, WS_HEADER, is_socket_turn, is_ws_request
@@ -49,8 +51,8 @@ class UpstreamTurns:
             return request, self.transport
         if is_socket_turn(request):  # not ctproxy's own held turn (the checkpoint turn): that goes over HTTP
             return request, SOCKET_TRANSPORT
-        return replace(request, headers=tuple((k, v) for k, v in request.headers if k.lower() != WS_HEADER)), \
-            self.transport
+        return replace(request, headers=tuple((k, v) for k, v in request.headers if k.lower() != WS_HEADER),
+                       body=without_ws_fields(request.body)), self.transport
 
     @asynccontextmanager
     async def stream(self, request: UpstreamRequest, timeout: float | None = None) -> AsyncIterator[Answer]:
@@ -70,6 +72,23 @@ class UpstreamTurns:
 
     async def close(self) -> None:
         await self.transport.close()
+
+
+WS_ONLY_FIELDS = ("stream_id",)  # the WebSocket create's envelope: not part of `POST /v1/responses`
+
+
+def without_ws_fields(body: bytes) -> bytes:
+    """A WebSocket create's body sent over HTTP (ctproxy's own held turn of such a session): without the fields
+    only the WebSocket create has (the API refuses them on `POST /v1/responses`); else the body as it is."""
+    if not any(b'"' + name.encode() + b'"' in body for name in WS_ONLY_FIELDS):
+        return body
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not isinstance(payload, dict) or not any(name in payload for name in WS_ONLY_FIELDS):
+        return body
+    return orjson.dumps({k: v for k, v in payload.items() if k not in WS_ONLY_FIELDS})
 
 
 def continue_turn(payload: Mapping[str, Any], output: Sequence[Any], more_input: Sequence[Any],

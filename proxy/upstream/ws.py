@@ -11,8 +11,11 @@ read it as they read any streamed answer. An `error` event as a turn's first eve
 error it stands for (its status, `{"error": …}` as JSON): overflow recovery works as on HTTP, and the
 adapter gives the client the upstream's own frame back.
 
-Frames that arrive while no turn is reading (answers to messages ctproxy does not interpret, events after a
-turn's terminal event) go to the client as they are (`on_idle`), in order.
+Lanes (`stream_id`): each lane's turns go one at a time, in order; turns of different lanes go at the same
+time over the one socket, and the reader gives each event to the turn of the lane it names (the upstream echoes
+a create's `stream_id` on its events). Frames that arrive while no turn of their lane is reading (answers to
+messages ctproxy does not interpret, events after a turn's terminal event) go to the client as they are
+(`on_idle`), in order.
 """
 
 from __future__ import annotations
@@ -76,20 +79,52 @@ def sse_frame(kind: str, text: str) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
 
+def stream_id_of(text: str) -> str | None:
+    """The lane (`stream_id`) an event frame names, None when it names none. A frame that does not hold the
+    text `"stream_id"` (a quote inside a JSON string is escaped, so it cannot come from a value) is not
+    parsed."""
+    if '"stream_id"' not in text:
+        return None
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    sid = obj.get("stream_id") if isinstance(obj, dict) else None
+    return sid if isinstance(sid, str) else None
+
+
+def lane_of(payload: Any) -> str | None:
+    """The lane a create names (`stream_id`, a string), None for the default lane."""
+    sid = payload.get("stream_id") if isinstance(payload, dict) else None
+    return sid if isinstance(sid, str) else None
+
+
+@dataclass(eq=False)
+class Lane:
+    """One `stream_id` lane of a socket (the key None: creates that name none). Its turns go one at a time
+    (`lock`), FIFO; different lanes' turns go at the same time, and the reader gives each event to the lane it
+    names."""
+
+    key: str | None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    sink: asyncio.Queue[Any] | None = None  # the turn reading now
+    # (body as POSTed through the chain, the client's frame): an unchanged body goes as that frame
+    verbatim: tuple[bytes, str] | None = None
+    client_stream: bool = False  # the client's create had a `stream` field (kept; else the chain's is dropped)
+    error_verbatim: tuple[bytes, str] | None = None  # (the HTTP error body made of an error event, its frame)
+    users: int = 0  # the adapter's create on it, and turns holding or waiting for its lock
+
+
 @dataclass(eq=False)
 class UpstreamSocket:
-    """One upstream socket: sends one create at a time and routes what comes back (see the module)."""
+    """One upstream socket: sends one create at a time per lane and routes what comes back (see the module)."""
 
     ws: aiohttp.ClientWebSocketResponse
     http: aiohttp.ClientSession
     on_idle: Callable[[aiohttp.WSMessage], Awaitable[None]] | None = None
     on_closed: Callable[[int | None, str], Awaitable[None]] | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    sink: asyncio.Queue[Any] | None = None
-    # (body as POSTed through the chain, the client's frame): an unchanged body goes as that frame
-    verbatim: tuple[bytes, str] | None = None
-    client_stream: bool = False  # the client's create had a `stream` field (kept; else the chain's is dropped)
-    error_verbatim: tuple[bytes, str] | None = None  # (the HTTP error body made of an error event, its frame)
+    lanes: dict[str | None, Lane] = field(default_factory=dict)
+    laned: bool = False  # a create named a `stream_id`: events are routed by theirs
     close_code: int | None = None
     close_reason: str = ""
     turns: int = 0
@@ -98,6 +133,53 @@ class UpstreamSocket:
 
     def start(self) -> None:
         self.reader = asyncio.get_running_loop().create_task(self._read())
+
+    # ---- lanes -------------------------------------------------------------------------------------------
+
+    def _lane(self, key: str | None) -> Lane:
+        lane = self.lanes.get(key)
+        if lane is None:
+            lane = self.lanes[key] = Lane(key)
+            if key is not None:
+                self.laned = True
+        return lane
+
+    def _leave(self, lane: Lane) -> None:
+        lane.users -= 1
+        if lane.users <= 0 and not lane.lock.locked() and lane.sink is None and self.lanes.get(lane.key) is lane:
+            del self.lanes[lane.key]  # a connection may name many lanes over an hour: only live ones are kept
+
+    def begin(self, key: str | None, body: bytes, text: str, client_stream: bool) -> Lane:
+        """The adapter starts a create on lane `key`: `body` as it POSTs it through the chain, `text` the
+        client's frame (sent as it is if the chain forwards `body` unchanged)."""
+        lane = self._lane(key)
+        lane.users += 1
+        lane.verbatim, lane.client_stream, lane.error_verbatim = (body, text), client_stream, None
+        return lane
+
+    def end(self, lane: Lane) -> None:
+        lane.verbatim = None
+        self._leave(lane)
+
+    def _verbatim_lane(self, body: bytes) -> Lane | None:
+        for lane in self.lanes.values():
+            if lane.verbatim is not None and lane.verbatim[0] == body:
+                return lane
+        return None
+
+    def _sink_for(self, text: str) -> Lane | None:
+        """The lane whose turn an event frame belongs to, if one is reading."""
+        if not self.laned:
+            lane = self.lanes.get(None)
+            return lane if lane is not None and lane.sink is not None else None
+        sid = stream_id_of(text)
+        lane = self.lanes.get(sid)
+        if lane is not None and lane.sink is not None:
+            return lane
+        reading = [ln for ln in self.lanes.values() if ln.sink is not None]
+        if len(reading) == 1 and sid is None:
+            return reading[0]  # an upstream that does not echo lanes: the one turn reading
+        return None
 
     async def _read(self) -> None:
         ws = self.ws
@@ -110,12 +192,12 @@ class UpstreamSocket:
                         reason = msg.extra
                     break
                 if msg.type == aiohttp.WSMsgType.TEXT:
-                    sink = self.sink
-                    if sink is not None:
+                    lane = self._sink_for(msg.data)
+                    if lane is not None and lane.sink is not None:
                         kind = event_type(msg.data)
-                        sink.put_nowait((kind, msg.data))
+                        lane.sink.put_nowait((kind, msg.data))
                         if kind in TERMINAL:
-                            self.sink = None  # what follows is no longer this turn's
+                            lane.sink = None  # what follows is no longer this turn's
                         continue
                 if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY) and self.on_idle is not None:
                     await self.on_idle(msg)
@@ -124,9 +206,10 @@ class UpstreamSocket:
         finally:
             self.close_code = ws.close_code if ws.close_code is not None else 1006
             self.close_reason = reason
-            if self.sink is not None:
-                self.sink.put_nowait(_CLOSED)
-                self.sink = None
+            for lane in list(self.lanes.values()):
+                if lane.sink is not None:
+                    lane.sink.put_nowait(_CLOSED)
+                    lane.sink = None
             if self.on_closed is not None:
                 await self.on_closed(self.close_code, self.close_reason)
 
@@ -144,8 +227,7 @@ class UpstreamSocket:
         a held answer (`"stream": false`: ctproxy's own side turn, the context stage's checkpoint turn) is not:
         the socket only streams, and its answer would become the connection's latest response and break the
         client's `previous_response_id` chain (with `store: false` only the latest is kept)."""
-        verbatim = self.verbatim
-        if verbatim is not None and verbatim[0] == body:
+        if self._verbatim_lane(body) is not None:
             return True
         try:
             payload = self._payload(body)
@@ -156,46 +238,55 @@ class UpstreamSocket:
             return False
         return True
 
-    def message_for(self, body: bytes) -> str:
-        """The create frame for a body the chain forwarded: the client's own text when unchanged."""
-        verbatim = self.verbatim
-        if verbatim is not None and verbatim[0] == body:
-            return verbatim[1]
+    def message_for(self, body: bytes) -> tuple[str | None, str]:
+        """The lane and the create frame for a body the chain forwarded: the client's own text when
+        unchanged."""
+        lane = self._verbatim_lane(body)
+        if lane is not None and lane.verbatim is not None:
+            return lane.key, lane.verbatim[1]
         payload = self._payload(body)
         self._parsed = None
         if not isinstance(payload, dict):
             raise ValueError("not a JSON object")
+        key = lane_of(payload)
+        known = self.lanes.get(key)
         payload = dict(payload)
-        if not self.client_stream:
+        if known is None or not known.client_stream:
             payload.pop("stream", None)  # the chain's, not the client's: WebSocket turns always stream
         payload.pop("type", None)
-        return orjson.dumps({"type": "response.create", **payload}).decode()
+        return key, orjson.dumps({"type": "response.create", **payload}).decode()
 
     @asynccontextmanager
     async def turn(self, body: bytes, timeout: float | None) -> AsyncIterator[Answer]:
-        """Send one create and read its events (an `Answer` as the HTTP transport gives one). The socket is
-        the turn's from sending until its terminal event was read (a lane is FIFO, and ctproxy keeps the whole
-        socket FIFO); a reader that stays in the context after that (the bridge sending its next round) does
-        not hold it."""
-        await self.lock.acquire()
+        """Send one create and read its events (an `Answer` as the HTTP transport gives one). Its lane is the
+        turn's from sending until its terminal event was read (a lane is FIFO; other lanes go on meanwhile); a
+        reader that stays in the context after that (the bridge sending its next round) does not hold it."""
+        try:
+            key, text = self.message_for(body)
+        except (orjson.JSONDecodeError, ValueError):
+            raise UpstreamUnavailable("connection") from None
+        lane = self._lane(key)
+        lane.users += 1
+        try:
+            await lane.lock.acquire()
+        except BaseException:
+            self._leave(lane)
+            raise
         held = [True]
+        sink: asyncio.Queue[Any] = asyncio.Queue()
 
         def release() -> None:
             if held[0]:
                 held[0] = False
-                if self.sink is sink:
-                    self.sink = None
-                self.lock.release()
+                if lane.sink is sink:
+                    lane.sink = None
+                lane.lock.release()
+                self._leave(lane)
 
-        sink: asyncio.Queue[Any] = asyncio.Queue()
         try:
             if self.close_code is not None or self.ws.closed:
                 raise UpstreamUnavailable("connection")
-            try:
-                text = self.message_for(body)
-            except (orjson.JSONDecodeError, ValueError):
-                raise UpstreamUnavailable("connection") from None
-            self.sink = sink
+            lane.sink = sink
             try:
                 await self.ws.send_str(text)
             except (ConnectionError, aiohttp.ClientError, RuntimeError):
@@ -210,15 +301,17 @@ class UpstreamSocket:
                 raise UpstreamUnavailable("connection")
             kind, frame = first
             if kind == "error":
+                answer = self._error_answer(frame, lane)
                 release()
-                yield self._error_answer(frame)
+                yield answer
                 return
             yield Answer(200, [("Content-Type", "text/event-stream; charset=utf-8")],
                          self._events(kind, frame, sink, release))
         finally:
             release()
 
-    def _error_answer(self, frame: str) -> Answer:
+    @staticmethod
+    def _error_answer(frame: str, lane: Lane) -> Answer:
         try:
             event = orjson.loads(frame)
         except orjson.JSONDecodeError:
@@ -230,7 +323,7 @@ class UpstreamSocket:
             err = {k: v for k, v in event.items() if k not in ("type", "status", "sequence_number")} \
                 if isinstance(event, dict) else {}
         body = orjson.dumps({"error": err})
-        self.error_verbatim = (body, frame)
+        lane.error_verbatim = (body, frame)
 
         async def one() -> AsyncIterator[bytes]:
             yield body

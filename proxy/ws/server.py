@@ -15,7 +15,8 @@ body), so Codex falls back to HTTP by itself. Then, per client message:
   through `/ctp-ws-up/<key>/…` here, a bridged round, an overflow retry) goes over the connection's upstream
   socket (`UpstreamTurns.route`). The chain's SSE answer comes back as one text frame per event (the `data:`
   text as it is); an HTTP error answer becomes one `error` event (the upstream's own frame when it was one).
-  Creates run one at a time, in the order they came.
+  Creates of one lane (`stream_id`; creates that name none are one lane) run one at a time, in the order they
+  came; lanes run at the same time (at most MAX_LANES), each lane's events in order, interleaved with others'.
 - a text frame that is not a JSON object: an `error` event from ctproxy; the connection stays usable.
 - anything else (`response.steer`, future types, binary frames): sent upstream unchanged, at once.
 
@@ -32,7 +33,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,15 +44,26 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from proxy import loopback
 from proxy.loopback import JOB_TTL, Loopback, job_path, new_job
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
-from proxy.upstream.ws import HANDSHAKE, WS_HEADER, SocketRefused, UpstreamSocket, open_socket, register, unregister
+from proxy.upstream.ws import (
+    HANDSHAKE,
+    WS_HEADER,
+    SocketRefused,
+    UpstreamSocket,
+    lane_of,
+    open_socket,
+    register,
+    unregister,
+)
 
 log = logging.getLogger("ctproxy.ws")
+_CLOSING: set[asyncio.Task[None]] = set()  # upstream sockets being closed (held here until they are)
 
 PATH_PREFIX = "/ctp-ws/"  # the client's upgrade, re-routed here
 UP_PREFIX = "/ctp-ws-up/"  # a create's flow, when the chain forwards it: over the connection's upstream socket
 DEFAULT_MAX_MESSAGE = 256 * 1024 * 1024
 LINGER = 10.0  # after a 1009 close: how long the rest of the oversized message is read and dropped, at most
-MAX_PENDING = 16  # creates a connection may have waiting behind the running one (each may be hundreds of MiB)
+MAX_PENDING = 16  # creates a connection may have waiting behind the running ones (each may be hundreds of MiB)
+MAX_LANES = 16  # lanes of one connection whose creates run at the same time (each one flow through the chain)
 # What a create's POST says about itself (the client's upgrade headers of these names are left out).
 CREATE_HEADERS = (("Content-Type", "application/json"), ("Accept", "text/event-stream"),
                   ("Accept-Encoding", "identity"))
@@ -116,6 +128,14 @@ class _ClientSocket(web.WebSocketResponse):
 def error_frame(status: int, code: str, message: str, type_: str = "invalid_request_error") -> str:
     return orjson.dumps({"type": "error", "status": status,
                          "error": {"type": type_, "code": code, "message": message, "param": None}}).decode()
+
+
+def with_lane(text: str, lane: str | None) -> str:
+    """An event frame of a create on lane `lane`, naming it (`stream_id`) as the upstream's own events do: the
+    events ctproxy makes itself (its errors, the bridge's merged lifecycle) get it added at the end."""
+    if lane is None or '"stream_id"' in text or not text.endswith("}"):
+        return text
+    return text[:-1] + ',"stream_id":' + orjson.dumps(lane).decode() + "}"
 
 
 class _Sse:
@@ -258,7 +278,11 @@ class _Connection:
     client: web.WebSocketResponse
     sock: UpstreamSocket
     key: str
-    queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = field(default_factory=asyncio.Queue)
+    lanes: dict[str | None, deque[tuple[str, dict[str, Any]]]] = field(default_factory=dict)  # waiting creates
+    workers: dict[str | None, asyncio.Task[None]] = field(default_factory=dict)  # one per lane with creates
+    pending: int = 0  # creates waiting (not yet running), all lanes
+    running: int = 0
+    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_LANES))
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # no create is running
 
@@ -269,7 +293,7 @@ class _Connection:
         sock.on_idle = self._from_upstream
         sock.on_closed = self._upstream_closed
         sock.start()
-        worker = asyncio.get_running_loop().create_task(self._creates())
+        self.idle.set()
         try:
             async for msg in self.client:
                 if msg.type == WSMsgType.TEXT:
@@ -279,12 +303,20 @@ class _Connection:
         finally:
             unregister(self.key)
             svc._live.pop(self.key, None)
-            worker.cancel()  # a create in flight: its POST is dropped, and mitmproxy cancels its turn
-            with contextlib.suppress(asyncio.CancelledError):
-                await worker
+            workers = list(self.workers.values())
+            for worker in workers:
+                worker.cancel()  # a create in flight: its POST is dropped, and mitmproxy cancels its turn
+            for worker in workers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
             code = self.client.close_code
-            await sock.close(code=code if code is not None and 1000 <= code < 5000 and code not in (1005, 1006)
-                             else 1000)
+            # The client's code goes upstream even when mitmproxy hangs up on the adapter meanwhile (aiohttp then
+            # cancels this handler, and a cancelled close would drop the socket with no close frame).
+            closing = asyncio.get_running_loop().create_task(sock.close(
+                code=code if code is not None and 1000 <= code < 5000 and code not in (1005, 1006) else 1000))
+            _CLOSING.add(closing)
+            closing.add_done_callback(_CLOSING.discard)
+            await asyncio.shield(closing)
 
     async def _from_client(self, text: str) -> None:
         kind, obj = "", None
@@ -298,13 +330,49 @@ class _Connection:
             return
         kind = obj.get("type")
         if kind == "response.create":
-            if self.queue.qsize() >= MAX_PENDING:
-                await self._send(error_frame(429, "too_many_pending_creates", f"ctproxy holds at most {MAX_PENDING} "
-                                             "creates waiting on one connection; wait for the running ones to end."))
+            lane = lane_of(obj)
+            if self.pending >= MAX_PENDING:
+                await self._send(with_lane(error_frame(
+                    429, "too_many_pending_creates", f"ctproxy holds at most {MAX_PENDING} creates waiting on one "
+                    "connection; wait for the running ones to end."), lane))
                 return
-            self.queue.put_nowait((text, obj))
+            self.pending += 1
+            waiting = self.lanes.get(lane)
+            if waiting is None:
+                waiting = self.lanes[lane] = deque()
+            waiting.append((text, obj))
+            if lane not in self.workers:
+                self.workers[lane] = asyncio.get_running_loop().create_task(self._lane(lane, waiting))
         else:  # response.steer, future types: ctproxy does not interpret them
             await self._to_upstream(text)
+
+    async def _lane(self, lane: str | None, waiting: deque[tuple[str, dict[str, Any]]]) -> None:
+        """One lane's creates, one at a time in the order they came (other lanes run meanwhile)."""
+        try:
+            while waiting:
+                async with self.slots:
+                    text, obj = waiting.popleft()
+                    self.pending -= 1
+                    self.running += 1
+                    self.idle.clear()
+                    try:
+                        await self._create(lane, text, obj)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("ws: a create failed in the adapter")
+                        await self._send(with_lane(error_frame(500, "ctproxy_error", "ctproxy could not run this "
+                                                               "request.", "server_error"), lane))
+                    finally:
+                        self.running -= 1
+                        if not self.running:
+                            self.idle.set()
+        finally:
+            if self.workers.get(lane) is asyncio.current_task():
+                del self.workers[lane]
+            if self.lanes.get(lane) is waiting:
+                self.pending -= len(waiting)
+                del self.lanes[lane]
 
     async def _to_upstream(self, msg: Any) -> None:
         try:
@@ -324,7 +392,7 @@ class _Connection:
                     await self.client.send_bytes(msg.data)
 
     async def _upstream_closed(self, code: int | None, reason: str) -> None:
-        # The create in flight (if any) ends with the upstream's error first; then the client's socket closes
+        # The creates in flight (if any) end with the upstream's error first; then the client's socket closes
         # with the upstream's code.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10.0):
@@ -338,58 +406,40 @@ class _Connection:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await self.client.send_str(text)
 
-    async def _creates(self) -> None:
-        while True:
-            self.idle.set()
-            item = await self.queue.get()
-            if item is None:
-                return
-            self.idle.clear()
-            try:
-                await self._create(*item)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("ws: a create failed in the adapter")
-                await self._send(error_frame(500, "ctproxy_error", "ctproxy could not run this request.",
-                                             "server_error"))
-            finally:
-                self.idle.set()
-
-    async def _create(self, text: str, obj: dict[str, Any]) -> None:
+    async def _create(self, lane_key: str | None, text: str, obj: dict[str, Any]) -> None:
         svc, sock, job = self.svc, self.sock, self.job
         body = {k: v for k, v in obj.items() if k != "type"}
-        sock.client_stream = "stream" in body
+        client_stream = "stream" in body
         body["stream"] = True  # the chain's stages see a streamed create, as the socket's turns are
         data = orjson.dumps(body)
-        sock.verbatim = (data, text)
-        sock.error_verbatim = None
+        lane = sock.begin(lane_key, data, text, client_stream)
         svc.creates += 1
         headers = [*job.create_headers, *CREATE_HEADERS, (WS_HEADER, self.key)]
         try:
-            async with svc._client().post(job.chain_url, data=data, headers=headers, proxy=job.chain_proxy,
-                                          ssl=False) as resp:
-                ctype = resp.headers.get("Content-Type", "").lower()
-                if resp.status == 200 and ctype.startswith("text/event-stream"):
-                    sse = _Sse()
-                    async for chunk in resp.content.iter_any():
-                        for event in sse.feed(chunk):
-                            await self._send(event)
-                    return
-                answer = await resp.read()
-                status = resp.status
-        except (aiohttp.ClientError, ConnectionError) as exc:
-            log.info("ws: a create's answer broke off (%s)", type(exc).__name__)
-            await self._send(error_frame(502, "upstream_broken", "the answer broke off before it completed.",
-                                         "server_error"))
-            return
+            try:
+                async with svc._client().post(job.chain_url, data=data, headers=headers, proxy=job.chain_proxy,
+                                              ssl=False) as resp:
+                    ctype = resp.headers.get("Content-Type", "").lower()
+                    if resp.status == 200 and ctype.startswith("text/event-stream"):
+                        sse = _Sse()
+                        async for chunk in resp.content.iter_any():
+                            for event in sse.feed(chunk):
+                                await self._send(with_lane(event, lane_key))
+                        return
+                    answer = await resp.read()
+                    status = resp.status
+            except (aiohttp.ClientError, ConnectionError) as exc:
+                log.info("ws: a create's answer broke off (%s)", type(exc).__name__)
+                await self._send(with_lane(error_frame(502, "upstream_broken", "the answer broke off before it "
+                                                       "completed.", "server_error"), lane_key))
+                return
+            known = lane.error_verbatim
+            if known is not None and known[0] == answer:
+                await self._send(known[1])  # the upstream's own error frame
+                return
+            await self._send(with_lane(_error_event(status, answer), lane_key))
         finally:
-            sock.verbatim = None
-        known = sock.error_verbatim
-        if known is not None and known[0] == answer:
-            await self._send(known[1])  # the upstream's own error frame
-            return
-        await self._send(_error_event(status, answer))
+            sock.end(lane)
 
 
 def _error_event(status: int, body: bytes) -> str:

@@ -50,6 +50,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the output of loop_N, then the echo answer (bench/bench_ws.py's tool loop)",
     )
     parser.add_argument(
+        "--burst-latency", type=float, default=0.0, metavar="S",
+        help="with --tool-loop: a request whose input mentions `burst` waits S seconds before its answer (a model's "
+        "time to first event; bench/bench_ws.py's lanes)",
+    )
+    parser.add_argument(
         "--max-recorded", type=int, default=100, help="keep at most this many requests in memory (bodies included)"
     )
     return parser.parse_args(argv)
@@ -76,7 +81,7 @@ async def serve(args: argparse.Namespace) -> None:
 
         emu.set_default(reply)
     if args.tool_loop:
-        emu.set_default(tool_loop(args.tool_loop, args.deltas))
+        emu.set_default(tool_loop(args.tool_loop, args.deltas, args.burst_latency))
     await emu.start(args.host, args.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -89,12 +94,17 @@ async def serve(args: argparse.Namespace) -> None:
         await emu.close()
 
 
-def tool_loop(calls: int, deltas: int):
-    """The default reply of a tool loop: the next `lookup` call after the newest `loop_K` output."""
+def tool_loop(calls: int, deltas: int, burst_latency: float = 0.0):
+    """The default reply of a tool loop: the next `lookup` call after the newest `loop_K` output (and a request
+    mentioning `burst` answered after `burst_latency` seconds)."""
+    import dataclasses
+
     from .replies import FunctionCall
 
     def reply(rec: ReceivedRequest) -> object:
         body = rec.json if isinstance(rec.json, dict) else {}
+        if burst_latency and b"burst" in rec.body:
+            return dataclasses.replace(echo_reply(rec, deltas), latency=burst_latency)
         if not any(isinstance(t, dict) and t.get("name") == "lookup" for t in body.get("tools") or []):
             return echo_reply(rec, deltas)  # not the loop's request
         done = 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +111,11 @@ class Emulator:
         self.ws_connections = 0
         self.ws_upgrades: list[list[tuple[str, str]]] = []  # each accepted upgrade's headers
         self.ws_other_messages: list[Any] = []  # client messages that were not response.create
+        self.ws_binary: list[bytes] = []  # binary client frames, as received
         self.ws_closed: list[tuple[int, int | None]] = []  # (connection, close code) as each socket ended
+        # Awaited with each turn's record before its answer is sent (HTTP and WebSocket): a test holds one
+        # create here (an asyncio.Event it sets later) while others go on.
+        self.before_answer: Callable[[ReceivedRequest], Awaitable[None]] | None = None
         self.stored: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._max_stored = max_stored
         # What a stored response adds to a `previous_response_id` chain: (its previous id, its input with
@@ -304,6 +308,8 @@ class Emulator:
             self._remember_followers(plan.response.get("output") or [])
         plan.stall_after = getattr(reply, "stall_after", None)
         plan.stall_before_headers = bool(getattr(reply, "stall_before_headers", False))
+        if self.before_answer is not None:
+            await self.before_answer(rec)
         return await self._send(request, rec, plan, store=True)
 
     async def _websocket(self, request: web.Request) -> web.StreamResponse:

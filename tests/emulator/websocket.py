@@ -13,13 +13,19 @@ connection stays open. Besides:
   `websocket_connection_limit_reached` and a normal close;
 - `ws_refuse = 426` (or any status) refuses the upgrade with that status and an error body, as an upstream
   without WebSocket mode does (Codex then falls back to HTTP);
-- a message that is not a JSON object, or of an unknown type, gets an `invalid_request_error` event.
+- a message that is not a JSON object, or of an unknown type, gets an `invalid_request_error` event;
+- lanes (`stream_id`): creates with the same `stream_id` (or none) run FIFO, creates on different lanes run at
+  the same time, and every event of a lane's create (its error event too) echoes its `stream_id`; each lane keeps
+  its latest response, and `previous_response_id` may name any lane's (a new lane forks from another's);
+  `emu.before_answer` (an async callable given the ReceivedRequest) can hold one create while others go on.
 Every create is recorded like an HTTP one, with `transport == "ws"` and `ws_connection` (a counter).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -37,18 +43,35 @@ WS_ONLY_FIELDS = ("generate", "stream_id")  # fields of the WebSocket create tha
 TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
 
 
+STREAM_ID = re.compile(r"^[A-Za-z0-9_.-]{1,256}$")
+
+
 class WsConnection:
-    """What one socket remembers: its latest response (id, previous id, input, output)."""
+    """What one socket remembers: each lane's latest response (id, previous id, input, output), its lanes'
+    queues and workers, and one lock for writing frames (lanes write at the same time)."""
 
     def __init__(self, number: int):
         self.number = number
-        self.latest: tuple[str, str | None, list[Any], list[Any]] | None = None
+        self.latest: dict[str | None, tuple[str, str | None, list[Any], list[Any]]] = {}
+        self.lanes: dict[str | None, asyncio.Queue[str]] = {}
+        self.workers: set[asyncio.Task[None]] = set()
+        self.send_lock = asyncio.Lock()
 
     def turns(self) -> dict[str, tuple[str | None, list[Any], list[Any]]]:
-        if self.latest is None:
-            return {}
-        rid, prev, inp, out = self.latest
-        return {rid: (prev, inp, out)}
+        return {rid: (prev, inp, out) for rid, prev, inp, out in self.latest.values()}
+
+
+def lane_of(msg: Any) -> str | None:
+    """The lane a client message names (`stream_id`), None for the default lane."""
+    sid = msg.get("stream_id") if isinstance(msg, dict) else None
+    return sid if isinstance(sid, str) else None
+
+
+def with_lane(text: str, lane: str | None) -> str:
+    """An event frame with its lane's `stream_id` added (as the real API echoes it)."""
+    if lane is None or not text.endswith("}"):
+        return text
+    return text[:-1] + ',"stream_id":' + orjson.dumps(lane).decode() + "}"
 
 
 def error_event(status: int, message: str, type_: str, param: str | None = None, code: str | None = None) -> str:
@@ -71,27 +94,71 @@ async def serve(emu: Emulator, request: web.Request) -> web.StreamResponse:
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
     emu.ws_upgrades.append(headers)
     limit = asyncio.get_running_loop().call_later(emu.ws_connection_limit, lambda: asyncio.ensure_future(
-        _limit_reached(ws)))
+        _limit_reached(conn, ws)))
     try:
         async for msg in ws:
             if msg.type == WSMsgType.TEXT:
-                if not await _message(emu, conn, request, headers, ws, msg.data):
-                    break
+                _dispatch(emu, conn, request, headers, ws, msg.data)
             elif msg.type == WSMsgType.BINARY:
-                await ws.send_str(error_event(400, "Binary frames are not supported; send JSON text frames.",
-                                              "invalid_request_error", None, "invalid_frame"))
+                emu.ws_binary.append(msg.data)
+                await _send(conn, ws, error_event(400, "Binary frames are not supported; send JSON text frames.",
+                                                  "invalid_request_error", None, "invalid_frame"))
     finally:
         limit.cancel()
+        for task in list(conn.workers):
+            task.cancel()
+        for task in list(conn.workers):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         emu.ws_closed.append((conn.number, ws.close_code))
     return ws
 
 
-async def _limit_reached(ws: web.WebSocketResponse) -> None:
+def _dispatch(emu: Emulator, conn: WsConnection, request: web.Request, headers: list[tuple[str, str]],
+              ws: web.WebSocketResponse, text: str) -> None:
+    """Queue a client message on its lane (`stream_id`; the default lane for none, and for a message that is
+    not an object); a lane with no worker gets one, which ends when its queue is empty."""
+    try:
+        lane = lane_of(orjson.loads(text))
+    except orjson.JSONDecodeError:
+        lane = None
+    queue = conn.lanes.get(lane)
+    if queue is not None:
+        queue.put_nowait(text)
+        return
+    queue = conn.lanes[lane] = asyncio.Queue()
+    queue.put_nowait(text)
+
+    async def work() -> None:
+        try:
+            while not queue.empty():
+                if not await _message(emu, conn, request, headers, ws, queue.get_nowait()):
+                    return
+        except (ConnectionError, RuntimeError):
+            pass  # the socket is gone
+        except Exception:
+            await ws.close(code=1011)  # as a crashed handler would end it
+            raise
+        finally:
+            if conn.lanes.get(lane) is queue:
+                del conn.lanes[lane]
+
+    task = asyncio.get_running_loop().create_task(work())
+    conn.workers.add(task)
+    task.add_done_callback(conn.workers.discard)
+
+
+async def _send(conn: WsConnection, ws: web.WebSocketResponse, text: str) -> None:
+    async with conn.send_lock:
+        await ws.send_str(text)
+
+
+async def _limit_reached(conn: WsConnection, ws: web.WebSocketResponse) -> None:
     if ws.closed:
         return
-    await ws.send_str(error_event(400, "Responses websocket connection limit reached (60 minutes). Create a new "
+    await _send(conn, ws, error_event(400, "Responses websocket connection limit reached (60 minutes). Create a new "
                                        "websocket connection to continue.", "invalid_request_error", None,
-                                  "websocket_connection_limit_reached"))
+                                      "websocket_connection_limit_reached"))
     await ws.close(code=1000, message=b"websocket_connection_limit_reached")
 
 
@@ -105,14 +172,16 @@ async def _message(emu: Emulator, conn: WsConnection, request: web.Request, head
     except orjson.JSONDecodeError:
         msg = None
     if not isinstance(msg, dict):
-        await ws.send_str(error_event(400, "Invalid message: expected a JSON object.", "invalid_request_error",
-                                      None, "invalid_json"))
+        await _send(conn, ws, error_event(400, "Invalid message: expected a JSON object.", "invalid_request_error",
+                                          None, "invalid_json"))
         return True
     kind = msg.get("type")
+    lane = lane_of(msg)
     if kind != "response.create":
         emu.ws_other_messages.append(msg)
-        await ws.send_str(error_event(400, f"Invalid value: {kind!r}. Supported values are: 'response.create'.",
-                                      "invalid_request_error", "type", "invalid_value"))
+        await _send(conn, ws, with_lane(error_event(400, f"Invalid value: {kind!r}. Supported values are: "
+                                                         "'response.create'.", "invalid_request_error", "type",
+                                                    "invalid_value"), lane))
         return True
     body = {k: v for k, v in msg.items() if k != "type"}
     rec = ReceivedRequest(method="WS", path=request.path, query=request.query_string, headers=headers,
@@ -121,50 +190,59 @@ async def _message(emu: Emulator, conn: WsConnection, request: web.Request, head
     if ends_with_compaction_trigger(body):  # Codex's remote compaction v2, as on HTTP
         rec.route = "compaction"
     emu._remember(rec)
+    if "stream_id" in body and (lane is None or not STREAM_ID.match(lane)):
+        return await _send_error(conn, ws, rec, error_plan(
+            400, "Invalid 'stream_id': expected 1 to 256 letters, digits, '_', '.' or '-'.",
+            "invalid_request_error", "stream_id", "invalid_value"), None)
     generate = body.get("generate", True) is not False
     checked = {k: v for k, v in body.items() if k not in WS_ONLY_FIELDS}
     local = conn.turns()
     error = emu._check_create(checked, local) or emu._check_input(checked, local) or emu._over_limit(rec)
     if error is not None:
-        return await _send_error(ws, rec, error)
+        return await _send_error(conn, ws, rec, error, lane)
     reply = Response([]) if not generate else emu._next(rec.route, rec)
     if reply is None:
         from .app import compaction_reply, echo_reply
 
         reply = compaction_reply(rec) if rec.route == "compaction" else echo_reply(rec, emu.default_deltas)
     plan = render(reply, RenderContext.for_request({**checked, "stream": True}, emu.token_counter(checked)))
+    if emu.before_answer is not None:
+        await emu.before_answer(rec)
     if plan.body is not None:  # an HttpError reply: the error event
-        return await _send_error(ws, rec, plan)
+        return await _send_error(conn, ws, rec, plan, lane)
     if plan.response is not None:
         emu._remember_followers(plan.response.get("output") or [])
     rec.status, rec.response_id = 200, plan.response_id
     if plan.latency:
         await asyncio.sleep(plan.latency)
-    ok = await _stream(ws, rec, plan)
+    ok = await _stream(conn, ws, rec, plan, lane)
     final = plan.response
     if final is not None and final.get("status") == "completed":
         if body.get("store") is not False:
             emu._store(rec, final)
         prev = body.get("previous_response_id")
         output = [i for i in final.get("output") or [] if isinstance(i, dict)]
-        conn.latest = (final["id"], prev if isinstance(prev, str) else None,
-                       emu._resolved_input(checked)[0], output)
+        conn.latest[lane] = (final["id"], prev if isinstance(prev, str) else None,
+                             emu._resolved_input(checked)[0], output)
     rec.answered_at = loop.time()
     return ok
 
 
-async def _send_error(ws: web.WebSocketResponse, rec: ReceivedRequest, plan: Plan) -> bool:
+async def _send_error(conn: WsConnection, ws: web.WebSocketResponse, rec: ReceivedRequest, plan: Plan,
+                      lane: str | None) -> bool:
     rec.status = plan.status
     err = orjson.loads(plan.body or b"{}")
     rec.extra["error_body"] = plan.body
     payload = err if isinstance(err, dict) and "error" in err else {"error": err}
-    frame = orjson.dumps({"type": "error", "status": plan.status, **payload}).decode()
+    frame = orjson.dumps({"type": "error", "status": plan.status, **payload,
+                          **({"stream_id": lane} if lane is not None else {})}).decode()
     rec.extra["frames"] = [frame]
-    await ws.send_str(frame)
+    await _send(conn, ws, frame)
     return True
 
 
-async def _stream(ws: web.WebSocketResponse, rec: ReceivedRequest, plan: Plan) -> bool:
+async def _stream(conn: WsConnection, ws: web.WebSocketResponse, rec: ReceivedRequest, plan: Plan,
+                  lane: str | None) -> bool:
     """The plan's events as text frames; a planned disconnect drops the socket without a close frame."""
     chunks = plan.chunks or []
     limit = len(chunks) if plan.disconnect_after is None else min(plan.disconnect_after, len(chunks))
@@ -174,7 +252,8 @@ async def _stream(ws: web.WebSocketResponse, rec: ReceivedRequest, plan: Plan) -
     try:
         for index in range(limit):
             for text in _sse_data(chunks[index]):
-                await ws.send_str(text)
+                text = with_lane(text, lane)
+                await _send(conn, ws, text)
                 rec.extra.setdefault("frames", []).append(text)  # what the client should receive, as sent
             rec.events_sent += 1
             rec.write_times.append(loop.time())
