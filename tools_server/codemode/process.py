@@ -204,11 +204,14 @@ class ProcessEngine:
             await asyncio.wait_for(worker.proc.wait(), 5)
         code = worker.proc.returncode
         text = b"".join(worker.stderr).decode("utf-8", "replace").lower()
-        if code in (-signal.SIGXCPU, -signal.SIGKILL) and not self._closed:
+        if code == -signal.SIGXCPU:
             return EngineError(f"the cell used up its CPU time limit ({self._pool.cpu_seconds:g} s) and was "
                                "stopped", "cpu-limit")
-        if code == EXIT_MEMORY or "out of memory" in text or "oom" in text:
+        if code == EXIT_MEMORY or "out of memory" in text:
             return memory_error(self._pool.memory_limit)
+        if code == -signal.SIGKILL:
+            return EngineError("the cell's JavaScript worker was killed (SIGKILL: past its CPU time limit, or by "
+                               "the system's out-of-memory killer)", "engine-error")
         return EngineError(f"the cell's JavaScript worker ended unexpectedly (exit status {code})", "engine-error")
 
     async def _eval(self, code: str) -> Any:
@@ -246,8 +249,8 @@ class ProcessEngine:
         kind = reply.get("kind")
         if kind == "memory" or self._hard:
             raise memory_error(self._pool.memory_limit)
-        if kind == "cancelled":
-            raise asyncio.CancelledError
+        if kind == "cancelled":  # only after our own cancel, whose caller has gone: not expected here
+            raise EngineError("the cell's evaluation was cancelled", "engine-error")
         raise EngineError(f"the JavaScript engine failed ({reply.get('error') or kind})", "engine-error")
 
     # -- the Engine protocol ------------------------------------------------------------------------

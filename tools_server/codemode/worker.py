@@ -102,10 +102,18 @@ async def serve(memory_limit: int, cpu_seconds: float, slack: int) -> None:
     running: dict[int, asyncio.Task[None]] = {}
 
     async def evaluate(rid: int, code: str, before: asyncio.Task[None] | None) -> None:
-        if before is not None:  # one evaluation at a time, in order (a cancelled one ends first)
-            with contextlib.suppress(BaseException):
-                await before
         reply: dict[str, Any]
+        if before is not None:  # one evaluation at a time, in order (a cancelled one ends first)
+            try:
+                await before
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if me is not None and me.cancelling():  # this one was cancelled while it waited: never run
+                    running.pop(rid, None)
+                    _send({"id": rid, "ok": False, "kind": "cancelled", "hard": False})
+                    return
+            except Exception:
+                pass
         try:
             value = await mr.eval_cancelable(code)
             if not isinstance(value, (str, int, float, bool, type(None))):
