@@ -98,3 +98,20 @@ async def test_closing_a_cell_kills_its_worker_and_a_closed_pool_leaves_no_proce
     await reap()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_status_says_what_the_memory_limit_covers_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from proxy.config import Config
+    from proxy.status import capability_status
+    from tools_server.codemode.process import covers_array_buffers
+
+    config = Config()
+    config.code_mode.enabled = True
+    st = capability_status(config, "code_mode")
+    assert st.state == "active" and "memory limit 64 MiB each (V8 heap and ArrayBuffers" in st.reason
+    assert covers_array_buffers("linux") and not covers_array_buffers("darwin")
+    monkeypatch.setattr(sys, "platform", "darwin")  # RLIMIT_DATA does not bound mmap there: never claimed
+    st = capability_status(config, "code_mode")
+    assert "memory limit 64 MiB of V8 heap each (ArrayBuffers are not bounded on darwin)" in st.reason

@@ -40,6 +40,12 @@ ALLOCATION_FAILED = ("RangeError: Array buffer allocation failed",
 _reapers: set[asyncio.Task[Any]] = set()
 
 
+def covers_array_buffers(platform: str | None = None) -> bool:
+    """Whether a worker's memory limit covers ArrayBuffers here: RLIMIT_DATA bounds them on Linux only (macOS
+    does not apply it to mmap), so elsewhere only V8's heap limit holds (status says so)."""
+    return (platform or sys.platform).startswith("linux")
+
+
 def memory_error(limit: int) -> EngineError:
     return EngineError(f"the cell exceeded its memory limit ({limit // (1024 * 1024)} MiB, ArrayBuffers "
                        "included)", "memory-limit")

@@ -79,9 +79,12 @@ async def serve(memory_limit: int, cpu_seconds: float, slack: int) -> None:
     mr.eval("0")
     try:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        base = _data_bytes()
-        data_limit = base + memory_limit + slack
-        resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
+        base: int | None = None
+        data_limit: int | None = None
+        if sys.platform.startswith("linux"):  # elsewhere (macOS) the kernel does not bound mmap by RLIMIT_DATA
+            base = _data_bytes()
+            data_limit = base + memory_limit + slack
+            resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
         if cpu_seconds > 0:
             used = resource.getrusage(resource.RUSAGE_SELF)
             soft = math.ceil(used.ru_utime + used.ru_stime + cpu_seconds)
