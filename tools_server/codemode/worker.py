@@ -49,6 +49,12 @@ def _data_bytes() -> int:
     raise OSError("VmData not found in /proc/self/status")
 
 
+def _within(which: int, wanted: int) -> int:
+    """`wanted`, or the hard limit the worker inherited when that is lower (a process may only lower it)."""
+    hard = resource.getrlimit(which)[1]
+    return wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+
+
 def _die_with_parent() -> None:
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -83,12 +89,12 @@ async def serve(memory_limit: int, cpu_seconds: float, slack: int) -> None:
         data_limit: int | None = None
         if sys.platform.startswith("linux"):  # elsewhere (macOS) the kernel does not bound mmap by RLIMIT_DATA
             base = _data_bytes()
-            data_limit = base + memory_limit + slack
+            data_limit = _within(resource.RLIMIT_DATA, base + memory_limit + slack)
             resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
         if cpu_seconds > 0:
             used = resource.getrusage(resource.RUSAGE_SELF)
-            soft = math.ceil(used.ru_utime + used.ru_stime + cpu_seconds)
-            resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 2))
+            soft = _within(resource.RLIMIT_CPU, math.ceil(used.ru_utime + used.ru_stime + cpu_seconds))
+            resource.setrlimit(resource.RLIMIT_CPU, (soft, _within(resource.RLIMIT_CPU, soft + 2)))
     except (OSError, ValueError) as exc:
         _send({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         os._exit(EXIT_SETUP)
