@@ -17,6 +17,10 @@ Against the tool server app started in-process on a loopback port (aiohttp runne
    search the history, read the three items found, write a note. Direct tools (search; three reads in one turn;
    the write) against one code-mode cell (search and three reads) and the write: upstream rounds and the
    bytes of every request body the upstream received.
+7. Engines (issue 33): a trivial cell (`return 1`) through the cell manager, in-process V8 (the isolate in the
+   server, its ArrayBuffers unbounded) against the worker process code mode uses now (RLIMIT_DATA/RLIMIT_CPU):
+   with its booted spare ready, back to back (the spare still booting), and cold (no spare).
+   `--engines-only` runs just this part.
 Absolute figures depend on the machine; compare the ratios.
 """
 
@@ -44,7 +48,10 @@ from proxy.config import Config
 from proxy.journal.cli_views import new_task
 from proxy.state import StateDir
 from tools_server.app import SERVICE_KEY, bind_port, create_app
+from tools_server.codemode.cells import CellManager
 from tools_server.codemode.engine import V8Engine
+from tools_server.codemode.limits import CellLimits
+from tools_server.codemode.process import ProcessEngine, WorkerPool
 from tools_server.registry import Services
 
 
@@ -189,7 +196,53 @@ async def run(rounds: int) -> dict[str, Any]:
         "memory": await memory(),
         "tool_definitions": await definition_bytes(root),
         "scenario": await scenario(),
+        "engines": await engines(max(5, rounds // 4)),
     }
+
+
+async def engines(rounds: int) -> dict[str, Any]:
+    """A trivial cell, start to end, in-process against a worker process (spare ready, back to back, cold)."""
+    from tools_server.registry import ToolResult
+
+    async def dispatch(name: str, args: dict[str, Any], cell: Any) -> ToolResult:
+        return ToolResult(text="", details={})
+
+    lim = CellLimits()
+    warm_pool = WorkerPool(lim.memory_limit_bytes, lim.max_cpu_time_s, spares=1)
+    cold_pool = WorkerPool(lim.memory_limit_bytes, lim.max_cpu_time_s, spares=0)
+    managers = {"in_process": CellManager(lim, dispatch, lambda: V8Engine(lim.memory_limit_bytes)),
+                "worker_spare_ready": CellManager(lim, dispatch, lambda: ProcessEngine(warm_pool)),
+                "worker_back_to_back": CellManager(lim, dispatch, lambda: ProcessEngine(warm_pool)),
+                "worker_cold": CellManager(lim, dispatch, lambda: ProcessEngine(cold_pool))}
+    samples: dict[str, list[float]] = {k: [] for k in managers}
+
+    async def one(key: str) -> float:
+        started = time.perf_counter()
+        cell = managers[key].start(("bench", "/root"), "return 1", frozenset())
+        await asyncio.wait_for(cell.done.wait(), 120)
+        if cell.state != "completed":
+            raise RuntimeError(f"{key}: the trivial cell ended {cell.state}: {cell.error}")
+        return time.perf_counter() - started
+
+    try:
+        await one("worker_spare_ready")  # the first one boots the pool
+        for _ in range(rounds):
+            for key in ("in_process", "worker_spare_ready", "worker_back_to_back", "worker_cold"):
+                if key == "worker_spare_ready" and warm_pool._spare is not None:
+                    await asyncio.shield(warm_pool._spare)  # its spare has booted
+                samples[key].append(await one(key))
+                if key == "worker_back_to_back":
+                    samples[key].append(await one(key))  # right after: the spare taken a moment ago still boots
+    finally:
+        for m in managers.values():
+            await m.close()
+        await warm_pool.close()
+        await cold_pool.close()
+    stats = {k: summarize(v) for k, v in samples.items()}
+    med = {k: s.median for k, s in stats.items()}
+    return {"latency_ms": {k: s.ms() for k, s in stats.items()},
+            "ratios": {f"{k}_vs_in_process": round(ratio(med[k], med["in_process"]), 2)
+                       for k in med if k != "in_process"}}
 
 
 SEARCH = {"query": "alpha fact"}
@@ -274,7 +327,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--quick", action="store_true", help="10 rounds")
+    parser.add_argument("--engines-only", action="store_true", help="only part 7 (in-process against worker)")
     args = parser.parse_args()
+    if args.engines_only:
+        eng = asyncio.run(engines(max(5, args.rounds // 4)))
+        _print_engines(eng)
+        print(f"written to {write_result('codemode-engines', eng)}")
+        return
     result = asyncio.run(run(10 if args.quick else args.rounds))
     lat = result["latency_ms"]
     print_table(["path", "n", "median ms", "p99 ms"],
@@ -291,7 +350,16 @@ def main() -> None:
     print(f"scripted task: direct {sc['direct']['upstream_rounds']} rounds {sc['direct']['request_bytes']} B; "
           f"code mode {sc['code_mode']['upstream_rounds']} rounds {sc['code_mode']['request_bytes']} B "
           f"(ratio {sc['ratio_request_bytes']})")
+    _print_engines(result["engines"])
     print(f"written to {write_result('codemode', result)}")
+
+
+def _print_engines(eng: dict[str, Any]) -> None:
+    print()
+    print_table(["trivial cell (return 1)", "n", "median ms", "p99 ms"],
+                [[k, v["n"], v["median"], v["p99"]] for k, v in eng["latency_ms"].items()])
+    print()
+    print_table(["ratio", "value"], [[k, v] for k, v in eng["ratios"].items()])
 
 
 if __name__ == "__main__":

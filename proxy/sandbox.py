@@ -1,7 +1,8 @@
 """The shell sandbox (issue 33): bubblewrap argv, per-job limits, and the one probe of this machine.
 
 Pure functions plus one cached probe, shared by `ctproxy status` (proxy/status.py) and the tool server's
-spawn (tools_server/shell/manager.py), so what status says is what the spawn does.
+spawn (tools_server/shell/manager.py), so what status says is what the spawn does. On macOS the same modes
+wrap commands with `sandbox-exec` and a Seatbelt profile instead (proxy/seatbelt.py), after its own probe.
 
 Modes, named as Codex names them:
 - `workspace-write` (default): the filesystem is read-only except the workspace and a private /tmp (tmpfs);
@@ -30,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.seatbelt import SANDBOX_EXEC, backend_for, seatbelt_problem
+from proxy.seatbelt import SANDBOX_EXEC, backend_for, limits_argv, seatbelt_argv, seatbelt_probe, seatbelt_problem
 
 MODES: tuple[str, ...] = ("workspace-write", "read-only", "danger-full-access")
 UNSANDBOXED = "danger-full-access"
@@ -107,9 +108,18 @@ def bwrap_argv(mode: str, network: bool, workspace: Path, state_dir: Path, cwd: 
 
 def command_argv(shell: str, cmd: str, *, mode: str, network: bool, workspace: Path | None, state_dir: Path,
                  cwd: Path, limits: Limits, bwrap: str | None, prlimit: str | None,
-                 seccomp: int | None = None) -> list[str]:
-    """The whole argv of one exec_command: [bwrap …] [prlimit …] shell -c cmd."""
+                 seccomp: int | None = None, platform: str | None = None, job_tmpdir: Path | None = None,
+                 sandbox_exec: str = SANDBOX_EXEC) -> list[str]:
+    """The whole argv of one exec_command: [bwrap …] [prlimit …] shell -c cmd on Linux;
+    [sandbox-exec -p PROFILE …] [sh -c 'ulimit …'] shell -c cmd on macOS (`job_tmpdir`: its writable TMPDIR)."""
     argv: list[str] = []
+    if backend_for(platform or sys.platform) == "seatbelt":
+        if mode != UNSANDBOXED:
+            if workspace is None or job_tmpdir is None:
+                raise ValueError("a sandboxed mode needs a workspace and a private TMPDIR")
+            argv += seatbelt_argv(mode, network, workspace, state_dir, job_tmpdir,
+                                  [workspace / name for name in PROTECTED], sandbox_exec=sandbox_exec)
+        return [*argv, *limits_argv(limits.cpu_seconds, limits.address_space_mb), shell, "-c", cmd]
     if mode != UNSANDBOXED:
         if bwrap is None or workspace is None:
             raise ValueError("a sandboxed mode needs bubblewrap and a workspace")
@@ -165,15 +175,17 @@ def _probe(bwrap: str) -> str | None:
     return None
 
 
-def sandbox_problem(mode: str, path: str | None = None, platform: str = sys.platform) -> str | None:
+def sandbox_problem(mode: str, path: str | None = None, platform: str | None = None) -> str | None:
     """Why the configured sandbox cannot run here (every command would be refused), or None."""
     if mode == UNSANDBOXED:
         return None
+    platform = platform or sys.platform
     backend = backend_for(platform)
     if backend == "seatbelt":
-        checked = seatbelt_problem() or f"{SANDBOX_EXEC} is present"
-        return (f"shell.sandbox {mode} on macOS: the Seatbelt profile (proxy/seatbelt.py) is not wired to the spawn "
-                f"yet (checked: {checked}); ctproxy up --sandbox danger-full-access runs unsandboxed")
+        if (problem := seatbelt_check()) is None:
+            return None
+        return (f"shell.sandbox {mode} on macOS: {problem}; ctproxy up --sandbox danger-full-access runs "
+                "unsandboxed")
     if backend is None:
         return (f"shell.sandbox {mode}: no sandbox on {platform}; "
                 "ctproxy up --sandbox danger-full-access runs unsandboxed")
@@ -184,9 +196,36 @@ def sandbox_problem(mode: str, path: str | None = None, platform: str = sys.plat
     return _probe(bwrap)
 
 
+@functools.lru_cache(maxsize=1)
+def seatbelt_check() -> str | None:
+    """macOS, once per process: sandbox-exec is there, and a probe command ran under the profile. None when
+    both held (what `describe` then says was checked); else the reason the sandboxed modes are unavailable."""
+    return seatbelt_problem() or seatbelt_probe()
+
+
+SEATBELT_CHECKED = f"Seatbelt; checked: {SANDBOX_EXEC} is present and a probe command ran under the profile"
+
+
+def _describe_seatbelt(mode: str, network: bool, limits: Limits) -> str:
+    head = "unsandboxed (danger-full-access)" if mode == UNSANDBOXED else (
+        f"sandbox {mode}, network {'on' if network else 'off'} ({SEATBELT_CHECKED})")
+    parts = []
+    if limits.cpu_seconds:
+        parts.append(f"cpu {limits.cpu_seconds} s")
+    if limits.address_space_mb:
+        parts.append(f"address space {limits.address_space_mb} MiB")
+    said = f"{head}; per-job limits (ulimit): {', '.join(parts) if parts else 'none'}"
+    if limits.processes:
+        said += f"; the {limits.processes}-process limit is not enforced on macOS (no per-job process count there)"
+    return said
+
+
 def describe(mode: str, network: bool, limits: Limits, prlimit: str | None, root: bool | None = None,
-             cgroup: Path | None = None, seccomp: bool | None = None) -> str:
-    """The status words: `sandbox workspace-write, network off` or `unsandboxed`, then the limits."""
+             cgroup: Path | None = None, seccomp: bool | None = None, platform: str | None = None) -> str:
+    """The status words: `sandbox workspace-write, network off` or `unsandboxed`, then the limits. Called for an
+    active shell only (a sandbox that cannot run makes the shell `unavailable` with `sandbox_problem`'s reason)."""
+    if backend_for(platform or sys.platform) == "seatbelt":
+        return _describe_seatbelt(mode, network, limits)
     if seccomp is None:
         seccomp = seccomp_program() is not None
     filt = f"seccomp denies {len(SECCOMP_DENIED_X86_64)} system calls" if seccomp else "no seccomp filter on this CPU"

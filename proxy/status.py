@@ -89,9 +89,14 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
     if name == "shell":
         return CapabilityStatus(name, "active", f"{what}; {shell_sandbox(config)}")
     if name == "code_mode":
-        return CapabilityStatus(name, "active", f"{what}, memory limit {config.code_mode.memory_limit_mb} MiB "
-                                f"each, nested apply_patch approval {config.code_mode.approval_mode}; remote code "
-                                "execution for whoever holds the tool server's token")
+        mb = config.code_mode.memory_limit_mb
+        # a worker process per cell; its RLIMIT_DATA bounds ArrayBuffers on Linux only (tools_server/codemode/worker.py)
+        memory = (f"memory limit {mb} MiB each (V8 heap and ArrayBuffers, a worker process per cell)"
+                  if sys.platform.startswith("linux") else
+                  f"memory limit {mb} MiB of V8 heap each (ArrayBuffers are not bounded on {sys.platform})")
+        return CapabilityStatus(name, "active", f"{what}, {memory}, nested apply_patch approval "
+                                f"{config.code_mode.approval_mode}; remote code execution for whoever holds the "
+                                "tool server's token")
     if name == "tool_discovery":
         return CapabilityStatus(name, *_discovery_status(config))
     if name == "image_generation":

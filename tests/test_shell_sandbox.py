@@ -352,10 +352,96 @@ def test_seatbelt_profile_and_the_platform_decision(tmp_path: Path) -> None:
     assert argv[0] == "/usr/bin/sandbox-exec" and argv[1] == "-p" and argv[-1] == "--"
     assert f"-DWORKSPACE={ws}" in argv and f"-DPROTECTED_0={ws}/.git" in argv and str(ws) not in argv[2]
     assert seatbelt_problem("/nonexistent/sandbox-exec") is not None and seatbelt_problem(exists=True) is None
-    said = sandbox_problem("workspace-write", platform="darwin")
-    assert said is not None and "not wired to the spawn yet" in said and "checked:" in said
     assert sandbox_problem("danger-full-access", platform="darwin") is None
     assert "no sandbox on win32" in (sandbox_problem("read-only", platform="win32") or "")
+
+
+def test_on_macos_the_sandboxed_modes_need_sandbox_exec_and_a_probe_that_ran(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decision, with the platform and the probe faked (there is no Mac here): never `active` on what
+    was not checked."""
+    import proxy.sandbox as sandbox
+    import proxy.seatbelt as seatbelt
+
+    sandbox.seatbelt_check.cache_clear()
+    missing = "Seatbelt's /usr/bin/sandbox-exec is not an executable here"
+    monkeypatch.setattr(sandbox, "seatbelt_problem", lambda: missing)
+    monkeypatch.setattr(sandbox, "seatbelt_probe", lambda: pytest.fail("no probe without sandbox-exec"))
+    said = sandbox_problem("workspace-write", platform="darwin")
+    assert said is not None and said.startswith(f"shell.sandbox workspace-write on macOS: {missing}")
+    assert "danger-full-access" in said
+    sandbox.seatbelt_check.cache_clear()
+    monkeypatch.setattr(sandbox, "seatbelt_problem", lambda: None)
+    monkeypatch.setattr(sandbox, "seatbelt_probe", lambda: "Seatbelt (/usr/bin/sandbox-exec) refused a probe command: "
+                                                           "sandbox_apply: Operation not permitted")
+    said = sandbox_problem("read-only", platform="darwin")
+    assert said is not None and "refused a probe command: sandbox_apply: Operation not permitted" in said
+    sandbox.seatbelt_check.cache_clear()
+    monkeypatch.setattr(sandbox, "seatbelt_probe", lambda: None)
+    assert sandbox_problem("workspace-write", platform="darwin") is None
+    words = describe("workspace-write", False, Limits(10, 512, 64), None, platform="darwin")
+    assert words.startswith("sandbox workspace-write, network off (Seatbelt; checked: /usr/bin/sandbox-exec is present "
+                            "and a probe command ran under the profile)")
+    assert "per-job limits (ulimit): cpu 10 s, address space 512 MiB" in words
+    assert "64-process limit is not enforced on macOS" in words
+    assert describe("danger-full-access", True, Limits(), None, platform="darwin").startswith("unsandboxed")
+    sandbox.seatbelt_check.cache_clear()
+    # the real probe on Linux: there is no sandbox-exec, so it says why instead of claiming anything
+    assert seatbelt.seatbelt_probe("/nonexistent/sandbox-exec") is not None
+
+
+def test_on_macos_commands_are_wrapped_with_sandbox_exec(tmp_path: Path) -> None:
+    ws, state, tmp = tmp_path / "ws", tmp_path / "state", tmp_path / "tmp"
+    argv = command_argv("/bin/zsh", "make test", mode="workspace-write", network=False, workspace=ws, state_dir=state,
+                        cwd=ws, limits=Limits(10, 512, 64), bwrap=None, prlimit=None, platform="darwin",
+                        job_tmpdir=tmp)
+    assert argv[:2] == ["/usr/bin/sandbox-exec", "-p"] and "bwrap" not in " ".join(argv)
+    profile = argv[2]
+    assert '(allow file-write* (require-all (subpath (param "WORKSPACE"))' in profile and "network" not in profile
+    assert f"-DWORKSPACE={ws}" in argv and f"-DSTATE_DIR={state}" in argv and f"-DJOB_TMPDIR={tmp}" in argv
+    assert {f"-DPROTECTED_{i}={ws / n}" for i, n in enumerate((".git", ".agents", ".codex"))} <= set(argv)
+    rest = argv[argv.index("--") + 1:]
+    assert rest == ["/bin/sh", "-c", 'ulimit -t 10 && ulimit -v 524288 && exec "$@"', "sh", "/bin/zsh", "-c",
+                    "make test"]
+    ro = command_argv("/bin/sh", "ls", mode="read-only", network=True, workspace=ws, state_dir=state, cwd=ws,
+                      limits=Limits(), bwrap=None, prlimit=None, platform="darwin", job_tmpdir=tmp)
+    assert 'param "WORKSPACE"' not in ro[2] and "(allow network*)" in ro[2] and ro[-3:] == ["/bin/sh", "-c", "ls"]
+    assert command_argv("/bin/sh", "ls", mode="danger-full-access", network=True, workspace=ws, state_dir=state,
+                        cwd=ws, limits=Limits(), bwrap=None, prlimit=None, platform="darwin") == ["/bin/sh", "-c", "ls"]
+    with pytest.raises(ValueError):
+        command_argv("/bin/sh", "ls", mode="read-only", network=False, workspace=ws, state_dir=state, cwd=ws,
+                     limits=Limits(), bwrap=None, prlimit=None, platform="darwin", job_tmpdir=None)
+
+
+async def test_the_manager_on_macos_wraps_with_seatbelt_or_refuses(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spawn's decision on a faked darwin: sandbox-exec around the command with a private TMPDIR when the
+    check passed; a refusal (nothing run) when it did not."""
+    import sys
+
+    import proxy.sandbox as sandbox
+    from tools_server.shell.capture import CaptureStore
+    from tools_server.shell.errors import ShellError
+    from tools_server.shell.manager import Confinement, ShellManager
+
+    ws = workspace(tmp_path)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    box = Confinement("workspace-write", False, ws.resolve(), (tmp_path / "state").resolve(), Limits(5, 0, 0))
+    sandbox.seatbelt_check.cache_clear()
+    monkeypatch.setattr(sandbox, "seatbelt_check", lambda: None)
+    manager = ShellManager(CaptureStore(tmp_path / "cap"), shell="/bin/sh", confinement=box)
+    argv = await manager._argv("exec_command", "echo hi", ws)
+    assert argv[0] == "/usr/bin/sandbox-exec" and argv[-3:] == ["/bin/sh", "-c", "echo hi"]
+    assert manager._tmpdir is not None and f"-DJOB_TMPDIR={manager._tmpdir}" in argv
+    assert manager._seccomp is None and manager._cgroups is None and manager._bwrap is None
+    await manager.close()
+    assert not manager._tmpdir.exists()
+    monkeypatch.setattr(sandbox, "seatbelt_check", lambda: "Seatbelt's /usr/bin/sandbox-exec is not an executable here")
+    refusing = ShellManager(CaptureStore(tmp_path / "cap2"), shell="/bin/sh", confinement=box)
+    with pytest.raises(ShellError) as said:
+        await refusing._argv("exec_command", "echo hi", ws)
+    assert "sandbox-unavailable" in str(said.value.code) and "on macOS" in str(said.value)
+    await refusing.close()
 
 
 async def test_the_seccomp_filter_refuses_what_it_lists(bwrap: None, tool_server: Any, tmp_path: Path) -> None:

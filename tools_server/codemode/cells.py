@@ -159,6 +159,7 @@ class Cell:
         self._deadline: asyncio.TimerHandle | None = None
         self._expiry: asyncio.Future[bool] | None = None
         self.done = asyncio.Event()
+        self.running_code = asyncio.Event()  # the engine has booted: the program starts now
         self.observe_lock = asyncio.Lock()
         self.read_terminal = False
         self.terminal_at: float | None = None
@@ -180,6 +181,7 @@ class Cell:
     async def _run(self) -> None:
         try:
             await self.engine.boot(sorted(self.adapters))
+            self.running_code.set()  # (start runs the program's synchronous part: it may never return)
             await self.engine.start(self.source)
             probed = False
             while self.state == "running":

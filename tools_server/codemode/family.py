@@ -18,9 +18,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tools_server.codemode.cells import Cell, CellManager, Owner
-from tools_server.codemode.engine import V8Engine
 from tools_server.codemode.limits import CellLimits
 from tools_server.codemode.pragma import PragmaError, parse_pragma
+from tools_server.codemode.process import ProcessEngine, WorkerPool
 from tools_server.codemode.render import output_budget, render
 from tools_server.patch.model import PatchError
 from tools_server.patch.parser import parse_patch
@@ -41,6 +41,7 @@ from tools_server.shell.capture import StreamCapture, save_text
 SEED_ADAPTERS = ("exec_command", "write_stdin", "apply_patch")
 READ_ONLY_FAMILIES = ("history", "notes")
 REGISTRY_KEY = "registry"  # services.extras: the registry, set by tools_server.families once built
+BOOT_WAIT_S = 60.0  # at most this long for a cell's engine to start before its yield time runs
 SHELL_FAMILY_KEY = "shell.family"  # services.extras: the shell family (its capture store)
 
 EXEC_DESCRIPTION = """Runs JavaScript in a fresh V8 isolate (an async function body: top-level await and \
@@ -143,6 +144,15 @@ def is_adapter(tool: Tool) -> bool:
     return tool.name in SEED_ADAPTERS or (tool.family in READ_ONLY_FAMILIES and tool.read_only)
 
 
+async def _first(a: asyncio.Event, b: asyncio.Event, timeout: float) -> None:
+    waits = {asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())}
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
 def _yield_seconds(value: int | None) -> float:
     ms = shell_limits.EXEC_YIELD_DEFAULT_MS if value is None else value
     return min(max(ms, shell_limits.EXEC_YIELD_MIN_MS), shell_limits.EXEC_YIELD_MAX_MS) / 1000
@@ -159,8 +169,10 @@ class CodeModeFamily:
         self.services = services
         cfg = services.config.code_mode
         self.limits = limits or CellLimits(memory_limit_bytes=cfg.memory_limit_mb * 1024 * 1024)
-        self.manager = CellManager(self.limits, self.dispatch, lambda: V8Engine(self.limits.memory_limit_bytes),
-                                   self._capture)
+        # each cell's isolate runs in a worker process whose kernel limits bound every allocation (ArrayBuffers
+        # included) and its CPU time (process.py); its tool calls still come back here, to the one road
+        self.pool = WorkerPool(self.limits.memory_limit_bytes, self.limits.max_cpu_time_s)
+        self.manager = CellManager(self.limits, self.dispatch, lambda: ProcessEngine(self.pool), self._capture)
         # Approval of a nested apply_patch is asked through the call observing the cell now (exec or wait):
         # its client and its open request are the only channel to a person. Cell ID -> that call's asker.
         self._askers: dict[str, Callable[[str], Awaitable[ConfirmAnswer]]] = {}
@@ -285,6 +297,8 @@ class CodeModeFamily:
             adapters = frozenset(args.uses)
         cell = self.manager.start(owner_of(ctx), pragma.source, adapters, ctx)
         try:
+            # the yield time is the program's: starting its worker process (process.py) does not count
+            await _first(cell.running_code, cell.done, BOOT_WAIT_S)
             return await self._observe(cell, _yield_seconds(pragma.yield_time_ms), _budget(pragma.max_output_tokens),
                                        ctx.confirm)
         except asyncio.CancelledError:
@@ -377,6 +391,7 @@ class CodeModeFamily:
 
     async def close(self) -> None:
         await self.manager.close()
+        await self.pool.close()
 
 
 def create_family(services: Services) -> CodeModeFamily:

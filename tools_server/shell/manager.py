@@ -13,6 +13,8 @@ import logging
 import os
 import random
 import shutil
+import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from typing import Any
 from proxy.sandbox import (
     UNSANDBOXED,
     Limits,
+    backend_for,
     command_argv,
     find_bwrap,
     find_prlimit,
@@ -87,10 +90,13 @@ class ShellManager:
                  kill_after: float = limits.STOP_KILL_AFTER_S,
                  confirm: float = limits.STOP_CONFIRM_S, confinement: Confinement | None = None) -> None:
         self.confinement = confinement or Confinement()
-        self._bwrap = find_bwrap()
-        self._prlimit = find_prlimit()
-        self._cgroups = pids_cgroup()
-        self._seccomp = seccomp_program()
+        self._platform = sys.platform  # read once: bubblewrap (Linux) or Seatbelt (macOS)
+        linux = backend_for(self._platform) == "bubblewrap"
+        self._bwrap = find_bwrap() if linux else None
+        self._prlimit = find_prlimit() if linux else None
+        self._cgroups = pids_cgroup() if linux else None
+        self._seccomp = seccomp_program() if linux else None
+        self._tmpdir: Path | None = None  # macOS: the sandboxed jobs' writable TMPDIR (Seatbelt has no private /tmp)
         self._in_cgroups: set[Job] = set()
         self._sandbox_problem: str | None = None
         self._probed = False
@@ -188,6 +194,8 @@ class ShellManager:
                 os.close(filter_fd)
             raise
         env = {**self._env, **overlay}  # per-spawn overlay; the manager's env stays as captured
+        if self._tmpdir is not None:
+            env["TMPDIR"] = str(self._tmpdir)
         try:
             await job.spawn(argv, env, pass_fds=(filter_fd,) if filter_fd is not None else ())
         except OSError as exc:
@@ -253,7 +261,8 @@ class ShellManager:
         box = self.confinement
         if box.mode != UNSANDBOXED:
             if not self._probed:
-                self._sandbox_problem = await asyncio.to_thread(sandbox_problem, box.mode)  # probed once
+                self._sandbox_problem = await asyncio.to_thread(sandbox_problem, box.mode, None,
+                                                                 self._platform)  # probed once
                 self._probed = True
             if self._sandbox_problem is not None or box.workspace is None:
                 raise ShellError(tool, "sandbox-unavailable",
@@ -263,9 +272,12 @@ class ShellManager:
             # the way a direct spawn would, in every mode
             raise ShellError(tool, "spawn-failed", f"cannot start {self.shell}: not an executable here; "
                              "check shell.shell in the configuration")
+        if box.mode != UNSANDBOXED and backend_for(self._platform) == "seatbelt" and self._tmpdir is None:
+            self._tmpdir = Path(tempfile.mkdtemp(prefix="ctproxy-shell-")).resolve()  # mode 0700, removed at close
         return command_argv(self.shell, cmd, mode=box.mode, network=box.network, workspace=box.workspace,
                             state_dir=box.state_dir or Path("/nonexistent"), cwd=cwd, limits=box.limits,
-                            bwrap=self._bwrap, prlimit=self._prlimit if prlimit else None, seccomp=filter_fd)
+                            bwrap=self._bwrap, prlimit=self._prlimit if prlimit else None, seccomp=filter_fd,
+                            platform=self._platform, job_tmpdir=self._tmpdir)
 
     # -- stdin -----------------------------------------------------------------------------------
     async def write(self, tool: str, job: Job, data: bytes, timeout: float) -> Delivery:
@@ -394,6 +406,8 @@ class ShellManager:
         keep = {s.capture.path for j in unconfirmed for s in j.streams.values() if s.capture.path}
         removed = await asyncio.to_thread(self.store.cleanup, keep)
         await self._remove_cgroups()
+        if self._tmpdir is not None:
+            await asyncio.to_thread(shutil.rmtree, self._tmpdir, True)
         self._jobs.clear()
         if unconfirmed:
             log.warning("shell close: %d process group(s) not confirmed gone (cleanup-incomplete)",
