@@ -35,6 +35,7 @@ from proxy.seatbelt import SANDBOX_EXEC, backend_for, limits_argv, seatbelt_argv
 
 MODES: tuple[str, ...] = ("workspace-write", "read-only", "danger-full-access")
 UNSANDBOXED = "danger-full-access"
+READ_ONLY = "read-only"
 # re-bound read-only inside a writable workspace, as Codex does (apply_patch refuses them too); only those that exist
 PROTECTED = (".git", ".agents", ".codex")
 

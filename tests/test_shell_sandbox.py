@@ -330,6 +330,12 @@ async def test_apply_patch_refuses_git_in_a_sandboxed_mode(tool_server: Any, tmp
     free = await tool_server({"apply_patch.enabled": True, "shell.sandbox": "danger-full-access"},
                              workspace=workspace(tmp_path / "b"))
     assert (await free.rest("apply_patch", {"input": patch}, **AGENT)).ok
+    # read-only: no patch lands anywhere in the workspace, the same as the shell's writes
+    frozen = await tool_server({"apply_patch.enabled": True, "shell.sandbox": "read-only"},
+                               workspace=workspace(tmp_path / "c"))
+    res = await frozen.rest("apply_patch", {"input": ok}, **AGENT)
+    assert not res.ok and "read-only under shell.sandbox read-only" in res.text
+    assert not (tmp_path / "c" / "ws" / ".gitignore").exists()
 
 
 # -- macOS: the Seatbelt profile and the decision, as pure functions ------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from proxy.sandbox import UNSANDBOXED, protected_part
+from proxy.sandbox import READ_ONLY, UNSANDBOXED, protected_part
 from tools_server.patch.commit import LOCAL_FS, CommitReport, LocalFs
 from tools_server.patch.engine import apply_patch
 from tools_server.patch.model import Patch, PatchError, UpdateFile
@@ -75,6 +75,10 @@ class PatchFamily:
         root = require(self.services, "apply_patch")
         patch, cwd = self._prepare(args, ctx, root)
         keys = _queue_keys(patch, cwd)
+        if self.services.config.shell.sandbox == READ_ONLY:  # the sandbox's rule: nothing in the workspace
+            raise ToolError("apply_patch: the workspace is read-only under shell.sandbox read-only; nothing was "
+                            "changed (`ctproxy up --sandbox workspace-write` lets patches through)",
+                            code="read_only")
         if self.services.config.shell.sandbox != UNSANDBOXED:  # the sandbox's rule (issue 33): .git stays read-only
             real_root = os.path.realpath(root)
             for key in keys:
