@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from proxy import memory
+from proxy import memory, workerid
 from proxy.db import connect
 from proxy.journal import migrate
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
@@ -135,12 +135,16 @@ class AliasView(Mapping[str, str]):
 
 class Journal:
     def __init__(self, state: StateDir, writer: JournalWriter | None = None,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, shared: bool | None = None):
         self.state = state
         self.cache_bytes = cache_bytes  # the caches are bounded in bytes too, not only by count (issue 10.3)
         self._read = connect_retrying(state.db_path)  # first: applies the schema before the writer starts
         migrate.ensure(self._read)  # an older state directory: its windows and checkpoints, once
-        self.writer = writer or JournalWriter(state.db_path)
+        # `ctproxy up --workers N`: other processes journal the same sessions. Each writer stamps the sessions
+        # it changes, and a session cached here is checked against its stamp before a request uses it.
+        self.shared = workerid.shared_sessions() if shared is None else shared
+        self.writer_id = f"{workerid.index() or 0}:{secrets.token_hex(6)}" if self.shared else None
+        self.writer = writer or JournalWriter(state.db_path, stamp=self.writer_id)
         self._lock = threading.RLock()  # the sessions' states, the read connection, the backlog's settling
         # The caches of aliases, tails and resends: held for a few dict operations only, so the request path
         # never waits behind the writer thread settling a big request under `_lock` (issue 10.3).
@@ -239,6 +243,38 @@ class Journal:
             self._bound_caches(keep=session_key)
             return st
 
+    def refresh(self, st: SessionState) -> bool:
+        """Shared sessions: when another process changed the session since this one last looked (its stamp in
+        the database is another writer's), bring the cached state up to date from the database: the longer
+        branch where one extends the other (the ids are chained content hashes), else the database's; the
+        newer window. True when something changed. The database is the lock, not a process."""
+        if not self.shared:
+            return False
+        with self._lock:
+            row = self._read.execute("SELECT writer, n FROM journal_session_stamps WHERE session_key=?",
+                                     (st.key,)).fetchone()
+            if row is None or row[0] == self.writer_id or (row[0], row[1]) == st.seen_stamp:
+                return False
+            self.settle()  # what this process left for later aligns against its own state first
+            st.seen_stamp = (row[0], row[1])
+            loaded = self._load(st.key)
+            if loaded is None:
+                return False
+            mine, theirs = st.entries, loaded.entries
+            n = _common_prefix(mine, theirs)
+            changed = False
+            if n == len(mine) and len(theirs) > len(mine):
+                st.entries = theirs
+                changed = True
+            elif n < len(mine) and n < len(theirs):
+                st.entries = theirs
+                st.generation += 1  # rewritten: the resend fast path no longer holds
+                changed = True
+            if loaded.window.ordinal > st.window.ordinal:
+                st.window = loaded.window
+                changed = True
+            return changed
+
     def _drop(self, key: str, st: SessionState) -> None:
         for k in [k for k, (_, done) in self._dropped.items() if done.is_set()]:
             self._dropped.pop(k, None)  # committed since: the database has them now
@@ -322,10 +358,10 @@ class Journal:
     def _peek_ordinal(self, task_id: str, address: str) -> int:
         """The ordinal the agent's next window gets (under the journal's lock: `_next_ordinal` follows)."""
         key = (task_id, address)
-        if key not in self._ordinals:
+        if key not in self._ordinals or self.shared:  # shared: another process may have opened one since
             row = self._read.execute("SELECT max(ordinal) FROM journal_windows WHERE task_id=? AND address=?",
                                      key).fetchone()
-            self._ordinals[key] = int(row[0] or 0)
+            self._ordinals[key] = max(int(row[0] or 0), self._ordinals.get(key, 0))
         return self._ordinals[key] + 1
 
     def _next_ordinal(self, task_id: str, address: str) -> int:
@@ -478,6 +514,8 @@ class Journal:
         if st is None:
             with self._lock:
                 st = self._session(session_key, task_id, address, source)
+        elif self.shared:
+            self.refresh(st)
         mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
         record_fingerprint_claim(self, st.key, st.source, items)  # issue 13 defect 5 (proxy/session.py)
         # The items themselves, serialized by the writer when it gets to them (`PendingRequest.serialized`):
@@ -536,6 +574,8 @@ class Journal:
     def ingest_request(self, st: SessionState, payload: Mapping[str, Any]) -> RequestMark:
         """Journal the input items not on the branch yet, now; the mark has every input item's id."""
         items = as_list(input_items(payload))
+        if self.shared:
+            self.refresh(st)
         with self._lock:
             mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
             self._backlog.append(PendingRequest(mark, orjson.dumps(items), _previous_response(payload), items))

@@ -68,8 +68,9 @@ class WriterStats:
 class JournalWriter:
     def __init__(self, db_path: Path, batch_size: int = BATCH_SIZE, batch_interval: float = BATCH_INTERVAL,
                  queue_max: int = QUEUE_MAX, full_wait: float = 5.0, keep_latencies: bool = False,
-                 index_items: int = INDEX_ITEMS, index_delay: float = INDEX_DELAY):
+                 index_items: int = INDEX_ITEMS, index_delay: float = INDEX_DELAY, stamp: str | None = None):
         self.db_path = db_path
+        self.stamp = stamp  # shared sessions: this writer's id on the sessions it changes (store.BatchContext)
         self.index_items = index_items
         self.index_delay = index_delay
         self.batch_size = batch_size
@@ -294,7 +295,8 @@ class JournalWriter:
             try:
                 # No sleep(0) between ops: every statement releases the GIL while SQLite works, so the
                 # event loop waits at most one op's Python; yielding cost ≈7 µs CPU and a syscall per op.
-                inserted = apply_batch(conn, batch)
+                inserted = (apply_batch(conn, batch) if self.stamp is None else
+                            apply_batch(conn, batch, stamp=self.stamp))
                 break
             except Exception as exc:  # a stalled or broken database must not kill the writer
                 log.error("journal batch of %d ops failed (%s), attempt %d", len(batch), type(exc).__name__,
