@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-metrics", action="store_true",
                     help="no Prometheus metrics and no live requests on the dashboard (the tool server's /metrics "
                     "then shows only its own)")
+    up.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
+                    help="proxy worker processes on the one listen address (Linux), one tool server and one state; "
+                    "auto: one per CPU core (default: proxy.workers, 1)")
 
     st = sub.add_parser("status", help="show every capability: active, deferred, unavailable or off, and why")
     _common(st)
@@ -223,6 +226,18 @@ def _state(args: argparse.Namespace) -> StateDir:
     return StateDir.open(args.state_dir)
 
 
+def _workers(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("N (1..64) or auto") from None
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError("N (1..64) or auto")
+    return n
+
+
 def _config_path(args: argparse.Namespace, state: StateDir) -> Path:
     return config_path_from_env(state.root, args.config)
 
@@ -263,7 +278,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                      workspace=args.workspace.resolve() if args.workspace else None, record=args.record,
                      server_replay=args.server_replay,
                      enable=args.enable, disable=args.disable, debug=args.debug, quiet=args.quiet,
-                     metrics=not args.no_metrics, bridge=args.bridge, sandbox=args.sandbox)
+                     metrics=not args.no_metrics, bridge=args.bridge, sandbox=args.sandbox, workers=args.workers)
     try:
         return asyncio.run(run_up(opts))
     except KeyboardInterrupt:

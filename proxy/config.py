@@ -259,7 +259,32 @@ class TimeoutsConfig(_Section):
                                  "(Codex's stream_idle_timeout default)")
 
 
+class ProxyConfig(_Section):
+    """The proxy processes (docs/adr/0032-proxy-workers.md)."""
+
+    workers: int | Literal["auto"] = Field(
+        1, description="proxy worker processes serving the one listen address (Linux: SO_REUSEPORT); "
+                       "'auto': one per CPU core. One tool server and one state either way")
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 64:
+            raise ValueError("workers is 1..64 or 'auto'")
+        return value
+
+    def worker_count(self) -> int:
+        """How many workers `ctproxy up` starts (`auto`: the CPU cores this process may use)."""
+        if self.workers == "auto":
+            try:
+                return max(1, min(64, len(os.sched_getaffinity(0))))
+            except (AttributeError, OSError):
+                return max(1, min(64, os.cpu_count() or 1))
+        return int(self.workers)
+
+
 class Config(_Section):
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     web_search: WebSearchConfig = Field(default_factory=WebSearchConfig)
     remote_compaction: RemoteCompactionConfig = Field(default_factory=RemoteCompactionConfig)
     context: ContextConfig = Field(default_factory=ContextConfig)
