@@ -151,7 +151,9 @@ class JournalWriter:
     def _wait_for_room(self, n: int) -> bool:
         """The database is behind: have the writer drain now, and wait (a rare, stalled path)."""
         deadline = time.monotonic() + self.full_wait
-        while self._submitted - self._taken + n > self.queue_max:
+        # A unit bigger than the whole queue (one request of more items than `queue_max`) goes in once the
+        # queue is empty: waiting for room it can never have would drop every item of it.
+        while self._submitted - self._taken + n > self.queue_max and self._submitted > self._taken:
             if time.monotonic() >= deadline or not self._thread.is_alive():
                 return False
             self.ring()
