@@ -49,3 +49,4 @@ class SessionState:
     registered: threading.Event | None = None
     # shared sessions (`ctproxy up --workers N`): the other writer's stamp this state was last brought up to
     seen_stamp: tuple[str, int] | None = None
+    used_at: float = 0.0  # time.monotonic() of its last request or answer (big idle sessions are let go)
