@@ -22,6 +22,7 @@ import pytest
 from proxy.config import Config, ProxyConfig
 from proxy.telemetry import sum_metrics
 from proxy.workers import supported
+from tests.emulator import FunctionCall, Text
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -194,3 +195,49 @@ def test_metrics_of_several_workers_are_summed():
     assert value("ctproxy_request_duration_seconds_sum", route="responses") == pytest.approx(0.35)
     assert value("ctproxy_rollovers_total", strategy="notes") == 2
     assert value("ctproxy_journal_writer_backlog") == 0
+
+
+async def test_new_context_and_credentials_reach_whichever_worker_serves(emulator, proxy_factory, monkeypatch):
+    """A note written and `new_context` marked through the one tool server roll over the agent's next request,
+    whichever worker it lands on (each request on a new connection); an agent's credentials handed over by a
+    worker serve the tool server's image call."""
+    from proxy.journal.cli_views import new_task
+    from proxy.state import StateDir
+    from tests.emulator.images import png_bytes
+    from tests.test_context_rollover import assert_bootstrap, old_items_absent, start
+    from tests.test_credentials_e2e import API_KEY, PROMPT
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    agent = await start(emulator, proxy_factory, ["--workers", "2", "--enable", "image_generation"])
+    emulator.script(FunctionCall("notes_write_file", {"path": "checkpoint.md", "text": "checkpoint: half done"},
+                                 call_id="c_w"),
+                    FunctionCall("new_context", {}, call_id="c_nc"), Text("resumed"))
+    resp = await agent.sample({"role": "user", "content": "do the work"})
+    resp = await agent.sample(*await agent.run_calls(resp))
+    await agent.sample(*await agent.run_calls(resp))
+    third = emulator.responses_requests[2].input_items
+    assert_bootstrap(third, "/root/notes/checkpoint.md")
+    old_items_absent(third)
+
+    proxy = agent.proxy
+    state = StateDir.open(proxy.state_dir)
+    task = new_task(state)
+    headers = {"Authorization": f"Bearer {state.token()}", "x-ctp-task": task}
+    body: dict = {}
+    for n in range(4):  # new connections: both workers hand the task's credentials over, most likely
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http, \
+                http.post(f"{proxy.url}/v1/responses", json={"model": "gpt-5", "input": f"hello {n}"},
+                          headers={"Authorization": f"Bearer {API_KEY}", "x-ctp-task": task}) as r:
+            assert r.status == 200, await r.text()
+    async with aiohttp.ClientSession() as http, asyncio.timeout(60):
+        while True:
+            async with http.post(f"{proxy.tools_url}/v1/tools/openai_generate_image", json={"prompt": PROMPT},
+                                 headers=headers) as r:
+                body = await r.json()
+            if body.get("ok") or body.get("details", {}).get("error") != "no_credentials":
+                break
+            await asyncio.sleep(0.1)
+    assert body["ok"] and body["details"]["credential_source"] == "session", body
+    import base64
+
+    assert base64.b64decode(body["images"][0]["data"]) == png_bytes()
