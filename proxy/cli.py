@@ -164,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common(t)
     tsub = t.add_subparsers(dest="task_command", metavar="ACTION", required=True)
     _common(tsub.add_parser("new", help="print a fresh task id to hand to sub-agents (x-ctp-task)"))
+    sp = sub.add_parser("store", help="the state store: copy an embedded state into PostgreSQL")
+    _common(sp)
+    ssub = sp.add_subparsers(dest="store_command", metavar="ACTION", required=True)
+    mig = ssub.add_parser("migrate", help="copy this state directory's database and notes into an empty "
+                          "PostgreSQL database (its schema created or brought up to date first)")
+    _common(mig)
+    mig.add_argument("--to", required=True, metavar="URL", help="postgresql://USER@HOST:PORT/DB")
     ctxp = sub.add_parser("context", help="context windows: mark a manual checkpoint")
     _common(ctxp)
     csub = ctxp.add_subparsers(dest="context_command", metavar="ACTION", required=True)
@@ -481,6 +488,28 @@ def cmd_task(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_store(args: argparse.Namespace) -> int:
+    from proxy.store.postgres import StoreError, copy_state
+
+    state = _state(args)
+    try:
+        lock = state.lock_for_up()  # a consistent copy: no `ctproxy up` writes the state meanwhile
+    except StateDirBusy:
+        print(f"ctproxy store migrate: {_already_running(state)}", file=sys.stderr)
+        return 2
+    try:
+        report = copy_state(state, args.to, lambda table, n: print(f"  {table:<24} {n} rows", flush=True))
+    except StoreError as exc:
+        print(f"ctproxy store migrate: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if lock is not None:
+            lock.release()
+    applied = ", ".join(map(str, report.migrations)) or "none (up to date)"
+    print(f"copied {sum(report.rows.values())} rows from {state.root} (schema migrations applied: {applied})")
+    return 0
+
+
 def cmd_context(args: argparse.Namespace) -> int:
     from proxy.context.checkpoint import CheckpointTargetError, mark_checkpoint
     from proxy.db import connect
@@ -758,7 +787,7 @@ def cmd_pi_config(args: argparse.Namespace) -> int:
 COMMANDS = {"up": cmd_up, "status": cmd_status, "replay": cmd_replay, "token": cmd_token,
             "config": cmd_config, "tasks": cmd_tasks, "task": cmd_task, "codex-config": cmd_codex_config,
             "pi-config": cmd_pi_config,
-            "show": cmd_show, "dashboard": cmd_dashboard, "context": cmd_context}
+            "show": cmd_show, "dashboard": cmd_dashboard, "context": cmd_context, "store": cmd_store}
 
 
 def main(argv: list[str] | None = None) -> int:
