@@ -330,7 +330,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if run:
         # The file as `ctproxy up` would apply it now, with the running proxy's --enable/--disable.
         wanted = with_run_flags(with_overrides(config, run.get("enable") or [], run.get("disable") or []),
-                                debug=bool(run.get("debug")), bridge=run.get("bridge"), sandbox=run.get("sandbox"))
+                                debug=bool(run.get("debug")), bridge=run.get("bridge"), sandbox=run.get("sandbox"),
+                                workers=run.get("workers_flag"))
         config = running_config(run) or wanted  # a run.json from an older ctproxy has no snapshot
         answering = tools_answering(state, run)
     file_config = wanted if run and wanted is not config else None

@@ -450,15 +450,17 @@ def with_overrides(config: Config, enable: list[str], disable: list[str]) -> Con
 
 
 def with_run_flags(config: Config, *, debug: bool = False, bridge: list[str] | None = None,
-                   sandbox: str | None = None) -> Config:
-    """`ctproxy up --debug`, `--bridge FAMILY` and `--sandbox MODE` for one run, applied in place (the model
-    validates the assignment). `ctproxy up` and `ctproxy status` both apply them, so a flag is never a pending
-    change."""
+                   sandbox: str | None = None, workers: int | str | None = None) -> Config:
+    """`ctproxy up --debug`, `--bridge FAMILY`, `--sandbox MODE` and `--workers N` for one run, applied in place
+    (the model validates the assignment). `ctproxy up` and `ctproxy status` both apply them, so a flag is never a
+    pending change."""
     config.debug = config.debug or debug
     if bridge is not None:
         config.bridge.families = list(bridge)
     if sandbox is not None:
         config.shell.sandbox = sandbox  # type: ignore[assignment]
+    if workers is not None:
+        config.proxy.workers = workers  # type: ignore[assignment]
     return config
 
 

@@ -254,15 +254,13 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     state = StateDir.open(opts.state_dir)
     rt = runtime.build(str(state.root), str(opts.config_file) if opts.config_file else None, opts.upstream,
                        opts.trust_upstream, opts.enable, opts.disable)
-    with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge, sandbox=opts.sandbox)
+    with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge, sandbox=opts.sandbox, workers=opts.workers)
     state.token()
 
     from proxy.status import write_run_config
 
     # One config snapshot for both processes, taken once: the tool server runs exactly what the proxy runs,
     # and `ctproxy status` (run.json) reports that, not the file, which may change while they run.
-    if opts.workers is not None:
-        rt.config.proxy.workers = opts.workers  # type: ignore[assignment]  (validated by the model)
     n_workers = rt.config.proxy.worker_count()
     snapshot = write_run_config(state, rt.config) if opts.with_tools else None
     if n_workers > 1:  # the workers' telemetry, summed and merged by this process (proxy/workers.py)
@@ -498,7 +496,7 @@ def announce(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tools: ToolS
                 "upstream_trusted": rt.upstream.trusted,
                 "enable": list(opts.enable), "disable": list(opts.disable),
                 "debug": opts.debug, "bridge": list(opts.bridge) if opts.bridge is not None else None,
-                "sandbox": opts.sandbox,
+                "sandbox": opts.sandbox, "workers_flag": opts.workers,
                 # what the tools that call OpenAI themselves can use (the tool server inherits it)
                 "openai_api_key": bool(os.environ.get("OPENAI_API_KEY")),
                 "tools": tools.url if tools is not None else None,
