@@ -154,6 +154,10 @@ class Journal:
         # it changes, and a session cached here is checked against its stamp before a request uses it.
         self.shared = workerid.shared_sessions() if shared is None else shared
         self.writer_id = f"{workerid.index() or 0}:{secrets.token_hex(6)}" if self.shared else None
+        # The stamps are read on the request path: a connection of their own, so that check never waits for
+        # `_lock`, which the writer thread holds while it settles a big request.
+        self._stamps = connect_retrying(state.db_path) if self.shared else None
+        self._stamps_lock = threading.Lock()
         self.writer = writer or JournalWriter(state.db_path, stamp=self.writer_id)
         self._lock = threading.RLock()  # the sessions' states, the read connection, the backlog's settling
         # The caches of aliases, tails and resends: held for a few dict operations only, so the request path
@@ -193,6 +197,9 @@ class Journal:
         self.writer.close()
         with self._lock:
             self._read.close()
+        if self._stamps is not None:
+            with self._stamps_lock:
+                self._stamps.close()
 
     def _submit(self, ops: Sequence[Op], since: float | None = None) -> None:
         self.writer.submit_many(ops, since)
@@ -264,13 +271,14 @@ class Journal:
         the database is another writer's), bring the cached state up to date from the database: the longer
         branch where one extends the other (the ids are chained content hashes), else the database's; the
         newer window. True when something changed. The database is the lock, not a process."""
-        if not self.shared:
+        if self._stamps is None:
+            return False
+        with self._stamps_lock:
+            row = self._stamps.execute("SELECT writer, n FROM journal_session_stamps WHERE session_key=?",
+                                       (st.key,)).fetchone()
+        if row is None or row[0] == self.writer_id or (row[0], row[1]) == st.seen_stamp:
             return False
         with self._lock:
-            row = self._read.execute("SELECT writer, n FROM journal_session_stamps WHERE session_key=?",
-                                     (st.key,)).fetchone()
-            if row is None or row[0] == self.writer_id or (row[0], row[1]) == st.seen_stamp:
-                return False
             self.settle()  # what this process left for later aligns against its own state first
             st.seen_stamp = (row[0], row[1])
             loaded = self._load(st.key)
