@@ -241,3 +241,14 @@ async def test_new_context_and_credentials_reach_whichever_worker_serves(emulato
     import base64
 
     assert base64.b64decode(body["images"][0]["data"]) == png_bytes()
+
+
+def test_the_compaction_memo_remembers_nothing_in_a_worker():
+    """Another worker may write the session's compaction state: a worker reads it from the database each time."""
+    from proxy.compaction.store import SessionMemo, SessionRecord
+
+    record = SessionRecord.__new__(SessionRecord)
+    alone, worker = SessionMemo(shared=False), SessionMemo(shared=True)
+    for memo in (alone, worker):
+        memo.put("s", record)
+    assert alone.get("s") is record and worker.get("s") is None
