@@ -252,3 +252,25 @@ def test_the_compaction_memo_remembers_nothing_in_a_worker():
     for memo in (alone, worker):
         memo.put("s", record)
     assert alone.get("s") is record and worker.get("s") is None
+
+
+def test_a_workers_usage_cache_sees_the_usage_another_worker_recorded(tmp_path):
+    """The context budget (reminders, the threshold fence) reads the session's last usage: in a worker, the
+    newer of its own and the one another worker committed."""
+    from proxy.db import connect
+    from proxy.usage import UsageCache, make_usage, record_usage
+
+    db = tmp_path / "ctproxy.db"
+    conn = connect(db)
+    mine = make_usage("s", "t", "/root", "gpt-5", {"input_tokens": 10, "output_tokens": 1}, "resp_1")
+    alone, worker = UsageCache(), UsageCache(db_path=db)
+    for cache in (alone, worker):
+        cache.put(mine)
+    assert worker.get("s") == mine  # nothing newer stored yet
+    record_usage(conn, "s", "t", "/root", "gpt-5", {"input_tokens": 900, "output_tokens": 50}, "resp_2",
+                 mine.updated_at + 1)  # the next answer, through the other worker
+    conn.close()
+    assert alone.get("s") == mine
+    theirs = worker.get("s")
+    assert theirs is not None and (theirs.input_tokens, theirs.response_id) == (900, "resp_2")
+    assert worker.get("unknown") is None
