@@ -30,7 +30,7 @@ from typing import Any
 from mitmproxy import ctx, http
 
 from addons._stage import Stage
-from proxy import debuglog, rawheaders
+from proxy import debuglog, rawheaders, workerid
 from proxy.bridge.server import agent_path
 from proxy.flowbody import ResponsesBody
 from proxy.flowstate import FlowState, state_of
@@ -153,6 +153,8 @@ def format_line(r: RequestRecord) -> str:
         parts.append(f"transport={r.transport}")
     if r.session:
         parts.append(f"session={r.session}")
+    if r.worker is not None:
+        parts.append(f"worker={r.worker}")
     return "ctproxy-request " + " ".join(parts)
 
 
@@ -274,7 +276,7 @@ class RequestLog(Stage):
             route=route_label(path), status=seen.status, ms=round((seen.end - seen.start) * 1000, 2),
             ttfb_ms=round(ttfb, 2) if ttfb is not None else None, bytes_in=seen.sent, bytes_out=bytes_out,
             stream=stream, model=_str(seen.model), session=_str(session), task=_str(task), agent=_str(agent),
-            stages=seen.stages, error=seen.error, transport=seen.transport or "http")
+            stages=seen.stages, error=seen.error, transport=seen.transport or "http", worker=workerid.index())
 
     @staticmethod
     def _observe(m: ProxyMetrics, r: RequestRecord, compacted: tuple[str, str] | None) -> None:

@@ -1,6 +1,7 @@
 """Proxy overhead: direct to the emulator vs bare mitmdump vs `ctproxy up`, measured in one run.
 
     .venv/bin/python bench/bench_proxy.py [--quick] [--only a,b,c,d,e,h] [--profile DIR] [--variant L=ARGS] [--pair A-B]
+                                          [--workers N]
 
 Targets, each in its own process next to the emulator (tests/emulator, 200-event SSE answers):
   direct       the emulator itself
@@ -454,6 +455,12 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pi
             rows.append(["  streams/s", *(str(sps[k]) for k in names),
                          *(f"{ratio(sps[a], sps[b]):.3f}" for a, b in RATIO_COLUMNS)])
             rows.append(["  events/s", *(str(conc[k]["events_per_s"]) for k in names), *([""] * len(RATIO_COLUMNS))])
+            for label in names:
+                if label.startswith(WORKERS_PREFIX):  # --workers N: its streams/s against one worker (ctproxy)
+                    r = ratio(sps[label], sps["ctproxy"])
+                    result["ratios"][f"d_streams_per_s_{label}_over_ctproxy"] = round(r, 3)
+                    result["acceptance"][f"d: {label} streams/s >= {WORKERS_TARGET}x one worker"] = (
+                        r >= WORKERS_TARGET)
         if "e" in only and Path("/proc/self/stat").exists():
             cpu = await scenario_cpu(http, urls, pids, bodies.small, plan.rounds_e, plan.warmup)
             result["scenarios"]["e_cpu_per_request"] = cpu
@@ -527,6 +534,10 @@ def parse_and_serialize_ms(body: bytes, rounds: int = 30) -> dict[str, float]:
     return {"loads_ms": round(summarize(loads).median * 1000, 3), "dumps_ms": round(summarize(dumps).median * 1000, 3)}
 
 
+WORKERS_PREFIX = "workers-"  # the column of `--workers N` (`ctproxy up --workers N`)
+WORKERS_TARGET = 1.5  # issue 32: d's streams/s with 2 workers against 1 on a 2-core machine
+
+
 def print_report(result: dict[str, Any], names: list[str], rows: list[list[str]],
                  variants: dict[str, list[str]]) -> None:
     meta = result["meta"]
@@ -547,6 +558,12 @@ def print_report(result: dict[str, Any], names: list[str], rows: list[list[str]]
               f"one orjson.dumps {f['dumps_ms']:.2f} ms = {f['loads_ms'] + f['dumps_ms']:.2f} ms")
     if "e_cpu_per_request" in result["scenarios"]:
         print_cpu(result["scenarios"]["e_cpu_per_request"])
+    for key, r in result["ratios"].items():
+        if key.startswith("d_streams_per_s_" + WORKERS_PREFIX):
+            label = key.removeprefix("d_streams_per_s_").removesuffix("_over_ctproxy")
+            d = result["scenarios"]["d_concurrent"]
+            print(f"d {CONCURRENCY} streams: {label} {d[label]['streams_per_s']} streams/s against one worker "
+                  f"{d['ctproxy']['streams_per_s']}: {r:.2f}x")
     for label in variants:
         line = ", ".join(f"{scen} {r[f'{label}/bare median']:.3f}" for scen, r in result["ratios"].items()
                          if isinstance(r, dict) and f"{label}/bare median" in r)
@@ -601,6 +618,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
                         help="also measure ctproxy with these extra `ctproxy up` arguments, e.g. "
                         "'no-ws=--disable web_search' (repeatable; for attributing cost)")
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="also measure `ctproxy up --workers N` (column workers-N) and print d's streams/s "
+                        "against one worker (ctproxy); e counts only the supervisor's CPU for it")
     parser.add_argument("--pair", action="append", default=[], metavar="A-B",
                         help="also print A − B paired round by round, for two columns (repeatable), e.g. "
                         "--variant h1=@. --variant h2=@. --variant b1=@/tmp/before --variant b2=@/tmp/before "
@@ -627,7 +647,10 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [tuple(p.split("-", 1)) for p in args.pair]
     if any(len(p) != 2 or not all(p) for p in pairs):
         raise SystemExit("--pair wants A-B, two column labels")
-    result = asyncio.run(run(QUICK if args.quick else FULL, only, parse_variants(args.variant),
+    variants = parse_variants(args.variant)
+    if args.workers is not None:
+        variants[f"{WORKERS_PREFIX}{args.workers}"] = ["--workers", str(args.workers)]
+    result = asyncio.run(run(QUICK if args.quick else FULL, only, variants,
                              stream_baseline=not args.no_stream_baseline, pairs=pairs))  # type: ignore[arg-type]
     path = write_result("proxy", result)
     print(f"written: {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")

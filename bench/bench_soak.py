@@ -1,6 +1,6 @@
 """Memory and fairness under load (issue 10): does the proxy give back what it takes?
 
-    python bench/bench_soak.py [--quick] [--only rss big] [--seconds 60] [--clients 50]
+    python bench/bench_soak.py [--quick] [--only rss big mem stall] [--seconds 60] [--clients 50]
 
   rss  `--clients` streaming clients for `--seconds` through `ctproxy up` with default features and with
        `--disable all` (the pass-through baseline, same run). Each client holds an ordinary multi-turn
@@ -14,6 +14,9 @@
        request's latency during the big one (median, p99, max) against the same tiny
        request with the proxy idle, and the proxy's RSS before and after the big one. Goal: tiny median
        during the big one ≤ 100 ms.
+
+  mem  issue 32 point 4: the RSS growth of one 100,000-item (≈5 MB) request and of two distinct streaming
+       sessions of that size, each once the proxy is idle, and after `--mem-idle` seconds without traffic.
 
   stall  an upstream that goes silent (`--stalls` times mid-stream after 4 events, and as many times
        before sending headers) behind ctproxy with `timeouts.stream_idle_seconds` = `--idle-timeout`:
@@ -222,6 +225,33 @@ async def stall(procs: Processes, stalls: int, idle_timeout: float) -> dict[str,
             **{f"{k} agent got": sorted(v) for k, v in got.items()}}
 
 
+async def mem(svc: Service, items: int, idle: float) -> dict[str, Any]:
+    """Issue 32, point 4: one ~5 MB request of `items` items (JSON answer), then two distinct streaming sessions of
+    that size, one after the other. The proxy's RSS over its idle baseline right after each, and once it has been
+    idle for `idle` seconds (the journal lets big idle sessions go after 30 s)."""
+    url, pid = svc.url, svc.proc.pid
+    rows: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+        await _tiny(http, url)
+        await wait_idle(pid)
+        base = rss_mb(pid)
+        for tag, stream in (("json", False), ("stream-1", True), ("stream-2", True)):
+            inp = [{"type": "message", "role": "user" if i % 2 == 0 else "assistant", "content": f"{tag} item {i}"}
+                   for i in range(items)]
+            body = orjson.dumps({"model": "gpt-5", "input": inp, "stream": stream})
+            del inp
+            async with http.post(url + "/v1/responses", data=body, headers={
+                    "content-type": "application/json", "authorization": "Bearer sk-bench"}) as resp:
+                await resp.read()
+                resp.raise_for_status()
+            await wait_idle(pid)
+            rows.append({"request": tag, "body_mb": round(len(body) / 2**20, 2),
+                         "rss_growth_mb": round(rss_mb(pid) - base, 1)})
+        await asyncio.sleep(idle)
+        after = round(rss_mb(pid) - base, 1)
+    return {"rss_base_mb": round(base, 1), "requests": rows, "idle_s": idle, "rss_growth_after_idle_mb": after}
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"args": vars(args)}
     with Processes() as procs:
@@ -250,6 +280,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 ["proxy RSS before / right after MB", f"{res['rss_before']} / {res['rss_right_after']}"],
                 ["proxy idle (journal settled) after s", res["settled_after_s"]],
                 ["proxy RSS when idle MB", res["rss_after"]]])
+        if "mem" in args.only:
+            svc = procs.ctproxy(emu.url, with_tools=False)
+            print(f"mem: one {args.items:,}-item request, then two such streaming sessions …", flush=True)
+            res = out["mem"] = await mem(svc, args.items, args.mem_idle)
+            print_table(["mem", "body MB", "RSS growth MB (settled)"],
+                        [[r["request"], r["body_mb"], r["rss_growth_mb"]] for r in res["requests"]]
+                        + [[f"after {args.mem_idle:.0f} s idle", "", res["rss_growth_after_idle_mb"]]])
+            svc.stop()
         if "stall" in args.only:
             print(f"stall: {2 * args.stalls} stalled answers, idle timeout {args.idle_timeout} s …", flush=True)
             res = out["stall"] = await stall(procs, args.stalls, args.idle_timeout)
@@ -268,7 +306,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", nargs="+", choices=["rss", "big", "stall"], default=["rss", "big", "stall"])
+    parser.add_argument("--only", nargs="+", choices=["rss", "big", "mem", "stall"],
+                        default=["rss", "big", "mem", "stall"])
+    parser.add_argument("--mem-idle", type=float, default=45.0, help="mem: idle seconds before the last RSS sample")
     parser.add_argument("--stalls", type=int, default=5, help="stalled answers of each kind")
     parser.add_argument("--idle-timeout", type=float, default=2.0, help="timeouts.stream_idle_seconds for stall")
     parser.add_argument("--clients", type=int, default=50)

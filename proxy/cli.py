@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-metrics", action="store_true",
                     help="no Prometheus metrics and no live requests on the dashboard (the tool server's /metrics "
                     "then shows only its own)")
+    up.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
+                    help="proxy worker processes on the one listen address (Linux), one tool server and one state; "
+                    "auto: one per CPU core (default: proxy.workers, 1)")
 
     st = sub.add_parser("status", help="show every capability: active, deferred, unavailable or off, and why")
     _common(st)
@@ -161,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common(t)
     tsub = t.add_subparsers(dest="task_command", metavar="ACTION", required=True)
     _common(tsub.add_parser("new", help="print a fresh task id to hand to sub-agents (x-ctp-task)"))
+    sp = sub.add_parser("store", help="the state store: copy an embedded state into PostgreSQL")
+    _common(sp)
+    ssub = sp.add_subparsers(dest="store_command", metavar="ACTION", required=True)
+    mig = ssub.add_parser("migrate", help="copy this state directory's database and notes into an empty "
+                          "PostgreSQL database (its schema created or brought up to date first)")
+    _common(mig)
+    mig.add_argument("--to", required=True, metavar="URL", help="postgresql://USER@HOST:PORT/DB")
     ctxp = sub.add_parser("context", help="context windows: mark a manual checkpoint")
     _common(ctxp)
     csub = ctxp.add_subparsers(dest="context_command", metavar="ACTION", required=True)
@@ -223,6 +233,18 @@ def _state(args: argparse.Namespace) -> StateDir:
     return StateDir.open(args.state_dir)
 
 
+def _workers(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("N (1..64) or auto") from None
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError("N (1..64) or auto")
+    return n
+
+
 def _config_path(args: argparse.Namespace, state: StateDir) -> Path:
     return config_path_from_env(state.root, args.config)
 
@@ -263,7 +285,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                      workspace=args.workspace.resolve() if args.workspace else None, record=args.record,
                      server_replay=args.server_replay,
                      enable=args.enable, disable=args.disable, debug=args.debug, quiet=args.quiet,
-                     metrics=not args.no_metrics, bridge=args.bridge, sandbox=args.sandbox)
+                     metrics=not args.no_metrics, bridge=args.bridge, sandbox=args.sandbox, workers=args.workers)
     try:
         return asyncio.run(run_up(opts))
     except KeyboardInterrupt:
@@ -308,7 +330,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if run:
         # The file as `ctproxy up` would apply it now, with the running proxy's --enable/--disable.
         wanted = with_run_flags(with_overrides(config, run.get("enable") or [], run.get("disable") or []),
-                                debug=bool(run.get("debug")), bridge=run.get("bridge"), sandbox=run.get("sandbox"))
+                                debug=bool(run.get("debug")), bridge=run.get("bridge"), sandbox=run.get("sandbox"),
+                                workers=run.get("workers_flag"))
         config = running_config(run) or wanted  # a run.json from an older ctproxy has no snapshot
         answering = tools_answering(state, run)
     file_config = wanted if run and wanted is not config else None
@@ -463,6 +486,28 @@ def cmd_task(args: argparse.Namespace) -> int:
     from proxy.journal.cli_views import new_task
 
     print(new_task(_state(args)))
+    return 0
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    from proxy.store.postgres import StoreError, copy_state
+
+    state = _state(args)
+    try:
+        lock = state.lock_for_up()  # a consistent copy: no `ctproxy up` writes the state meanwhile
+    except StateDirBusy:
+        print(f"ctproxy store migrate: {_already_running(state)}", file=sys.stderr)
+        return 2
+    try:
+        report = copy_state(state, args.to, lambda table, n: print(f"  {table:<24} {n} rows", flush=True))
+    except StoreError as exc:
+        print(f"ctproxy store migrate: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if lock is not None:
+            lock.release()
+    applied = ", ".join(map(str, report.migrations)) or "none (up to date)"
+    print(f"copied {sum(report.rows.values())} rows from {state.root} (schema migrations applied: {applied})")
     return 0
 
 
@@ -748,7 +793,7 @@ def cmd_pi_config(args: argparse.Namespace) -> int:
 COMMANDS = {"up": cmd_up, "status": cmd_status, "replay": cmd_replay, "token": cmd_token,
             "config": cmd_config, "tasks": cmd_tasks, "task": cmd_task, "codex-config": cmd_codex_config,
             "pi-config": cmd_pi_config,
-            "show": cmd_show, "dashboard": cmd_dashboard, "context": cmd_context}
+            "show": cmd_show, "dashboard": cmd_dashboard, "context": cmd_context, "store": cmd_store}
 
 
 def main(argv: list[str] | None = None) -> int:

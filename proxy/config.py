@@ -259,7 +259,32 @@ class TimeoutsConfig(_Section):
                                  "(Codex's stream_idle_timeout default)")
 
 
+class ProxyConfig(_Section):
+    """The proxy processes (docs/adr/0032-proxy-workers.md)."""
+
+    workers: int | Literal["auto"] = Field(
+        1, description="proxy worker processes serving the one listen address (Linux: SO_REUSEPORT); "
+                       "'auto': one per CPU core. One tool server and one state either way")
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 64:
+            raise ValueError("workers is 1..64 or 'auto'")
+        return value
+
+    def worker_count(self) -> int:
+        """How many workers `ctproxy up` starts (`auto`: the CPU cores this process may use)."""
+        if self.workers == "auto":
+            try:
+                return max(1, min(64, len(os.sched_getaffinity(0))))
+            except (AttributeError, OSError):
+                return max(1, min(64, os.cpu_count() or 1))
+        return int(self.workers)
+
+
 class Config(_Section):
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     web_search: WebSearchConfig = Field(default_factory=WebSearchConfig)
     remote_compaction: RemoteCompactionConfig = Field(default_factory=RemoteCompactionConfig)
     context: ContextConfig = Field(default_factory=ContextConfig)
@@ -425,15 +450,17 @@ def with_overrides(config: Config, enable: list[str], disable: list[str]) -> Con
 
 
 def with_run_flags(config: Config, *, debug: bool = False, bridge: list[str] | None = None,
-                   sandbox: str | None = None) -> Config:
-    """`ctproxy up --debug`, `--bridge FAMILY` and `--sandbox MODE` for one run, applied in place (the model
-    validates the assignment). `ctproxy up` and `ctproxy status` both apply them, so a flag is never a pending
-    change."""
+                   sandbox: str | None = None, workers: int | str | None = None) -> Config:
+    """`ctproxy up --debug`, `--bridge FAMILY`, `--sandbox MODE` and `--workers N` for one run, applied in place
+    (the model validates the assignment). `ctproxy up` and `ctproxy status` both apply them, so a flag is never a
+    pending change."""
     config.debug = config.debug or debug
     if bridge is not None:
         config.bridge.families = list(bridge)
     if sandbox is not None:
         config.shell.sandbox = sandbox  # type: ignore[assignment]
+    if workers is not None:
+        config.proxy.workers = workers  # type: ignore[assignment]
     return config
 
 

@@ -53,6 +53,7 @@ class UpOptions:
     sandbox: str | None = None  # --sandbox: shell.sandbox for this run (None: as configured)
     quiet: bool = False  # no request log line (issue 17)
     metrics: bool = True  # Prometheus metrics and the dashboard's request feed (proxy/telemetry.py)
+    workers: int | str | None = None  # --workers N|auto: proxy.workers for this run (None: as configured)
 
 
 def split_hostport(value: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -253,15 +254,21 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     state = StateDir.open(opts.state_dir)
     rt = runtime.build(str(state.root), str(opts.config_file) if opts.config_file else None, opts.upstream,
                        opts.trust_upstream, opts.enable, opts.disable)
-    with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge, sandbox=opts.sandbox)
+    with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge, sandbox=opts.sandbox, workers=opts.workers)
     state.token()
 
     from proxy.status import write_run_config
 
     # One config snapshot for both processes, taken once: the tool server runs exactly what the proxy runs,
     # and `ctproxy status` (run.json) reports that, not the file, which may change while they run.
+    n_workers = rt.config.proxy.worker_count()
     snapshot = write_run_config(state, rt.config) if opts.with_tools else None
-    telemetry = _start_telemetry(state, rt) if opts.metrics and opts.with_tools else None  # its one reader
+    if n_workers > 1:  # the workers' telemetry, summed and merged by this process (proxy/workers.py)
+        from proxy.workers import start_aggregate_telemetry
+
+        telemetry = start_aggregate_telemetry(state) if opts.metrics and opts.with_tools else None
+    else:
+        telemetry = _start_telemetry(state, rt) if opts.metrics and opts.with_tools else None  # its one reader
     telemetry_url = telemetry.url if telemetry is not None else None
     upstream_kind = ("official" if rt.upstream.official or opts.mode == "regular" else
                      "trusted" if rt.upstream.trusted else "untrusted")
@@ -271,6 +278,10 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     try:
         if tools is not None:
             await tools.start()
+        if n_workers > 1:
+            from proxy.workers import Supervisor
+
+            return await Supervisor(opts, state, rt, n_workers, tools, snapshot, telemetry).run(ready, stop)
         return await _run_proxy(opts, state, rt, tools, ready, stop)
     finally:
         if tools is not None:
@@ -299,8 +310,28 @@ def _start_telemetry(state: StateDir, rt: runtime.Runtime):  # -> proxy.telemetr
     return TelemetryServer(state.token(), metrics, request_feed()).start()
 
 
-async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tools: ToolServerProcess | None,
-                     ready: asyncio.Event | None, stop: asyncio.Event | None) -> int:
+@dataclass
+class WorkerRole:
+    """What a worker process of `ctproxy up --workers N` is told (proxy/workers.py): it prints one ready line
+    for its supervisor instead of the banner, and leaves run.json to the supervisor."""
+
+    index: int
+    tools_url: str | None
+    telemetry_url: str | None
+
+
+@dataclass
+class RemoteTools:
+    """The supervisor's tool server, as a worker sees it (it neither starts nor stops it)."""
+
+    url: str
+    login_url: str | None = None
+    proc: None = None
+
+
+async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime,
+                     tools: ToolServerProcess | RemoteTools | None, ready: asyncio.Event | None,
+                     stop: asyncio.Event | None, worker: WorkerRole | None = None) -> int:
     from mitmproxy import options
     from mitmproxy.addons.errorcheck import ErrorCheckHandler
 
@@ -309,7 +340,6 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
     from addons.launcher_only import RecordFlows, ReplayMiss
     from proxy.mitm_master import build_master
 
-    token_path = state.token_path
     mopts = options.Options(mode=[_mitm_mode(opts)], listen_host=opts.listen_host, listen_port=opts.listen_port,
                             confdir=str(state.confdir))
     master = build_master(mopts, with_termlog=False)  # --debug: ctproxy's own loggers only (issue 17)
@@ -373,6 +403,64 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
         return 1
     upstream_desc = "(regular mode: HTTPS proxy)" if opts.mode == "regular" else rt.upstream.describe()
     scheme_url = f"http://{opts.listen_host}:{_bound_port(proxyserver, opts.listen_port)}"  # --listen HOST:0
+    from proxy import memory
+
+    if worker is not None:
+        import json
+
+        from proxy.workers import READY_PREFIX
+
+        memory.freeze_startup_heap()
+        memory.keep_free_heap()
+        print(READY_PREFIX + json.dumps({"index": worker.index, "pid": os.getpid(), "proxy": scheme_url,
+                                         "telemetry": worker.telemetry_url,
+                                         "websocket": _websocket_info(chain, master.options, rt.config)}),
+              flush=True)
+        if ready is not None:
+            ready.set()
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        code = 0
+        if not task.done():
+            await proxyserver.servers.update([])
+            master.shutdown()
+            await task
+        else:
+            code = 1
+        stopper.cancel()
+        tmp.cleanup()
+        return code
+    announce(opts, state, rt, tools, scheme_url, upstream_desc, _websocket_info(chain, master.options, rt.config))
+    memory.freeze_startup_heap()  # the long-lived start-up heap out of the collector's walks (proxy/memory.py)
+    memory.keep_free_heap()  # big bodies reuse freed heap pages instead of faulting new ones in (proxy/memory.py)
+    if ready is not None:
+        ready.set()
+
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    if not task.done():
+        await proxyserver.servers.update([])  # actually closes the listening sockets
+        master.shutdown()
+        await task
+    else:
+        code = 1
+    stopper.cancel()
+    tmp.cleanup()
+    from proxy.status import RUN_FILE
+
+    with contextlib.suppress(FileNotFoundError):
+        (state.root / RUN_FILE).unlink()
+    print("ctproxy stopped", flush=True)
+    return code
+
+
+def announce(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tools: ToolServerProcess | RemoteTools | None,
+             scheme_url: str, upstream_desc: str, websocket: dict[str, object],
+             workers: list[dict[str, object]] | None = None) -> dict[str, object]:
+    """The banner `ctproxy up` prints once it serves, and run.json (what `ctproxy status` reads): written by
+    the one proxy process, or by the supervisor of `--workers N` (then with the workers and their pids)."""
+    token_path = state.token_path
     lines = [
         f"ctproxy {__version__} is up",
         f"  proxy        {scheme_url}  mode={opts.mode}  upstream={upstream_desc}",
@@ -397,47 +485,31 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tool
                      f"{state.confdir / 'mitmproxy-ca-cert.pem'}")
     else:
         lines.append(f"  point a client: export OPENAI_BASE_URL={scheme_url}/v1")
+    if workers:
+        lines.insert(2, f"  workers      {len(workers)} proxy processes on one listen address (pids "
+                        + ", ".join(str(w["pid"]) for w in workers) + ")")
     lines.append("ctproxy ready (Ctrl-C stops)")
-    from proxy.status import RUN_FILE, request_changes, write_run_file
+    from proxy.status import request_changes, write_run_file
 
     run_info = {"pid": os.getpid(), "proxy": scheme_url, "mode": opts.mode, "upstream": upstream_desc,
                 "upstream_official": rt.upstream.official or opts.mode == "regular",
                 "upstream_trusted": rt.upstream.trusted,
                 "enable": list(opts.enable), "disable": list(opts.disable),
                 "debug": opts.debug, "bridge": list(opts.bridge) if opts.bridge is not None else None,
-                "sandbox": opts.sandbox,
+                "sandbox": opts.sandbox, "workers_flag": opts.workers,
                 # what the tools that call OpenAI themselves can use (the tool server inherits it)
                 "openai_api_key": bool(os.environ.get("OPENAI_API_KEY")),
                 "tools": tools.url if tools is not None else None,
                 "tools_pid": tools.proc.pid if tools is not None and tools.proc is not None else None,
                 "workspace": str(opts.workspace) if opts.workspace is not None else None,
                 "config": rt.config.model_dump(mode="json"),  # what both processes run
-                "websocket": _websocket_info(chain, master.options, rt.config)}
+                "websocket": websocket}
+    if workers:
+        run_info["workers"] = workers
     write_run_file(state, run_info)
     lines.insert(2, f"  requests     {request_changes(rt.config, run_info)}  (details: ctproxy status)")
-    from proxy import memory
-
-    memory.freeze_startup_heap()  # the long-lived start-up heap out of the collector's walks (proxy/memory.py)
-    memory.keep_free_heap()  # big bodies reuse freed heap pages instead of faulting new ones in (proxy/memory.py)
     print("\n".join(lines), flush=True)
-    if ready is not None:
-        ready.set()
-
-    stopper = asyncio.create_task(stop.wait())
-    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    code = 0
-    if not task.done():
-        await proxyserver.servers.update([])  # actually closes the listening sockets
-        master.shutdown()
-        await task
-    else:
-        code = 1
-    stopper.cancel()
-    tmp.cleanup()
-    with contextlib.suppress(FileNotFoundError):
-        (state.root / RUN_FILE).unlink()
-    print("ctproxy stopped", flush=True)
-    return code
+    return run_info
 
 
 def replay_recording(path: Path, *, state_dir: Path | None = None, config_file: Path | None = None,

@@ -56,3 +56,26 @@ def _warnings_to_stderr() -> None:
 
 def _name(addon: Any) -> str:
     return type(addon).__module__.rsplit(".", 1)[-1]
+
+
+def share_listen_port() -> None:
+    """Worker processes of `ctproxy up --workers N` (proxy/workers.py) listen on one address together: each
+    binds it with SO_REUSEPORT and the kernel spreads new connections over them. mitmproxy's TCP servers are
+    started by `AsyncioServerInstance.listen`; in a worker it binds with `reuse_port` (port 0 keeps
+    mitmproxy's own way: the supervisor hands its workers a port it holds)."""
+    import asyncio
+
+    from mitmproxy.proxy import mode_servers
+
+    cls = mode_servers.AsyncioServerInstance
+    original = cls.listen
+    if getattr(original, "_ctp_reuse_port", False):
+        return
+
+    async def listen(self: Any, host: str, port: int) -> list[Any]:
+        if self.mode.transport_protocol != "tcp" or port == 0:
+            return await original(self, host, port)
+        return [await asyncio.start_server(self.handle_stream, host or None, port, reuse_port=True)]
+
+    listen._ctp_reuse_port = True  # type: ignore[attr-defined]
+    cls.listen = listen  # type: ignore[method-assign]

@@ -121,7 +121,13 @@ def build(state_dir: str | None = None, config_file: str | None = None, upstream
     state = StateDir.open(Path(state_dir) if state_dir else None)
     config = load_config(config_path_from_env(state.root, Path(config_file) if config_file else None))
     config = with_overrides(config, enable or [], disable or [])
-    services = previous.services if previous is not None and previous.state == state else Services()
+    if previous is not None and previous.state == state:
+        services = previous.services
+    else:
+        from proxy import workerid
+
+        # A worker of `--workers N`: the usage of a session's last answer may be another worker's (proxy/usage.py).
+        services = Services(usage=UsageCache(db_path=state.db_path if workerid.shared_sessions() else None))
     return Runtime(config, state, parse_upstream(upstream, trust_upstream), services)
 
 

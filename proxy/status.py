@@ -353,6 +353,10 @@ def render(config: Config, state: StateDir, config_path: Path, run: dict | None 
         if overrides:
             lines.append(f"this run:  {' '.join(overrides)} (ctproxy up --enable/--disable)")
         lines.append(f"proxy:     running (pid {run['pid']}) on {run['proxy']} mode={run['mode']}")
+        if workers := run.get("workers"):
+            lines.append(f"workers:   {len(workers)} on one listen address: " + ", ".join(
+                f"worker {w.get('index')} pid {w.get('pid')}"
+                + (f" (restarted {w['restarts']}×)" if w.get("restarts") else "") for w in workers))
         lines.append(f"upstream:  {run['upstream']}")
         if run.get("tools"):
             health = {True: "answering", False: "not answering (restart ctproxy)", None: ""}[answering]

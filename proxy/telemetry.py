@@ -21,12 +21,14 @@ import socketserver
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import orjson
+from prometheus_client.utils import floatToGoString
 
 from proxy.metrics import ProxyMetrics
 
@@ -62,6 +64,7 @@ class RequestRecord:
     error: str | None = None  # a category (e.g. upstream_unreachable), never a message
     diff: bool = False  # the bodies are kept: `/requests/{id}/diff` shows what the chain changed
     transport: str = "http"  # "ws": a create (or the upgrade) of the Responses WebSocket mode
+    worker: int | None = None  # `ctproxy up --workers N`: which worker served it (proxy/workerid.py)
 
 
 @dataclass(slots=True)
@@ -133,6 +136,11 @@ class RequestFeed:
     def bodies(self, record_id: int) -> Bodies | None:
         with self._cond:
             return self._bodies.get(record_id)
+
+    def diff_json(self, record_id: int) -> bytes | None:
+        """`/requests/{id}/diff`'s answer, or None when the bodies are no longer kept."""
+        bodies = self.bodies(record_id)
+        return None if bodies is None else orjson.dumps({"id": record_id, "lines": body_diff(bodies)})
 
     def since(self, after: int = 0, wait: float = 0.0, limit: int = FEED_SIZE) -> list[RequestRecord]:
         """Records with an id above `after`, oldest first; waits up to `wait` seconds for one."""
@@ -212,7 +220,8 @@ class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
 class TelemetryServer:
     """`GET /metrics` (Prometheus text), `GET /requests?after=ID&wait=S` (JSON), bearer token required."""
 
-    def __init__(self, token: str, metrics: ProxyMetrics, feed: RequestFeed, host: str = "127.0.0.1"):
+    def __init__(self, token: str, metrics: ProxyMetrics | AggregateMetrics, feed: RequestFeed,
+                 host: str = "127.0.0.1"):
         self._expected = f"Bearer {token}".encode()
         self.metrics = metrics
         self.feed = feed
@@ -265,10 +274,10 @@ class TelemetryServer:
                 record_id = int(path.split("/")[2])
             except ValueError:
                 return error("404 Not Found", "not_found", "no such request")
-            bodies = self.feed.bodies(record_id)
-            if bodies is None:
+            found = self.feed.diff_json(record_id)
+            if found is None:
                 return error("404 Not Found", "not_kept", "the bodies of this request are no longer kept")
-            return answer("200 OK", orjson.dumps({"id": record_id, "lines": body_diff(bodies)}))
+            return answer("200 OK", found)
         if path == "/requests":
             q = parse_qs(environ.get("QUERY_STRING", ""))
             try:
@@ -279,3 +288,147 @@ class TelemetryServer:
                 return error("400 Bad Request", "invalid_query", "after, wait and limit are numbers")
             return answer("200 OK", records_json(self.feed.since(after, wait, limit)))
         return error("404 Not Found", "not_found", "GET /metrics or /requests")
+
+
+# ---- `ctproxy up --workers N`: the workers' telemetry as one ---------------------------------------------
+
+
+def _get(url: str, token: str, timeout: float) -> bytes | None:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # loopback, our own workers
+            return resp.read() if resp.status == 200 else None
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError):
+        return None
+
+
+def _label_value(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def sum_metrics(texts: list[bytes]) -> bytes:
+    """Prometheus text expositions of several processes as one: samples with the same name and labels are
+    added (counters, histogram buckets, sums and counts, gauges); a `_created` sample keeps the earliest."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, tuple[str, str]] = {}  # name -> (type, help), first seen order
+    samples: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for text in texts:
+        for fam in text_string_to_metric_families(text.decode("utf-8", "replace")):
+            families.setdefault(fam.name, (fam.type, fam.documentation))
+            table = samples.setdefault(fam.name, {})
+            for sample in fam.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if key not in table:
+                    table[key] = sample.value
+                elif sample.name.endswith("_created"):
+                    table[key] = min(table[key], sample.value)
+                else:
+                    table[key] += sample.value
+    out: list[str] = []
+    for name, (typ, doc) in families.items():
+        if not samples[name]:
+            continue
+        out.append(f"# HELP {name} {doc.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + 'n')}")
+        out.append(f"# TYPE {name} {typ}")
+        for (sname, labels), value in samples[name].items():
+            lab = ",".join(f'{k}="{_label_value(v)}"' for k, v in labels)
+            out.append(f"{sname}{{{lab}}} {floatToGoString(value)}" if lab else f"{sname} {floatToGoString(value)}")
+    return ("\n".join(out) + "\n").encode() if out else b""
+
+
+class AggregateMetrics:
+    """What `/metrics` shows with several workers: each worker's metrics (its loopback telemetry) summed,
+    plus `ctproxy_proxy_workers` (how many answered this scrape)."""
+
+    def __init__(self, token: str, sources: Callable[[], list[str]]):
+        self.token = token
+        self.sources = sources
+
+    def render(self) -> bytes:
+        texts = [t for url in self.sources() if (t := _get(url + "/metrics", self.token, 5.0)) is not None]
+        head = (b"# HELP ctproxy_proxy_workers Proxy worker processes whose metrics this scrape summed\n"
+                b"# TYPE ctproxy_proxy_workers gauge\n" + f"ctproxy_proxy_workers {len(texts)}\n".encode())
+        return head + sum_metrics(texts)
+
+
+class AggregateFeed(RequestFeed):
+    """The workers' request records as one feed: a thread per worker long-polls its `/requests` and publishes
+    each record here under a new id (the worker's own id kept for the body diff, asked of that worker)."""
+
+    def __init__(self, token: str, size: int = FEED_SIZE):
+        super().__init__(size)
+        self.token = token
+        self._origin: dict[int, tuple[int, int]] = {}  # our id -> (worker index, its id)
+        self._urls: dict[int, str] = {}  # worker index -> its telemetry URL (a restarted worker gets a new one)
+        self._threads: dict[int, threading.Thread] = {}
+        self._stopped = threading.Event()
+
+    def set_worker(self, index: int, url: str | None) -> None:
+        with self._cond:
+            if url is None:
+                self._urls.pop(index, None)
+            else:
+                self._urls[index] = url
+        if url is not None and index not in self._threads:
+            t = threading.Thread(target=self._poll, args=(index,), name=f"ctproxy-feed-{index}", daemon=True)
+            self._threads[index] = t
+            t.start()
+
+    def urls(self) -> list[str]:
+        with self._cond:
+            return [self._urls[i] for i in sorted(self._urls)]
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _poll(self, index: int) -> None:
+        url, after = None, 0
+        while not self._stopped.is_set():
+            with self._cond:
+                now = self._urls.get(index)
+            if now is None:
+                self._stopped.wait(0.5)
+                continue
+            if now != url:
+                url, after = now, 0
+            raw = _get(f"{url}/requests?after={after}&wait=10", self.token, 20.0)
+            if raw is None:
+                self._stopped.wait(0.5)
+                continue
+            try:
+                data = orjson.loads(raw).get("data") or []
+            except (orjson.JSONDecodeError, AttributeError):
+                data = []
+            for row in data:
+                if not isinstance(row, dict) or not isinstance(row.get("id"), int):
+                    continue
+                after = max(after, row["id"])
+                fields = {k: v for k, v in row.items() if k in RequestRecord.__dataclass_fields__}
+                kept = bool(fields.pop("diff", False))
+                own = self.next_id()
+                record = RequestRecord(**{**fields, "id": own, "worker": row.get("worker") or index})
+                record.diff = kept
+                with self._cond:
+                    self._origin[own] = (index, row["id"])
+                    while len(self._origin) > 4 * FEED_SIZE:
+                        self._origin.pop(next(iter(self._origin)))
+                self.publish(record)
+
+    def diff_json(self, record_id: int) -> bytes | None:
+        with self._cond:
+            found = self._origin.get(record_id)
+            url = self._urls.get(found[0]) if found is not None else None
+        if found is None or url is None:
+            return None
+        raw = _get(f"{url}/requests/{found[1]}/diff", self.token, 30.0)
+        if raw is None:
+            return None
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+        return orjson.dumps({"id": record_id, "lines": body.get("lines", [])})

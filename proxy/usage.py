@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import fnmatch
 import sqlite3
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from proxy.db import register_schema
@@ -117,11 +119,29 @@ def last_usage_for_agent(conn: sqlite3.Connection, task: str, agent: str) -> Usa
 class UsageCache:
     """The newest usage per session in this process, written synchronously by the tap when a
     response's terminal event passes (before the client has it), so the next request of the session
-    sees it without a database round trip and without racing the background write."""
+    sees it without a database round trip and without racing the background write.
 
-    def __init__(self, capacity: int = 10_000):
+    In a worker of `ctproxy up --workers N` (`db_path` given) the session's previous answer may have passed
+    through another worker, whose usage is committed before that answer ended (proxy/windows/budget.py): `get`
+    then also reads the session's row (one indexed SELECT on a connection of its own) and returns the newer."""
+
+    def __init__(self, capacity: int = 10_000, db_path: Path | None = None):
         self._items: OrderedDict[str, Usage] = OrderedDict()
         self._capacity = capacity
+        self._db_path = db_path
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+
+    def _stored(self, session_key: str) -> Usage | None:
+        with self._lock:
+            try:
+                if self._conn is None:
+                    self._conn = sqlite3.connect(f"file:{self._db_path}?mode=ro", uri=True, timeout=5,
+                                                 check_same_thread=False)
+                    self._conn.row_factory = sqlite3.Row
+                return last_usage_for_session(self._conn, session_key)
+            except sqlite3.Error:  # no table yet, a busy database: what this process knows is the answer
+                return None
 
     def put(self, u: Usage) -> None:
         self._items[u.session_key] = u
@@ -130,7 +150,10 @@ class UsageCache:
             self._items.popitem(last=False)
 
     def get(self, session_key: str) -> Usage | None:
-        return self._items.get(session_key)
+        mine = self._items.get(session_key)
+        if self._db_path is None:
+            return mine
+        return newest(mine, self._stored(session_key))
 
 
 

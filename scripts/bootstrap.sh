@@ -3,7 +3,7 @@
 # test dependencies. Optional, installed when this machine allows it and otherwise skipped with one line that
 # says what the skip costs: the real clients the end-to-end tests drive (Codex CLI and Pi from npm, the OpenAI
 # Agents SDK and litellm from PyPI) and the Debian packages of the desktop (Computer Use) and browser tests, and
-# bubblewrap (the shell sandbox).
+# bubblewrap (the shell sandbox), and PostgreSQL (the private server the shared-store tests start).
 # What was skipped is written to .venv/ctproxy-setup.json, where the tests read the reason they skip with.
 # Idempotent and quick when done; never stops for something optional.
 set -euo pipefail
@@ -148,6 +148,8 @@ debs desktop "the Computer Use desktop" CTPROXY_SKIP_DESKTOP \
   xvfb xdotool openbox at-spi2-core dbus-daemon dbus-session-bus-common python3-gi gir1.2-gtk-3.0
 debs chromium "Chromium" CTPROXY_SKIP_BROWSER "the dashboard's browser test skips" chromium
 debs sandbox "bubblewrap" CTPROXY_SKIP_SANDBOX "shell sandbox modes are unavailable and their tests skip" bubblewrap
+debs postgresql "PostgreSQL" CTPROXY_SKIP_POSTGRES \
+  "the tests that start a private PostgreSQL server (the shared store, issue 32) skip" postgresql
 
 # --- the record the tests read ---------------------------------------------------------------------------------
 printf '%s\n' "${SKIPPED[@]}" | .venv/bin/python -c '

@@ -22,7 +22,7 @@ from tests.support.optional import require_tool, skip_reason
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-OPTIONAL = {"codex", "pi", "openai-agents", "litellm", "desktop", "chromium", "sandbox"}
+OPTIONAL = {"codex", "pi", "openai-agents", "litellm", "desktop", "chromium", "sandbox", "postgresql"}
 # What the script itself needs from PATH when nothing optional is there.
 BASICS = ["bash", "env", "dirname", "sha256sum", "cut", "cat", "rm", "grep", "tail", "mkdir", "id", "sort", "tr",
           "ls", "head", "sed"]
@@ -88,7 +88,8 @@ def check_completed(repo: Path, out: subprocess.CompletedProcess[str], tmp: Path
     lines = skipped_lines(out.stderr)
     # One line for each optional part, saying what it costs.
     assert len(lines) == len(OPTIONAL), out.stderr
-    for what in ("Codex CLI", "Pi", "openai-agents", "litellm", "the Computer Use desktop", "Chromium", "bubblewrap"):
+    for what in ("Codex CLI", "Pi", "openai-agents", "litellm", "the Computer Use desktop", "Chromium", "bubblewrap",
+                 "PostgreSQL"):
         assert sum(line.startswith(f"bootstrap: skipped {what}") for line in lines) == 1, (what, out.stderr)
     assert all("skip" in line.split(";", 1)[1] or "unavailable" in line for line in lines), lines
     assert "ctproxy itself is complete" in out.stdout
@@ -112,6 +113,7 @@ def test_failing_dpkg_apt_and_npm_are_skipped_with_a_line_each(tmp_path):
         assert "apt-get could not install" in record["desktop"] and "xvfb" in record["desktop"]
         assert "Unable to locate package" in record["chromium"]
         assert "apt-get could not install bubblewrap" in record["sandbox"]
+        assert "apt-get could not install postgresql" in record["postgresql"]
     assert "computer_use stays unavailable" in record["desktop"]
 
 
@@ -121,6 +123,7 @@ def test_a_machine_without_apt_get_or_npm_completes_the_set_up(tmp_path):
     record = check_completed(repo, out, tmp_path)
     assert "apt-get is not usable here" in record["desktop"] and "apt-get is not usable here" in record["chromium"]
     assert "shell sandbox modes are unavailable" in record["sandbox"]
+    assert "private PostgreSQL server" in record["postgresql"] and "apt-get is not usable" in record["postgresql"]
     assert "npm is not installed" in record["codex"] and "npm is not installed" in record["pi"]
 
 

@@ -156,6 +156,21 @@ def test_a_full_queue_waits_then_drops_and_the_writer_recovers(db: Path, monkeyp
         w.close()
 
 
+def test_a_unit_bigger_than_the_queue_is_committed_not_dropped(db: Path):
+    """One request of more items than the queue holds (a 100,000-item input is 100,001 ops with its branch)
+    goes in once the queue is empty; before, it waited for room it could never have and was dropped whole."""
+    w = JournalWriter(db, batch_interval=0.01, queue_max=4, full_wait=0.5)
+    try:
+        w.submit_many([PutEvent("s", "e", {"i": i}, 1.0) for i in range(10)])
+        assert w.stats.dropped == 0
+        assert w.flush()
+        conn = sqlite3.connect(db)
+        assert conn.execute("SELECT count(*) FROM journal_events").fetchone()[0] == 10
+        conn.close()
+    finally:
+        w.close()
+
+
 async def test_a_blocked_loop_does_not_hold_the_journal_back(tmp_path: Path):
     """The loop timer cannot run while the loop is blocked: the next hand-over rings the writer itself."""
     state = StateDir.open(tmp_path / "state")

@@ -156,6 +156,29 @@ def test_what_the_read_lists_keep_alive_is_bounded(monkeypatch):
     assert all(not isinstance(t, fastsimdjson.Object) for e in seen._entries.values() for t in e[4])
 
 
+async def test_the_read_lists_let_their_bodies_go_once_idle(monkeypatch):
+    """Issue 32, point 4: a summary nobody asked for in IDLE_SECONDS is dropped with the body it keeps alive;
+    one that is asked for stays."""
+    import asyncio
+
+    from proxy.transforms import lazyitems
+
+    seen = lazyitems._SeenLists()
+    monkeypatch.setattr(lazyitems, "_SEEN", seen)
+    monkeypatch.setattr(seen, "IDLE_SECONDS", 0.3)
+    idle = _items(40, 1)
+    busy = [{"type": "message", "role": "user", "content": "another start " + "z" * 300}, *_items(40, 2)]
+    _lazy(idle).type_summary()
+    _lazy(busy).type_summary()
+    assert len(seen._entries) == 2 and seen._bytes > 0
+    for _ in range(8):  # the busy conversation is resent every 0.1 s
+        await asyncio.sleep(0.1)
+        assert seen.resent_by(_lazy(busy)) is not None
+    assert len(seen._entries) == 1 and seen.resent_by(_lazy(idle)) is None
+    await asyncio.sleep(0.6)
+    assert not seen._entries and seen._bytes == 0
+
+
 def test_the_helpers_of_the_input_take_a_lazy_list():
     items = _items(80, 5)
     lazy = _lazy(items)

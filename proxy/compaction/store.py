@@ -266,17 +266,21 @@ def events(conn: sqlite3.Connection, session_key: str | None = None, limit: int 
 class SessionMemo:
     """This process's last known session state per session, kept in step with what the compaction addon
     itself writes; any other write forgets the session, and the next request reads the database again.
-    (The checkpoint in effect is the journal's current window, cached by the journal.) Bounded; a session
-    served by two proxy processes at once is not supported."""
+    (The checkpoint in effect is the journal's current window, cached by the journal.) Bounded. In a worker of
+    `ctproxy up --workers N` another process may write the session too, so there it remembers nothing and every
+    request reads the database (`shared`, proxy/workerid.py; ADR 0032)."""
 
-    def __init__(self, capacity: int = 10_000):
+    def __init__(self, capacity: int = 10_000, shared: bool | None = None):
         from collections import OrderedDict
+
+        from proxy import workerid
 
         self._items: OrderedDict[str, SessionRecord] = OrderedDict()
         self._capacity = capacity
+        self.shared = workerid.shared_sessions() if shared is None else shared
 
     def get(self, key: str) -> SessionRecord | None:
-        return self._items.get(key)
+        return None if self.shared else self._items.get(key)
 
     def put(self, key: str, state: SessionRecord) -> None:
         self._items[key] = state

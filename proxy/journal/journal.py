@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from proxy import memory
+from proxy import memory, workerid
 from proxy.db import connect
 from proxy.journal import migrate
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
@@ -78,6 +78,11 @@ BACKLOG_MAX = 4096  # requests and answers waiting for the writer's next drain
 # Inputs at least this big get their per-item work (parse, serialize, hash) done before the journal's lock
 # is taken: a 100k-item input held it for seconds, and every other request waits for it (issue 10.3).
 PREPARE_MIN_BYTES = 256 << 10
+# A session this long is let go from the caches once nothing used it for IDLE_RELEASE_SECONDS (issue 32, point 4):
+# its branch positions and last input cost ≈40 MB per 100,000 items, and a process that served a few such sessions
+# kept that for good (up to history.cache_mb). The next request of a released session reads it back once.
+BIG_SESSION_ENTRIES = 10_000
+IDLE_RELEASE_SECONDS = 30.0
 
 
 class BoundedSet[T]:
@@ -135,12 +140,25 @@ class AliasView(Mapping[str, str]):
 
 class Journal:
     def __init__(self, state: StateDir, writer: JournalWriter | None = None,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, shared: bool | None = None,
+                 big_entries: int = BIG_SESSION_ENTRIES, release_after: float = IDLE_RELEASE_SECONDS):
         self.state = state
+        self.big_entries = big_entries
+        self.release_after = release_after
+        self._release_timer: threading.Timer | None = None
+        self.released = 0  # big sessions let go while idle (tests, debugging)
         self.cache_bytes = cache_bytes  # the caches are bounded in bytes too, not only by count (issue 10.3)
         self._read = connect_retrying(state.db_path)  # first: applies the schema before the writer starts
         migrate.ensure(self._read)  # an older state directory: its windows and checkpoints, once
-        self.writer = writer or JournalWriter(state.db_path)
+        # `ctproxy up --workers N`: other processes journal the same sessions. Each writer stamps the sessions
+        # it changes, and a session cached here is checked against its stamp before a request uses it.
+        self.shared = workerid.shared_sessions() if shared is None else shared
+        self.writer_id = f"{workerid.index() or 0}:{secrets.token_hex(6)}" if self.shared else None
+        # The stamps are read on the request path: a connection of their own, so that check never waits for
+        # `_lock`, which the writer thread holds while it settles a big request.
+        self._stamps = connect_retrying(state.db_path) if self.shared else None
+        self._stamps_lock = threading.Lock()
+        self.writer = writer or JournalWriter(state.db_path, stamp=self.writer_id)
         self._lock = threading.RLock()  # the sessions' states, the read connection, the backlog's settling
         # The caches of aliases, tails and resends: held for a few dict operations only, so the request path
         # never waits behind the writer thread settling a big request under `_lock` (issue 10.3).
@@ -171,10 +189,17 @@ class Journal:
         return self.writer.flush(timeout)
 
     def close(self) -> None:
+        with self._cache_lock:
+            timer, self._release_timer = self._release_timer, None
+        if timer is not None:
+            timer.cancel()
         self.settle()
         self.writer.close()
         with self._lock:
             self._read.close()
+        if self._stamps is not None:
+            with self._stamps_lock:
+                self._stamps.close()
 
     def _submit(self, ops: Sequence[Op], since: float | None = None) -> None:
         self.writer.submit_many(ops, since)
@@ -226,6 +251,7 @@ class Journal:
             st = self._sessions.get(session_key)
             if st is not None:
                 self._sessions.move_to_end(session_key)
+                st.used_at = time.monotonic()
                 return st
             dropped = self._dropped.pop(session_key, None)
             st = dropped[0] if dropped is not None and not dropped[1].is_set() else self._load(session_key)
@@ -233,11 +259,92 @@ class Journal:
                 if task_id is None or address is None:
                     raise KeyError(f"unknown session {session_key!r}")
                 st = self._create(session_key, task_id, address, source)
+            st.used_at = time.monotonic()
             self._sessions[session_key] = st
             while len(self._sessions) > CACHED_SESSIONS:
                 self._drop(*self._sessions.popitem(last=False))
             self._bound_caches(keep=session_key)
             return st
+
+    def refresh(self, st: SessionState) -> bool:
+        """Shared sessions: when another process changed the session since this one last looked (its stamp in
+        the database is another writer's), bring the cached state up to date from the database: the longer
+        branch where one extends the other (the ids are chained content hashes), else the database's; the
+        newer window. True when something changed. The database is the lock, not a process."""
+        if self._stamps is None:
+            return False
+        with self._stamps_lock:
+            row = self._stamps.execute("SELECT writer, n FROM journal_session_stamps WHERE session_key=?",
+                                       (st.key,)).fetchone()
+        if row is None or row[0] == self.writer_id or (row[0], row[1]) == st.seen_stamp:
+            return False
+        with self._lock:
+            self.settle()  # what this process left for later aligns against its own state first
+            st.seen_stamp = (row[0], row[1])
+            loaded = self._load(st.key)
+            if loaded is None:
+                return False
+            mine, theirs = st.entries, loaded.entries
+            n = _common_prefix(mine, theirs)
+            changed = False
+            if n == len(mine) and len(theirs) > len(mine):
+                st.entries = theirs
+                changed = True
+            elif n < len(mine) and n < len(theirs):
+                st.entries = theirs
+                st.generation += 1  # rewritten: the resend fast path no longer holds
+                changed = True
+            if loaded.window.ordinal > st.window.ordinal:
+                st.window = loaded.window
+                changed = True
+            return changed
+
+    def _schedule_release(self, delay: float) -> None:
+        """Look for idle big sessions `delay` seconds from now (one timer at a time, off the event loop)."""
+        with self._cache_lock:
+            if self._release_timer is not None:
+                return
+            timer = self._release_timer = threading.Timer(max(delay, 0.01), self._release_idle)
+        timer.daemon = True
+        timer.name = "ctproxy-journal-release"
+        timer.start()
+
+    def _release_idle(self) -> None:
+        """Let go of the big sessions nothing used for `release_after` seconds (their branch positions and
+        last input), then hand the freed pages back (proxy/memory.py). A released session is read back from
+        the database by its next request (after what this process wrote of it is committed: `_dropped`)."""
+        with self._cache_lock:
+            self._release_timer = None
+        if self.writer._closed:
+            return
+        now = time.monotonic()
+        next_due: float | None = None
+        released = False
+        with self._lock:
+            for key, st in list(self._sessions.items()):
+                if len(st.entries) < self.big_entries:
+                    continue
+                idle = now - st.used_at
+                if idle < self.release_after:
+                    due = self.release_after - idle
+                    next_due = due if next_due is None else min(next_due, due)
+                    continue
+                self._sessions.pop(key, None)
+                with self._cache_lock:
+                    self._resends.pop(key, None)
+                self._drop(key, st)
+                self.released += 1
+                released = True
+        if released:
+            done = self.writer.barrier()
+            self.writer.ring()
+            if done.wait(30):
+                with self._lock:
+                    for k in [k for k, (_, ev) in self._dropped.items() if ev.is_set()]:
+                        self._dropped.pop(k, None)
+            memory.note_big_work(memory.BIG_BYTES)
+        if next_due is not None:
+            self._schedule_release(next_due)
 
     def _drop(self, key: str, st: SessionState) -> None:
         for k in [k for k, (_, done) in self._dropped.items() if done.is_set()]:
@@ -322,10 +429,10 @@ class Journal:
     def _peek_ordinal(self, task_id: str, address: str) -> int:
         """The ordinal the agent's next window gets (under the journal's lock: `_next_ordinal` follows)."""
         key = (task_id, address)
-        if key not in self._ordinals:
+        if key not in self._ordinals or self.shared:  # shared: another process may have opened one since
             row = self._read.execute("SELECT max(ordinal) FROM journal_windows WHERE task_id=? AND address=?",
                                      key).fetchone()
-            self._ordinals[key] = int(row[0] or 0)
+            self._ordinals[key] = max(int(row[0] or 0), self._ordinals.get(key, 0))
         return self._ordinals[key] + 1
 
     def _next_ordinal(self, task_id: str, address: str) -> int:
@@ -478,6 +585,10 @@ class Journal:
         if st is None:
             with self._lock:
                 st = self._session(session_key, task_id, address, source)
+        else:
+            st.used_at = time.monotonic()
+            if self.shared:
+                self.refresh(st)
         mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
         record_fingerprint_claim(self, st.key, st.source, items)  # issue 13 defect 5 (proxy/session.py)
         # The items themselves, serialized by the writer when it gets to them (`PendingRequest.serialized`):
@@ -499,6 +610,8 @@ class Journal:
         if mark.response_done:
             return
         mark.response_done = True
+        if mark.state is not None:
+            mark.state.used_at = time.monotonic()
         snapshot = orjson.dumps(list(items))
         if response_id:  # a next request naming it (previous_response_id) finds its session at once
             self._remember(self._aliases, response_id, mark.session_key, CACHED_ALIASES)
@@ -536,6 +649,8 @@ class Journal:
     def ingest_request(self, st: SessionState, payload: Mapping[str, Any]) -> RequestMark:
         """Journal the input items not on the branch yet, now; the mark has every input item's id."""
         items = as_list(input_items(payload))
+        if self.shared:
+            self.refresh(st)
         with self._lock:
             mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
             self._backlog.append(PendingRequest(mark, orjson.dumps(items), _previous_response(payload), items))
@@ -684,6 +799,8 @@ class Journal:
         if alignment.kind in ("diverged", "prefix"):
             self.record_event(st.key, "branch", {"kind": alignment.kind, "kept": keep})
         p.mark.resolve(st.window.window_id, ids, alignment.kind, branch[-1].item_id if branch else None, branch)
+        if len(branch) >= self.big_entries:
+            self._schedule_release(self.release_after)
 
     def _new_items(self, st: SessionState, alignment: Alignment, view: InputView, head: int, origin: str,
                    response_id: str | None) -> tuple[list[Entry], list[Op]]:

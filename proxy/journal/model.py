@@ -47,3 +47,6 @@ class SessionState:
     # set once what the request path wrote for the session (its task, agent and session rows, a window it
     # opened) is committed; None: nothing such is waiting (see `wait_registered`)
     registered: threading.Event | None = None
+    # shared sessions (`ctproxy up --workers N`): the other writer's stamp this state was last brought up to
+    seen_stamp: tuple[str, int] | None = None
+    used_at: float = 0.0  # time.monotonic() of its last request or answer (big idle sessions are let go)

@@ -141,6 +141,13 @@ CREATE INDEX IF NOT EXISTS journal_events_by_session ON journal_events(session_k
 CREATE VIRTUAL TABLE IF NOT EXISTS journal_fts USING fts5(
     text, content='journal_items', content_rowid='seq', tokenize='trigram case_sensitive 1'
 );
+-- Who last changed each session's branch or windows, and how often (`ctproxy up --workers N`): a worker that
+-- cached the session reloads it when the stamp is another writer's (Journal._refresh). Written only then.
+CREATE TABLE IF NOT EXISTS journal_session_stamps (
+    session_key TEXT PRIMARY KEY,
+    writer TEXT NOT NULL,
+    n INTEGER NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS journal_fts_state (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     indexed_seq INTEGER NOT NULL      -- items up to this seq are in journal_fts; search scans the rest

@@ -39,7 +39,11 @@ class BatchContext:
     """What one batch knows beyond the database: calls and items journaled earlier in the same batch,
     and branch appends not written yet."""
 
-    def __init__(self) -> None:
+    def __init__(self, stamp: str | None = None) -> None:
+        # Shared sessions (`ctproxy up --workers N`): the writer's id, stamped on every session this batch
+        # changes (journal_session_stamps), and branch appends are merged with what another process wrote.
+        self.stamp = stamp
+        self.touched: set[str] = set()
         self.calls: dict[tuple[str, str], tuple[str | None, str | None]] = {}
         self.items = 0  # items inserted
         self.placed: dict[str, tuple[str, bool]] = {}  # item id → (window, hidden or control), this batch
@@ -123,6 +127,13 @@ def flush_branches(conn: sqlite3.Connection, ctx: BatchContext) -> None:
 
 
 def write_branch(conn: sqlite3.Connection, ctx: BatchContext, op: SetBranch) -> None:
+    if ctx.stamp is not None:
+        ctx.touched.add(op.session_key)
+        if op.archived_head is None:
+            merged = _merge_append(conn, op)
+            if merged is None:
+                return
+            op = merged
     if op.archived_head is not None:
         conn.execute(
             "INSERT OR IGNORE INTO journal_branch_heads(session_key, head_item_id, length, reason, archived_at)"
@@ -137,6 +148,33 @@ def write_branch(conn: sqlite3.Connection, ctx: BatchContext, op: SetBranch) -> 
         [(op.session_key, item_id, op.from_pos + i) for i, item_id in enumerate(op.ids)],
     )
     _count(conn, op.session_key, _groups(conn, ctx, op.ids, cached=True), +1)
+
+
+def _merge_append(conn: sqlite3.Connection, op: SetBranch) -> SetBranch | None:
+    """An append when other processes write the same session: item ids are chained content hashes, so two
+    workers journaling the same turn write the same ids at the same positions. What the manifest holds from
+    `from_pos` on already (written by another worker, perhaps longer) is kept, not cut back to this append;
+    an append that extends it writes only the rest; one that disagrees replaces it (the latest wins, as in
+    one process). None: nothing to write."""
+    existing = tuple(r[0] for r in conn.execute("SELECT item_id FROM journal_branch WHERE session_key=? AND pos>=?"
+                                                " ORDER BY pos", (op.session_key, op.from_pos)))
+    if not existing:
+        return op
+    if existing[:len(op.ids)] == op.ids:
+        return None
+    if op.ids[:len(existing)] == existing:
+        return op._replace(from_pos=op.from_pos + len(existing), ids=op.ids[len(existing):])
+    return op
+
+
+def stamp_sessions(conn: sqlite3.Connection, ctx: BatchContext) -> None:
+    """Shared sessions: each session this batch changed gets the writer's stamp (a process that cached the
+    session reloads it when the stamp is another's, Journal._refresh)."""
+    if ctx.stamp is None or not ctx.touched:
+        return
+    conn.executemany("INSERT INTO journal_session_stamps(session_key, writer, n) VALUES (?,?,1)"
+                     " ON CONFLICT(session_key) DO UPDATE SET writer=excluded.writer, n=n+1",
+                     [(key, ctx.stamp) for key in sorted(ctx.touched)])
 
 
 def _groups(conn: sqlite3.Connection, ctx: BatchContext, ids: Sequence[str],
@@ -188,6 +226,8 @@ def apply_op(conn: sqlite3.Connection, ctx: BatchContext, op: Op) -> None:
                 "INSERT OR IGNORE INTO journal_sessions(session_key, task_id, address, source, created_at)"
                 " VALUES (?,?,?,?,?)", (op.session_key, op.task_id, op.address, op.source, op.created_at))
         case PutWindow():
+            if ctx.stamp is not None:
+                ctx.touched.add(op.session_key)
             conn.execute(
                 "INSERT OR IGNORE INTO journal_windows(task_id, address, window_id, ordinal, session_key,"
                 " boundary_item_id, strategy, bootstrap, created_at, boundary_pos, boundary_hash, reason, opaque)"
@@ -213,9 +253,11 @@ def apply_op(conn: sqlite3.Connection, ctx: BatchContext, op: Op) -> None:
                          (op.session_key, op.kind, _dumps(op.detail), op.created_at))
 
 
-def apply_batch(conn: sqlite3.Connection, ops: Iterable[Op], between: Callable[[], None] | None = None) -> int:
-    """Apply ops in one transaction. Returns how many items were inserted. `between` runs after each op."""
-    ctx = BatchContext()
+def apply_batch(conn: sqlite3.Connection, ops: Iterable[Op], between: Callable[[], None] | None = None,
+                stamp: str | None = None) -> int:
+    """Apply ops in one transaction. Returns how many items were inserted. `between` runs after each op.
+    `stamp`: the writer's id when other processes write the same sessions (see BatchContext)."""
+    ctx = BatchContext(stamp)
     conn.execute("BEGIN IMMEDIATE")
     try:
         for op in ops:
@@ -223,6 +265,7 @@ def apply_batch(conn: sqlite3.Connection, ops: Iterable[Op], between: Callable[[
             if between is not None:
                 between()
         flush_branches(conn, ctx)
+        stamp_sessions(conn, ctx)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

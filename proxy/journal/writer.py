@@ -68,8 +68,9 @@ class WriterStats:
 class JournalWriter:
     def __init__(self, db_path: Path, batch_size: int = BATCH_SIZE, batch_interval: float = BATCH_INTERVAL,
                  queue_max: int = QUEUE_MAX, full_wait: float = 5.0, keep_latencies: bool = False,
-                 index_items: int = INDEX_ITEMS, index_delay: float = INDEX_DELAY):
+                 index_items: int = INDEX_ITEMS, index_delay: float = INDEX_DELAY, stamp: str | None = None):
         self.db_path = db_path
+        self.stamp = stamp  # shared sessions: this writer's id on the sessions it changes (store.BatchContext)
         self.index_items = index_items
         self.index_delay = index_delay
         self.batch_size = batch_size
@@ -150,7 +151,9 @@ class JournalWriter:
     def _wait_for_room(self, n: int) -> bool:
         """The database is behind: have the writer drain now, and wait (a rare, stalled path)."""
         deadline = time.monotonic() + self.full_wait
-        while self._submitted - self._taken + n > self.queue_max:
+        # A unit bigger than the whole queue (one request of more items than `queue_max`) goes in once the
+        # queue is empty: waiting for room it can never have would drop every item of it.
+        while self._submitted - self._taken + n > self.queue_max and self._submitted > self._taken:
             if time.monotonic() >= deadline or not self._thread.is_alive():
                 return False
             self.ring()
@@ -294,7 +297,8 @@ class JournalWriter:
             try:
                 # No sleep(0) between ops: every statement releases the GIL while SQLite works, so the
                 # event loop waits at most one op's Python; yielding cost ≈7 µs CPU and a syscall per op.
-                inserted = apply_batch(conn, batch)
+                inserted = (apply_batch(conn, batch) if self.stamp is None else
+                            apply_batch(conn, batch, stamp=self.stamp))
                 break
             except Exception as exc:  # a stalled or broken database must not kill the writer
                 log.error("journal batch of %d ops failed (%s), attempt %d", len(batch), type(exc).__name__,

@@ -19,7 +19,9 @@ item the last. RFC 8259 §4 leaves such objects' meaning to the implementation; 
 
 from __future__ import annotations
 
+import asyncio
 import operator
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from itertools import repeat
@@ -202,21 +204,29 @@ class _SeenLists:
     KEY_BYTES = 256
     MAX_ENTRIES = 8
     MAX_BYTES = 32 << 20
+    # A summary nobody asked for in this long is dropped with the body it keeps alive (issue 32, point 4: a
+    # process that served big requests comes back to what it held before them once their sessions are idle).
+    IDLE_SECONDS = 30.0
 
     def __init__(self) -> None:
         # key → (body, start, end, items, types, instruction positions)
         self._entries: OrderedDict[bytes, tuple[bytes, int, int, int, frozenset[Any], tuple[int, ...]]] = \
             OrderedDict()
         self._bytes = 0
+        self._used: dict[bytes, float] = {}  # key → time.monotonic() it was last remembered or found
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry_loop: asyncio.AbstractEventLoop | None = None
 
     def _key(self, items: LazyItems) -> bytes:
         return items.source[items.start:items.start + self.KEY_BYTES]
 
     def resent_by(self, items: LazyItems) -> tuple[int, frozenset[Any], tuple[int, ...]] | None:
         """(how many items of `items` were read before, their types, their instruction positions), or None."""
-        entry = self._entries.get(self._key(items))
+        key = self._key(items)
+        entry = self._entries.get(key)
         if entry is None:
             return None
+        self._used[key] = time.monotonic()
         source, start, end, n, types, instructions = entry
         cut = end - 1 - start  # the earlier list's bytes without its `]`
         if not n or n > len(items) or items.nbytes <= cut:
@@ -235,13 +245,45 @@ class _SeenLists:
         if old is not None:
             self._bytes -= len(old[0])
         self._entries[key] = (items.source, items.start, items.end, len(items), *summary)
+        self._used[key] = time.monotonic()
         self._bytes += len(items.source)
         while self._entries and (len(self._entries) > self.MAX_ENTRIES or self._bytes > self.MAX_BYTES):
-            _, dropped = self._entries.popitem(last=False)
+            gone, dropped = self._entries.popitem(last=False)
+            self._used.pop(gone, None)
             self._bytes -= len(dropped[0])
+        self._schedule_expiry(self.IDLE_SECONDS)
+
+    def _schedule_expiry(self, delay: float) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (scripts): bounded by MAX_ENTRIES and MAX_BYTES only
+        if self._expiry is not None and self._expiry_loop is loop:
+            return
+        self._expiry_loop = loop  # (a handle of another, finished loop never fires: scheduled again here)
+        self._expiry = loop.call_later(max(delay, 0.01), self._expire)
+
+    def _expire(self) -> None:
+        """Drop the summaries idle for IDLE_SECONDS; look again when the next one is due."""
+        self._expiry = None
+        now = time.monotonic()
+        freed = 0
+        for key in list(self._entries):
+            if now - self._used.get(key, 0.0) >= self.IDLE_SECONDS:
+                dropped = self._entries.pop(key)
+                self._used.pop(key, None)
+                self._bytes -= len(dropped[0])
+                freed += len(dropped[0])
+        if freed:
+            from proxy import memory
+
+            memory.note_big_work(freed)
+        if self._entries:
+            self._schedule_expiry(min(self.IDLE_SECONDS - (now - self._used.get(k, now)) for k in self._entries))
 
     def clear(self) -> None:
         self._entries.clear()
+        self._used.clear()
         self._bytes = 0
 
 

@@ -2,8 +2,8 @@
 
 scripts/bootstrap.sh installs the real clients and the Debian packages the end-to-end tests drive where the
 machine allows it; what it had to skip, and why, it writes to .venv/ctproxy-setup.json (keys: codex, pi, sandbox,
-openai-agents, litellm, desktop, chromium). A test whose dependency is missing skips with that reason, or with
-what to run when the set-up never tried.
+postgresql, openai-agents, litellm, desktop, chromium). A test whose dependency is missing skips with that reason,
+or with what to run when the set-up never tried.
 """
 
 from __future__ import annotations

@@ -1,0 +1,124 @@
+"""`ctproxy store migrate --to URL` (issue 32): an embedded state directory — journal, windows, rollovers, notes —
+copied into a real (private) PostgreSQL with nothing lost, its schema made by versioned migrations, and the
+journal's literal substring search answered there by pg_trgm, verified against the text."""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.journal import Journal
+from proxy.notes.store import NotesStore
+from proxy.state import StateDir
+from proxy.store import postgres as pgstore
+from tests.support.postgres import private_server
+
+REPO = Path(__file__).resolve().parents[1]
+_COUNT = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def pg():
+    yield from private_server()
+
+
+def _embedded_state(root: Path) -> StateDir:
+    state = StateDir.open(root)
+    j = Journal(state)
+    try:
+        task = j.create_task()
+        st = j.session("f:conv", task, "/root", "fingerprint")
+        history: list[dict] = [{"role": "user", "content": "Weather in Paris? 50% off_sale \\ backslash"}]
+        mark = j.ingest_request(st, {"input": list(history)})
+        out = [{"type": "function_call", "call_id": "call_w", "name": "get_weather", "arguments": '{"city":"Paris"}'}]
+        j.ingest_response(mark, out, response_id="resp_1", model="gpt-5", status="completed",
+                          usage={"input_tokens": 10, "output_tokens": 2}, error=None, incomplete=False)
+        history += [*out, {"type": "function_call_output", "call_id": "call_w", "output": '{"sky":"clear"}'}]
+        mark = j.ingest_request(st, {"input": list(history)})
+        j.ingest_response(mark, [{"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": "It is sunny in Paris."}]}], response_id="resp_2", model="gpt-5",
+            status="completed", usage=None, error=None, incomplete=False)
+        j.start_window("f:conv", None, "notes", {"note": "checkpoint"})
+        assert j.flush()
+    finally:
+        j.close()
+    from proxy.context import rollover
+    from proxy.db import connect
+
+    conn = connect(state.db_path)
+    rollover.ensure(conn)
+    rollover.mark_pending(conn, task, "/root/helper", "new_context", "tool")
+    conn.close()
+    notes = NotesStore(state.subdir("notes"), task)
+    notes.write("/root", "checkpoint.md", "checkpoint: half done\n")
+    notes.write("/root", "deep/dir/plan.md", "step 1\nstep 2 — ünïcode\n")
+    return state
+
+
+def _rows(conn, table: str, cols: list[str]) -> list[tuple]:
+    rows = conn.execute(f"SELECT {', '.join(cols)} FROM {table}").fetchall()
+    return sorted((tuple(bytes(v) if isinstance(v, memoryview | bytearray) else v for v in r) for r in rows),
+                  key=repr)
+
+
+def _migrate(state: StateDir, url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "store", "migrate", "--to", url, "--state-dir",
+                           str(state.root)], capture_output=True, text=True, cwd=REPO, timeout=180)
+
+
+def test_store_migrate_copies_everything_and_search_works_there(pg, tmp_path):
+    import psycopg
+
+    state = _embedded_state(tmp_path / "state")
+    url = pg.fresh_database(f"migrate{next(_COUNT)}")
+    out = _migrate(state, url)
+    assert out.returncode == 0, out.stderr
+    assert "schema migrations applied: 1" in out.stdout
+
+    src = sqlite3.connect(state.db_path)
+    tables = {r[0] for r in src.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    copied = 0
+    with psycopg.connect(url) as dst:
+        for table in pgstore.TABLES:
+            if table not in tables:
+                continue
+            cols = [r[1] for r in src.execute(f"PRAGMA table_info({table})")]
+            mine = _rows(src, table, cols)
+            theirs = _rows(dst, table, cols)
+            assert theirs == mine, table  # every row, every column, byte for byte
+            copied += len(mine)
+        assert copied > 20
+        notes = dst.execute("SELECT address, path, content FROM notes_files ORDER BY path").fetchall()
+        assert [(a, p, bytes(c)) for a, p, c in notes] == [
+            ("/root", "checkpoint.md", b"checkpoint: half done\n"),
+            ("/root", "deep/dir/plan.md", "step 1\nstep 2 — ünïcode\n".encode())]
+        assert dst.execute("SELECT version FROM ctp_schema_versions WHERE name = 'store'").fetchone()[0] == 1
+        assert pgstore.migrate(dst) == []  # up to date: nothing applied twice
+        assert dst.execute("SELECT count(*) FROM context_rollovers WHERE address = '/root/helper'").fetchone()[0] == 1
+    src.close()
+
+    # Literal, case-sensitive substring search over the migrated journal (pg_trgm, verified against the text).
+    found = [text for _, text in pgstore.search_items(url, "Paris")]
+    assert any(t.startswith("Weather in Paris?") for t in found) and "It is sunny in Paris." in found
+    assert [t for _, t in pgstore.search_items(url, "0% off_")] == [found[0]]
+    assert pgstore.search_items(url, "paris") == []
+    assert [t for _, t in pgstore.search_items(url, "\\ back")] == [found[0]]
+
+    # Nothing is merged: a second copy into the same database is refused, and leaves it as it was.
+    again = _migrate(state, url)
+    assert again.returncode == 1 and "already holds" in again.stderr
+    with psycopg.connect(url) as dst:
+        assert dst.execute("SELECT count(*) FROM notes_files").fetchone()[0] == 2
+
+
+def test_store_migrate_says_what_is_wrong(pg, tmp_path):
+    state = _embedded_state(tmp_path / "state")
+    bad = _migrate(state, "mysql://nobody@127.0.0.1/x")
+    assert bad.returncode == 1 and "not a PostgreSQL URL" in bad.stderr
+    down = _migrate(state, f"postgresql://ctproxy@127.0.0.1:{pg.port}/no_such_db")
+    assert down.returncode == 1 and "cannot connect to PostgreSQL" in down.stderr
