@@ -260,7 +260,7 @@ class TimeoutsConfig(_Section):
 
 
 class ProxyConfig(_Section):
-    """The proxy processes (docs/adr/0032-proxy-workers.md)."""
+    """The proxy processes (docs/adr/0012-proxy-workers.md)."""
 
     workers: int | Literal["auto"] = Field(
         1, description="proxy worker processes serving the one listen address (Linux: SO_REUSEPORT); "

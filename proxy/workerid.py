@@ -1,4 +1,4 @@
-"""Which proxy worker this process is (`ctproxy up --workers N`, docs/adr/0032-proxy-workers.md).
+"""Which proxy worker this process is (`ctproxy up --workers N`, docs/adr/0012-proxy-workers.md).
 
 The supervisor starts each worker with `CTPROXY_WORKER=<index>` (1..N) in its environment. Read here, once:
 the request log names the worker, and the journal knows that other processes write the same sessions

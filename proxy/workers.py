@@ -1,7 +1,7 @@
 """`ctproxy up --workers N`: N proxy processes on one listen address, one tool server, one state directory.
 
 One Python process forwards on one core; `--workers N` (config `proxy.workers`, `auto`: one per core) runs N
-of them (docs/adr/0032-proxy-workers.md). The process the user started becomes the supervisor: it starts the
+of them (docs/adr/0012-proxy-workers.md). The process the user started becomes the supervisor: it starts the
 tool server as before, holds the listen port, and starts each worker with `python -m proxy.workers`. A worker
 is the usual embedded mitmproxy with the whole chain; it binds the listen address with SO_REUSEPORT (the kernel
 spreads new connections over the workers) and reports, on one stdout line, its pid and its loopback telemetry.

@@ -1,4 +1,4 @@
-"""`ctproxy up --workers N` (issue 32, docs/adr/0032-proxy-workers.md), through the real CLI against the
+"""`ctproxy up --workers N` (issue 32, docs/adr/0012-proxy-workers.md), through the real CLI against the
 emulator: both workers serve one listen address, a conversation whose turns land on different workers is one
 session in the journal, a worker killed with -9 is restarted while the other serves, `ctproxy status` lists
 the workers, `/metrics` sums them and the request log names them."""

@@ -268,7 +268,7 @@ class SessionMemo:
     itself writes; any other write forgets the session, and the next request reads the database again.
     (The checkpoint in effect is the journal's current window, cached by the journal.) Bounded. In a worker of
     `ctproxy up --workers N` another process may write the session too, so there it remembers nothing and every
-    request reads the database (`shared`, proxy/workerid.py; ADR 0032)."""
+    request reads the database (`shared`, proxy/workerid.py; ADR 0012)."""
 
     def __init__(self, capacity: int = 10_000, shared: bool | None = None):
         from collections import OrderedDict
