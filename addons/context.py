@@ -43,7 +43,7 @@ from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.store import Checkpoint
 from proxy.context import bootstrap as boot
 from proxy.context import checkpoint_turn as ckturn
-from proxy.context import midturn, reminder
+from proxy.context import midturn, reminder, stateful
 from proxy.context.rollover import Kind, RolloverStore
 from proxy.flowbody import ResponsesBody, commit_if_alone, decode_bounded, responses_body
 from proxy.flowstate import state_of
@@ -145,14 +145,24 @@ class Context(Stage):
                 return self._with_rollover(flow, ws)
             ws = self._stateful_session(flow)
             if ws is not None:  # the upstream holds the history: a pending new_context starts a new chain
-                return self._stateful_rollover(flow, ws)
+                self._offer_midturn(flow, ws, responses_body(flow).view, stateful=True)  # type: ignore[union-attr]
+                if self._may_be_pending(ws):
+                    return self._stateful_rollover(flow, ws)
         self._project(flow, None, None)
         return None
 
     # ------------------------------------------------------------------ stateful clients (issue 29 (2))
+    def _may_be_pending(self, ws: journal_link.WindowSession) -> bool:
+        """A rollover may be pending for the session (the stamp says so without the database thread)."""
+        try:
+            return self._store().may_be_pending(ws.task_id, ws.address)
+        except Exception:  # the state database is a record here: never a reason to fail the request
+            log.warning("context: could not read the pending rollover of a session")
+            return False
+
     def _stateful_session(self, flow: http.HTTPFlow) -> journal_link.WindowSession | None:
-        """The journal session of a request chained by `previous_response_id` that may have a rollover
-        pending (the stamp says so without the database thread); else None."""
+        """The journal session of a request chained by `previous_response_id` that may roll over: a rollover
+        may be pending, or the bridge runs `new_context` in its turn; else None."""
         body = responses_body(flow)
         if body is None:
             return None
@@ -165,12 +175,9 @@ class Context(Stage):
         st = state_of(flow)
         ws = journal_link.window_session(service.journal_of(self.rt, st.journal), st.journal_mark, ident,
                                          lambda: {**header_map(flow), **st.identity_headers}, payload)
-        try:
-            maybe = ws is not None and self._store().may_be_pending(ws.task_id, ws.address)
-        except Exception:  # the state database is a record here: never a reason to fail the request
-            log.warning("context: could not read the pending rollover of a session")
+        if ws is None or not ("context" in self.rt.config.bridge.families or self._may_be_pending(ws)):
             return None
-        return ws if maybe else None
+        return ws
 
     async def _stateful_rollover(self, flow: http.HTTPFlow, ws: journal_link.WindowSession) -> None:
         """A pending `new_context` for a client that chains by `previous_response_id`: the id is dropped and
@@ -189,7 +196,10 @@ class Context(Stage):
         payload = body.value
         raw = payload.get("input")
         items = [{"role": "user", "content": raw}] if isinstance(raw, str) else as_list(input_items(payload) or [])
-        n = boot.rollover_boundary(items)
+        # Everything the agent sends after its instructions follows the bootstrap; its outputs keep their calls.
+        n = boot.leading_count(items)
+        missing = stateful.missing_calls(items[n:])
+        moved = stateful.stateful_input(items[n:], await _journal_calls(ws, missing) if missing else {})
         mark = state_of(flow).journal_mark or ws.mark
         boundary_item, follows = None, None
         if mark is not None and not mark.failed and len(mark.input_ids) >= len(items):
@@ -204,8 +214,9 @@ class Context(Stage):
             self._project(flow, None, None)
             return
         out = {k: v for k, v in payload.items() if k != "previous_response_id"}
-        out["input"] = [*w.bootstrap["items"], *items[n:]]
-        journal_link.record_event(ws, "rollover", {"outcome": "stateful", "window_id": w.window_id, "boundary": n})
+        out["input"] = [*w.bootstrap["items"], *moved.items]
+        journal_link.record_event(ws, "rollover", {"outcome": "stateful", "window_id": w.window_id, "boundary": n,
+                                                   "carried_calls": moved.carried, "dropped_outputs": moved.dropped})
         body.replace(out)
         commit_if_alone(flow)
 
@@ -534,14 +545,17 @@ class Context(Stage):
     def _open_notes_window(self, ws: journal_link.WindowSession, items: list[Any], n: int, kind: str,
                            tools: tuple[str, ...], boundary_item: str | None,
                            anchor: Mapping[str, Any] | None = None, follows: Sequence[str] | None = (),
-                           stateful: bool = False) -> Window:
-        """The notes window after `items[:n]` (the agent's items), its bootstrap built once and stored."""
+                           stateful: bool = False, at: tuple[int, str] | None = None,
+                           leading: list[Any] | None = None) -> Window:
+        """The notes window after `items[:n]` (the agent's items), its bootstrap built once and stored.
+        `at`: its boundary (position, one-chain id) where `items` are not the whole of the agent's items (a
+        stateful request's turn); `leading`: the agent's instructions then (read from the journal)."""
         rt = self.rt
         j = ws.journal
         j.session(ws.key, ws.task_id, ws.address, ws.source)
         notes = _notes_index(rt, ws.task_id, ws.address)
         # a copy, not the agent's objects: the stored bootstrap is what every later request replays
-        leading = orjson.loads(orjson.dumps(boot.leading_instructions(items)))
+        leading = orjson.loads(orjson.dumps(boot.leading_instructions(items if leading is None else leading)))
 
         def bootstrap(prev: Window | None, window_id: str) -> dict[str, Any]:  # the id the journal assigns
             start = boot.WindowStart(ws.address, window_id, prev.window_id if prev is not None else None, notes,
@@ -552,27 +566,30 @@ class Context(Stage):
             return stored
 
         # a stateful session's window is the journal's record only: the upstream chain holds its bootstrap
-        w = j.start_window(ws.key, boundary_item, "notes", bootstrap, boundary_pos=None if stateful else n,
-                           boundary_hash=None if stateful else chain_at(items, session_root(ws.key), n),
-                           reason=kind, follows=follows)
+        pos, at_hash = at if at is not None else (n, chain_at(items, session_root(ws.key), n))
+        w = j.start_window(ws.key, boundary_item, "notes", bootstrap, boundary_pos=None if stateful else pos,
+                           boundary_hash=None if stateful else at_hash, reason=kind, follows=follows)
         debuglog.event("context", outcome="rollover", kind=kind, window=w.window_id, boundary=n)
         proxy_metrics().rollover("notes")
         return w
 
     # ------------------------------------------------------------------ a bridged new_context mid-turn
-    def _offer_midturn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any]) -> None:
+    def _offer_midturn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
+                       stateful: bool = False) -> None:
         """Where the bridge runs `new_context` itself, its later rounds of this agent request roll over
-        too: the bridge calls `st.context_rollover` after a round whose bridged new_context succeeded."""
+        too: the bridge calls `st.context_rollover` after a round whose bridged new_context succeeded.
+        `stateful`: the request chains by `previous_response_id` (its rounds too, until the rollover)."""
         if "context" not in self.rt.config.bridge.families:
             return
         items = input_items(payload)
-        if items:  # the agent's items as sent: later stages make new lists, never edit this one (ADR 0006)
-            state_of(flow).context_rollover = functools.partial(self._midturn, ws, items)
+        if items or stateful:  # the agent's items as sent: later stages make new lists, never edit this one
+            state_of(flow).context_rollover = functools.partial(self._midturn, ws, items or [], stateful)
 
-    async def _midturn(self, ws: journal_link.WindowSession, agent_items: list[Any],
+    async def _midturn(self, ws: journal_link.WindowSession, agent_items: list[Any], stateful: bool,
                        shown: Sequence[Mapping[str, Any]], payload: dict[str, Any]) -> dict[str, Any] | None:
         """The pending `new_context` consumed now: the notes window opens after the agent's items and what
-        the turn showed so far, and the bridge's next round (`payload`) goes up in it. None: nothing pending."""
+        the turn showed so far, and the bridge's next round (`payload`) goes up in it, stateless from there
+        (a stateful round would continue the old window upstream). None: nothing pending."""
         try:
             pending = await self._store().take(ws.task_id, ws.address, ROLLOVER_KINDS)
         except Exception:  # the state database is a record: the next agent request rolls over instead
@@ -581,13 +598,25 @@ class Context(Stage):
         if pending is None:
             return None
         agent_items = as_list(agent_items)
-        full = [*agent_items, *(dict(i) for i in shown)]
+        shown_items = [dict(i) for i in shown]
+        full = [*agent_items, *shown_items]
         tools = reachable_context_tools(payload, self.rt)
         anchors = midturn.anchors_of(shown)
-        prefix = [len(agent_items), chain_at(agent_items, session_root(ws.key), len(agent_items))]
-        w = self._open_notes_window(ws, full, len(full), f"{pending.kind}_midturn", tools, None,
-                                    {midturn.ANCHOR_KEY: anchors[0] if anchors else None,
-                                     midturn.ANCHORS_KEY: anchors, midturn.PREFIX_KEY: prefix})
+        root = session_root(ws.key)
+        prefix = [len(agent_items), chain_at(agent_items, root, len(agent_items))]
+        at: tuple[int, str] | None = None
+        leading: list[Any] | None = None
+        if stateful:  # the agent's items are the journal's branch: the boundary and instructions are read there
+            branch = await asyncio.to_thread(_branch_of, ws)
+            if branch is not None:
+                n_agent, tail, leading = branch
+                prefix = [n_agent, tail]
+                at = (n_agent + len(shown_items), chain_at(shown_items, tail, len(shown_items)) or tail)
+        anchor = {midturn.ANCHOR_KEY: anchors[0] if anchors else None,
+                  midturn.ANCHORS_KEY: anchors, midturn.PREFIX_KEY: prefix}
+        w = self._open_notes_window(ws, full, len(full), f"{pending.kind}_midturn", tools,
+                                    prefix[1] if at is not None else None, anchor if not stateful or at else None,
+                                    stateful=stateful and at is None, at=at, leading=leading)
         journal_link.record_event(ws, "rollover", {"outcome": "midturn", "window_id": w.window_id,
                                                    "boundary": len(full)})
         try:  # the turn's later calls run on the tool server (another process): it must see the new window
@@ -731,6 +760,37 @@ def _facts(body: ResponsesBody, payload: dict[str, Any]) -> InputFacts | None:
     """The one-pass facts of `payload`'s input list, cached on the body (None for a string input)."""
     items = payload.get("input")
     return body.facts(items) if is_item_list(items) else None
+
+
+async def _journal_calls(ws: journal_link.WindowSession, call_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """The journal's calls for these ids (the last answer's committed first); {} when it cannot say."""
+    def read() -> dict[str, dict[str, Any]]:
+        ws.journal.flush(10.0)
+        return ws.journal.call_items(ws.key, call_ids)
+    try:
+        return await asyncio.to_thread(read)
+    except Exception:  # the journal is a record: the outputs whose calls it cannot give are left out
+        log.warning("context: the calls of a stateful rollover's outputs could not be read")
+        return {}
+
+
+LEADING_LOOKUP = 16  # the branch's first items read back for a stateful request's instructions
+
+
+def _branch_of(ws: journal_link.WindowSession) -> tuple[int, str, list[Any]] | None:
+    """For a stateful request's turn: how many items the journal's branch holds after this request, the
+    one-chain id of its last, and the agent's leading instructions on it; None without the journal's mark."""
+    mark = ws.mark
+    try:
+        if mark is None or mark.failed or not mark.tail:
+            return None
+        branch, tail = mark.branch, mark.tail
+        ws.journal.flush(10.0)
+        head = [e.item_id for e in branch[:LEADING_LOOKUP]]
+        return len(branch), tail, ws.journal.raw_items(head)
+    except Exception:  # the journal is a record: the window is then the journal's record only
+        log.warning("context: the branch of a stateful turn could not be read")
+        return None
 
 
 def _notes_index(rt: runtime.Runtime, task_id: str, address: str) -> boot.NotesSnapshot:

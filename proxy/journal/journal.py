@@ -31,6 +31,7 @@ from proxy import memory
 from proxy.db import connect
 from proxy.journal import migrate
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
+from proxy.journal.answers import ANSWERED_CALL_TYPES
 from proxy.journal.backlog import Pending, PendingRequest, PendingResponse, Prepared, RequestMark
 from proxy.journal.branch import (
     Alignment,
@@ -432,6 +433,39 @@ class Journal:
             if st.entries[pos].item_id == item_id:
                 return pos
         return None
+
+    def raw_items(self, item_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The committed items with these ids, as first seen, in the order asked (unknown ids left out)."""
+        wanted = list(dict.fromkeys(i for i in item_ids if isinstance(i, str) and i))
+        if not wanted:
+            return []
+        marks = ",".join("?" * len(wanted))
+        with self._lock:
+            rows = self._read.execute(
+                "SELECT i.item_id, r.raw FROM journal_items i JOIN journal_raw r ON r.seq = i.seq"
+                f" WHERE i.item_id IN ({marks})", wanted).fetchall()
+        found = {item_id: orjson.loads(raw) for item_id, raw in rows}
+        return [found[i] for i in wanted if isinstance(found.get(i), dict)]
+
+    def call_items(self, session_key: str, call_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The committed call items of a session with these `call_id`s (the newest of each), as first seen:
+        what a request that drops `previous_response_id` must carry for its outputs (call `flush()` first
+        to include the last answer's). Calls the journal does not hold are absent."""
+        wanted = [c for c in dict.fromkeys(call_ids) if isinstance(c, str) and c]
+        if not wanted:
+            return {}
+        marks, types = ",".join("?" * len(wanted)), ",".join("?" * len(ANSWERED_CALL_TYPES))
+        with self._lock:
+            rows = self._read.execute(
+                "SELECT i.call_id, r.raw FROM journal_items i JOIN journal_raw r ON r.seq = i.seq"
+                f" WHERE i.session_key=? AND i.call_id IN ({marks}) AND i.type IN ({types}) ORDER BY i.seq",
+                (session_key, *wanted, *ANSWERED_CALL_TYPES)).fetchall()
+        found: dict[str, dict[str, Any]] = {}
+        for call_id, raw in rows:
+            item = orjson.loads(raw)
+            if isinstance(item, dict):
+                found[call_id] = item  # (the newest wins)
+        return found
 
     def alias_response(self, response_id: str, session_key: str) -> None:
         with self._lock:
