@@ -34,7 +34,6 @@ from addons._flow import destination_route, header_map, header_pairs, is_reverse
 from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, runtime, usage
 from proxy.compaction import journal_link, store
-from proxy.compaction.bookkeeping import record_compaction
 from proxy.compaction.decision import (
     HOLD_FRACTION,
     TAIL_FRACTION,
@@ -46,7 +45,6 @@ from proxy.compaction.decision import (
     over,
 )
 from proxy.compaction.eligibility import remote_blocked
-from proxy.compaction.engine import Plan, compact, http_caller, retained_budget
 from proxy.compaction.fingerprint import compatible, fingerprint_of, load_key, normalise_endpoint
 from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.overflow import CODE, response_error_code
@@ -59,7 +57,7 @@ from proxy.sse import ResponseTap, StreamTap
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
 from proxy.transforms.lazyitems import as_list
-from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
+from proxy.upstream import UpstreamBroken, UpstreamUnavailable
 from proxy.windows import budget, opening, service
 
 log = logging.getLogger("ctproxy.compaction")
@@ -120,10 +118,7 @@ def _snapshot(conn: sqlite3.Connection, key: str) -> tuple[store.SessionRecord |
 
 
 def _memo(rt: runtime.Runtime) -> store.SessionMemo:
-    memo = rt.services.compaction_memo
-    if memo is None:
-        memo = rt.services.compaction_memo = store.SessionMemo()
-    return memo
+    return service.session_memo(rt)
 
 
 class Compaction(Stage):
@@ -139,13 +134,6 @@ class Compaction(Stage):
             rt.services.journal.flush(timeout=30)
 
     # ------------------------------------------------------------------ helpers
-    @staticmethod
-    def _turns(rt: runtime.Runtime) -> UpstreamTurns:
-        """The upstream-turn service: every call this addon makes upstream goes through it."""
-        if rt.services.upstream is None:
-            rt.services.upstream = UpstreamTurns()
-        return rt.services.upstream
-
     @staticmethod
     def _db(rt: runtime.Runtime) -> dbworker.DBWorker:
         return dbworker.shared(rt.services, rt.state.db_path)
@@ -346,33 +334,23 @@ class Compaction(Stage):
         prev = info.checkpoint
         info.client_items = as_list(info.client_items)  # (recovery may come here with a big input not built)
         boundary = choose_boundary(info.client_items, prev.boundary if prev else 0, info.window or 0)
-        target = info.target
-        window_key = info.windows.key if info.windows is not None else info.session_key
-        plan = Plan(session_key=window_key, client_items=info.client_items, previous=prev,
-                    replay_opaque=info.replay_opaque, boundary=boundary, payload=request_payload,
-                    window=info.window, fingerprint=info.fingerprint, target=target,
-                    remote_blocked=self._blocked(info, rt), reason=reason, retained_budget=retained_budget(info.window))
-        cp = await compact(plan, http_caller(self._turns(rt), rt.config.remote_compaction.timeout_seconds))
-        n = len(info.client_items)
-        info.compacted, info.compacted_items = True, n
-
-        if info.windows is not None:
-            w = info.windows
-            notes = None
-            # An overflow opens the window the agent did not ask for: with context on it gets the notes parts
-            # of the one bootstrap builder (identity, notes index, continuation). A threshold compaction
-            # (remote_compaction's own) replays the compaction output exactly, as the protocol does.
-            if rt.config.context.enabled and reason == "overflow":
-                notes = opening.window_notes_for(rt.state.subdir("notes"), w.task_id, w.address,
-                                                 opening.reachable_context_tools(request_payload,
-                                                                                 rt.config.bridge.families), reason)
-            try:  # the window is the checkpoint's only record (ADR 0006)
-                cp = journal_link.open_window(w, cp, notes)
-            except Exception as exc:
-                log.error("compaction: the window was not journaled (%s)", type(exc).__name__)
-
-        await record_compaction(self._db(rt), _memo(rt), info.session_key, info.windows, cp, n, boundary,
-                                remote_tried=plan.remote_blocked is None)
+        notes = None
+        w = info.windows
+        # An overflow opens the window the agent did not ask for: with context on it gets the notes parts of the
+        # one bootstrap builder (identity, notes index, continuation). A threshold compaction (remote_compaction's
+        # own) replays the compaction output exactly, as the protocol does.
+        if w is not None and rt.config.context.enabled and reason == "overflow":
+            notes = opening.window_notes_for(rt.state.subdir("notes"), w.task_id, w.address,
+                                             opening.reachable_context_tools(request_payload,
+                                                                             rt.config.bridge.families), reason)
+        order = service.CompactionOrder(
+            windows=w, session_key=info.session_key, items=info.client_items, boundary=boundary, previous=prev,
+            replay_opaque=info.replay_opaque, payload=request_payload, window=info.window,
+            fingerprint=info.fingerprint, target=info.target, remote_blocked=self._blocked(info, rt), reason=reason,
+            notes=notes, journal_required=False)  # unjournaled, the checkpoint still serves this request
+        deps = service.deps_of(rt, info.route, info.credentials_allowed, w.journal if w is not None else None)
+        cp = await service.compact_and_open(deps, order)  # the one compaction path (proxy/windows/service.py)
+        info.compacted, info.compacted_items = True, len(info.client_items)
         return cp
 
     def _event(self, rt: runtime.Runtime, info: FlowInfo, kind: str, outcome: str, reason: str | None,
@@ -499,7 +477,7 @@ class Compaction(Stage):
         """The retry, held whole (the agent has seen nothing yet), through the upstream-turn service."""
         req = flow.request.copy()
         req.content = orjson.dumps(payload)  # re-encoded with the request's own Content-Encoding
-        turns = self._turns(rt)
+        turns = service.upstream_turns(rt)
         up = turns.prepare(req.method, req.url, req.headers.items(multi=True), req.raw_content or b"",
                            info.credentials_allowed)
         try:

@@ -34,10 +34,8 @@ from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, runtime
 from proxy import usage as usage_store
 from proxy.compaction import journal_link
-from proxy.compaction.bookkeeping import record_compaction
 from proxy.compaction.decision import TAIL_FRACTION
 from proxy.compaction.eligibility import remote_call
-from proxy.compaction.engine import Plan, compact, http_caller, retained_budget
 from proxy.compaction.fingerprint import load_key
 from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.store import Checkpoint
@@ -56,7 +54,7 @@ from proxy.transforms.ids import project_ids
 from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, client_compacts, input_items, items_bytes
 from proxy.transforms.lazyitems import LazyItems, as_list, is_item_list, plain_payload
 from proxy.transforms.window import WindowProjection, apply_window
-from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
+from proxy.upstream import UpstreamBroken, UpstreamUnavailable
 from proxy.windows import opening, service
 
 log = logging.getLogger("ctproxy.context")
@@ -296,12 +294,6 @@ class Context(Stage):
         self._project(flow, ws, opened)
 
     # ------------------------------------------------------------------ compaction at the hard trigger
-    def _turns(self) -> UpstreamTurns:
-        rt = self.rt
-        if rt.services.upstream is None:
-            rt.services.upstream = UpstreamTurns()
-        return rt.services.upstream
-
     def _route(self, flow: http.HTTPFlow) -> routes.Route:
         route = state_of(flow).route
         if isinstance(route, routes.Route):
@@ -352,30 +344,25 @@ class Context(Stage):
         if rt.services.compaction_key is None:
             rt.services.compaction_key = load_key(rt.state.root)
         route = self._route(flow)
+        allowed = self._credentials_allowed(flow, route)
         req = flow.request
-        call = remote_call(cfg, route, req.scheme, req.host, req.port, req.path, header_map(flow),
-                           self._credentials_allowed(flow, route), model, rt.services.compaction_key)
-        blocked = call.blocked if remote else "strategy_fallback"
-        plan = Plan(session_key=ws.key, client_items=items, previous=previous,
-                    replay_opaque=bool(info is not None and info.replay_opaque and previous is not None),
-                    boundary=n, payload=payload, window=window, fingerprint=call.fingerprint,
-                    target=call.target, remote_blocked=blocked, reason=f"context_{kind}",
-                    retained_budget=retained_budget(window), seen=self._seen(ws, items, n))
-        caller = http_caller(self._turns(), cfg.timeout_seconds) if blocked is None else _no_remote
-        try:
-            notes = opening.window_notes_for(rt.state.subdir("notes"), ws.task_id, ws.address,
-                                             reachable_context_tools(payload, rt), plan.reason)
-            cp = journal_link.open_window(ws, await compact(plan, caller), notes)
+        call = remote_call(cfg, route, req.scheme, req.host, req.port, req.path, header_map(flow), allowed, model,
+                           rt.services.compaction_key)
+        reason = f"{CONTEXT_REASON}{kind}"
+        ident = session_of(flow, rt.services.response_aliases)
+        order = service.CompactionOrder(
+            windows=ws, session_key=ident.session_key if ident is not None else ws.key, items=items, boundary=n,
+            previous=previous, replay_opaque=bool(info is not None and info.replay_opaque and previous is not None),
+            payload=payload, window=window, fingerprint=call.fingerprint, target=call.target,
+            remote_blocked=call.blocked if remote else "strategy_fallback", reason=reason,
+            notes=opening.window_notes_for(rt.state.subdir("notes"), ws.task_id, ws.address,
+                                           reachable_context_tools(payload, rt), reason),
+            seen=self._seen(ws, items, n))
+        try:  # the one compaction path (proxy/windows/service.py)
+            cp = await service.compact_and_open(service.deps_of(rt, route, allowed, ws.journal), order)
         except Exception:  # the journal or the engine refused: the caller falls back to a notes window
             log.warning("context: a compaction at the hard trigger could not be opened")
             return "none"
-        ident = session_of(flow, rt.services.response_aliases)
-        try:
-            await record_compaction(dbworker.shared(rt.services, rt.state.db_path), rt.services.compaction_memo,
-                                    ident.session_key if ident is not None else ws.key, ws, cp, len(items), n,
-                                    remote_tried=blocked is None)
-        except Exception:  # compaction's records are bookkeeping: the window is open
-            log.warning("context: a compaction's records were not written")
         proxy_metrics().rollover(cp.strategy)
         replay = cp.strategy == "remote"
         if info is not None:  # compaction's response hooks (overflow recovery) see this window, not the old one
@@ -489,7 +476,7 @@ class Context(Stage):
         """The turn through the upstream-turn service, to the request's own destination with its own
         credentials under the one credential rule; the held JSON answer, or None."""
         rt = self.rt
-        turns = self._turns()
+        turns = service.upstream_turns(rt)
         req = flow.request
         allowed = self._credentials_allowed(flow, self._route(flow))
         headers = [(k, v) for k, v in req.headers.items(multi=True) if k.lower() not in REPLACED_HEADERS]
@@ -735,10 +722,6 @@ class Context(Stage):
             self._reported.popitem(last=False)
         journal_link.record_event(ws, "projection", {"outcome": "diverged", "window_id": w.window_id,
                                                      "strategy": w.strategy})
-
-
-async def _no_remote(target: Any, body: dict[str, Any]) -> Any:
-    raise AssertionError("the fallback after a failed checkpoint turn never calls the remote endpoint")
 
 
 def _stateful_or_client(payload: dict[str, Any], facts: InputFacts | None = None) -> bool:
