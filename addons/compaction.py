@@ -59,6 +59,7 @@ from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, inp
 from proxy.transforms.lazyitems import as_list
 from proxy.upstream import UpstreamBroken, UpstreamUnavailable
 from proxy.windows import budget, opening, service
+from proxy.windows.decision import WindowDecision
 
 log = logging.getLogger("ctproxy.compaction")
 
@@ -100,6 +101,14 @@ def _fresh(info: FlowInfo) -> bool:
     """New agent items since the session's last compaction (or no compaction in effect)."""
     done = info.compacted_items
     return done is None or info.checkpoint is None or len(info.client_items) > done
+
+
+def _decided(info: FlowInfo, boundary_checked: bool, fit_budget: int | None = None) -> WindowDecision:
+    """The request's window decision, as compaction's record now holds it."""
+    return WindowDecision(checkpoint=info.checkpoint, replay_opaque=info.replay_opaque, outcome=info.outcome,
+                          compacted=info.compacted, compacted_items=info.compacted_items,
+                          boundary_checked=boundary_checked, fit_budget=fit_budget,
+                          client_items=info.client_items, window=info.window, estimate=info.estimate)
 
 
 def _grown(info: FlowInfo) -> bool:
@@ -230,20 +239,20 @@ class Compaction(Stage):
             projected = self._project(payload, cp, info, cfg.enabled, rt)
             sent = _payload_bytes(projected, input_items(projected) or [])
             info.estimate = self._estimate(sent, info, None, None)
+        fit_budget: int | None = None
         by_bytes = _tokens(sent, info.estimate.ratio)  # the usage estimate may reflect a fitted retry
         if info.checkpoint is not None and over(max(info.estimate.tokens, by_bytes), info.window, cfg.threshold):
             # Still above the threshold with a checkpoint in effect (a compaction would not help, or just
             # did not): the bootstrap gives way (retained messages, then the fallback's excerpt).
             fitted = self._fit(projected, info, cfg.threshold * (info.window or 0))
             if fitted is not None:
-                projected, info.fit_budget = fitted
+                projected, fit_budget = fitted
                 sent = _payload_bytes(projected, input_items(projected) or [])
                 info.estimate = self._estimate(sent, info, None, None)
         info.hold = (recover and route.eligible
                      and over(info.estimate.tokens, info.window, HOLD_FRACTION))
         # The context stage (addons/context.py) applies the checkpoint in effect to the body: compaction only
         # decides, on the projection that stage will send (the same pure transform).
-        info.boundary_checked = info.checkpoint is not None
         cp_id = info.checkpoint.id if info.checkpoint else None
         # Coalesced: the session's newest row is all that counts (this process reads its memo, not the row). The
         # write waits for its batch: it closes over the count, never over the items (they would live until then).
@@ -256,6 +265,7 @@ class Compaction(Stage):
                 store.LastRequest(cp_id, len(items), sent), False, sess.failed_items if sess is not None else None,
                 info.compacted_items))
         st.compaction = info
+        st.window = _decided(info, info.checkpoint is not None, fit_budget)  # made once; later steps derive
         debuglog.event("remote_compaction", outcome=info.outcome, estimate=info.estimate.tokens, window=info.window,
                        checkpoint=cp_id, items=len(items), stream=info.hold)
 
@@ -429,6 +439,11 @@ class Compaction(Stage):
             return False
         failed_bytes = _payload_bytes(forwarded, input_items(forwarded) or [])
         self._learn(rt, info, _tokens(failed_bytes, info.estimate.ratio))
+        decided = state_of(flow).window
+        if decided is not None:  # the request's current decision: a later stage (context) may have compacted
+            info.checkpoint, info.replay_opaque = decided.checkpoint, decided.replay_opaque
+            info.outcome = decided.outcome
+            info.compacted, info.compacted_items = decided.compacted, decided.compacted_items
         replay = info.replay_opaque
         if not info.compacted and _fresh(info):
             cp = await self._compact(flow, info, forwarded, "overflow", rt)
@@ -442,6 +457,7 @@ class Compaction(Stage):
         retry_payload = dict(forwarded)
         retry_payload["input"] = [*cp.record().bootstrap(replay), *info.client_items[cp.boundary:]]
         info.checkpoint, info.replay_opaque = cp, replay
+        state_of(flow).window = _decided(info, True)  # derived: the retry goes out with this checkpoint
         budget = failed_bytes * RETRY_FRACTION
         if _payload_bytes(retry_payload, retry_payload["input"]) > budget:
             fitted = self._fit(retry_payload, info, _tokens(int(budget), info.estimate.ratio))

@@ -20,6 +20,7 @@ issue 13) is applied from the session's current window whether or not compaction
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections import OrderedDict
@@ -37,7 +38,6 @@ from proxy.compaction import journal_link
 from proxy.compaction.decision import TAIL_FRACTION
 from proxy.compaction.eligibility import remote_call
 from proxy.compaction.fingerprint import load_key
-from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.store import Checkpoint
 from proxy.context import bootstrap as boot
 from proxy.context import checkpoint_turn as ckturn
@@ -56,6 +56,7 @@ from proxy.transforms.lazyitems import LazyItems, as_list, is_item_list, plain_p
 from proxy.transforms.window import WindowProjection, apply_window
 from proxy.upstream import UpstreamBroken, UpstreamUnavailable
 from proxy.windows import opening, service
+from proxy.windows.decision import WindowDecision
 
 log = logging.getLogger("ctproxy.context")
 
@@ -95,7 +96,7 @@ PROJECTIONS: dict[str, Callable[[Window, runtime.Runtime], WindowProjection | No
 ROLLOVER_KINDS: tuple[Kind, ...] = ("new_context",)
 
 
-def project_decision(payload: dict[str, Any], info: FlowInfo) -> dict[str, Any]:
+def project_decision(payload: dict[str, Any], info: WindowDecision) -> dict[str, Any]:
     """Compaction's decision applied: its checkpoint's bootstrap (opaque when it may be replayed), given
     way to the budget compaction set. The same pure transforms compaction sized the request with."""
     cp = info.checkpoint
@@ -332,7 +333,7 @@ class Context(Stage):
             return "none"
         rt = self.rt
         st = state_of(flow)
-        info = st.compaction if isinstance(st.compaction, FlowInfo) else None
+        info = st.window
         if info is not None and info.compacted:
             return "none"  # compaction compacted this request already: never a second one
         previous = journal_link.current_checkpoint(ws)
@@ -365,9 +366,9 @@ class Context(Stage):
             return "none"
         proxy_metrics().rollover(cp.strategy)
         replay = cp.strategy == "remote"
-        if info is not None:  # compaction's response hooks (overflow recovery) see this window, not the old one
-            info.checkpoint, info.replay_opaque, info.outcome = cp, replay, cp.strategy
-            info.compacted, info.compacted_items, info.fit_budget = True, len(items), None
+        if info is not None:  # the decision derived: overflow recovery and the request log see this window
+            st.window = dataclasses.replace(info, checkpoint=cp, replay_opaque=replay, outcome=cp.strategy,
+                                            compacted=True, compacted_items=len(items), fit_budget=None)
         out, _ = apply_projection(payload, ProjectionContext(cp.record(), replay), checked=True)
         out = decorate(payload, out, ws, rt, None)
         if out is not payload:
@@ -627,10 +628,10 @@ class Context(Stage):
     def _forward_of(self, flow: http.HTTPFlow, ws: journal_link.WindowSession | None, payload: dict[str, Any],
                     opened: Window | None) -> dict[str, Any]:
         """The window applied: compaction's decision, or the session's current window (`opened` now)."""
-        info = state_of(flow).compaction
-        if opened is None and isinstance(info, FlowInfo) and info.checkpoint is not None:
+        info = state_of(flow).window
+        if opened is None and info is not None and info.checkpoint is not None:
             return project_decision(_built(flow, payload), info)  # compaction decided: apply that
-        return self._current(flow, payload, ws, decided=isinstance(info, FlowInfo), window=opened)
+        return self._current(flow, payload, ws, decided=info is not None, window=opened)
 
     def _reminder(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                   opened: Window | None) -> tuple[int, int] | None:
