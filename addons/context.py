@@ -47,6 +47,7 @@ from proxy.flowbody import ResponsesBody, commit_if_alone, decode_bounded, respo
 from proxy.flowstate import state_of
 from proxy.journal import COMPACTION_STRATEGIES, Window
 from proxy.journal.canonical import chain_at, session_root
+from proxy.journal.model import FILED_AFTER_KEY
 from proxy.metrics import proxy_metrics
 from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
@@ -594,14 +595,19 @@ class Context(Stage):
         prefix = [len(agent_items), chain_at(agent_items, root, len(agent_items))]
         at: tuple[int, str] | None = None
         leading: list[Any] | None = None
+        tail: str | None = None
         if stateful:  # the agent's items are the journal's branch: the boundary and instructions are read there
             branch = await asyncio.to_thread(_branch_of, ws)
             if branch is not None:
                 n_agent, tail, leading = branch
                 prefix = [n_agent, tail]
                 at = (n_agent + len(shown_items), chain_at(shown_items, tail, len(shown_items)) or tail)
+        else:
+            tail = await asyncio.to_thread(_tail_of, ws)
         anchor = {midturn.ANCHOR_KEY: anchors[0] if anchors else None,
                   midturn.ANCHORS_KEY: anchors, midturn.PREFIX_KEY: prefix}
+        if tail and shown_items:  # the answer's items up to here stay in the old window when it is journaled
+            anchor[FILED_AFTER_KEY] = chain_at(shown_items, tail, len(shown_items))
         w = self._open_notes_window(ws, full, len(full), f"{pending.kind}_midturn", tools,
                                     prefix[1] if at is not None else None, anchor if not stateful or at else None,
                                     stateful=stateful and at is None, at=at, leading=leading)
@@ -759,6 +765,15 @@ async def _journal_calls(ws: journal_link.WindowSession, call_ids: list[str]) ->
 
 
 LEADING_LOOKUP = 16  # the branch's first items read back for a stateful request's instructions
+
+
+def _tail_of(ws: journal_link.WindowSession) -> str | None:
+    """The journal id of the last item on the branch after this request (its answer hangs from it)."""
+    mark = ws.mark
+    try:
+        return mark.tail if mark is not None and not mark.failed else None
+    except Exception:  # the journal is a record: the turn's items are then filed in the window current at its end
+        return None
 
 
 def _branch_of(ws: journal_link.WindowSession) -> tuple[int, str, list[Any]] | None:

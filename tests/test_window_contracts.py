@@ -259,3 +259,34 @@ async def test_a_bridged_new_context_rolls_a_stateful_turn_over(emulator, proxy_
         assert r3.output_text == "three"
         third = emulator.responses_requests[3]  # (the emulator knows the id it chains from: the round in w2)
         assert third.json.get("previous_response_id") and [text_of(i) for i in third.input_items] == ["more"]
+
+
+# ---- (1) a bridged mid-turn rollover: earlier rounds in the old window, later ones in the new -------------
+
+@pytest.mark.timeout(120)
+async def test_a_bridged_mid_turn_rollover_files_each_round_in_its_window(emulator, proxy_factory):
+    """Issue 29 (1), its second half: the answer of a turn whose bridged new_context rolled the window over is
+    journaled once, at its end; what the model said before the rollover stays in w1 (it followed w1's
+    context), what it said after goes in w2 (it followed w2's bootstrap)."""
+    import asyncio
+
+    import openai
+
+    from tests.emulator import FunctionCall, Response, Text
+    from tests.test_context_rollover import start
+
+    agent = await start(emulator, proxy_factory, ["--bridge", "context,notes"])
+    emulator.script(Response([Text("saving the state first"), FunctionCall("new_context", {}, call_id="c_nc")]),
+                    Text("resumed in the new window"))
+    async with openai.AsyncOpenAI(**agent.client_args) as c:
+        resp = await c.responses.create(model="gpt-4.1", store=False, input="do the work")
+    assert resp.output_text.endswith("resumed in the new window")
+    w1 = w2 = ""
+    for _ in range(100):  # the journal commits the answer a moment after it ends
+        w1 = (await agent.tool("history_list_items", {"window_id": "w1", "role": "assistant"}))["text"]
+        w2 = (await agent.tool("history_list_items", {"window_id": "w2", "role": "assistant"}))["text"]
+        if "resumed" in w1 + w2:
+            break
+        await asyncio.sleep(0.1)
+    assert "saving the state first" in w1 and "resumed in the new window" not in w1, w1
+    assert "resumed in the new window" in w2 and "saving the state first" not in w2, w2

@@ -45,7 +45,7 @@ from proxy.journal.branch import (
 )
 from proxy.journal.canonical import canonical_hash, chain_id, fingerprint, input_items, item_type, session_root
 from proxy.journal.identity import new_task_id, resolve_identity
-from proxy.journal.model import SessionState, Strategy, Window
+from proxy.journal.model import FILED_AFTER_KEY, SessionState, Strategy, Window
 from proxy.journal.ops import (
     EnsureAgent,
     EnsureSession,
@@ -763,6 +763,10 @@ class Journal:
         parent = base[-1].item_id if base else session_root(st.key)
         entries: list[Entry] = []
         ops: list[Op] = []
+        # A window opened during this answer (a bridged mid-turn rollover): what came before it stays in the old one.
+        w = st.window
+        after = w.bootstrap.get(FILED_AFTER_KEY) if isinstance(w.bootstrap, dict) and w.ordinal > 1 else None
+        window_id = f"w{w.ordinal - 1}" if isinstance(after, str) else w.window_id
         for item in items:
             raw = orjson.dumps(item)
             canon = canonical_hash(item)
@@ -770,8 +774,12 @@ class Journal:
             # The fingerprint of the form received: a client resending it unchanged needs no hashing.
             entries.append(Entry(item_id, canon, item_type(item), fingerprint(raw)))
             ops.append(PutItem(item_id, st.key, None if parent.startswith("root:") else parent,
-                               st.window.window_id, "output", raw, canon, rid, p.created_at))
+                               window_id, "output", raw, canon, rid, p.created_at))
+            if item_id == after:
+                window_id = w.window_id  # the items after it followed the new window's bootstrap
             parent = item_id
+        if isinstance(after, str) and window_id != w.window_id:  # not this answer's: all of it in the new window
+            ops = [op._replace(window_id=w.window_id) if isinstance(op, PutItem) else op for op in ops]
         branch = base + entries
         if entries:
             keep = _common_prefix(st.entries, base)

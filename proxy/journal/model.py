@@ -14,6 +14,9 @@ from proxy.journal.branch import Entry
 # a compaction v2 item replayed / the readable excerpt.
 Strategy = Literal["start", "client_compaction", "notes", "remote", "fallback"]
 COMPACTION_STRATEGIES: frozenset[Strategy] = frozenset({"remote", "fallback"})  # a Checkpoint, replayed by compaction
+# In a window's bootstrap: the journal id of the last answer item that still belongs to the window before it (a
+# bridged turn rolled over mid-turn: its answer, journaled at its end, is filed in both windows, issue 29 (1)).
+FILED_AFTER_KEY = "filed_after"
 
 
 @dataclass(frozen=True)
