@@ -56,7 +56,7 @@ from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, client_c
 from proxy.transforms.lazyitems import LazyItems, as_list, is_item_list, plain_payload
 from proxy.transforms.window import WindowProjection, apply_window
 from proxy.upstream import UpstreamBroken, UpstreamUnavailable
-from proxy.windows import opening, service
+from proxy.windows import budget, opening, service
 from proxy.windows.decision import WindowDecision
 
 log = logging.getLogger("ctproxy.context")
@@ -627,6 +627,7 @@ class Context(Stage):
         out = self._forward_of(flow, ws, payload, opened)
         if ws is not None:
             out = decorate(payload, out, ws, self.rt, self._reminder(flow, ws, payload, opened), _facts(body, out))
+            self._first_estimate(flow, ws, body, out)
         if out is not payload:
             body.replace(out)
             commit_if_alone(flow)
@@ -638,6 +639,28 @@ class Context(Stage):
         if opened is None and info is not None and info.checkpoint is not None:
             return project_decision(_built(flow, payload), info)  # compaction decided: apply that
         return self._current(flow, payload, ws, decided=info is not None, window=opened)
+
+    def _first_estimate(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, body: ResponsesBody,
+                        out: dict[str, Any]) -> None:
+        """A session no answer with usage came back for yet: its budget is an estimate of this request
+        (compaction's, when it decided it; else the forwarded size at 4 bytes a token), labelled as such."""
+        rt = self.rt
+        ident = session_of(flow, rt.services.response_aliases)
+        if ident is None or rt.services.usage.get(ident.session_key) is not None:
+            return
+        decided = state_of(flow).window
+        if decided is not None and decided.estimate is not None:
+            tokens = decided.estimate.tokens
+        else:
+            size = body.source_bytes if out is body.view and body.source_bytes else items_bytes(
+                input_items(out) or [])
+            tokens = approx_tokens_for_bytes(size)
+        model = out.get("model") if isinstance(out.get("model"), str) else None
+        try:
+            budget.record_estimate(rt.services, rt.state.db_path, ident.session_key, ws.task_id, ws.address, model,
+                                   int(tokens))
+        except Exception:  # a record: never a reason to fail the request
+            log.warning("context: a first request's estimate was not recorded")
 
     def _reminder(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                   opened: Window | None) -> tuple[int, int] | None:

@@ -290,3 +290,39 @@ async def test_a_bridged_mid_turn_rollover_files_each_round_in_its_window(emulat
         await asyncio.sleep(0.1)
     assert "saving the state first" in w1 and "resumed in the new window" not in w1, w1
     assert "resumed in the new window" in w2 and "saving the state first" not in w2, w2
+
+
+# ---- (5) a first turn's budget: an estimate of the request, labelled as one ---------------------------
+
+@pytest.mark.timeout(120)
+async def test_a_first_turn_budget_is_an_estimate_labelled_as_one(emulator, proxy_factory):
+    """Before the session's first answer with usage, get_context_remaining said "unknown". Now it reports an
+    estimate of the forwarded request (text and details say it is one); the first answer's usage replaces it."""
+    import asyncio
+
+    import openai
+
+    from tests.emulator import Text
+    from tests.test_context_rollover import start
+
+    agent = await start(emulator, proxy_factory)
+    emulator.script(Text("a slow first answer", latency=6.0))
+    async with openai.AsyncOpenAI(**agent.client_args) as c:
+        pending = asyncio.ensure_future(c.responses.create(model="gpt-4.1", input="x" * 4000))
+        left: dict = {}
+        for _ in range(50):  # while the upstream has not answered yet
+            await asyncio.sleep(0.1)
+            async with aiohttp.ClientSession() as http, http.post(
+                    f"{agent.proxy.tools_url}/v1/tools/get_context_remaining", headers=agent.tool_headers,
+                    json={}) as r:
+                left = await r.json()
+            if r.status == 200 and left["details"]["state"] == "estimated":
+                break
+        assert not pending.done()
+        assert left["details"]["state"] == "estimated" and left["details"]["estimated"] is True, left
+        assert left["text"].startswith("You have about ") and "an estimate" in left["text"]
+        assert 900 <= left["details"]["used_tokens"] <= 2000, left["details"]  # 4,000 characters, 4 a token
+        await pending
+    after = await agent.tool("get_context_remaining", {})
+    assert after["details"]["state"] == "known" and after["details"]["estimated"] is False
+    assert after["text"].startswith("You have ") and "estimate" not in after["text"].splitlines()[0]
