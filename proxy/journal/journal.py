@@ -45,7 +45,7 @@ from proxy.journal.branch import (
 )
 from proxy.journal.canonical import canonical_hash, chain_id, fingerprint, input_items, item_type, session_root
 from proxy.journal.identity import new_task_id, resolve_identity
-from proxy.journal.model import FILED_AFTER_KEY, SessionState, Strategy, Window
+from proxy.journal.model import FILED_AFTER_KEY, SessionState, Strategy, Window, window_id
 from proxy.journal.ops import (
     EnsureAgent,
     EnsureSession,
@@ -338,7 +338,7 @@ class Journal:
                     boundary_hash: str | None = None, reason: str | None = None,
                     opaque: bytes | None = None) -> Window:
         ordinal = self._next_ordinal(task_id, address)
-        w = Window(f"w{ordinal}", ordinal, session_key, task_id, address, boundary, strategy, bootstrap,
+        w = Window(window_id(ordinal), ordinal, session_key, task_id, address, boundary, strategy, bootstrap,
                    time.time(), boundary_pos, boundary_hash, reason, opaque)
         self._submit([PutWindow(task_id, address, w.window_id, ordinal, session_key, boundary, strategy,
                                 bootstrap, w.created_at, boundary_pos, boundary_hash, reason, opaque)])
@@ -387,7 +387,7 @@ class Journal:
                 carried = tuple(e.item_id for e in st.entries[at + 1:]) if at is not None else ()
             if callable(bootstrap):
                 prev = st.window
-                bootstrap = bootstrap(prev, f"w{self._peek_ordinal(st.task_id, st.address)}")
+                bootstrap = bootstrap(prev, window_id(self._peek_ordinal(st.task_id, st.address)))
             st.window = self._new_window(session_key, st.task_id, st.address, boundary_item_id, strategy,
                                          dict(bootstrap), boundary_pos, boundary_hash, reason, opaque)
             if carried:
@@ -766,7 +766,7 @@ class Journal:
         # A window opened during this answer (a bridged mid-turn rollover): what came before it stays in the old one.
         w = st.window
         after = w.bootstrap.get(FILED_AFTER_KEY) if isinstance(w.bootstrap, dict) and w.ordinal > 1 else None
-        window_id = f"w{w.ordinal - 1}" if isinstance(after, str) else w.window_id
+        filed_in = window_id(w.ordinal - 1) if isinstance(after, str) else w.window_id
         for item in items:
             raw = orjson.dumps(item)
             canon = canonical_hash(item)
@@ -774,11 +774,11 @@ class Journal:
             # The fingerprint of the form received: a client resending it unchanged needs no hashing.
             entries.append(Entry(item_id, canon, item_type(item), fingerprint(raw)))
             ops.append(PutItem(item_id, st.key, None if parent.startswith("root:") else parent,
-                               window_id, "output", raw, canon, rid, p.created_at))
+                               filed_in, "output", raw, canon, rid, p.created_at))
             if item_id == after:
-                window_id = w.window_id  # the items after it followed the new window's bootstrap
+                filed_in = w.window_id  # the items after it followed the new window's bootstrap
             parent = item_id
-        if isinstance(after, str) and window_id != w.window_id:  # not this answer's: all of it in the new window
+        if isinstance(after, str) and filed_in != w.window_id:  # not this answer's: all of it in the new window
             ops = [op._replace(window_id=w.window_id) if isinstance(op, PutItem) else op for op in ops]
         branch = base + entries
         if entries:
