@@ -42,6 +42,7 @@ from proxy.compaction.store import Checkpoint
 from proxy.context import bootstrap as boot
 from proxy.context import checkpoint_turn as ckturn
 from proxy.context import midturn, reminder, stateful
+from proxy.context.decorate import decorate, stateful_or_client
 from proxy.context.rollover import Kind, RolloverStore
 from proxy.flowbody import ResponsesBody, commit_if_alone, decode_bounded, responses_body
 from proxy.flowstate import state_of
@@ -51,9 +52,8 @@ from proxy.journal.model import FILED_AFTER_KEY
 from proxy.metrics import proxy_metrics
 from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
-from proxy.transforms.ids import project_ids
-from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, client_compacts, input_items, items_bytes
-from proxy.transforms.lazyitems import LazyItems, as_list, is_item_list, plain_payload
+from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, input_items, items_bytes
+from proxy.transforms.lazyitems import as_list, is_item_list, plain_payload
 from proxy.transforms.window import WindowProjection, apply_window
 from proxy.upstream import UpstreamBroken, UpstreamUnavailable
 from proxy.windows import budget, opening, service
@@ -371,7 +371,7 @@ class Context(Stage):
             st.window = dataclasses.replace(info, checkpoint=cp, replay_opaque=replay, outcome=cp.strategy,
                                             compacted=True, compacted_items=len(items), fit_budget=None)
         out, _ = apply_projection(payload, ProjectionContext(cp.record(), replay), checked=True)
-        out = decorate(payload, out, ws, rt, None)
+        out = decorate(payload, out, ws, rt.config.bridge.families, rt.config.context.id_projection, None)
         if out is not payload:
             body.replace(out)
             commit_if_alone(flow)
@@ -429,7 +429,8 @@ class Context(Stage):
             return "no_tool_server", executed
         if spec is None:
             return "no_write_tool", executed
-        forwarded = decorate(payload, self._forward_of(flow, ws, payload, None), ws, rt, None)
+        forwarded = decorate(payload, self._forward_of(flow, ws, payload, None), ws, rt.config.bridge.families,
+                             rt.config.context.id_projection, None)
         extra: list[Any] = []
         why = "write_failed"
         for _attempt in range(2):
@@ -502,7 +503,7 @@ class Context(Stage):
 
     def _window_session(self, flow: http.HTTPFlow) -> journal_link.WindowSession | None:
         body = responses_body(flow)
-        if body is None or _stateful_or_client(body.view, _facts(body, body.view)):
+        if body is None or stateful_or_client(body.view, _facts(body, body.view)):
             return None
         rt = self.rt
         ident = session_of(flow, rt.services.response_aliases)
@@ -626,7 +627,9 @@ class Context(Stage):
         payload = body.view
         out = self._forward_of(flow, ws, payload, opened)
         if ws is not None:
-            out = decorate(payload, out, ws, self.rt, self._reminder(flow, ws, payload, opened), _facts(body, out))
+            cfg = self.rt.config
+            out = decorate(payload, out, ws, cfg.bridge.families, cfg.context.id_projection,
+                           self._reminder(flow, ws, payload, opened), _facts(body, out))
             self._first_estimate(flow, ws, body, out)
         if out is not payload:
             body.replace(out)
@@ -754,12 +757,6 @@ class Context(Stage):
                                                      "strategy": w.strategy})
 
 
-def _stateful_or_client(payload: dict[str, Any], facts: InputFacts | None = None) -> bool:
-    """The upstream holds the history (previous_response_id, conversation), or the client compacts itself."""
-    return (bool(payload.get("previous_response_id") or payload.get("conversation"))
-            or client_compacts(payload, facts))
-
-
 def _built(flow: http.HTTPFlow, payload: dict[str, Any]) -> dict[str, Any]:
     """`payload` with its input items built: the body's own dict is built in place (so `payload`, when it is that
     dict, stays the same object), any other one is copied with the list."""
@@ -819,64 +816,9 @@ def _notes_index(rt: runtime.Runtime, task_id: str, address: str) -> boot.NotesS
     return opening.notes_snapshot(rt.state.subdir("notes"), task_id, address)
 
 
-# ------------------------------------------------------------------------- guidance and [id: …]
 def reachable_context_tools(payload: dict[str, Any], rt: runtime.Runtime) -> tuple[str, ...]:
     """The context tools the session can call (proxy/windows/opening.py)."""
     return opening.reachable_context_tools(payload, rt.config.bridge.families)
-
-
-def forwarded_ids(agent_items: list[Any], forwarded: list[Any], mark: Any) -> list[str | None] | None:
-    """The journal id of each forwarded item: an agent item keeps its `mark.input_ids[k]` (found by
-    identity: projections keep the agent's own objects), anything the proxy made has none."""
-    if mark is None or getattr(mark, "failed", True):
-        return None
-    try:
-        ids = mark.input_ids
-    except Exception:  # the journal is a record: no ids rather than a failed request
-        return None
-    if len(ids) != len(agent_items):
-        return None
-    pos = {id(item): k for k, item in enumerate(agent_items)}
-    return [ids[k] if (k := pos.get(id(item))) is not None and ids[k] else None for item in forwarded]
-
-
-def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.WindowSession,
-             rt: runtime.Runtime, remind: tuple[int, int] | None = None,
-             facts: InputFacts | None = None) -> dict[str, Any]:
-    """The forwarded copy with exactly one guidance message (only when its tools are reachable), the
-    `[id: …]` markers and, when `remind` = (used, window), the hidden reminder last. `payload` is the
-    agent's request, `out` what the projection made of it; `facts`: those of `out`'s input, when known
-    (only its system/developer items are then looked at for a resent guidance or reminder)."""
-    if out is not payload and _stateful_or_client(out, facts):  # (the agent's own request was checked already)
-        return out
-    raw = out.get("input")
-    if not is_item_list(raw):
-        return out  # a string input: one new message, nothing to recover yet
-    agent_items = payload.get("input")
-    tools = reachable_context_tools(out, rt)
-    text = reminder.reminder_text(*remind, tools) if remind is not None and reminder.can_remind(tools) else None
-    if isinstance(raw, LazyItems) and (tools or text is not None):
-        # guidance, markers or a reminder go in: the items themselves (else a big input is read lazily, and only
-        # its system/developer items are looked at)
-        raw, agent_items = raw.materialize(), as_list(agent_items)
-    instructions = facts.instructions if facts is not None else None
-    if not tools and text is None and instructions is not None and not any(
-            boot.is_guidance(raw[k]) or reminder.is_reminder(raw[k]) for k in instructions):
-        return out  # nothing to add, and no guidance or reminder resent to drop (only instructions can be either)
-    # a reminder only ever comes back as one of the input's developer messages: none there, none to drop
-    resent = None if instructions is None or any(reminder.is_reminder(raw[k]) for k in instructions) else ()
-    forwarded: Sequence[Any] = boot.insert_guidance(raw, tools, instructions)
-    if tools and (w := ws.journal.window_of(ws.key)) is not None:  # who and where: from the first window on
-        forwarded = boot.insert_identity(forwarded, boot.identity_text(ws.address, w.window_id, None, ws.task_id))
-    # the markers are what history_read_item takes: shown only to a session that can call it
-    if rt.config.context.id_projection and "history_read_item" in tools and isinstance(agent_items, list):
-        ids = forwarded_ids(agent_items, forwarded, ws.mark)
-        if ids is not None:
-            forwarded = list(project_ids(forwarded, ids))
-    forwarded = reminder.with_reminder(forwarded, text, resent)
-    if forwarded is raw or (len(forwarded) == len(raw) and all(a is b for a, b in zip(forwarded, raw, strict=True))):
-        return out
-    return {**out, "input": forwarded}
 
 
 def _other_strategies() -> bool:
