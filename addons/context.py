@@ -44,26 +44,23 @@ from proxy.context import checkpoint_turn as ckturn
 from proxy.context import midturn, reminder, stateful
 from proxy.context.decorate import decorate, stateful_or_client
 from proxy.context.rollover import Kind, RolloverStore
-from proxy.flowbody import ResponsesBody, commit_if_alone, decode_bounded, responses_body
+from proxy.flowbody import ResponsesBody, commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.journal import COMPACTION_STRATEGIES, Window
 from proxy.journal.canonical import chain_at, session_root
 from proxy.journal.model import FILED_AFTER_KEY
 from proxy.metrics import proxy_metrics
-from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
+from proxy.toolclient import ToolClient, ToolServerUnreachable
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, input_items, items_bytes
 from proxy.transforms.lazyitems import as_list, is_item_list, plain_payload
 from proxy.transforms.window import WindowProjection, apply_window
-from proxy.upstream import UpstreamBroken, UpstreamUnavailable
-from proxy.windows import budget, opening, service
+from proxy.windows import budget, checkpoint, opening, service
 from proxy.windows.decision import WindowDecision
 
 log = logging.getLogger("ctproxy.context")
 
 REPORTED_WINDOWS = 4096  # windows whose divergence this process has recorded (once each)
-# the checkpoint turn's own body (JSON, not streamed, not compressed) replaces these of the agent's request
-REPLACED_HEADERS = frozenset({"content-length", "content-encoding", "content-type", "accept-encoding", "accept"})
 CONTEXT_REASON = "context_"  # the reason of a compaction window this stage opened (context_threshold, …)
 
 
@@ -415,48 +412,26 @@ class Context(Stage):
 
     async def _checkpoint_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession,
                                payload: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-        """One turn upstream (the current window + the instruction, only the own-notes write offered and
-        required), exactly one own-notes write executed (a failed one may be corrected once). Returns
-        `written` or why not (a category), and the executed writes as the journal keeps them."""
+        """The checkpoint turn (proxy/windows/checkpoint.py) for this request, in its current window."""
         rt = self.rt
-        executed: list[dict[str, Any]] = []
         client = self._tools_client()
         if client is None:
-            return "no_tool_server", executed
+            return "no_tool_server", []
         try:
             spec = await self._write_spec(client)
         except ToolServerUnreachable:
-            return "no_tool_server", executed
+            return "no_tool_server", []
         if spec is None:
-            return "no_write_tool", executed
+            return "no_write_tool", []
         forwarded = decorate(payload, self._forward_of(flow, ws, payload, None), ws, rt.config.bridge.families,
                              rt.config.context.id_projection, None)
-        extra: list[Any] = []
-        why = "write_failed"
-        for _attempt in range(2):
-            body = ckturn.turn_body(forwarded, spec, rt.config.context.checkpoint_instruction, extra)
-            answer = await self._send(flow, body)
-            if answer is None:
-                return "upstream_failed", executed
-            call, why = ckturn.write_call(answer)
-            if call is None:
-                return why, executed
-            if not ckturn.own_path(call.arguments, ws.address):
-                # another agent's notes never lift the fence: refused unexecuted, and corrected once
-                extra = ckturn.correction(call, ckturn.not_own_text(ws.address))
-                why = "not_own_notes"
-                continue
-            try:
-                out = await client.call(ToolCall(ckturn.WRITE_TOOL, "function", call.arguments, call_id=call.call_id,
-                                                 task=ws.task_id, agent=ws.address, session=ws.key))
-            except ToolServerUnreachable:
-                return "no_tool_server", executed
-            executed.append(ckturn.journal_record(call, out.output, out.is_error))
-            if not out.is_error:
-                return "written", executed
-            extra = ckturn.correction(call, out.output)
-            why = "write_failed"
-        return why, executed
+        route = self._route(flow)
+        deps = service.deps_of(rt, route, self._credentials_allowed(flow, route), ws.journal, client)
+        req = flow.request
+        target = checkpoint.TurnTarget(req.url, tuple(req.headers.items(multi=True)),
+                                       rt.config.context.checkpoint_instruction,
+                                       rt.config.context.checkpoint_timeout_seconds, rt.config.limits.max_body_bytes)
+        return await checkpoint.run_turn(deps, target, ws, forwarded, spec)
 
     def _journal_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                       executed: list[dict[str, Any]]) -> None:
@@ -474,32 +449,6 @@ class Context(Stage):
                                               {"input": [*items, *executed]})
         except Exception:  # the journal is a record: never a reason to fail the request
             log.warning("context: the checkpoint turn's write was not journaled")
-
-    async def _send(self, flow: http.HTTPFlow, body: dict[str, Any]) -> dict[str, Any] | None:
-        """The turn through the upstream-turn service, to the request's own destination with its own
-        credentials under the one credential rule; the held JSON answer, or None."""
-        rt = self.rt
-        turns = service.upstream_turns(rt)
-        req = flow.request
-        allowed = self._credentials_allowed(flow, self._route(flow))
-        headers = [(k, v) for k, v in req.headers.items(multi=True) if k.lower() not in REPLACED_HEADERS]
-        headers += [("content-type", "application/json"), ("accept", "application/json"),
-                    ("accept-encoding", "identity")]
-        up = turns.prepare("POST", req.url, headers, orjson.dumps(body), allowed)
-        limit = rt.config.context.checkpoint_timeout_seconds
-        try:
-            async with asyncio.timeout(limit):  # the whole answer, not only its headers
-                held = await turns.hold(up, timeout=limit)
-        except (UpstreamUnavailable, UpstreamBroken, TimeoutError):
-            return None
-        if held.status != 200:
-            return None
-        try:
-            raw = decode_bounded(held.body, held.header("content-encoding"), rt.config.limits.max_body_bytes)
-            answer = orjson.loads(raw)
-        except Exception:  # an answer we cannot read is a failed turn, never a failed request
-            return None
-        return answer if isinstance(answer, dict) else None
 
     def _window_session(self, flow: http.HTTPFlow) -> journal_link.WindowSession | None:
         body = responses_body(flow)
