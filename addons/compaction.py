@@ -53,12 +53,11 @@ from proxy.compaction.store import Checkpoint
 from proxy.flowbody import responses_body
 from proxy.flowstate import Settling, state_of
 from proxy.metrics import proxy_metrics
-from proxy.sse import ResponseTap, StreamTap
+from proxy.sse import ResponseTap
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
 from proxy.transforms.lazyitems import as_list
-from proxy.upstream import UpstreamBroken, UpstreamUnavailable
-from proxy.windows import budget, opening, service
+from proxy.windows import budget, opening, recovery, service
 from proxy.windows.decision import WindowDecision
 
 log = logging.getLogger("ctproxy.compaction")
@@ -466,7 +465,8 @@ class Compaction(Stage):
                 return False  # nothing smaller to send: the agent gets the original error
             retry_payload = fitted[0]
         retry_bytes = _payload_bytes(retry_payload, retry_payload["input"])
-        new = await self._send_retry(flow, info, retry_payload, rt)
+        deps = service.deps_of(rt, info.route, info.credentials_allowed, state_of(flow).journal)
+        new = await recovery.send_retry(deps, flow.request, retry_payload)
         code = None if new is None else response_error_code(
             new.status_code, new.headers.get("content-type", ""), new.get_content(strict=False) or b"")
         ok = new is not None and code is None
@@ -485,47 +485,8 @@ class Compaction(Stage):
         self._db(rt).put_latest(("forwarded", key),
                                 lambda conn: store.record_forwarded(conn, key, cp_id, n, retry_bytes))
         flow.response = new
-        self._retap(flow, new)
+        recovery.retap(flow, new)
         return True
-
-    async def _send_retry(self, flow: http.HTTPFlow, info: FlowInfo, payload: dict[str, Any],
-                          rt: runtime.Runtime) -> http.Response | None:
-        """The retry, held whole (the agent has seen nothing yet), through the upstream-turn service."""
-        req = flow.request.copy()
-        req.content = orjson.dumps(payload)  # re-encoded with the request's own Content-Encoding
-        turns = service.upstream_turns(rt)
-        up = turns.prepare(req.method, req.url, req.headers.items(multi=True), req.raw_content or b"",
-                           info.credentials_allowed)
-        try:
-            held = await turns.hold(up)
-        except (UpstreamUnavailable, UpstreamBroken):
-            return None
-        resp = http.Response.make(held.status, b"", [(k.encode(), v.encode()) for k, v in held.headers])
-        resp.raw_content = held.body
-        resp.headers["content-length"] = str(len(held.body))
-        return resp
-
-    @staticmethod
-    def _retap(flow: http.HTTPFlow, resp: http.Response) -> None:
-        """Refill the flow's tap from the retry, keeping the tap object (and its listeners)."""
-        tap = state_of(flow).tap
-        if not isinstance(tap, ResponseTap):
-            return
-        fresh = ResponseTap(listeners=tap.listeners)
-        for name in ("response_id", "model", "status", "items", "usage", "error", "completed", "incomplete",
-                     "events", "last_sequence", "first_output_seen"):
-            setattr(tap, name, getattr(fresh, name))
-        if resp.headers.get("content-type", "").lower().startswith("text/event-stream"):
-            feeder = StreamTap(tap, resp.headers.get("content-encoding", ""))
-            feeder(resp.raw_content or b"")
-            feeder(b"")
-        else:
-            try:
-                parsed = orjson.loads(resp.get_content(strict=False) or b"")
-            except orjson.JSONDecodeError:
-                return
-            if isinstance(parsed, dict):
-                tap.on_json_response(parsed)
 
 
 addons = [Compaction()]
