@@ -55,7 +55,7 @@ from proxy.transforms.compaction import ProjectionContext, apply_projection, fit
 from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, input_items, items_bytes
 from proxy.transforms.lazyitems import as_list, is_item_list, plain_payload
 from proxy.transforms.window import WindowProjection, apply_window
-from proxy.windows import budget, checkpoint, opening, service
+from proxy.windows import budget, checkpoint, journal_reads, opening, service
 from proxy.windows.decision import WindowDecision
 
 log = logging.getLogger("ctproxy.context")
@@ -196,7 +196,7 @@ class Context(Stage):
         # Everything the agent sends after its instructions follows the bootstrap; its outputs keep their calls.
         n = boot.leading_count(items)
         missing = stateful.missing_calls(items[n:])
-        moved = stateful.stateful_input(items[n:], await _journal_calls(ws, missing) if missing else {})
+        moved = stateful.stateful_input(items[n:], await journal_reads.journal_calls(ws, missing) if missing else {})
         mark = state_of(flow).journal_mark or ws.mark
         boundary_item, follows = None, None
         if mark is not None and not mark.failed and len(mark.input_ids) >= len(items):
@@ -547,13 +547,13 @@ class Context(Stage):
         leading: list[Any] | None = None
         tail: str | None = None
         if stateful:  # the agent's items are the journal's branch: the boundary and instructions are read there
-            branch = await asyncio.to_thread(_branch_of, ws)
+            branch = await asyncio.to_thread(journal_reads.branch_of, ws)
             if branch is not None:
                 n_agent, tail, leading = branch
                 prefix = [n_agent, tail]
                 at = (n_agent + len(shown_items), chain_at(shown_items, tail, len(shown_items)) or tail)
         else:
-            tail = await asyncio.to_thread(_tail_of, ws)
+            tail = await asyncio.to_thread(journal_reads.tail_of, ws)
         anchor = {midturn.ANCHOR_KEY: anchors[0] if anchors else None,
                   midturn.ANCHORS_KEY: anchors, midturn.PREFIX_KEY: prefix}
         if tail and shown_items:  # the answer's items up to here stay in the old window when it is journaled
@@ -719,46 +719,6 @@ def _facts(body: ResponsesBody, payload: dict[str, Any]) -> InputFacts | None:
     """The one-pass facts of `payload`'s input list, cached on the body (None for a string input)."""
     items = payload.get("input")
     return body.facts(items) if is_item_list(items) else None
-
-
-async def _journal_calls(ws: journal_link.WindowSession, call_ids: list[str]) -> dict[str, dict[str, Any]]:
-    """The journal's calls for these ids (the last answer's committed first); {} when it cannot say."""
-    def read() -> dict[str, dict[str, Any]]:
-        ws.journal.flush(10.0)
-        return ws.journal.call_items(ws.key, call_ids)
-    try:
-        return await asyncio.to_thread(read)
-    except Exception:  # the journal is a record: the outputs whose calls it cannot give are left out
-        log.warning("context: the calls of a stateful rollover's outputs could not be read")
-        return {}
-
-
-LEADING_LOOKUP = 16  # the branch's first items read back for a stateful request's instructions
-
-
-def _tail_of(ws: journal_link.WindowSession) -> str | None:
-    """The journal id of the last item on the branch after this request (its answer hangs from it)."""
-    mark = ws.mark
-    try:
-        return mark.tail if mark is not None and not mark.failed else None
-    except Exception:  # the journal is a record: the turn's items are then filed in the window current at its end
-        return None
-
-
-def _branch_of(ws: journal_link.WindowSession) -> tuple[int, str, list[Any]] | None:
-    """For a stateful request's turn: how many items the journal's branch holds after this request, the
-    one-chain id of its last, and the agent's leading instructions on it; None without the journal's mark."""
-    mark = ws.mark
-    try:
-        if mark is None or mark.failed or not mark.tail:
-            return None
-        branch, tail = mark.branch, mark.tail
-        ws.journal.flush(10.0)
-        head = [e.item_id for e in branch[:LEADING_LOOKUP]]
-        return len(branch), tail, ws.journal.raw_items(head)
-    except Exception:  # the journal is a record: the window is then the journal's record only
-        log.warning("context: the branch of a stateful turn could not be read")
-        return None
 
 
 def _notes_index(rt: runtime.Runtime, task_id: str, address: str) -> boot.NotesSnapshot:
