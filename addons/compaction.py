@@ -34,7 +34,6 @@ from addons._flow import destination_route, header_map, header_pairs, is_reverse
 from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, runtime, usage
 from proxy.compaction import journal_link, store
-from proxy.compaction.bookkeeping import record_compaction
 from proxy.compaction.decision import (
     HOLD_FRACTION,
     TAIL_FRACTION,
@@ -46,7 +45,6 @@ from proxy.compaction.decision import (
     over,
 )
 from proxy.compaction.eligibility import remote_blocked
-from proxy.compaction.engine import Plan, compact, http_caller, retained_budget
 from proxy.compaction.fingerprint import compatible, fingerprint_of, load_key, normalise_endpoint
 from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.overflow import CODE, response_error_code
@@ -55,12 +53,12 @@ from proxy.compaction.store import Checkpoint
 from proxy.flowbody import responses_body
 from proxy.flowstate import Settling, state_of
 from proxy.metrics import proxy_metrics
-from proxy.sse import ResponseTap, StreamTap
+from proxy.sse import ResponseTap
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
 from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
 from proxy.transforms.lazyitems import as_list
-from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
-from proxy.windows import budget, opening, service
+from proxy.windows import budget, opening, recovery, service
+from proxy.windows.decision import WindowDecision
 
 log = logging.getLogger("ctproxy.compaction")
 
@@ -104,6 +102,14 @@ def _fresh(info: FlowInfo) -> bool:
     return done is None or info.checkpoint is None or len(info.client_items) > done
 
 
+def _decided(info: FlowInfo, boundary_checked: bool, fit_budget: int | None = None) -> WindowDecision:
+    """The request's window decision, as compaction's record now holds it."""
+    return WindowDecision(checkpoint=info.checkpoint, replay_opaque=info.replay_opaque, outcome=info.outcome,
+                          compacted=info.compacted, compacted_items=info.compacted_items,
+                          boundary_checked=boundary_checked, fit_budget=fit_budget,
+                          client_items=info.client_items, window=info.window, estimate=info.estimate)
+
+
 def _grown(info: FlowInfo) -> bool:
     """A threshold compaction right after another one helps only when the agent's items since then weigh
     something (at least the tail's share of the window): otherwise the new bootstrap is about the old
@@ -120,10 +126,7 @@ def _snapshot(conn: sqlite3.Connection, key: str) -> tuple[store.SessionRecord |
 
 
 def _memo(rt: runtime.Runtime) -> store.SessionMemo:
-    memo = rt.services.compaction_memo
-    if memo is None:
-        memo = rt.services.compaction_memo = store.SessionMemo()
-    return memo
+    return service.session_memo(rt)
 
 
 class Compaction(Stage):
@@ -139,13 +142,6 @@ class Compaction(Stage):
             rt.services.journal.flush(timeout=30)
 
     # ------------------------------------------------------------------ helpers
-    @staticmethod
-    def _turns(rt: runtime.Runtime) -> UpstreamTurns:
-        """The upstream-turn service: every call this addon makes upstream goes through it."""
-        if rt.services.upstream is None:
-            rt.services.upstream = UpstreamTurns()
-        return rt.services.upstream
-
     @staticmethod
     def _db(rt: runtime.Runtime) -> dbworker.DBWorker:
         return dbworker.shared(rt.services, rt.state.db_path)
@@ -242,20 +238,20 @@ class Compaction(Stage):
             projected = self._project(payload, cp, info, cfg.enabled, rt)
             sent = _payload_bytes(projected, input_items(projected) or [])
             info.estimate = self._estimate(sent, info, None, None)
+        fit_budget: int | None = None
         by_bytes = _tokens(sent, info.estimate.ratio)  # the usage estimate may reflect a fitted retry
         if info.checkpoint is not None and over(max(info.estimate.tokens, by_bytes), info.window, cfg.threshold):
             # Still above the threshold with a checkpoint in effect (a compaction would not help, or just
             # did not): the bootstrap gives way (retained messages, then the fallback's excerpt).
             fitted = self._fit(projected, info, cfg.threshold * (info.window or 0))
             if fitted is not None:
-                projected, info.fit_budget = fitted
+                projected, fit_budget = fitted
                 sent = _payload_bytes(projected, input_items(projected) or [])
                 info.estimate = self._estimate(sent, info, None, None)
         info.hold = (recover and route.eligible
                      and over(info.estimate.tokens, info.window, HOLD_FRACTION))
         # The context stage (addons/context.py) applies the checkpoint in effect to the body: compaction only
         # decides, on the projection that stage will send (the same pure transform).
-        info.boundary_checked = info.checkpoint is not None
         cp_id = info.checkpoint.id if info.checkpoint else None
         # Coalesced: the session's newest row is all that counts (this process reads its memo, not the row). The
         # write waits for its batch: it closes over the count, never over the items (they would live until then).
@@ -268,6 +264,7 @@ class Compaction(Stage):
                 store.LastRequest(cp_id, len(items), sent), False, sess.failed_items if sess is not None else None,
                 info.compacted_items))
         st.compaction = info
+        st.window = _decided(info, info.checkpoint is not None, fit_budget)  # made once; later steps derive
         debuglog.event("remote_compaction", outcome=info.outcome, estimate=info.estimate.tokens, window=info.window,
                        checkpoint=cp_id, items=len(items), stream=info.hold)
 
@@ -346,33 +343,23 @@ class Compaction(Stage):
         prev = info.checkpoint
         info.client_items = as_list(info.client_items)  # (recovery may come here with a big input not built)
         boundary = choose_boundary(info.client_items, prev.boundary if prev else 0, info.window or 0)
-        target = info.target
-        window_key = info.windows.key if info.windows is not None else info.session_key
-        plan = Plan(session_key=window_key, client_items=info.client_items, previous=prev,
-                    replay_opaque=info.replay_opaque, boundary=boundary, payload=request_payload,
-                    window=info.window, fingerprint=info.fingerprint, target=target,
-                    remote_blocked=self._blocked(info, rt), reason=reason, retained_budget=retained_budget(info.window))
-        cp = await compact(plan, http_caller(self._turns(rt), rt.config.remote_compaction.timeout_seconds))
-        n = len(info.client_items)
-        info.compacted, info.compacted_items = True, n
-
-        if info.windows is not None:
-            w = info.windows
-            notes = None
-            # An overflow opens the window the agent did not ask for: with context on it gets the notes parts
-            # of the one bootstrap builder (identity, notes index, continuation). A threshold compaction
-            # (remote_compaction's own) replays the compaction output exactly, as the protocol does.
-            if rt.config.context.enabled and reason == "overflow":
-                notes = opening.window_notes_for(rt.state.subdir("notes"), w.task_id, w.address,
-                                                 opening.reachable_context_tools(request_payload,
-                                                                                 rt.config.bridge.families), reason)
-            try:  # the window is the checkpoint's only record (ADR 0006)
-                cp = journal_link.open_window(w, cp, notes)
-            except Exception as exc:
-                log.error("compaction: the window was not journaled (%s)", type(exc).__name__)
-
-        await record_compaction(self._db(rt), _memo(rt), info.session_key, info.windows, cp, n, boundary,
-                                remote_tried=plan.remote_blocked is None)
+        notes = None
+        w = info.windows
+        # An overflow opens the window the agent did not ask for: with context on it gets the notes parts of the
+        # one bootstrap builder (identity, notes index, continuation). A threshold compaction (remote_compaction's
+        # own) replays the compaction output exactly, as the protocol does.
+        if w is not None and rt.config.context.enabled and reason == "overflow":
+            notes = opening.window_notes_for(rt.state.subdir("notes"), w.task_id, w.address,
+                                             opening.reachable_context_tools(request_payload,
+                                                                             rt.config.bridge.families), reason)
+        order = service.CompactionOrder(
+            windows=w, session_key=info.session_key, items=info.client_items, boundary=boundary, previous=prev,
+            replay_opaque=info.replay_opaque, payload=request_payload, window=info.window,
+            fingerprint=info.fingerprint, target=info.target, remote_blocked=self._blocked(info, rt), reason=reason,
+            notes=notes, journal_required=False)  # unjournaled, the checkpoint still serves this request
+        deps = service.deps_of(rt, info.route, info.credentials_allowed, w.journal if w is not None else None)
+        cp = await service.compact_and_open(deps, order)  # the one compaction path (proxy/windows/service.py)
+        info.compacted, info.compacted_items = True, len(info.client_items)
         return cp
 
     def _event(self, rt: runtime.Runtime, info: FlowInfo, kind: str, outcome: str, reason: str | None,
@@ -451,6 +438,11 @@ class Compaction(Stage):
             return False
         failed_bytes = _payload_bytes(forwarded, input_items(forwarded) or [])
         self._learn(rt, info, _tokens(failed_bytes, info.estimate.ratio))
+        decided = state_of(flow).window
+        if decided is not None:  # the request's current decision: a later stage (context) may have compacted
+            info.checkpoint, info.replay_opaque = decided.checkpoint, decided.replay_opaque
+            info.outcome = decided.outcome
+            info.compacted, info.compacted_items = decided.compacted, decided.compacted_items
         replay = info.replay_opaque
         if not info.compacted and _fresh(info):
             cp = await self._compact(flow, info, forwarded, "overflow", rt)
@@ -464,6 +456,7 @@ class Compaction(Stage):
         retry_payload = dict(forwarded)
         retry_payload["input"] = [*cp.record().bootstrap(replay), *info.client_items[cp.boundary:]]
         info.checkpoint, info.replay_opaque = cp, replay
+        state_of(flow).window = _decided(info, True)  # derived: the retry goes out with this checkpoint
         budget = failed_bytes * RETRY_FRACTION
         if _payload_bytes(retry_payload, retry_payload["input"]) > budget:
             fitted = self._fit(retry_payload, info, _tokens(int(budget), info.estimate.ratio))
@@ -472,7 +465,8 @@ class Compaction(Stage):
                 return False  # nothing smaller to send: the agent gets the original error
             retry_payload = fitted[0]
         retry_bytes = _payload_bytes(retry_payload, retry_payload["input"])
-        new = await self._send_retry(flow, info, retry_payload, rt)
+        deps = service.deps_of(rt, info.route, info.credentials_allowed, state_of(flow).journal)
+        new = await recovery.send_retry(deps, flow.request, retry_payload)
         code = None if new is None else response_error_code(
             new.status_code, new.headers.get("content-type", ""), new.get_content(strict=False) or b"")
         ok = new is not None and code is None
@@ -491,47 +485,8 @@ class Compaction(Stage):
         self._db(rt).put_latest(("forwarded", key),
                                 lambda conn: store.record_forwarded(conn, key, cp_id, n, retry_bytes))
         flow.response = new
-        self._retap(flow, new)
+        recovery.retap(flow, new)
         return True
-
-    async def _send_retry(self, flow: http.HTTPFlow, info: FlowInfo, payload: dict[str, Any],
-                          rt: runtime.Runtime) -> http.Response | None:
-        """The retry, held whole (the agent has seen nothing yet), through the upstream-turn service."""
-        req = flow.request.copy()
-        req.content = orjson.dumps(payload)  # re-encoded with the request's own Content-Encoding
-        turns = self._turns(rt)
-        up = turns.prepare(req.method, req.url, req.headers.items(multi=True), req.raw_content or b"",
-                           info.credentials_allowed)
-        try:
-            held = await turns.hold(up)
-        except (UpstreamUnavailable, UpstreamBroken):
-            return None
-        resp = http.Response.make(held.status, b"", [(k.encode(), v.encode()) for k, v in held.headers])
-        resp.raw_content = held.body
-        resp.headers["content-length"] = str(len(held.body))
-        return resp
-
-    @staticmethod
-    def _retap(flow: http.HTTPFlow, resp: http.Response) -> None:
-        """Refill the flow's tap from the retry, keeping the tap object (and its listeners)."""
-        tap = state_of(flow).tap
-        if not isinstance(tap, ResponseTap):
-            return
-        fresh = ResponseTap(listeners=tap.listeners)
-        for name in ("response_id", "model", "status", "items", "usage", "error", "completed", "incomplete",
-                     "events", "last_sequence", "first_output_seen"):
-            setattr(tap, name, getattr(fresh, name))
-        if resp.headers.get("content-type", "").lower().startswith("text/event-stream"):
-            feeder = StreamTap(tap, resp.headers.get("content-encoding", ""))
-            feeder(resp.raw_content or b"")
-            feeder(b"")
-        else:
-            try:
-                parsed = orjson.loads(resp.get_content(strict=False) or b"")
-            except orjson.JSONDecodeError:
-                return
-            if isinstance(parsed, dict):
-                tap.on_json_response(parsed)
 
 
 addons = [Compaction()]

@@ -20,6 +20,7 @@ issue 13) is applied from the session's current window whether or not compaction
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections import OrderedDict
@@ -34,36 +35,32 @@ from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, runtime
 from proxy import usage as usage_store
 from proxy.compaction import journal_link
-from proxy.compaction.bookkeeping import record_compaction
 from proxy.compaction.decision import TAIL_FRACTION
 from proxy.compaction.eligibility import remote_call
-from proxy.compaction.engine import Plan, compact, http_caller, retained_budget
 from proxy.compaction.fingerprint import load_key
-from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.store import Checkpoint
 from proxy.context import bootstrap as boot
 from proxy.context import checkpoint_turn as ckturn
-from proxy.context import midturn, reminder
+from proxy.context import midturn, reminder, stateful
+from proxy.context.decorate import decorate, stateful_or_client
 from proxy.context.rollover import Kind, RolloverStore
-from proxy.flowbody import ResponsesBody, commit_if_alone, decode_bounded, responses_body
+from proxy.flowbody import ResponsesBody, commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.journal import COMPACTION_STRATEGIES, Window
 from proxy.journal.canonical import chain_at, session_root
+from proxy.journal.model import FILED_AFTER_KEY
 from proxy.metrics import proxy_metrics
-from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
+from proxy.toolclient import ToolClient, ToolServerUnreachable
 from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
-from proxy.transforms.ids import project_ids
-from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, client_compacts, input_items, items_bytes
-from proxy.transforms.lazyitems import LazyItems, as_list, is_item_list, plain_payload
+from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, input_items, items_bytes
+from proxy.transforms.lazyitems import as_list, is_item_list, plain_payload
 from proxy.transforms.window import WindowProjection, apply_window
-from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
-from proxy.windows import opening, service
+from proxy.windows import budget, checkpoint, journal_reads, opening, service
+from proxy.windows.decision import WindowDecision
 
 log = logging.getLogger("ctproxy.context")
 
 REPORTED_WINDOWS = 4096  # windows whose divergence this process has recorded (once each)
-# the checkpoint turn's own body (JSON, not streamed, not compressed) replaces these of the agent's request
-REPLACED_HEADERS = frozenset({"content-length", "content-encoding", "content-type", "accept-encoding", "accept"})
 CONTEXT_REASON = "context_"  # the reason of a compaction window this stage opened (context_threshold, …)
 
 
@@ -97,7 +94,7 @@ PROJECTIONS: dict[str, Callable[[Window, runtime.Runtime], WindowProjection | No
 ROLLOVER_KINDS: tuple[Kind, ...] = ("new_context",)
 
 
-def project_decision(payload: dict[str, Any], info: FlowInfo) -> dict[str, Any]:
+def project_decision(payload: dict[str, Any], info: WindowDecision) -> dict[str, Any]:
     """Compaction's decision applied: its checkpoint's bootstrap (opaque when it may be replayed), given
     way to the budget compaction set. The same pure transforms compaction sized the request with."""
     cp = info.checkpoint
@@ -145,14 +142,24 @@ class Context(Stage):
                 return self._with_rollover(flow, ws)
             ws = self._stateful_session(flow)
             if ws is not None:  # the upstream holds the history: a pending new_context starts a new chain
-                return self._stateful_rollover(flow, ws)
+                self._offer_midturn(flow, ws, responses_body(flow).view, stateful=True)  # type: ignore[union-attr]
+                if self._may_be_pending(ws):
+                    return self._stateful_rollover(flow, ws)
         self._project(flow, None, None)
         return None
 
     # ------------------------------------------------------------------ stateful clients (issue 29 (2))
+    def _may_be_pending(self, ws: journal_link.WindowSession) -> bool:
+        """A rollover may be pending for the session (the stamp says so without the database thread)."""
+        try:
+            return self._store().may_be_pending(ws.task_id, ws.address)
+        except Exception:  # the state database is a record here: never a reason to fail the request
+            log.warning("context: could not read the pending rollover of a session")
+            return False
+
     def _stateful_session(self, flow: http.HTTPFlow) -> journal_link.WindowSession | None:
-        """The journal session of a request chained by `previous_response_id` that may have a rollover
-        pending (the stamp says so without the database thread); else None."""
+        """The journal session of a request chained by `previous_response_id` that may roll over: a rollover
+        may be pending, or the bridge runs `new_context` in its turn; else None."""
         body = responses_body(flow)
         if body is None:
             return None
@@ -165,12 +172,9 @@ class Context(Stage):
         st = state_of(flow)
         ws = journal_link.window_session(service.journal_of(self.rt, st.journal), st.journal_mark, ident,
                                          lambda: {**header_map(flow), **st.identity_headers}, payload)
-        try:
-            maybe = ws is not None and self._store().may_be_pending(ws.task_id, ws.address)
-        except Exception:  # the state database is a record here: never a reason to fail the request
-            log.warning("context: could not read the pending rollover of a session")
+        if ws is None or not ("context" in self.rt.config.bridge.families or self._may_be_pending(ws)):
             return None
-        return ws if maybe else None
+        return ws
 
     async def _stateful_rollover(self, flow: http.HTTPFlow, ws: journal_link.WindowSession) -> None:
         """A pending `new_context` for a client that chains by `previous_response_id`: the id is dropped and
@@ -189,7 +193,10 @@ class Context(Stage):
         payload = body.value
         raw = payload.get("input")
         items = [{"role": "user", "content": raw}] if isinstance(raw, str) else as_list(input_items(payload) or [])
-        n = boot.rollover_boundary(items)
+        # Everything the agent sends after its instructions follows the bootstrap; its outputs keep their calls.
+        n = boot.leading_count(items)
+        missing = stateful.missing_calls(items[n:])
+        moved = stateful.stateful_input(items[n:], await journal_reads.journal_calls(ws, missing) if missing else {})
         mark = state_of(flow).journal_mark or ws.mark
         boundary_item, follows = None, None
         if mark is not None and not mark.failed and len(mark.input_ids) >= len(items):
@@ -204,8 +211,9 @@ class Context(Stage):
             self._project(flow, None, None)
             return
         out = {k: v for k, v in payload.items() if k != "previous_response_id"}
-        out["input"] = [*w.bootstrap["items"], *items[n:]]
-        journal_link.record_event(ws, "rollover", {"outcome": "stateful", "window_id": w.window_id, "boundary": n})
+        out["input"] = [*w.bootstrap["items"], *moved.items]
+        journal_link.record_event(ws, "rollover", {"outcome": "stateful", "window_id": w.window_id, "boundary": n,
+                                                   "carried_calls": moved.carried, "dropped_outputs": moved.dropped})
         body.replace(out)
         commit_if_alone(flow)
 
@@ -285,12 +293,6 @@ class Context(Stage):
         self._project(flow, ws, opened)
 
     # ------------------------------------------------------------------ compaction at the hard trigger
-    def _turns(self) -> UpstreamTurns:
-        rt = self.rt
-        if rt.services.upstream is None:
-            rt.services.upstream = UpstreamTurns()
-        return rt.services.upstream
-
     def _route(self, flow: http.HTTPFlow) -> routes.Route:
         route = state_of(flow).route
         if isinstance(route, routes.Route):
@@ -329,7 +331,7 @@ class Context(Stage):
             return "none"
         rt = self.rt
         st = state_of(flow)
-        info = st.compaction if isinstance(st.compaction, FlowInfo) else None
+        info = st.window
         if info is not None and info.compacted:
             return "none"  # compaction compacted this request already: never a second one
         previous = journal_link.current_checkpoint(ws)
@@ -341,37 +343,32 @@ class Context(Stage):
         if rt.services.compaction_key is None:
             rt.services.compaction_key = load_key(rt.state.root)
         route = self._route(flow)
+        allowed = self._credentials_allowed(flow, route)
         req = flow.request
-        call = remote_call(cfg, route, req.scheme, req.host, req.port, req.path, header_map(flow),
-                           self._credentials_allowed(flow, route), model, rt.services.compaction_key)
-        blocked = call.blocked if remote else "strategy_fallback"
-        plan = Plan(session_key=ws.key, client_items=items, previous=previous,
-                    replay_opaque=bool(info is not None and info.replay_opaque and previous is not None),
-                    boundary=n, payload=payload, window=window, fingerprint=call.fingerprint,
-                    target=call.target, remote_blocked=blocked, reason=f"context_{kind}",
-                    retained_budget=retained_budget(window), seen=self._seen(ws, items, n))
-        caller = http_caller(self._turns(), cfg.timeout_seconds) if blocked is None else _no_remote
-        try:
-            notes = opening.window_notes_for(rt.state.subdir("notes"), ws.task_id, ws.address,
-                                             reachable_context_tools(payload, rt), plan.reason)
-            cp = journal_link.open_window(ws, await compact(plan, caller), notes)
+        call = remote_call(cfg, route, req.scheme, req.host, req.port, req.path, header_map(flow), allowed, model,
+                           rt.services.compaction_key)
+        reason = f"{CONTEXT_REASON}{kind}"
+        ident = session_of(flow, rt.services.response_aliases)
+        order = service.CompactionOrder(
+            windows=ws, session_key=ident.session_key if ident is not None else ws.key, items=items, boundary=n,
+            previous=previous, replay_opaque=bool(info is not None and info.replay_opaque and previous is not None),
+            payload=payload, window=window, fingerprint=call.fingerprint, target=call.target,
+            remote_blocked=call.blocked if remote else "strategy_fallback", reason=reason,
+            notes=opening.window_notes_for(rt.state.subdir("notes"), ws.task_id, ws.address,
+                                           reachable_context_tools(payload, rt), reason),
+            seen=self._seen(ws, items, n))
+        try:  # the one compaction path (proxy/windows/service.py)
+            cp = await service.compact_and_open(service.deps_of(rt, route, allowed, ws.journal), order)
         except Exception:  # the journal or the engine refused: the caller falls back to a notes window
             log.warning("context: a compaction at the hard trigger could not be opened")
             return "none"
-        ident = session_of(flow, rt.services.response_aliases)
-        try:
-            await record_compaction(dbworker.shared(rt.services, rt.state.db_path), rt.services.compaction_memo,
-                                    ident.session_key if ident is not None else ws.key, ws, cp, len(items), n,
-                                    remote_tried=blocked is None)
-        except Exception:  # compaction's records are bookkeeping: the window is open
-            log.warning("context: a compaction's records were not written")
         proxy_metrics().rollover(cp.strategy)
         replay = cp.strategy == "remote"
-        if info is not None:  # compaction's response hooks (overflow recovery) see this window, not the old one
-            info.checkpoint, info.replay_opaque, info.outcome = cp, replay, cp.strategy
-            info.compacted, info.compacted_items, info.fit_budget = True, len(items), None
+        if info is not None:  # the decision derived: overflow recovery and the request log see this window
+            st.window = dataclasses.replace(info, checkpoint=cp, replay_opaque=replay, outcome=cp.strategy,
+                                            compacted=True, compacted_items=len(items), fit_budget=None)
         out, _ = apply_projection(payload, ProjectionContext(cp.record(), replay), checked=True)
-        out = decorate(payload, out, ws, rt, None)
+        out = decorate(payload, out, ws, rt.config.bridge.families, rt.config.context.id_projection, None)
         if out is not payload:
             body.replace(out)
             commit_if_alone(flow)
@@ -415,47 +412,26 @@ class Context(Stage):
 
     async def _checkpoint_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession,
                                payload: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-        """One turn upstream (the current window + the instruction, only the own-notes write offered and
-        required), exactly one own-notes write executed (a failed one may be corrected once). Returns
-        `written` or why not (a category), and the executed writes as the journal keeps them."""
+        """The checkpoint turn (proxy/windows/checkpoint.py) for this request, in its current window."""
         rt = self.rt
-        executed: list[dict[str, Any]] = []
         client = self._tools_client()
         if client is None:
-            return "no_tool_server", executed
+            return "no_tool_server", []
         try:
             spec = await self._write_spec(client)
         except ToolServerUnreachable:
-            return "no_tool_server", executed
+            return "no_tool_server", []
         if spec is None:
-            return "no_write_tool", executed
-        forwarded = decorate(payload, self._forward_of(flow, ws, payload, None), ws, rt, None)
-        extra: list[Any] = []
-        why = "write_failed"
-        for _attempt in range(2):
-            body = ckturn.turn_body(forwarded, spec, rt.config.context.checkpoint_instruction, extra)
-            answer = await self._send(flow, body)
-            if answer is None:
-                return "upstream_failed", executed
-            call, why = ckturn.write_call(answer)
-            if call is None:
-                return why, executed
-            if not ckturn.own_path(call.arguments, ws.address):
-                # another agent's notes never lift the fence: refused unexecuted, and corrected once
-                extra = ckturn.correction(call, ckturn.not_own_text(ws.address))
-                why = "not_own_notes"
-                continue
-            try:
-                out = await client.call(ToolCall(ckturn.WRITE_TOOL, "function", call.arguments, call_id=call.call_id,
-                                                 task=ws.task_id, agent=ws.address, session=ws.key))
-            except ToolServerUnreachable:
-                return "no_tool_server", executed
-            executed.append(ckturn.journal_record(call, out.output, out.is_error))
-            if not out.is_error:
-                return "written", executed
-            extra = ckturn.correction(call, out.output)
-            why = "write_failed"
-        return why, executed
+            return "no_write_tool", []
+        forwarded = decorate(payload, self._forward_of(flow, ws, payload, None), ws, rt.config.bridge.families,
+                             rt.config.context.id_projection, None)
+        route = self._route(flow)
+        deps = service.deps_of(rt, route, self._credentials_allowed(flow, route), ws.journal, client)
+        req = flow.request
+        target = checkpoint.TurnTarget(req.url, tuple(req.headers.items(multi=True)),
+                                       rt.config.context.checkpoint_instruction,
+                                       rt.config.context.checkpoint_timeout_seconds, rt.config.limits.max_body_bytes)
+        return await checkpoint.run_turn(deps, target, ws, forwarded, spec)
 
     def _journal_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                       executed: list[dict[str, Any]]) -> None:
@@ -474,35 +450,9 @@ class Context(Stage):
         except Exception:  # the journal is a record: never a reason to fail the request
             log.warning("context: the checkpoint turn's write was not journaled")
 
-    async def _send(self, flow: http.HTTPFlow, body: dict[str, Any]) -> dict[str, Any] | None:
-        """The turn through the upstream-turn service, to the request's own destination with its own
-        credentials under the one credential rule; the held JSON answer, or None."""
-        rt = self.rt
-        turns = self._turns()
-        req = flow.request
-        allowed = self._credentials_allowed(flow, self._route(flow))
-        headers = [(k, v) for k, v in req.headers.items(multi=True) if k.lower() not in REPLACED_HEADERS]
-        headers += [("content-type", "application/json"), ("accept", "application/json"),
-                    ("accept-encoding", "identity")]
-        up = turns.prepare("POST", req.url, headers, orjson.dumps(body), allowed)
-        limit = rt.config.context.checkpoint_timeout_seconds
-        try:
-            async with asyncio.timeout(limit):  # the whole answer, not only its headers
-                held = await turns.hold(up, timeout=limit)
-        except (UpstreamUnavailable, UpstreamBroken, TimeoutError):
-            return None
-        if held.status != 200:
-            return None
-        try:
-            raw = decode_bounded(held.body, held.header("content-encoding"), rt.config.limits.max_body_bytes)
-            answer = orjson.loads(raw)
-        except Exception:  # an answer we cannot read is a failed turn, never a failed request
-            return None
-        return answer if isinstance(answer, dict) else None
-
     def _window_session(self, flow: http.HTTPFlow) -> journal_link.WindowSession | None:
         body = responses_body(flow)
-        if body is None or _stateful_or_client(body.view, _facts(body, body.view)):
+        if body is None or stateful_or_client(body.view, _facts(body, body.view)):
             return None
         rt = self.rt
         ident = session_of(flow, rt.services.response_aliases)
@@ -534,14 +484,17 @@ class Context(Stage):
     def _open_notes_window(self, ws: journal_link.WindowSession, items: list[Any], n: int, kind: str,
                            tools: tuple[str, ...], boundary_item: str | None,
                            anchor: Mapping[str, Any] | None = None, follows: Sequence[str] | None = (),
-                           stateful: bool = False) -> Window:
-        """The notes window after `items[:n]` (the agent's items), its bootstrap built once and stored."""
+                           stateful: bool = False, at: tuple[int, str] | None = None,
+                           leading: list[Any] | None = None) -> Window:
+        """The notes window after `items[:n]` (the agent's items), its bootstrap built once and stored.
+        `at`: its boundary (position, one-chain id) where `items` are not the whole of the agent's items (a
+        stateful request's turn); `leading`: the agent's instructions then (read from the journal)."""
         rt = self.rt
         j = ws.journal
         j.session(ws.key, ws.task_id, ws.address, ws.source)
         notes = _notes_index(rt, ws.task_id, ws.address)
         # a copy, not the agent's objects: the stored bootstrap is what every later request replays
-        leading = orjson.loads(orjson.dumps(boot.leading_instructions(items)))
+        leading = orjson.loads(orjson.dumps(boot.leading_instructions(items if leading is None else leading)))
 
         def bootstrap(prev: Window | None, window_id: str) -> dict[str, Any]:  # the id the journal assigns
             start = boot.WindowStart(ws.address, window_id, prev.window_id if prev is not None else None, notes,
@@ -552,27 +505,30 @@ class Context(Stage):
             return stored
 
         # a stateful session's window is the journal's record only: the upstream chain holds its bootstrap
-        w = j.start_window(ws.key, boundary_item, "notes", bootstrap, boundary_pos=None if stateful else n,
-                           boundary_hash=None if stateful else chain_at(items, session_root(ws.key), n),
-                           reason=kind, follows=follows)
+        pos, at_hash = at if at is not None else (n, chain_at(items, session_root(ws.key), n))
+        w = j.start_window(ws.key, boundary_item, "notes", bootstrap, boundary_pos=None if stateful else pos,
+                           boundary_hash=None if stateful else at_hash, reason=kind, follows=follows)
         debuglog.event("context", outcome="rollover", kind=kind, window=w.window_id, boundary=n)
         proxy_metrics().rollover("notes")
         return w
 
     # ------------------------------------------------------------------ a bridged new_context mid-turn
-    def _offer_midturn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any]) -> None:
+    def _offer_midturn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
+                       stateful: bool = False) -> None:
         """Where the bridge runs `new_context` itself, its later rounds of this agent request roll over
-        too: the bridge calls `st.context_rollover` after a round whose bridged new_context succeeded."""
+        too: the bridge calls `st.context_rollover` after a round whose bridged new_context succeeded.
+        `stateful`: the request chains by `previous_response_id` (its rounds too, until the rollover)."""
         if "context" not in self.rt.config.bridge.families:
             return
         items = input_items(payload)
-        if items:  # the agent's items as sent: later stages make new lists, never edit this one (ADR 0006)
-            state_of(flow).context_rollover = functools.partial(self._midturn, ws, items)
+        if items or stateful:  # the agent's items as sent: later stages make new lists, never edit this one
+            state_of(flow).context_rollover = functools.partial(self._midturn, ws, items or [], stateful)
 
-    async def _midturn(self, ws: journal_link.WindowSession, agent_items: list[Any],
+    async def _midturn(self, ws: journal_link.WindowSession, agent_items: list[Any], stateful: bool,
                        shown: Sequence[Mapping[str, Any]], payload: dict[str, Any]) -> dict[str, Any] | None:
         """The pending `new_context` consumed now: the notes window opens after the agent's items and what
-        the turn showed so far, and the bridge's next round (`payload`) goes up in it. None: nothing pending."""
+        the turn showed so far, and the bridge's next round (`payload`) goes up in it, stateless from there
+        (a stateful round would continue the old window upstream). None: nothing pending."""
         try:
             pending = await self._store().take(ws.task_id, ws.address, ROLLOVER_KINDS)
         except Exception:  # the state database is a record: the next agent request rolls over instead
@@ -581,13 +537,30 @@ class Context(Stage):
         if pending is None:
             return None
         agent_items = as_list(agent_items)
-        full = [*agent_items, *(dict(i) for i in shown)]
+        shown_items = [dict(i) for i in shown]
+        full = [*agent_items, *shown_items]
         tools = reachable_context_tools(payload, self.rt)
         anchors = midturn.anchors_of(shown)
-        prefix = [len(agent_items), chain_at(agent_items, session_root(ws.key), len(agent_items))]
-        w = self._open_notes_window(ws, full, len(full), f"{pending.kind}_midturn", tools, None,
-                                    {midturn.ANCHOR_KEY: anchors[0] if anchors else None,
-                                     midturn.ANCHORS_KEY: anchors, midturn.PREFIX_KEY: prefix})
+        root = session_root(ws.key)
+        prefix = [len(agent_items), chain_at(agent_items, root, len(agent_items))]
+        at: tuple[int, str] | None = None
+        leading: list[Any] | None = None
+        tail: str | None = None
+        if stateful:  # the agent's items are the journal's branch: the boundary and instructions are read there
+            branch = await asyncio.to_thread(journal_reads.branch_of, ws)
+            if branch is not None:
+                n_agent, tail, leading = branch
+                prefix = [n_agent, tail]
+                at = (n_agent + len(shown_items), chain_at(shown_items, tail, len(shown_items)) or tail)
+        else:
+            tail = await asyncio.to_thread(journal_reads.tail_of, ws)
+        anchor = {midturn.ANCHOR_KEY: anchors[0] if anchors else None,
+                  midturn.ANCHORS_KEY: anchors, midturn.PREFIX_KEY: prefix}
+        if tail and shown_items:  # the answer's items up to here stay in the old window when it is journaled
+            anchor[FILED_AFTER_KEY] = chain_at(shown_items, tail, len(shown_items))
+        w = self._open_notes_window(ws, full, len(full), f"{pending.kind}_midturn", tools,
+                                    prefix[1] if at is not None else None, anchor if not stateful or at else None,
+                                    stateful=stateful and at is None, at=at, leading=leading)
         journal_link.record_event(ws, "rollover", {"outcome": "midturn", "window_id": w.window_id,
                                                    "boundary": len(full)})
         try:  # the turn's later calls run on the tool server (another process): it must see the new window
@@ -603,7 +576,10 @@ class Context(Stage):
         payload = body.view
         out = self._forward_of(flow, ws, payload, opened)
         if ws is not None:
-            out = decorate(payload, out, ws, self.rt, self._reminder(flow, ws, payload, opened), _facts(body, out))
+            cfg = self.rt.config
+            out = decorate(payload, out, ws, cfg.bridge.families, cfg.context.id_projection,
+                           self._reminder(flow, ws, payload, opened), _facts(body, out))
+            self._first_estimate(flow, ws, body, out)
         if out is not payload:
             body.replace(out)
             commit_if_alone(flow)
@@ -611,10 +587,32 @@ class Context(Stage):
     def _forward_of(self, flow: http.HTTPFlow, ws: journal_link.WindowSession | None, payload: dict[str, Any],
                     opened: Window | None) -> dict[str, Any]:
         """The window applied: compaction's decision, or the session's current window (`opened` now)."""
-        info = state_of(flow).compaction
-        if opened is None and isinstance(info, FlowInfo) and info.checkpoint is not None:
+        info = state_of(flow).window
+        if opened is None and info is not None and info.checkpoint is not None:
             return project_decision(_built(flow, payload), info)  # compaction decided: apply that
-        return self._current(flow, payload, ws, decided=isinstance(info, FlowInfo), window=opened)
+        return self._current(flow, payload, ws, decided=info is not None, window=opened)
+
+    def _first_estimate(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, body: ResponsesBody,
+                        out: dict[str, Any]) -> None:
+        """A session no answer with usage came back for yet: its budget is an estimate of this request
+        (compaction's, when it decided it; else the forwarded size at 4 bytes a token), labelled as such."""
+        rt = self.rt
+        ident = session_of(flow, rt.services.response_aliases)
+        if ident is None or rt.services.usage.get(ident.session_key) is not None:
+            return
+        decided = state_of(flow).window
+        if decided is not None and decided.estimate is not None:
+            tokens = decided.estimate.tokens
+        else:
+            size = body.source_bytes if out is body.view and body.source_bytes else items_bytes(
+                input_items(out) or [])
+            tokens = approx_tokens_for_bytes(size)
+        model = out.get("model") if isinstance(out.get("model"), str) else None
+        try:
+            budget.record_estimate(rt.services, rt.state.db_path, ident.session_key, ws.task_id, ws.address, model,
+                                   int(tokens))
+        except Exception:  # a record: never a reason to fail the request
+            log.warning("context: a first request's estimate was not recorded")
 
     def _reminder(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                   opened: Window | None) -> tuple[int, int] | None:
@@ -708,16 +706,6 @@ class Context(Stage):
                                                      "strategy": w.strategy})
 
 
-async def _no_remote(target: Any, body: dict[str, Any]) -> Any:
-    raise AssertionError("the fallback after a failed checkpoint turn never calls the remote endpoint")
-
-
-def _stateful_or_client(payload: dict[str, Any], facts: InputFacts | None = None) -> bool:
-    """The upstream holds the history (previous_response_id, conversation), or the client compacts itself."""
-    return (bool(payload.get("previous_response_id") or payload.get("conversation"))
-            or client_compacts(payload, facts))
-
-
 def _built(flow: http.HTTPFlow, payload: dict[str, Any]) -> dict[str, Any]:
     """`payload` with its input items built: the body's own dict is built in place (so `payload`, when it is that
     dict, stays the same object), any other one is copied with the list."""
@@ -737,64 +725,9 @@ def _notes_index(rt: runtime.Runtime, task_id: str, address: str) -> boot.NotesS
     return opening.notes_snapshot(rt.state.subdir("notes"), task_id, address)
 
 
-# ------------------------------------------------------------------------- guidance and [id: …]
 def reachable_context_tools(payload: dict[str, Any], rt: runtime.Runtime) -> tuple[str, ...]:
     """The context tools the session can call (proxy/windows/opening.py)."""
     return opening.reachable_context_tools(payload, rt.config.bridge.families)
-
-
-def forwarded_ids(agent_items: list[Any], forwarded: list[Any], mark: Any) -> list[str | None] | None:
-    """The journal id of each forwarded item: an agent item keeps its `mark.input_ids[k]` (found by
-    identity: projections keep the agent's own objects), anything the proxy made has none."""
-    if mark is None or getattr(mark, "failed", True):
-        return None
-    try:
-        ids = mark.input_ids
-    except Exception:  # the journal is a record: no ids rather than a failed request
-        return None
-    if len(ids) != len(agent_items):
-        return None
-    pos = {id(item): k for k, item in enumerate(agent_items)}
-    return [ids[k] if (k := pos.get(id(item))) is not None and ids[k] else None for item in forwarded]
-
-
-def decorate(payload: dict[str, Any], out: dict[str, Any], ws: journal_link.WindowSession,
-             rt: runtime.Runtime, remind: tuple[int, int] | None = None,
-             facts: InputFacts | None = None) -> dict[str, Any]:
-    """The forwarded copy with exactly one guidance message (only when its tools are reachable), the
-    `[id: …]` markers and, when `remind` = (used, window), the hidden reminder last. `payload` is the
-    agent's request, `out` what the projection made of it; `facts`: those of `out`'s input, when known
-    (only its system/developer items are then looked at for a resent guidance or reminder)."""
-    if out is not payload and _stateful_or_client(out, facts):  # (the agent's own request was checked already)
-        return out
-    raw = out.get("input")
-    if not is_item_list(raw):
-        return out  # a string input: one new message, nothing to recover yet
-    agent_items = payload.get("input")
-    tools = reachable_context_tools(out, rt)
-    text = reminder.reminder_text(*remind, tools) if remind is not None and reminder.can_remind(tools) else None
-    if isinstance(raw, LazyItems) and (tools or text is not None):
-        # guidance, markers or a reminder go in: the items themselves (else a big input is read lazily, and only
-        # its system/developer items are looked at)
-        raw, agent_items = raw.materialize(), as_list(agent_items)
-    instructions = facts.instructions if facts is not None else None
-    if not tools and text is None and instructions is not None and not any(
-            boot.is_guidance(raw[k]) or reminder.is_reminder(raw[k]) for k in instructions):
-        return out  # nothing to add, and no guidance or reminder resent to drop (only instructions can be either)
-    # a reminder only ever comes back as one of the input's developer messages: none there, none to drop
-    resent = None if instructions is None or any(reminder.is_reminder(raw[k]) for k in instructions) else ()
-    forwarded: Sequence[Any] = boot.insert_guidance(raw, tools, instructions)
-    if tools and (w := ws.journal.window_of(ws.key)) is not None:  # who and where: from the first window on
-        forwarded = boot.insert_identity(forwarded, boot.identity_text(ws.address, w.window_id, None, ws.task_id))
-    # the markers are what history_read_item takes: shown only to a session that can call it
-    if rt.config.context.id_projection and "history_read_item" in tools and isinstance(agent_items, list):
-        ids = forwarded_ids(agent_items, forwarded, ws.mark)
-        if ids is not None:
-            forwarded = list(project_ids(forwarded, ids))
-    forwarded = reminder.with_reminder(forwarded, text, resent)
-    if forwarded is raw or (len(forwarded) == len(raw) and all(a is b for a, b in zip(forwarded, raw, strict=True))):
-        return out
-    return {**out, "input": forwarded}
 
 
 def _other_strategies() -> bool:

@@ -71,7 +71,7 @@ def stages_of(st: FlowState) -> list[str]:
         out.append("web_search")
     if st.bridge_offered:
         out.append("bridge")  # it offered tools, and runs the model's calls to them
-    info = st.compaction
+    info = st.window
     if info is not None:
         cp = info.checkpoint
         if info.outcome == "diverged":
@@ -80,8 +80,8 @@ def stages_of(st: FlowState) -> list[str]:
             out.append(f"window:{cp.strategy}")  # the request went out with a checkpoint's bootstrap
         if info.compacted and cp is not None:
             out.append(f"compaction:{cp.strategy}:{cp.reason.split(':', 1)[0]}")
-        if info.hold:
-            out.append("held")  # near the window: buffered for a possible overflow recovery
+    if st.compaction is not None and st.compaction.hold:
+        out.append("held")  # near the window: buffered for a possible overflow recovery (compaction's own)
     if st.body_limit:
         out.append(f"body:{st.body_limit}")
     return [s if s in _FIXED_STAGES or (isinstance(debuglog.safe_value(s), str) and s != "?") else "other"
@@ -127,7 +127,7 @@ def _seen(flow: http.HTTPFlow, error: str | None) -> SeenRequest:
 
 
 def _compacted(st: FlowState) -> tuple[str, str] | None:
-    info = st.compaction
+    info = st.window
     if info is not None and info.compacted and info.checkpoint is not None:
         return info.checkpoint.strategy, info.checkpoint.reason.split(":", 1)[0]
     return None

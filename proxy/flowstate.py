@@ -19,6 +19,7 @@ from proxy.windows.budget import ContextUsage  # (a leaf: the bridge imports it 
 if TYPE_CHECKING:
     from proxy.compaction.flowinfo import FlowInfo
     from proxy.journal import Journal, RequestMark
+    from proxy.windows.decision import WindowDecision
 
 _ATTR = "_ctp_state"  # not a field of mitmproxy's Flow: get_state()/copy() and the flow writer never see it
 
@@ -64,7 +65,10 @@ class FlowState:
     journal: Journal | None = None  # history: the journal this request was written to
     journal_mark: RequestMark | None = None  # history: the journal's ids of this request's items
     agent_identity: tuple[str, str] | None = None  # history: (task, agent address) as the journal resolved it
-    compaction: FlowInfo | None = None  # compaction: what it decided for this request
+    compaction: FlowInfo | None = None  # compaction: its own record of this request (for its response hooks)
+    # the window service: the request's one window decision, made once by compaction's request hook; a later step
+    # that changes the window stores a new one derived from it (dataclasses.replace), never edits it (ADR 0011)
+    window: WindowDecision | None = None
     settling: Settling | None = None  # a stage holds the answer, which may still be replaced (see Settling)
     credential_offer: Any = None  # bridge: proxy.upstream.relay.Offer of the credentials it took off the request
     web_search: str | None = None  # web_search: why it did (or did not) inject the tool
@@ -93,6 +97,7 @@ class FlowState:
         self.tap = None
         self.journal_mark = None
         self.compaction = None
+        self.window = None
         self.context_rollover = None  # (it holds the agent's items)
 
 

@@ -31,6 +31,16 @@ register_schema(
         updated_at REAL NOT NULL
     );
     CREATE INDEX IF NOT EXISTS usage_by_agent ON usage(task, agent, updated_at);
+    -- Before a session's first answer with usage: an estimate of its request (issue 29 (5)), labelled so.
+    CREATE TABLE IF NOT EXISTS usage_estimates (
+        session_key TEXT PRIMARY KEY,
+        task TEXT,
+        agent TEXT,
+        model TEXT,
+        input_tokens INTEGER NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS usage_estimates_by_agent ON usage_estimates(task, agent, updated_at);
     """,
 )
 
@@ -100,6 +110,28 @@ def record_usage(conn: sqlite3.Connection, session_key: str, task: str | None, a
         (session_key, task, agent, model, int(usage.get("input_tokens") or 0),
          int(usage.get("output_tokens") or 0), usage.get("total_tokens"), response_id, at or time.time()),
     )
+
+
+def record_estimate(conn: sqlite3.Connection, session_key: str, task: str | None, agent: str | None,
+                    model: str | None, input_tokens: int, at: float | None = None) -> None:
+    """An estimate of a request's input tokens, for a session no answer with usage came back for yet."""
+    conn.execute(
+        "INSERT INTO usage_estimates(session_key, task, agent, model, input_tokens, updated_at) VALUES (?,?,?,?,?,?)"
+        " ON CONFLICT(session_key) DO UPDATE SET task=excluded.task, agent=excluded.agent, model=excluded.model,"
+        " input_tokens=excluded.input_tokens, updated_at=excluded.updated_at",
+        (session_key, task, agent, model, int(input_tokens), at or time.time()))
+
+
+def estimate_for_agent(conn: sqlite3.Connection, task: str, agent: str) -> Usage | None:
+    """The newest request estimate of the agent's sessions (a Usage with no output tokens), or None."""
+    try:
+        row = conn.execute("SELECT session_key, task, agent, model, input_tokens, updated_at FROM usage_estimates"
+                           " WHERE task=? AND agent=? ORDER BY updated_at DESC LIMIT 1", (task, agent)).fetchone()
+    except sqlite3.OperationalError:  # a state directory older than the table
+        return None
+    if row is None:
+        return None
+    return Usage(row[0], row[1], row[2], row[3], int(row[4]), 0, None, None, float(row[5]))
 
 
 def _row(row: sqlite3.Row | None) -> Usage | None:

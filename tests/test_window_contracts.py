@@ -193,3 +193,136 @@ async def test_new_context_rolls_a_stateful_chain_over(emulator, proxy_factory):
         third = emulator.responses_requests[2]
         assert third.json["previous_response_id"] == r2.id  # the chain goes on, in the new window
         assert [text_of(i) for i in third.input_items] == ["more"]
+
+
+@pytest.mark.timeout(120)
+async def test_a_stateful_rollover_keeps_an_output_with_its_call(emulator, proxy_factory):
+    """Issue 29 (2), issue 28: the request that applies the rollover drops previous_response_id, so the outputs
+    it carries would answer calls the upstream no longer sees ("No tool call found …"). Each goes up right after
+    its call, carried from the journal (without the stored item's id); the chain then continues in w2."""
+    import openai
+
+    from tests.emulator import FunctionCall, Text
+    from tests.test_context_rollover import start, text_of
+
+    agent = await start(emulator, proxy_factory)
+    shell = {"type": "function", "name": "shell", "description": "run a command",
+             "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
+    emulator.script(FunctionCall("shell", {"cmd": "ls"}, call_id="c_sh"), Text("two"), Text("three"))
+    async with openai.AsyncOpenAI(**agent.client_args) as c:
+        r1 = await c.responses.create(model="gpt-4.1", store=True, input="list the files", tools=[shell])
+        assert (await agent.tool("new_context", {}))["details"]["pending_rollover"] == "new_context"
+        out = {"type": "function_call_output", "call_id": "c_sh", "output": "a.txt"}
+        r2 = await c.responses.create(model="gpt-4.1", store=True, previous_response_id=r1.id, input=[out],
+                                      tools=[shell])
+        assert r2.output_text == "two"
+        second = emulator.responses_requests[1]
+        assert "previous_response_id" not in second.json
+        items = second.input_items
+        assert "context window w2" in text_of(items[0])
+        call, output = items[-2:]
+        assert (call["type"], call["call_id"], call["name"]) == ("function_call", "c_sh", "shell")
+        assert "id" not in call and output == out
+        left = await agent.tool("get_context_remaining", {})
+        assert left["details"]["pending_rollover"] is None and left["details"]["window_id"] == "w2"
+        r3 = await c.responses.create(model="gpt-4.1", store=True, previous_response_id=r2.id, input="more",
+                                      tools=[shell])
+        assert r3.output_text == "three"
+        third = emulator.responses_requests[2]
+        assert third.json["previous_response_id"] == r2.id  # the chain goes on, in the new window
+        assert [text_of(i) for i in third.input_items] == ["more"]
+
+
+@pytest.mark.timeout(120)
+async def test_a_bridged_new_context_rolls_a_stateful_turn_over(emulator, proxy_factory):
+    """Issue 29 (2) over the bridge's own rounds: a client chaining by previous_response_id, the model calls the
+    bridged new_context; the bridge's next round goes up in w2 (no previous_response_id, the bootstrap), not
+    as the old window's continuation; the agent's next request chains from the merged id (the last round)."""
+    import openai
+
+    from tests.emulator import FunctionCall, Text
+    from tests.test_context_rollover import start, text_of
+
+    agent = await start(emulator, proxy_factory, ["--bridge", "context,notes"])
+    emulator.script(Text("one"), FunctionCall("new_context", {}, call_id="c_nc"), Text("after"), Text("three"))
+    async with openai.AsyncOpenAI(**agent.client_args) as c:
+        r1 = await c.responses.create(model="gpt-4.1", store=True, input="hello stateful")
+        r2 = await c.responses.create(model="gpt-4.1", store=True, previous_response_id=r1.id, input="go on")
+        assert r2.output_text == "after"
+        rolled = emulator.responses_requests[2]
+        assert "previous_response_id" not in rolled.json
+        texts = [text_of(i) for i in rolled.input_items]
+        assert any("context window w2" in t for t in texts) and "hello stateful" not in texts, texts
+        left = await agent.tool("get_context_remaining", {})
+        assert left["details"]["pending_rollover"] is None and left["details"]["window_id"] == "w2"
+        r3 = await c.responses.create(model="gpt-4.1", store=True, previous_response_id=r2.id, input="more")
+        assert r3.output_text == "three"
+        third = emulator.responses_requests[3]  # (the emulator knows the id it chains from: the round in w2)
+        assert third.json.get("previous_response_id") and [text_of(i) for i in third.input_items] == ["more"]
+
+
+# ---- (1) a bridged mid-turn rollover: earlier rounds in the old window, later ones in the new -------------
+
+@pytest.mark.timeout(120)
+async def test_a_bridged_mid_turn_rollover_files_each_round_in_its_window(emulator, proxy_factory):
+    """Issue 29 (1), its second half: the answer of a turn whose bridged new_context rolled the window over is
+    journaled once, at its end; what the model said before the rollover stays in w1 (it followed w1's
+    context), what it said after goes in w2 (it followed w2's bootstrap)."""
+    import asyncio
+
+    import openai
+
+    from tests.emulator import FunctionCall, Response, Text
+    from tests.test_context_rollover import start
+
+    agent = await start(emulator, proxy_factory, ["--bridge", "context,notes"])
+    emulator.script(Response([Text("saving the state first"), FunctionCall("new_context", {}, call_id="c_nc")]),
+                    Text("resumed in the new window"))
+    async with openai.AsyncOpenAI(**agent.client_args) as c:
+        resp = await c.responses.create(model="gpt-4.1", store=False, input="do the work")
+    assert resp.output_text.endswith("resumed in the new window")
+    w1 = w2 = ""
+    for _ in range(100):  # the journal commits the answer a moment after it ends
+        w1 = (await agent.tool("history_list_items", {"window_id": "w1", "role": "assistant"}))["text"]
+        w2 = (await agent.tool("history_list_items", {"window_id": "w2", "role": "assistant"}))["text"]
+        if "resumed" in w1 + w2:
+            break
+        await asyncio.sleep(0.1)
+    assert "saving the state first" in w1 and "resumed in the new window" not in w1, w1
+    assert "resumed in the new window" in w2 and "saving the state first" not in w2, w2
+
+
+# ---- (5) a first turn's budget: an estimate of the request, labelled as one ---------------------------
+
+@pytest.mark.timeout(120)
+async def test_a_first_turn_budget_is_an_estimate_labelled_as_one(emulator, proxy_factory):
+    """Before the session's first answer with usage, get_context_remaining said "unknown". Now it reports an
+    estimate of the forwarded request (text and details say it is one); the first answer's usage replaces it."""
+    import asyncio
+
+    import openai
+
+    from tests.emulator import Text
+    from tests.test_context_rollover import start
+
+    agent = await start(emulator, proxy_factory)
+    emulator.script(Text("a slow first answer", latency=6.0))
+    async with openai.AsyncOpenAI(**agent.client_args) as c:
+        pending = asyncio.ensure_future(c.responses.create(model="gpt-4.1", input="x" * 4000))
+        left: dict = {}
+        for _ in range(50):  # while the upstream has not answered yet
+            await asyncio.sleep(0.1)
+            async with aiohttp.ClientSession() as http, http.post(
+                    f"{agent.proxy.tools_url}/v1/tools/get_context_remaining", headers=agent.tool_headers,
+                    json={}) as r:
+                left = await r.json()
+            if r.status == 200 and left["details"]["state"] == "estimated":
+                break
+        assert not pending.done()
+        assert left["details"]["state"] == "estimated" and left["details"]["estimated"] is True, left
+        assert left["text"].startswith("You have about ") and "an estimate" in left["text"]
+        assert 900 <= left["details"]["used_tokens"] <= 2000, left["details"]  # 4,000 characters, 4 a token
+        await pending
+    after = await agent.tool("get_context_remaining", {})
+    assert after["details"]["state"] == "known" and after["details"]["estimated"] is False
+    assert after["text"].startswith("You have ") and "estimate" not in after["text"].splitlines()[0]

@@ -116,12 +116,6 @@ async def codex_exec_json(tmp: Path, base_url: str, prompt: str, extra_toml: str
     return code, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found, not fixed (the window code's room): over the socket Codex chains every create by previous_response_id "
-    "with only the new items; the rollover is not applied to the bridge's stateful next round: its round after "
-    "new_context continues the old window upstream (previous_response_id + the new_context output), and Codex's "
-    "next create (previous_response_id = the merged id, the shell's output) reaches the upstream as the new "
-    "window's developer messages only: the function_call_output of call_sh is lost"))
 async def test_codex_new_context_rollover_across_websocket_turns(proxy_factory, tmp_path) -> None:
     """Codex over the socket, `--bridge context,notes`: the model calls the bridged `new_context` (ctproxy runs
     it and rolls the session over), then Codex's own shell; every round after the rollover — the bridge's next

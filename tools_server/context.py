@@ -60,12 +60,16 @@ class Budget:
     hard_trigger_tokens: int | None  # where the proxy runs the checkpoint turn (context.hard_ratio)
     tokens_left: int | None  # before the hard trigger: Codex's "tokens left in this context window"
     pending: rollover.Pending | None
+    estimated: bool = False  # no answer with usage yet: the figures estimate the agent's request (issue 29 (5))
 
 
 def budget_of(reader: HistoryReader, task_id: str, address: str, windows: dict[str, int],
               hard_ratio: float) -> Budget:
     conn = reader.conn
     u = usage_store.last_usage_for_agent(conn, task_id, address)  # this task's agent only
+    estimated = u is None
+    if u is None:  # before its first answer with usage: an estimate of its request, said to be one
+        u = usage_store.estimate_for_agent(conn, task_id, address)
     window = usage_store.model_window(u.model, windows) if u else None
     used = (u.input_tokens + u.output_tokens) if u else None
     window_left = hard = left = None
@@ -78,18 +82,23 @@ def budget_of(reader: HistoryReader, task_id: str, address: str, windows: dict[s
     if address not in agents:  # the caller is registered (it was resolved): text and details say the same
         agents = sorted([*agents, address])
     return Budget(address, agents, current_window(conn, task_id, address), u.model if u else None,
-                  window, used, window_left, hard, left, rollover.peek_pending(conn, task_id, address))
+                  window, used, window_left, hard, left, rollover.peek_pending(conn, task_id, address),
+                  estimated=estimated and u is not None)
 
 
 def remaining_text(b: Budget, hard_ratio: float) -> str:
     first = (f"You have {b.tokens_left} tokens left in this context window." if b.tokens_left is not None
              else "You have unknown tokens left in this context window.")
+    if b.estimated and b.tokens_left is not None:
+        first = (f"You have about {b.tokens_left} tokens left in this context window (an estimate: no answer with "
+                 "usage has come back yet, so ctproxy estimated your request from its size).")
     lines = [first]
     if b.tokens_left is not None:
         lines.append(f"Before the hard trigger ({hard_ratio:.0%} of the window, {b.hard_trigger_tokens} tokens, where "
                      f"ctproxy saves a checkpoint and starts a new window): {b.tokens_left} tokens left. "
                      f"Whole window: {b.window_tokens_left} of {b.context_window} tokens left "
-                     f"(model {b.model}, {b.used_tokens} used by the last answer).")
+                     f"(model {b.model}, {b.used_tokens} "
+                     f"{'estimated for your request' if b.estimated else 'used by the last answer'}).")
     elif b.used_tokens is not None:
         lines.append(f"The last answer used {b.used_tokens} tokens (model {b.model}); that model's context window "
                      "is not known to ctproxy (config model_windows).")
@@ -107,7 +116,8 @@ def remaining_details(b: Budget) -> dict[str, Any]:
             "hard_trigger_tokens": b.hard_trigger_tokens, "context_window": b.context_window,
             "used_tokens": b.used_tokens, "model": b.model, "agent": b.agent, "agents": b.agents,
             "window_id": b.window_id, "pending_rollover": b.pending.kind if b.pending else None,
-            "state": "known" if b.tokens_left is not None else "unknown"}
+            "state": "unknown" if b.tokens_left is None else "estimated" if b.estimated else "known",
+            "estimated": b.estimated}
 
 
 class ContextFamily:

@@ -1,4 +1,6 @@
-"""What the compaction addon's request hook decided about a flow, for its response hooks.
+"""Compaction's own record of a flow: what its request hook found, for its response hooks. Written by
+compaction only; what other stages read is the request's window decision (`FlowState.window`,
+proxy/windows/decision.py), made from this record and derived, never edited, by later steps.
 
 Kept out of the addon module: mitmproxy loads `-s` scripts without registering them in
 `sys.modules`, where `dataclasses` looks up a class's module.
@@ -39,10 +41,6 @@ class FlowInfo:
     compacted_items: int | None = None  # client items at the session's last compaction
     endpoint: str | None = None  # the normalised endpoint, the learned window's key with the model
     windows: WindowSession | None = None  # the journal session whose windows this request reads and opens
-    # For the context stage (addons/context.py), which applies `checkpoint`: the boundary was verified for
-    # these very items, and the input-bytes budget its bootstrap must give way to (None: as it is).
-    boundary_checked: bool = False
-    fit_budget: int | None = None
     # The request's fingerprint (what a replayed compaction item must match) and the compaction endpoint as of
     # the request hook (a later stage, the bridge, re-routes the flow and takes its credentials off before the
     # answer, when an overflow recovery compacts): made on first use from what the hook saw, since most

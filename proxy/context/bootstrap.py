@@ -93,6 +93,17 @@ def leading_instructions(items: Sequence[Any]) -> list[Any]:
     return out
 
 
+def leading_count(items: Sequence[Any]) -> int:
+    """How many of `items` lead the input: the agent's system/developer messages and any guidance before
+    the first other item (what a bootstrap takes the place of, keeping the instructions)."""
+    n = 0
+    for item in items:
+        if not (is_guidance(item) or _is_leading_instruction(item)):
+            break
+        n += 1
+    return n
+
+
 # ------------------------------------------------------------------------------------------- guidance
 def reachable_tools(names: Iterable[str]) -> tuple[str, ...]:
     """The context tools among `names`, in one fixed order (so the guidance's bytes do not depend on

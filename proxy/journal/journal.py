@@ -31,6 +31,7 @@ from proxy import memory, workerid
 from proxy.db import connect
 from proxy.journal import migrate
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
+from proxy.journal.answers import ANSWERED_CALL_TYPES
 from proxy.journal.backlog import Pending, PendingRequest, PendingResponse, Prepared, RequestMark
 from proxy.journal.branch import (
     Alignment,
@@ -44,7 +45,7 @@ from proxy.journal.branch import (
 )
 from proxy.journal.canonical import canonical_hash, chain_id, fingerprint, input_items, item_type, session_root
 from proxy.journal.identity import new_task_id, resolve_identity
-from proxy.journal.model import SessionState, Strategy, Window
+from proxy.journal.model import FILED_AFTER_KEY, SessionState, Strategy, Window, window_id
 from proxy.journal.ops import (
     EnsureAgent,
     EnsureSession,
@@ -444,7 +445,7 @@ class Journal:
                     boundary_hash: str | None = None, reason: str | None = None,
                     opaque: bytes | None = None) -> Window:
         ordinal = self._next_ordinal(task_id, address)
-        w = Window(f"w{ordinal}", ordinal, session_key, task_id, address, boundary, strategy, bootstrap,
+        w = Window(window_id(ordinal), ordinal, session_key, task_id, address, boundary, strategy, bootstrap,
                    time.time(), boundary_pos, boundary_hash, reason, opaque)
         self._submit([PutWindow(task_id, address, w.window_id, ordinal, session_key, boundary, strategy,
                                 bootstrap, w.created_at, boundary_pos, boundary_hash, reason, opaque)])
@@ -493,7 +494,7 @@ class Journal:
                 carried = tuple(e.item_id for e in st.entries[at + 1:]) if at is not None else ()
             if callable(bootstrap):
                 prev = st.window
-                bootstrap = bootstrap(prev, f"w{self._peek_ordinal(st.task_id, st.address)}")
+                bootstrap = bootstrap(prev, window_id(self._peek_ordinal(st.task_id, st.address)))
             st.window = self._new_window(session_key, st.task_id, st.address, boundary_item_id, strategy,
                                          dict(bootstrap), boundary_pos, boundary_hash, reason, opaque)
             if carried:
@@ -539,6 +540,39 @@ class Journal:
             if st.entries[pos].item_id == item_id:
                 return pos
         return None
+
+    def raw_items(self, item_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The committed items with these ids, as first seen, in the order asked (unknown ids left out)."""
+        wanted = list(dict.fromkeys(i for i in item_ids if isinstance(i, str) and i))
+        if not wanted:
+            return []
+        marks = ",".join("?" * len(wanted))
+        with self._lock:
+            rows = self._read.execute(
+                "SELECT i.item_id, r.raw FROM journal_items i JOIN journal_raw r ON r.seq = i.seq"
+                f" WHERE i.item_id IN ({marks})", wanted).fetchall()
+        found = {item_id: orjson.loads(raw) for item_id, raw in rows}
+        return [found[i] for i in wanted if isinstance(found.get(i), dict)]
+
+    def call_items(self, session_key: str, call_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The committed call items of a session with these `call_id`s (the newest of each), as first seen:
+        what a request that drops `previous_response_id` must carry for its outputs (call `flush()` first
+        to include the last answer's). Calls the journal does not hold are absent."""
+        wanted = [c for c in dict.fromkeys(call_ids) if isinstance(c, str) and c]
+        if not wanted:
+            return {}
+        marks, types = ",".join("?" * len(wanted)), ",".join("?" * len(ANSWERED_CALL_TYPES))
+        with self._lock:
+            rows = self._read.execute(
+                "SELECT i.call_id, r.raw FROM journal_items i JOIN journal_raw r ON r.seq = i.seq"
+                f" WHERE i.session_key=? AND i.call_id IN ({marks}) AND i.type IN ({types}) ORDER BY i.seq",
+                (session_key, *wanted, *ANSWERED_CALL_TYPES)).fetchall()
+        found: dict[str, dict[str, Any]] = {}
+        for call_id, raw in rows:
+            item = orjson.loads(raw)
+            if isinstance(item, dict):
+                found[call_id] = item  # (the newest wins)
+        return found
 
     def alias_response(self, response_id: str, session_key: str) -> None:
         with self._lock:
@@ -846,6 +880,10 @@ class Journal:
         parent = base[-1].item_id if base else session_root(st.key)
         entries: list[Entry] = []
         ops: list[Op] = []
+        # A window opened during this answer (a bridged mid-turn rollover): what came before it stays in the old one.
+        w = st.window
+        after = w.bootstrap.get(FILED_AFTER_KEY) if isinstance(w.bootstrap, dict) and w.ordinal > 1 else None
+        filed_in = window_id(w.ordinal - 1) if isinstance(after, str) else w.window_id
         for item in items:
             raw = orjson.dumps(item)
             canon = canonical_hash(item)
@@ -853,8 +891,12 @@ class Journal:
             # The fingerprint of the form received: a client resending it unchanged needs no hashing.
             entries.append(Entry(item_id, canon, item_type(item), fingerprint(raw)))
             ops.append(PutItem(item_id, st.key, None if parent.startswith("root:") else parent,
-                               st.window.window_id, "output", raw, canon, rid, p.created_at))
+                               filed_in, "output", raw, canon, rid, p.created_at))
+            if item_id == after:
+                filed_in = w.window_id  # the items after it followed the new window's bootstrap
             parent = item_id
+        if isinstance(after, str) and filed_in != w.window_id:  # not this answer's: all of it in the new window
+            ops = [op._replace(window_id=w.window_id) if isinstance(op, PutItem) else op for op in ops]
         branch = base + entries
         if entries:
             keep = _common_prefix(st.entries, base)

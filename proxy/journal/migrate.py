@@ -23,6 +23,7 @@ import orjson
 from proxy.journal.addresses import ROOT
 from proxy.journal.canonical import LEGACY_PREFIX, legacy_chain_hash
 from proxy.journal.identity import auto_task_id
+from proxy.journal.model import window_id
 
 NAME = "journal"
 VERSION = 2
@@ -137,7 +138,7 @@ def _move_checkpoint(conn: sqlite3.Connection, r: sqlite3.Row) -> None:
     conn.execute(
         "INSERT INTO journal_windows(task_id, address, window_id, ordinal, session_key, boundary_item_id, strategy,"
         " bootstrap, created_at, boundary_pos, boundary_hash, reason, opaque) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-        (task_id, address, f"w{ordinal}", ordinal, key, on_branch, r["strategy"], bootstrap, r["created_at"],
+        (task_id, address, window_id(ordinal), ordinal, key, on_branch, r["strategy"], bootstrap, r["created_at"],
          r["boundary"], bhash, r["reason"], r["compaction_item"]))
 
 

@@ -16,6 +16,17 @@ Strategy = Literal["start", "client_compaction", "notes", "remote", "fallback"]
 COMPACTION_STRATEGIES: frozenset[Strategy] = frozenset({"remote", "fallback"})  # a Checkpoint, replayed by compaction
 
 
+def window_id(ordinal: int) -> str:
+    """The id of an agent's window `ordinal` (w1, w2, …): the one spelling, used where the journal opens a
+    window (`Journal._new_window`), names the one it is about to open, or files items in the one before."""
+    return f"w{ordinal}"
+
+
+# In a window's bootstrap: the journal id of the last answer item that still belongs to the window before it (a
+# bridged turn rolled over mid-turn: its answer, journaled at its end, is filed in both windows, issue 29 (1)).
+FILED_AFTER_KEY = "filed_after"
+
+
 @dataclass(frozen=True)
 class Window:
     window_id: str  # "w<ordinal>", unique per agent

@@ -9,6 +9,7 @@ answer's usage, never the one before."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,16 @@ def record(services: Any, db_path: Path, session_key: str, task: str | None, age
                   lambda conn: usage.record_usage(conn, session_key, task, agent, model, used, response_id,
                                                   seen.updated_at))
     return db
+
+
+def record_estimate(services: Any, db_path: Path, session_key: str, task: str | None, agent: str | None,
+                    model: str | None, tokens: int) -> None:
+    """Before a session's first answer with usage: an estimate of its request (issue 29 (5)), which
+    `get_context_remaining` reports as an estimate until a real figure comes back. Coalesced per session."""
+    at = time.time()
+    dbworker.shared(services, db_path).put_latest(
+        ("usage_estimate", session_key),
+        lambda conn: usage.record_estimate(conn, session_key, task, agent, model, tokens, at))
 
 
 def _nothing(_conn: sqlite3.Connection) -> None:

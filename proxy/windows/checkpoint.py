@@ -1,0 +1,94 @@
+"""The checkpoint turn, run by the window service (seed 000, issue 13; moved out of addons/context.py, issue 29).
+
+One turn upstream (the current window + the instruction, only the own-notes write offered and required), exactly
+one own-notes write executed on the tool server (a failed one, or one outside the agent's own notes, corrected
+once). The pure parts (the turn's body, reading the write call, the correction) are `proxy/context/checkpoint_turn`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.compaction.journal_link import WindowSession
+from proxy.context import checkpoint_turn as ckturn
+from proxy.flowbody import decode_bounded
+from proxy.toolclient import ToolCall, ToolServerUnreachable
+from proxy.upstream import UpstreamBroken, UpstreamUnavailable
+from proxy.windows.service import WindowDeps
+
+# the checkpoint turn's own body (JSON, not streamed, not compressed) replaces these of the agent's request
+REPLACED_HEADERS = frozenset({"content-length", "content-encoding", "content-type", "accept-encoding", "accept"})
+
+
+@dataclass(frozen=True)
+class TurnTarget:
+    """Where the turn goes: the agent's request's own destination, with its own headers (credentials among
+    them, sent only under the one credential rule: `WindowDeps.credentials_allowed`)."""
+
+    url: str
+    headers: Sequence[tuple[str, str]] = field(repr=False)
+    instruction: str
+    timeout: float
+    max_body_bytes: int
+
+
+async def send_turn(deps: WindowDeps, target: TurnTarget, body: dict[str, Any]) -> dict[str, Any] | None:
+    """The turn through the upstream-turn service; the held JSON answer, or None."""
+    headers = [(k, v) for k, v in target.headers if k.lower() not in REPLACED_HEADERS]
+    headers += [("content-type", "application/json"), ("accept", "application/json"),
+                ("accept-encoding", "identity")]
+    up = deps.turns.prepare("POST", target.url, headers, orjson.dumps(body), deps.credentials_allowed)
+    try:
+        async with asyncio.timeout(target.timeout):  # the whole answer, not only its headers
+            held = await deps.turns.hold(up, timeout=target.timeout)
+    except (UpstreamUnavailable, UpstreamBroken, TimeoutError):
+        return None
+    if held.status != 200:
+        return None
+    try:
+        raw = decode_bounded(held.body, held.header("content-encoding"), target.max_body_bytes)
+        answer = orjson.loads(raw)
+    except Exception:  # an answer we cannot read is a failed turn, never a failed request
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+async def run_turn(deps: WindowDeps, target: TurnTarget, ws: WindowSession, forwarded: dict[str, Any],
+                   spec: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """Returns `written` or why not (a category), and the executed writes as the journal keeps them.
+    `forwarded`: the agent's request as it would go up now; `spec`: the own-notes write tool's."""
+    executed: list[dict[str, Any]] = []
+    client = deps.tools
+    if client is None:
+        return "no_tool_server", executed
+    extra: list[Any] = []
+    why = "write_failed"
+    for _attempt in range(2):
+        body = ckturn.turn_body(forwarded, spec, target.instruction, extra)
+        answer = await send_turn(deps, target, body)
+        if answer is None:
+            return "upstream_failed", executed
+        call, why = ckturn.write_call(answer)
+        if call is None:
+            return why, executed
+        if not ckturn.own_path(call.arguments, ws.address):
+            # another agent's notes never lift the fence: refused unexecuted, and corrected once
+            extra = ckturn.correction(call, ckturn.not_own_text(ws.address))
+            why = "not_own_notes"
+            continue
+        try:
+            out = await client.call(ToolCall(ckturn.WRITE_TOOL, "function", call.arguments, call_id=call.call_id,
+                                             task=ws.task_id, agent=ws.address, session=ws.key))
+        except ToolServerUnreachable:
+            return "no_tool_server", executed
+        executed.append(ckturn.journal_record(call, out.output, out.is_error))
+        if not out.is_error:
+            return "written", executed
+        extra = ckturn.correction(call, out.output)
+        why = "write_failed"
+    return why, executed
