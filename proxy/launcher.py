@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -27,33 +27,9 @@ from proxy.config import with_run_flags
 from proxy.errors import CtproxyError
 from proxy.routes import parse_upstream
 from proxy.state import StateDir
+from proxy.upoptions import UpOptions
 
 log = logging.getLogger("ctproxy")
-
-
-@dataclass
-class UpOptions:
-    listen_host: str = "127.0.0.1"
-    listen_port: int = 8787
-    mode: str = "reverse"  # reverse | regular
-    upstream: str | None = None
-    trust_upstream: bool = False
-    tools_host: str = "127.0.0.1"
-    tools_port: int = 8788
-    with_tools: bool = True
-    state_dir: Path | None = None
-    config_file: Path | None = None
-    workspace: Path | None = None  # file and shell tools refuse without one (no surprising default)
-    record: Path | None = None
-    server_replay: Path | None = None
-    enable: list[str] = field(default_factory=list)
-    disable: list[str] = field(default_factory=list)
-    debug: bool = False
-    bridge: list[str] | None = None  # --bridge: bridge.families for this run (None: as configured)
-    sandbox: str | None = None  # --sandbox: shell.sandbox for this run (None: as configured)
-    quiet: bool = False  # no request log line (issue 17)
-    metrics: bool = True  # Prometheus metrics and the dashboard's request feed (proxy/telemetry.py)
-    workers: int | str | None = None  # --workers N|auto: proxy.workers for this run (None: as configured)
 
 
 def split_hostport(value: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -281,7 +257,7 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
         if n_workers > 1:
             from proxy.workers import Supervisor
 
-            return await Supervisor(opts, state, rt, n_workers, tools, snapshot, telemetry).run(ready, stop)
+            return await Supervisor(opts, state, rt, n_workers, tools, snapshot, telemetry, announce).run(ready, stop)
         return await _run_proxy(opts, state, rt, tools, ready, stop)
     finally:
         if tools is not None:

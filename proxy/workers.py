@@ -2,7 +2,7 @@
 
 One Python process forwards on one core; `--workers N` (config `proxy.workers`, `auto`: one per core) runs N
 of them (docs/adr/0012-proxy-workers.md). The process the user started becomes the supervisor: it starts the
-tool server as before, holds the listen port, and starts each worker with `python -m proxy.workers`. A worker
+tool server as before, holds the listen port, and starts each worker with `python -m proxy.worker_main`. A worker
 is the usual embedded mitmproxy with the whole chain; it binds the listen address with SO_REUSEPORT (the kernel
 spreads new connections over the workers) and reports, on one stdout line, its pid and its loopback telemetry.
 
@@ -30,17 +30,28 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy import workerid
 from proxy.state import StateDir
 
 if TYPE_CHECKING:
     from proxy import runtime
-    from proxy.launcher import ToolServerProcess, UpOptions
     from proxy.telemetry import AggregateFeed, TelemetryServer
+    from proxy.upoptions import UpOptions
+
+
+class HasUrl(Protocol):
+    """The tool server the launcher started (proxy.launcher.ToolServerProcess): its workers are told its URL."""
+
+    url: str
+
+
+# The launcher's banner and run file (proxy.launcher.announce), handed in: the launcher imports this module.
+Announce = Callable[..., dict[str, Any]]
 
 log = logging.getLogger("ctproxy")
 
@@ -95,9 +106,11 @@ class WorkerProcess:
 
 class Supervisor:
     def __init__(self, opts: UpOptions, state: StateDir, rt: runtime.Runtime, n: int,
-                 tools: ToolServerProcess | None, snapshot: Path | None, telemetry: TelemetryServer | None):
+                 tools: HasUrl | None, snapshot: Path | None, telemetry: TelemetryServer | None,
+                 announce: Announce):
         self.opts, self.state, self.rt, self.n = opts, state, rt, n
         self.tools, self.snapshot, self.telemetry = tools, snapshot, telemetry
+        self.announce = announce
         self.workers = [WorkerProcess(i) for i in range(1, n + 1)]
         self.port = opts.listen_port
         self._stopping = False
@@ -116,7 +129,7 @@ class Supervisor:
                     config_file=str(self.snapshot) if self.snapshot is not None else opts["config_file"])
         spec = {"opts": opts, "index": w.index, "tools_url": self.tools.url if self.tools is not None else None,
                 "parent": os.getpid()}
-        return [sys.executable, "-m", "proxy.workers", json.dumps(spec)]
+        return [sys.executable, "-m", "proxy.worker_main", json.dumps(spec)]
 
     async def _start(self, w: WorkerProcess) -> bool:
         env = {**os.environ, workerid.WORKER_ENV: str(w.index)}
@@ -166,7 +179,6 @@ class Supervisor:
             write_run_file(self.state, self._run_info)
 
     async def run(self, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> int:
-        from proxy.launcher import announce
         from proxy.status import RUN_FILE
 
         if (why := supported()) is not None:
@@ -197,7 +209,7 @@ class Supervisor:
             first = self.workers[0].info
             upstream_desc = ("(regular mode: HTTPS proxy)" if self.opts.mode == "regular"
                              else self.rt.upstream.describe())
-            self._run_info = announce(self.opts, self.state, self.rt, self.tools, str(first.get("proxy")),
+            self._run_info = self.announce(self.opts, self.state, self.rt, self.tools, str(first.get("proxy")),
                                       upstream_desc, first.get("websocket") or {}, self.workers_info())
             if ready is not None:
                 ready.set()
@@ -276,62 +288,3 @@ def _read_stdout(proc: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop,
                 sys.stdout.flush()
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(settle, None)
-
-
-# ---- the worker process ---------------------------------------------------------------------------------
-
-
-def _watch_parent(parent: int, loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
-    """A worker whose supervisor is gone (killed with -9) stops too, rather than serve on unsupervised."""
-    while not stop.is_set():
-        if os.getppid() != parent:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stop.set)
-            return
-        time.sleep(0.5)
-
-
-async def run_worker(spec: dict[str, Any]) -> int:
-    from proxy import runtime
-    from proxy.config import with_run_flags
-    from proxy.launcher import RemoteTools, UpOptions, WorkerRole, _run_proxy, _start_telemetry
-    from proxy.mitm_master import share_listen_port
-
-    raw = dict(spec["opts"])
-    for key in ("state_dir", "config_file", "workspace", "record", "server_replay"):
-        if raw.get(key) is not None:
-            raw[key] = Path(raw[key])
-    opts = UpOptions(**raw)
-    state = StateDir.open(opts.state_dir)
-    rt = runtime.build(str(state.root), str(opts.config_file) if opts.config_file else None, opts.upstream,
-                       opts.trust_upstream, opts.enable, opts.disable)
-    with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge, sandbox=opts.sandbox)
-    share_listen_port()
-    telemetry = _start_telemetry(state, rt) if opts.metrics else None
-    tools_url = spec.get("tools_url")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    threading.Thread(target=_watch_parent, args=(int(spec["parent"]), loop, stop), daemon=True,
-                     name="ctproxy-parent-watch").start()
-    role = WorkerRole(int(spec["index"]), tools_url, telemetry.url if telemetry is not None else None)
-    try:
-        return await _run_proxy(opts, state, rt, RemoteTools(tools_url) if tools_url else None, None, stop, role)
-    finally:
-        if telemetry is not None:
-            telemetry.stop()
-        runtime.uninstall()
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m proxy.workers SPEC_JSON (started by `ctproxy up --workers N`)", file=sys.stderr)
-        return 2
-    try:
-        return asyncio.run(run_worker(json.loads(args[0])))
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
