@@ -258,3 +258,35 @@ async def test_codex_remote_compaction_over_wss_as_https_proxy(proxy_factory, tm
         assert ANSWER in out
     finally:
         await emu.close()
+
+
+async def test_codex_new_context_rollover_across_wss_turns_as_https_proxy(proxy_factory, tmp_path) -> None:
+    """The rollover of tests/test_ws_codex.py, with ctproxy as Codex's HTTPS proxy intercepting wss://: the
+    bridge's round after `new_context` and Codex's next create (with its shell's output) go up in the new
+    window, on the one intercepted socket."""
+    from tests.emulator import FunctionCall
+    from tests.test_context_codex import assert_new_window
+    from tests.test_ws_codex import ANSWER
+
+    prompt = "Please do the long task with a rollover in the middle of it."
+    emu, proxy, run = await _codex_over_wss(proxy_factory, tmp_path, prompt, ["--bridge", "context,notes"])
+    try:
+        emu.script(FunctionCall("new_context", {}, call_id="call_nc"),
+                   FunctionCall("exec_command", {"cmd": "ls | wc -l"}, call_id="call_sh"), Text(ANSWER, deltas=3))
+        code, out, err = await run()
+        assert code == 0, f"codex exec failed ({code}):\n{err[-3000:]}\nproxy log:\n{proxy.log()[-3000:]}"
+        assert ANSWER in out
+        turns = [r for r in emu.requests if r.route in ("responses", "compaction")]
+        assert turns and all(r.transport == "ws" and r.status == 200 for r in turns), \
+            [(r.transport, r.status, r.extra.get("error_body")) for r in turns]
+        assert len({r.ws_connection for r in turns}) == 1, "one intercepted socket, no fallback to HTTP"
+        real = [r for r in turns if r.json.get("generate") is not False]
+        assert len(real) == 3, [(r.json.get("previous_response_id"), len(r.json.get("input") or [])) for r in real]
+        first, round2, nxt = real
+        assert "new_context" in {t.get("name") for t in first.json.get("tools") or []}
+        assert_new_window(round2.json["input"])
+        outputs = [i for i in nxt.json["input"] if i.get("type") == "function_call_output"]
+        assert outputs and outputs[-1]["call_id"] == "call_sh"
+        assert prompt not in orjson.dumps(nxt.json["input"]).decode(), "Codex's next create is in the new window"
+    finally:
+        await emu.close()
