@@ -168,7 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sp)
     ssub = sp.add_subparsers(dest="store_command", metavar="ACTION", required=True)
     mig = ssub.add_parser("migrate", help="copy this state directory's database and notes into an empty "
-                          "PostgreSQL database (its schema created or brought up to date first)")
+                          "PostgreSQL database (its schema created or brought up to date first)",
+                          description="Copies the embedded state into PostgreSQL in one transaction. ctproxy "
+                          "does not serve from PostgreSQL yet (`ctproxy up` keeps the embedded store; "
+                          "docs/adr/0012-proxy-workers.md): this prepares the database and checks the copy.")
     _common(mig)
     mig.add_argument("--to", required=True, metavar="URL", help="postgresql://USER@HOST:PORT/DB")
     ctxp = sub.add_parser("context", help="context windows: mark a manual checkpoint")

@@ -213,37 +213,23 @@ BOOTSTRAP = r"""
 """
 
 
-class V8Engine:
-    """One mini-racer isolate with a hard memory limit. Use on the event loop that created it."""
+class IsolateHost:
+    """The host's side of BOOTSTRAP's protocol, over one `_eval`: shared by the in-process isolate (V8Engine)
+    and the worker process's (tools_server/codemode/process.py)."""
 
-    def __init__(self, memory_limit_bytes: int, output_credit: int = OUTPUT_CREDIT):
-        self._credit = output_credit
-        self._mr: MiniRacer | None = MiniRacer()
-        self._mr.set_hard_memory_limit(memory_limit_bytes)
-        self._booted = False
+    _credit: int
 
     async def _eval(self, code: str) -> Any:
-        if self._mr is None:
-            raise EngineError("the cell's isolate is closed", "closed")
-        try:
-            return await self._mr.eval_cancelable(code)
-        except JSOOMException:
-            raise EngineError("the cell exceeded its memory limit", "memory-limit") from None
-        except JSEvalException as exc:
-            if self.memory_exceeded():
-                raise EngineError("the cell exceeded its memory limit", "memory-limit") from None
-            # a fault of the bootstrap protocol, not of the cell's code (that is reported as a message)
-            raise EngineError(f"the JavaScript engine failed ({type(exc).__name__})", "engine-error") from None
+        raise NotImplementedError
 
-    async def boot(self, adapters: list[str]) -> None:
+    async def _boot_isolate(self, adapters: list[str]) -> None:
         await self._eval(BOOTSTRAP.replace("__CREDIT__", str(int(self._credit))))
         await self._eval(f"__ctp.adapters({json.dumps(adapters)})")
-        self._booted = True
 
     async def start(self, source: str) -> None:
         await self._eval(f"__ctp.start({json.dumps(source)})")
 
-    async def drain(self) -> list[dict[str, Any]]:
+    async def _drain_messages(self) -> list[dict[str, Any]]:
         raw = await self._eval("__ctp.drain()")
         try:
             messages = json.loads(raw) if isinstance(raw, str) else None
@@ -269,6 +255,36 @@ class V8Engine:
             raise EngineError("the cell's final state could not be read (did it replace a JavaScript builtin?)",
                               "engine-error")
         return value
+
+
+class V8Engine(IsolateHost):
+    """One mini-racer isolate with a hard memory limit. Use on the event loop that created it."""
+
+    def __init__(self, memory_limit_bytes: int, output_credit: int = OUTPUT_CREDIT):
+        self._credit = output_credit
+        self._mr: MiniRacer | None = MiniRacer()
+        self._mr.set_hard_memory_limit(memory_limit_bytes)
+        self._booted = False
+
+    async def _eval(self, code: str) -> Any:
+        if self._mr is None:
+            raise EngineError("the cell's isolate is closed", "closed")
+        try:
+            return await self._mr.eval_cancelable(code)
+        except JSOOMException:
+            raise EngineError("the cell exceeded its memory limit", "memory-limit") from None
+        except JSEvalException as exc:
+            if self.memory_exceeded():
+                raise EngineError("the cell exceeded its memory limit", "memory-limit") from None
+            # a fault of the bootstrap protocol, not of the cell's code (that is reported as a message)
+            raise EngineError(f"the JavaScript engine failed ({type(exc).__name__})", "engine-error") from None
+
+    async def boot(self, adapters: list[str]) -> None:
+        await self._boot_isolate(adapters)
+        self._booted = True
+
+    async def drain(self) -> list[dict[str, Any]]:
+        return await self._drain_messages()
 
     def memory_exceeded(self) -> bool:
         return self._mr is not None and self._mr.was_hard_memory_limit_reached()

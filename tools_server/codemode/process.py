@@ -24,7 +24,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from tools_server.codemode.engine import BOOTSTRAP, OUTPUT_CREDIT, EngineError, Reply
+from tools_server.codemode.engine import OUTPUT_CREDIT, EngineError, IsolateHost
 
 log = logging.getLogger("ctproxy.tools")
 
@@ -166,7 +166,7 @@ async def reap(timeout: float = 10.0) -> None:
         await asyncio.wait(mine, timeout=timeout)
 
 
-class ProcessEngine:
+class ProcessEngine(IsolateHost):
     """One cell's isolate in a worker process taken from `pool` at boot."""
 
     def __init__(self, pool: WorkerPool, output_credit: int = OUTPUT_CREDIT):
@@ -267,43 +267,16 @@ class ProcessEngine:
             raise EngineError("the cell's isolate is closed", "closed")
         self._worker = worker
         self._reader = asyncio.get_running_loop().create_task(self._read(worker))
-        await self._eval(BOOTSTRAP.replace("__CREDIT__", str(int(self._credit))))
-        await self._eval(f"__ctp.adapters({json.dumps(adapters)})")
-
-    async def start(self, source: str) -> None:
-        await self._eval(f"__ctp.start({json.dumps(source)})")
+        await self._boot_isolate(adapters)
 
     async def drain(self) -> list[dict[str, Any]]:
-        raw = await self._eval("__ctp.drain()")
-        try:
-            messages = json.loads(raw) if isinstance(raw, str) else None
-        except ValueError:
-            messages = None
-        if not isinstance(messages, list):
-            raise EngineError("the cell's messages could not be read (did it replace a JavaScript builtin?)",
-                              "engine-error")
-        messages = [m for m in messages if isinstance(m, dict)]
+        messages = await self._drain_messages()
         for m in messages:
             # the array-buffer allocator refused (the worker's RLIMIT_DATA): the cell's memory limit, not
             # a script error (a cell that catches the RangeError carries on below its limit)
             if m.get("k") == "fail" and isinstance(m.get("e"), str) and m["e"].startswith(ALLOCATION_FAILED):
                 raise memory_error(self._pool.memory_limit)
         return messages
-
-    async def deliver(self, replies: list[Reply]) -> None:
-        inbox = json.dumps([r.encoded() for r in replies])
-        await self._eval(f"__ctp.step({json.dumps(inbox)})")
-
-    async def final_check(self) -> dict[str, Any]:
-        raw = await self._eval("__ctp.final()")
-        try:
-            value = json.loads(raw) if isinstance(raw, str) else None
-        except ValueError:
-            value = None
-        if not isinstance(value, dict):
-            raise EngineError("the cell's final state could not be read (did it replace a JavaScript builtin?)",
-                              "engine-error")
-        return value
 
     def memory_exceeded(self) -> bool:
         return self._hard
