@@ -16,6 +16,7 @@ The isolate has no ambient authority: V8 has no `fetch`, `require`, `process` or
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -213,14 +214,15 @@ BOOTSTRAP = r"""
 """
 
 
-class IsolateHost:
+class IsolateHost(ABC):
     """The host's side of BOOTSTRAP's protocol, over one `_eval`: shared by the in-process isolate (V8Engine)
     and the worker process's (tools_server/codemode/process.py)."""
 
     _credit: int
 
+    @abstractmethod
     async def _eval(self, code: str) -> Any:
-        raise NotImplementedError
+        """Evaluate `code` in the cell's isolate and return its value."""
 
     async def _boot_isolate(self, adapters: list[str]) -> None:
         await self._eval(BOOTSTRAP.replace("__CREDIT__", str(int(self._credit))))
