@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import sqlite3
 import time
 from typing import Any
@@ -36,12 +35,8 @@ from proxy import dbworker, debuglog, routes, runtime, usage
 from proxy.compaction import journal_link, store
 from proxy.compaction.decision import (
     HOLD_FRACTION,
-    TAIL_FRACTION,
     Estimate,
-    LastRequest,
-    UsageSnapshot,
     choose_boundary,
-    estimate,
     over,
 )
 from proxy.compaction.eligibility import remote_blocked
@@ -54,18 +49,12 @@ from proxy.flowbody import responses_body
 from proxy.flowstate import Settling, state_of
 from proxy.metrics import proxy_metrics
 from proxy.sse import ResponseTap
-from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
-from proxy.transforms.items import approx_tokens_for_bytes, client_compacts, input_items, items_bytes
+from proxy.transforms.compaction import ProjectionContext, apply_projection
+from proxy.transforms.items import client_compacts, input_items
 from proxy.transforms.lazyitems import as_list
-from proxy.windows import budget, opening, recovery, service
-from proxy.windows.decision import WindowDecision
+from proxy.windows import budget, opening, recovery, service, sizing
 
 log = logging.getLogger("ctproxy.compaction")
-
-# An overflow retry sends at most this share of the body that failed: the upstream's real window is
-# somewhere below the failed size, and one retry should not have to guess twice.
-RETRY_FRACTION = 0.5
-
 
 def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:
     route = state_of(flow).route
@@ -84,41 +73,6 @@ def _credentials_allowed(flow: http.HTTPFlow, route: routes.Route) -> bool:
 
 def _stateful(payload: dict[str, Any]) -> bool:
     return bool(payload.get("previous_response_id")) or payload.get("conversation") is not None
-
-
-def _payload_bytes(payload: dict[str, Any], items: list[Any]) -> int:
-    """What the estimate counts: input, instructions and tools, serialized."""
-    tools = payload.get("tools") if isinstance(payload.get("tools"), list) else []
-    return len(str(payload.get("instructions") or "").encode()) + items_bytes(tools) + items_bytes(items)
-
-
-def _tokens(n_bytes: int, ratio: float) -> int:
-    return math.ceil(approx_tokens_for_bytes(n_bytes) * ratio)
-
-
-def _fresh(info: FlowInfo) -> bool:
-    """New agent items since the session's last compaction (or no compaction in effect)."""
-    done = info.compacted_items
-    return done is None or info.checkpoint is None or len(info.client_items) > done
-
-
-def _decided(info: FlowInfo, boundary_checked: bool, fit_budget: int | None = None) -> WindowDecision:
-    """The request's window decision, as compaction's record now holds it."""
-    return WindowDecision(checkpoint=info.checkpoint, replay_opaque=info.replay_opaque, outcome=info.outcome,
-                          compacted=info.compacted, compacted_items=info.compacted_items,
-                          boundary_checked=boundary_checked, fit_budget=fit_budget,
-                          client_items=info.client_items, window=info.window, estimate=info.estimate)
-
-
-def _grown(info: FlowInfo) -> bool:
-    """A threshold compaction right after another one helps only when the agent's items since then weigh
-    something (at least the tail's share of the window): otherwise the new bootstrap is about the old
-    one, and the session would compact on every request (openai/codex#40213, #26783)."""
-    done = info.compacted_items
-    if done is None or info.checkpoint is None or not info.window:
-        return True
-    added = approx_tokens_for_bytes(items_bytes(info.client_items[done:])) * info.estimate.ratio
-    return added >= TAIL_FRACTION * info.window
 
 
 def _snapshot(conn: sqlite3.Connection, key: str) -> tuple[store.SessionRecord | None, usage.Usage | None]:
@@ -224,30 +178,26 @@ class Compaction(Stage):
             # tools are a rounding error), and serializing 1.5 MB again would cost more than parsing it.
             sent = body.source_bytes
         else:
-            sent = _payload_bytes(projected, input_items(projected) or [])
-        info.estimate = self._estimate(sent, info, sess, last_usage)
-        failed_here = sess is not None and sess.failed_items == len(items)
-        want = route.eligible and info.window is not None and not failed_here and _fresh(info) and (
-            (cfg.enabled and over(info.estimate.tokens, info.window, cfg.threshold) and _grown(info))
-            or (sess is not None and sess.force_compact and recover)
-        )
+            sent = sizing.payload_bytes(projected, input_items(projected) or [])
+        info.estimate = sizing.estimate_of(sent, info, sess, last_usage)
+        want = sizing.wants_compaction(info, sess, len(items), cfg.enabled, cfg.threshold, recover)
         if want:
             payload = body.value
             info.client_items = items = input_items(payload) or []
             cp = await self._compact(flow, info, payload, "threshold", rt)
             projected = self._project(payload, cp, info, cfg.enabled, rt)
-            sent = _payload_bytes(projected, input_items(projected) or [])
-            info.estimate = self._estimate(sent, info, None, None)
+            sent = sizing.payload_bytes(projected, input_items(projected) or [])
+            info.estimate = sizing.estimate_of(sent, info, None, None)
         fit_budget: int | None = None
-        by_bytes = _tokens(sent, info.estimate.ratio)  # the usage estimate may reflect a fitted retry
+        by_bytes = sizing.tokens(sent, info.estimate.ratio)  # the usage estimate may reflect a fitted retry
         if info.checkpoint is not None and over(max(info.estimate.tokens, by_bytes), info.window, cfg.threshold):
             # Still above the threshold with a checkpoint in effect (a compaction would not help, or just
             # did not): the bootstrap gives way (retained messages, then the fallback's excerpt).
-            fitted = self._fit(projected, info, cfg.threshold * (info.window or 0))
+            fitted = sizing.fit(projected, info, cfg.threshold * (info.window or 0))
             if fitted is not None:
                 projected, fit_budget = fitted
-                sent = _payload_bytes(projected, input_items(projected) or [])
-                info.estimate = self._estimate(sent, info, None, None)
+                sent = sizing.payload_bytes(projected, input_items(projected) or [])
+                info.estimate = sizing.estimate_of(sent, info, None, None)
         info.hold = (recover and route.eligible
                      and over(info.estimate.tokens, info.window, HOLD_FRACTION))
         # The context stage (addons/context.py) applies the checkpoint in effect to the body: compaction only
@@ -264,7 +214,7 @@ class Compaction(Stage):
                 store.LastRequest(cp_id, len(items), sent), False, sess.failed_items if sess is not None else None,
                 info.compacted_items))
         st.compaction = info
-        st.window = _decided(info, info.checkpoint is not None, fit_budget)  # made once; later steps derive
+        st.window = sizing.decided(info, info.checkpoint is not None, fit_budget)  # made once; later steps derive
         debuglog.event("remote_compaction", outcome=info.outcome, estimate=info.estimate.tokens, window=info.window,
                        checkpoint=cp_id, items=len(items), stream=info.hold)
 
@@ -290,26 +240,6 @@ class Compaction(Stage):
             return payload
         info.checkpoint, info.replay_opaque = cp, replay and outcome in ("remote", "already")
         return projected
-
-    @staticmethod
-    def _estimate(sent_bytes: int, info: FlowInfo, sess: store.SessionRecord | None,
-                  last_usage: usage.Usage | None) -> Estimate:
-        snap = UsageSnapshot(last_usage.input_tokens, last_usage.output_tokens) if last_usage else None
-        last: LastRequest | None = sess.last if sess is not None else None
-        cp_id = info.checkpoint.id if info.checkpoint else None
-        return estimate(sent_bytes, info.client_items, cp_id, snap, last)
-
-    @staticmethod
-    def _fit(payload: dict[str, Any], info: FlowInfo, budget_tokens: float) -> tuple[dict[str, Any], int] | None:
-        """The projected payload with its bootstrap trimmed so the whole estimate is within
-        `budget_tokens`, and the input-bytes budget that took; None when even the bare compaction item
-        (or marker) and the tail do not fit."""
-        cp = info.checkpoint
-        if cp is None or info.outcome == "already":
-            return None  # "already": the client sent the bootstrap itself; its own items are not ours to cut
-        budget_bytes = int(budget_tokens / max(info.estimate.ratio, 0.01) * 4) - _payload_bytes(payload, [])
-        fitted = fit_projection(payload, info.client_items[cp.boundary:], budget_bytes)
-        return None if fitted is None else (fitted, budget_bytes)
 
     async def _learned_window(self, rt: runtime.Runtime, db: dbworker.DBWorker, model: str,
                               endpoint: str) -> int | None:
@@ -427,7 +357,7 @@ class Compaction(Stage):
     async def _recover(self, flow: http.HTTPFlow, info: FlowInfo, rt: runtime.Runtime) -> bool:
         """Compact (at most once per agent request, and only with new agent items since the last
         compaction) and retry once with a body strictly smaller than the one that failed: at most
-        RETRY_FRACTION of it, the bootstrap giving way until it fits. The failed size is also an upper
+        sizing.RETRY_FRACTION of it, the bootstrap giving way until it fits. The failed size is also an upper
         bound of the upstream's real window: it is learned and remembered."""
         started = time.perf_counter()
         try:
@@ -436,15 +366,15 @@ class Compaction(Stage):
             return False
         if not isinstance(forwarded, dict):
             return False
-        failed_bytes = _payload_bytes(forwarded, input_items(forwarded) or [])
-        self._learn(rt, info, _tokens(failed_bytes, info.estimate.ratio))
+        failed_bytes = sizing.payload_bytes(forwarded, input_items(forwarded) or [])
+        self._learn(rt, info, sizing.tokens(failed_bytes, info.estimate.ratio))
         decided = state_of(flow).window
         if decided is not None:  # the request's current decision: a later stage (context) may have compacted
             info.checkpoint, info.replay_opaque = decided.checkpoint, decided.replay_opaque
             info.outcome = decided.outcome
             info.compacted, info.compacted_items = decided.compacted, decided.compacted_items
         replay = info.replay_opaque
-        if not info.compacted and _fresh(info):
+        if not info.compacted and sizing.fresh(info):
             cp = await self._compact(flow, info, forwarded, "overflow", rt)
             replay = cp.strategy == "remote"
             info.outcome = cp.strategy  # the retry below is a projection of this new checkpoint
@@ -456,22 +386,22 @@ class Compaction(Stage):
         retry_payload = dict(forwarded)
         retry_payload["input"] = [*cp.record().bootstrap(replay), *info.client_items[cp.boundary:]]
         info.checkpoint, info.replay_opaque = cp, replay
-        state_of(flow).window = _decided(info, True)  # derived: the retry goes out with this checkpoint
-        budget = failed_bytes * RETRY_FRACTION
-        if _payload_bytes(retry_payload, retry_payload["input"]) > budget:
-            fitted = self._fit(retry_payload, info, _tokens(int(budget), info.estimate.ratio))
+        state_of(flow).window = sizing.decided(info, True)  # derived: the retry goes out with this checkpoint
+        budget = failed_bytes * sizing.RETRY_FRACTION
+        if sizing.payload_bytes(retry_payload, retry_payload["input"]) > budget:
+            fitted = sizing.fit(retry_payload, info, sizing.tokens(int(budget), info.estimate.ratio))
             if fitted is None:
                 self._event(rt, info, "recovery", "not_smaller", cp.strategy, cp.id)
                 return False  # nothing smaller to send: the agent gets the original error
             retry_payload = fitted[0]
-        retry_bytes = _payload_bytes(retry_payload, retry_payload["input"])
+        retry_bytes = sizing.payload_bytes(retry_payload, retry_payload["input"])
         deps = service.deps_of(rt, info.route, info.credentials_allowed, state_of(flow).journal)
         new = await recovery.send_retry(deps, flow.request, retry_payload)
         code = None if new is None else response_error_code(
             new.status_code, new.headers.get("content-type", ""), new.get_content(strict=False) or b"")
         ok = new is not None and code is None
         if code == CODE:
-            self._learn(rt, info, _tokens(retry_bytes, info.estimate.ratio))
+            self._learn(rt, info, sizing.tokens(retry_bytes, info.estimate.ratio))
         outcome = "recovered" if ok else "retry_failed"
         self._event(rt, info, "recovery", outcome, cp.strategy, cp.id)
         debuglog.event("overflow_recovery", outcome=outcome, strategy=cp.strategy, host=flow.request.host,
