@@ -11,10 +11,7 @@ this stage applies that decision. Without a compaction decision (loaded alone, `
 addons/context.py`) it finds the session's current window itself and applies its readable bootstrap
 (an opaque item is replayed only where compaction has checked the fingerprint).
 
-A strategy is one entry of `PROJECTIONS`: window → `WindowProjection` (or None: not applied now).
-remote/fallback are compaction's (its decision applies them in the chain); any other strategy (notes,
-issue 13) is applied from the session's current window whether or not compaction decided, e.g.
-`PROJECTIONS["notes"] = stored_projection` for a window whose bootstrap JSON holds `{"items": [...]}`.
+A strategy is one entry of `PROJECTIONS` (proxy/windows/projection.py, where the projection is decided).
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ import dataclasses
 import functools
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -38,7 +35,6 @@ from proxy.compaction import journal_link
 from proxy.compaction.decision import TAIL_FRACTION
 from proxy.compaction.eligibility import remote_call
 from proxy.compaction.fingerprint import load_key
-from proxy.compaction.store import Checkpoint
 from proxy.context import bootstrap as boot
 from proxy.context import checkpoint_turn as ckturn
 from proxy.context import midturn, reminder, stateful
@@ -46,65 +42,27 @@ from proxy.context.decorate import decorate, stateful_or_client
 from proxy.context.rollover import Kind, RolloverStore
 from proxy.flowbody import ResponsesBody, commit_if_alone, responses_body
 from proxy.flowstate import state_of
-from proxy.journal import COMPACTION_STRATEGIES, Window
+from proxy.journal import Window
 from proxy.journal.canonical import chain_at, session_root
 from proxy.journal.model import FILED_AFTER_KEY
 from proxy.metrics import proxy_metrics
 from proxy.toolclient import ToolClient, ToolServerUnreachable
-from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
+from proxy.transforms.compaction import ProjectionContext, apply_projection
 from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, input_items, items_bytes
 from proxy.transforms.lazyitems import as_list, is_item_list, plain_payload
-from proxy.transforms.window import WindowProjection, apply_window
-from proxy.windows import budget, checkpoint, journal_reads, opening, service
-from proxy.windows.decision import WindowDecision
+from proxy.transforms.window import apply_window
+from proxy.windows import budget, checkpoint, journal_reads, opening, projection, service
+from proxy.windows.projection import CONTEXT_REASON, project_decision, stored_projection
 
 log = logging.getLogger("ctproxy.context")
 
 REPORTED_WINDOWS = 4096  # windows whose divergence this process has recorded (once each)
-CONTEXT_REASON = "context_"  # the reason of a compaction window this stage opened (context_threshold, …)
 
 
-def _checkpoint_projection(w: Window, rt: runtime.Runtime) -> WindowProjection | None:
-    """remote / fallback, alone: the readable bootstrap, while compaction or overflow recovery is on."""
-    cfg = rt.config.remote_compaction
-    cp = Checkpoint.from_window(w)
-    # the context stage's own compactions (hard trigger, failed checkpoint turn) apply while context is on
-    ours = rt.config.context.enabled and (w.reason or "").startswith(CONTEXT_REASON)
-    if cp is None or not (cfg.enabled or rt.config.recovers_overflow() or ours):
-        return None
-    return cp.record().projection(replay_opaque=False)
-
-
-def stored_projection(w: Window, rt: runtime.Runtime) -> WindowProjection | None:
-    """A window whose bootstrap is stored whole (`bootstrap["items"]`, built when the window was opened)."""
-    items = w.bootstrap.get("items")
-    if w.boundary_pos is None or not w.boundary_hash or not isinstance(items, list):
-        return None
-    return WindowProjection(w.window_id, w.boundary_pos, w.boundary_hash, session_root(w.session_key),
-                            tuple(items))
-
-
-PROJECTIONS: dict[str, Callable[[Window, runtime.Runtime], WindowProjection | None]] = {
-    "remote": _checkpoint_projection,
-    "fallback": _checkpoint_projection,
-    "notes": stored_projection,  # issue 13: the bootstrap built once at the rollover, replayed byte for byte
-}
 # What this stage always consumes at a request: `new_context`. A manual checkpoint is consumed only where
 # the checkpoint turn can run (the own-notes write tool reachable, the tool server known); else it waits.
 ROLLOVER_KINDS: tuple[Kind, ...] = ("new_context",)
 
-
-def project_decision(payload: dict[str, Any], info: WindowDecision) -> dict[str, Any]:
-    """Compaction's decision applied: its checkpoint's bootstrap (opaque when it may be replayed), given
-    way to the budget compaction set. The same pure transforms compaction sized the request with."""
-    cp = info.checkpoint
-    if cp is None:
-        return payload
-    out, outcome = apply_projection(payload, ProjectionContext(cp.record(), info.replay_opaque),
-                                    checked=info.boundary_checked)
-    if info.fit_budget is not None and outcome in ("remote", "fallback"):
-        out = fit_projection(out, info.client_items[cp.boundary:], info.fit_budget) or out
-    return out
 
 
 class Context(Stage):
@@ -590,7 +548,8 @@ class Context(Stage):
         info = state_of(flow).window
         if opened is None and info is not None and info.checkpoint is not None:
             return project_decision(_built(flow, payload), info)  # compaction decided: apply that
-        return self._current(flow, payload, ws, decided=info is not None, window=opened)
+        return projection.current(self.rt, payload, ws, info is not None, opened,
+                                  lambda: self._window_session(flow), lambda p: _built(flow, p), self._report)
 
     def _first_estimate(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, body: ResponsesBody,
                         out: dict[str, Any]) -> None:
@@ -639,51 +598,6 @@ class Context(Stage):
             return None  # the usage predates the current window (a rollover since)
         return used, window
 
-    def _current(self, flow: http.HTTPFlow, payload: dict[str, Any], ws: journal_link.WindowSession | None,
-                 decided: bool, window: Window | None = None) -> dict[str, Any]:
-        """The session's current window, found here, applied to `payload` (or `payload` itself).
-        `decided`: compaction has decided this request (no checkpoint in effect, or a diverged one): only
-        the other strategies are left to apply."""
-        rt = self.rt
-        others = _other_strategies()
-        cfg = rt.config.remote_compaction
-        if window is None and not others and (decided or not (cfg.enabled or rt.config.recovers_overflow())):
-            return payload  # no strategy could apply
-        if input_items(payload) is None:
-            return payload
-        if ws is None:  # (a window session exists only for a stateless request the client does not compact)
-            ws = self._window_session(flow)
-            if ws is None:
-                return payload
-        w = window
-        if w is None:
-            mark = ws.mark
-            w = mark.state.window if mark is not None and mark.state is not None else ws.journal.window_of(ws.key)
-        if w is None or (window is None and decided and w.strategy in COMPACTION_STRATEGIES):
-            return payload
-        make = PROJECTIONS.get(w.strategy)
-        proj = make(w, rt) if make is not None else None
-        if proj is None:
-            return payload
-        payload = _built(flow, payload)  # the window rewrites the history: the items themselves
-        projected, outcome = apply_window(payload, proj)
-        if outcome == "diverged" and (cp := Checkpoint.from_window(w)) is not None:
-            moved = journal_link.journal_boundary(ws.mark, cp)  # the journal's alignment, as compaction does
-            if moved is not None:
-                proj = moved.record().projection(replay_opaque=False)
-                projected, outcome = apply_window(payload, proj, checked=True)
-        elif outcome == "diverged" and (anchored := midturn.reanchored(
-                input_items(payload) or [], proj,
-                w.bootstrap.get(midturn.ANCHORS_KEY) or w.bootstrap.get(midturn.ANCHOR_KEY),
-                w.bootstrap.get(midturn.PREFIX_KEY))) is not None:
-            projected, outcome = apply_window(payload, anchored, checked=True)  # a mid-turn window, resent
-        debuglog.event("context", outcome=outcome, strategy=w.strategy, window=w.window_id)
-        if outcome == "diverged":
-            self._report(ws, w)
-        elif outcome == "applied":
-            return projected
-        return payload
-
     def done(self) -> Awaitable[None] | None:
         rt = self._rt
         if rt is not None and rt.services.journal is not None:  # the divergences recorded, loaded alone too
@@ -730,9 +644,6 @@ def reachable_context_tools(payload: dict[str, Any], rt: runtime.Runtime) -> tup
     return opening.reachable_context_tools(payload, rt.config.bridge.families)
 
 
-def _other_strategies() -> bool:
-    """A strategy not decided by compaction is registered (notes, issue 13)."""
-    return not PROJECTIONS.keys() <= COMPACTION_STRATEGIES
 
 
 addons = [Context()]
