@@ -16,15 +16,14 @@ A strategy is one entry of `PROJECTIONS` (proxy/windows/projection.py, where the
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-import orjson
 from mitmproxy import ctx, http
 
 from addons._flow import destination_route, header_map, is_reverse, session_of
@@ -37,21 +36,19 @@ from proxy.compaction.eligibility import remote_call
 from proxy.compaction.fingerprint import load_key
 from proxy.context import bootstrap as boot
 from proxy.context import checkpoint_turn as ckturn
-from proxy.context import midturn, reminder, stateful
+from proxy.context import reminder
 from proxy.context.decorate import decorate, stateful_or_client
 from proxy.context.rollover import Kind, RolloverStore
 from proxy.flowbody import ResponsesBody, commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.journal import Window
-from proxy.journal.canonical import chain_at, session_root
-from proxy.journal.model import FILED_AFTER_KEY
 from proxy.metrics import proxy_metrics
 from proxy.toolclient import ToolClient, ToolServerUnreachable
 from proxy.transforms.compaction import ProjectionContext, apply_projection
 from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, input_items, items_bytes
-from proxy.transforms.lazyitems import as_list, is_item_list, plain_payload
+from proxy.transforms.lazyitems import is_item_list, plain_payload
 from proxy.transforms.window import apply_window
-from proxy.windows import budget, checkpoint, journal_reads, opening, projection, service
+from proxy.windows import budget, checkpoint, notes_window, opening, projection, service
 from proxy.windows.projection import CONTEXT_REASON, project_decision, stored_projection
 
 log = logging.getLogger("ctproxy.context")
@@ -80,6 +77,9 @@ class Context(Stage):
     def bound(self, rt: runtime.Runtime) -> None:
         self._rollovers = None
         self._tools, self._spec = None, None
+
+    def _notes_dir(self) -> Path:
+        return self.rt.state.subdir("notes")
 
     def _store(self) -> RolloverStore:
         if self._rollovers is None:
@@ -148,30 +148,11 @@ class Context(Stage):
         if pending is None or body is None:
             self._project(flow, None, None)
             return
-        payload = body.value
-        raw = payload.get("input")
-        items = [{"role": "user", "content": raw}] if isinstance(raw, str) else as_list(input_items(payload) or [])
-        # Everything the agent sends after its instructions follows the bootstrap; its outputs keep their calls.
-        n = boot.leading_count(items)
-        missing = stateful.missing_calls(items[n:])
-        moved = stateful.stateful_input(items[n:], await journal_reads.journal_calls(ws, missing) if missing else {})
-        mark = state_of(flow).journal_mark or ws.mark
-        boundary_item, follows = None, None
-        if mark is not None and not mark.failed and len(mark.input_ids) >= len(items):
-            boundary_item = (mark.input_ids[n - 1] or None) if n else None
-            follows = [i for i in mark.input_ids[n:len(items)] if i]
-        tools = reachable_context_tools(payload, self.rt)
-        try:
-            w = self._open_notes_window(ws, items, n, f"{pending.kind}_stateful", tools, boundary_item,
-                                        follows=follows, stateful=True)
-        except Exception:  # the journal refused: the request goes on in its chain, the rollover is not lost
-            log.warning("context: a stateful rollover could not be opened")
+        out = await notes_window.stateful_rollover(self._notes_dir(), ws, state_of(flow).journal_mark, body.value,
+                                                   self.rt.config.bridge.families, pending.kind)
+        if out is None:
             self._project(flow, None, None)
             return
-        out = {k: v for k, v in payload.items() if k != "previous_response_id"}
-        out["input"] = [*w.bootstrap["items"], *moved.items]
-        journal_link.record_event(ws, "rollover", {"outcome": "stateful", "window_id": w.window_id, "boundary": n,
-                                                   "carried_calls": moved.carried, "dropped_outputs": moved.dropped})
         body.replace(out)
         commit_if_alone(flow)
 
@@ -247,7 +228,10 @@ class Context(Stage):
                 if await self._compact(flow, ws, kind, remote=True) != "none":
                     return
                 kind = f"{kind}_failed"  # nothing to compact: a notes window all the same
-        opened = self._roll_over(ws, flow, kind) if kind is not None else None
+        body = responses_body(flow)
+        opened = notes_window.roll_over(self._notes_dir(), ws, state_of(flow).journal_mark,
+                                        body.value if body is not None else None, self.rt.config.bridge.families,
+                                        kind) if kind is not None else None
         self._project(flow, ws, opened)
 
     # ------------------------------------------------------------------ compaction at the hard trigger
@@ -420,56 +404,6 @@ class Context(Stage):
         return journal_link.window_session(service.journal_of(rt, st.journal), st.journal_mark, ident,
                                            lambda: {**header_map(flow), **st.identity_headers}, body.view)
 
-    def _roll_over(self, ws: journal_link.WindowSession, flow: http.HTTPFlow, kind: str) -> Window | None:
-        """Open the session's notes window at the rollover boundary: calls and their outputs before it,
-        the agent's trailing user messages after it. The bootstrap is built once, here, and stored."""
-        body = responses_body(flow)
-        items = input_items(body.value) if body is not None else None
-        if not items:
-            return None
-        n = boot.rollover_boundary(items)
-        if n == 0:
-            return None  # nothing precedes the agent's messages: the window would be the one it has
-        mark = state_of(flow).journal_mark or ws.mark  # (the checkpoint turn re-took it with its write)
-        boundary_item, follows = None, None
-        if mark is not None and not mark.failed and len(mark.input_ids) >= len(items):
-            # the mark's ids start with the agent's items (a checkpoint turn's write follows them)
-            boundary_item = mark.input_ids[n - 1] or None
-            follows = [i for i in mark.input_ids[n:len(items)] if i]
-        return self._open_notes_window(ws, items, n, kind, reachable_context_tools(body.value, self.rt),
-                                       boundary_item, follows=follows)
-
-    def _open_notes_window(self, ws: journal_link.WindowSession, items: list[Any], n: int, kind: str,
-                           tools: tuple[str, ...], boundary_item: str | None,
-                           anchor: Mapping[str, Any] | None = None, follows: Sequence[str] | None = (),
-                           stateful: bool = False, at: tuple[int, str] | None = None,
-                           leading: list[Any] | None = None) -> Window:
-        """The notes window after `items[:n]` (the agent's items), its bootstrap built once and stored.
-        `at`: its boundary (position, one-chain id) where `items` are not the whole of the agent's items (a
-        stateful request's turn); `leading`: the agent's instructions then (read from the journal)."""
-        rt = self.rt
-        j = ws.journal
-        j.session(ws.key, ws.task_id, ws.address, ws.source)
-        notes = _notes_index(rt, ws.task_id, ws.address)
-        # a copy, not the agent's objects: the stored bootstrap is what every later request replays
-        leading = orjson.loads(orjson.dumps(boot.leading_instructions(items if leading is None else leading)))
-
-        def bootstrap(prev: Window | None, window_id: str) -> dict[str, Any]:  # the id the journal assigns
-            start = boot.WindowStart(ws.address, window_id, prev.window_id if prev is not None else None, notes,
-                                     tools=tools, task_id=ws.task_id, reason=kind)
-            stored: dict[str, Any] = {"items": boot.build_bootstrap(start, leading)}
-            if anchor:  # a mid-turn window: how a resend in another form still finds its boundary (midturn.py)
-                stored.update(anchor)
-            return stored
-
-        # a stateful session's window is the journal's record only: the upstream chain holds its bootstrap
-        pos, at_hash = at if at is not None else (n, chain_at(items, session_root(ws.key), n))
-        w = j.start_window(ws.key, boundary_item, "notes", bootstrap, boundary_pos=None if stateful else pos,
-                           boundary_hash=None if stateful else at_hash, reason=kind, follows=follows)
-        debuglog.event("context", outcome="rollover", kind=kind, window=w.window_id, boundary=n)
-        proxy_metrics().rollover("notes")
-        return w
-
     # ------------------------------------------------------------------ a bridged new_context mid-turn
     def _offer_midturn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                        stateful: bool = False) -> None:
@@ -494,38 +428,8 @@ class Context(Stage):
             return None
         if pending is None:
             return None
-        agent_items = as_list(agent_items)
-        shown_items = [dict(i) for i in shown]
-        full = [*agent_items, *shown_items]
-        tools = reachable_context_tools(payload, self.rt)
-        anchors = midturn.anchors_of(shown)
-        root = session_root(ws.key)
-        prefix = [len(agent_items), chain_at(agent_items, root, len(agent_items))]
-        at: tuple[int, str] | None = None
-        leading: list[Any] | None = None
-        tail: str | None = None
-        if stateful:  # the agent's items are the journal's branch: the boundary and instructions are read there
-            branch = await asyncio.to_thread(journal_reads.branch_of, ws)
-            if branch is not None:
-                n_agent, tail, leading = branch
-                prefix = [n_agent, tail]
-                at = (n_agent + len(shown_items), chain_at(shown_items, tail, len(shown_items)) or tail)
-        else:
-            tail = await asyncio.to_thread(journal_reads.tail_of, ws)
-        anchor = {midturn.ANCHOR_KEY: anchors[0] if anchors else None,
-                  midturn.ANCHORS_KEY: anchors, midturn.PREFIX_KEY: prefix}
-        if tail and shown_items:  # the answer's items up to here stay in the old window when it is journaled
-            anchor[FILED_AFTER_KEY] = chain_at(shown_items, tail, len(shown_items))
-        w = self._open_notes_window(ws, full, len(full), f"{pending.kind}_midturn", tools,
-                                    prefix[1] if at is not None else None, anchor if not stateful or at else None,
-                                    stateful=stateful and at is None, at=at, leading=leading)
-        journal_link.record_event(ws, "rollover", {"outcome": "midturn", "window_id": w.window_id,
-                                                   "boundary": len(full)})
-        try:  # the turn's later calls run on the tool server (another process): it must see the new window
-            await asyncio.to_thread(ws.journal.flush, 10.0)
-        except Exception:
-            log.warning("context: the new window was not committed before the bridge's next round")
-        return midturn.in_new_window(payload, w.bootstrap["items"])
+        return await notes_window.open_midturn(self._notes_dir(), ws, agent_items, stateful, shown, payload,
+                                               self.rt.config.bridge.families, pending.kind)
 
     def _project(self, flow: http.HTTPFlow, ws: journal_link.WindowSession | None, opened: Window | None) -> None:
         body = responses_body(flow)
@@ -633,10 +537,6 @@ def _facts(body: ResponsesBody, payload: dict[str, Any]) -> InputFacts | None:
     """The one-pass facts of `payload`'s input list, cached on the body (None for a string input)."""
     items = payload.get("input")
     return body.facts(items) if is_item_list(items) else None
-
-
-def _notes_index(rt: runtime.Runtime, task_id: str, address: str) -> boot.NotesSnapshot:
-    return opening.notes_snapshot(rt.state.subdir("notes"), task_id, address)
 
 
 def reachable_context_tools(payload: dict[str, Any], rt: runtime.Runtime) -> tuple[str, ...]:
