@@ -16,7 +16,6 @@ A strategy is one entry of `PROJECTIONS` (proxy/windows/projection.py, where the
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections import OrderedDict
@@ -29,27 +28,18 @@ from mitmproxy import ctx, http
 from addons._flow import destination_route, header_map, is_reverse, session_of
 from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, runtime
-from proxy import usage as usage_store
 from proxy.compaction import journal_link
-from proxy.compaction.decision import TAIL_FRACTION
-from proxy.compaction.eligibility import remote_call
-from proxy.compaction.fingerprint import load_key
-from proxy.context import bootstrap as boot
 from proxy.context import checkpoint_turn as ckturn
-from proxy.context import reminder
 from proxy.context.decorate import decorate, stateful_or_client
 from proxy.context.rollover import Kind, RolloverStore
 from proxy.flowbody import ResponsesBody, commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.journal import Window
-from proxy.metrics import proxy_metrics
 from proxy.toolclient import ToolClient, ToolServerUnreachable
-from proxy.transforms.compaction import ProjectionContext, apply_projection
 from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, input_items, items_bytes
 from proxy.transforms.lazyitems import is_item_list, plain_payload
-from proxy.transforms.window import apply_window
-from proxy.windows import budget, checkpoint, notes_window, opening, projection, service
-from proxy.windows.projection import CONTEXT_REASON, project_decision, stored_projection
+from proxy.windows import budget, checkpoint, hard_trigger, notes_window, opening, projection, service
+from proxy.windows.projection import project_decision
 
 log = logging.getLogger("ctproxy.context")
 
@@ -247,74 +237,25 @@ class Context(Stage):
         return routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
                                               req.headers.items(multi=True))
 
-    def _seen(self, ws: journal_link.WindowSession, items: list[Any], n: int) -> list[Any] | None:
-        """What the model sees of `items[:n]` in a notes window (its bootstrap, then the agent's items after
-        its boundary); None when the current window is not a notes window that applies."""
-        w = ws.journal.window_of(ws.key)
-        proj = stored_projection(w, self.rt) if w is not None and w.strategy == "notes" else None
-        if proj is None or proj.boundary > n:
-            return None
-        out, outcome = apply_window({"input": items[:n]}, proj)
-        return out["input"] if outcome == "applied" else None
-
     async def _compact(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, kind: str,
                        remote: bool) -> str:
-        """Compact the session's window at the rollover boundary and forward this request in the new one:
-        remote compaction v2 where eligible (compaction's one rule, proxy/compaction/eligibility.py) and
-        `remote`, else the readable fallback (no upstream call). At most one compaction per agent request:
-        none when compaction already compacted this one. Returns the strategy made, or `none`."""
+        """The compaction at a rollover (proxy/windows/hard_trigger.py); returns the strategy made, or `none`."""
         body = responses_body(flow)
         if body is None:
             return "none"
-        payload = body.value
-        items = input_items(payload)
-        n = boot.rollover_boundary(items) if items else 0
-        if not items or n == 0:
-            return "none"
         rt = self.rt
         st = state_of(flow)
-        info = st.window
-        if info is not None and info.compacted:
-            return "none"  # compaction compacted this request already: never a second one
-        previous = journal_link.current_checkpoint(ws)
-        if previous is not None and previous.boundary >= n:
-            return "none"
-        model = payload.get("model") if isinstance(payload.get("model"), str) else ""
-        window = info.window if info is not None else usage_store.model_window(model, rt.config.model_windows)
-        cfg = rt.config.remote_compaction
-        if rt.services.compaction_key is None:
-            rt.services.compaction_key = load_key(rt.state.root)
         route = self._route(flow)
-        allowed = self._credentials_allowed(flow, route)
-        req = flow.request
-        call = remote_call(cfg, route, req.scheme, req.host, req.port, req.path, header_map(flow), allowed, model,
-                           rt.services.compaction_key)
-        reason = f"{CONTEXT_REASON}{kind}"
         ident = session_of(flow, rt.services.response_aliases)
-        order = service.CompactionOrder(
-            windows=ws, session_key=ident.session_key if ident is not None else ws.key, items=items, boundary=n,
-            previous=previous, replay_opaque=bool(info is not None and info.replay_opaque and previous is not None),
-            payload=payload, window=window, fingerprint=call.fingerprint, target=call.target,
-            remote_blocked=call.blocked if remote else "strategy_fallback", reason=reason,
-            notes=opening.window_notes_for(rt.state.subdir("notes"), ws.task_id, ws.address,
-                                           reachable_context_tools(payload, rt), reason),
-            seen=self._seen(ws, items, n))
-        try:  # the one compaction path (proxy/windows/service.py)
-            cp = await service.compact_and_open(service.deps_of(rt, route, allowed, ws.journal), order)
-        except Exception:  # the journal or the engine refused: the caller falls back to a notes window
-            log.warning("context: a compaction at the hard trigger could not be opened")
-            return "none"
-        proxy_metrics().rollover(cp.strategy)
-        replay = cp.strategy == "remote"
-        if info is not None:  # the decision derived: overflow recovery and the request log see this window
-            st.window = dataclasses.replace(info, checkpoint=cp, replay_opaque=replay, outcome=cp.strategy,
-                                            compacted=True, compacted_items=len(items), fit_budget=None)
-        out, _ = apply_projection(payload, ProjectionContext(cp.record(), replay), checked=True)
-        out = decorate(payload, out, ws, rt.config.bridge.families, rt.config.context.id_projection, None)
-        if out is not payload:
-            body.replace(out)
+        done = await hard_trigger.compact_at_rollover(
+            rt, ws, body.value, st.window, kind, remote, route, self._credentials_allowed(flow, route), flow.request,
+            header_map(flow), ident.session_key if ident is not None else None)
+        if done.decision is not None:
+            st.window = done.decision
+        if done.forwarded is not None and done.forwarded is not body.value:
+            body.replace(done.forwarded)
             commit_if_alone(flow)
-        return cp.strategy
+        return done.strategy
 
     # ------------------------------------------------------------------ the checkpoint turn
     def _tools_client(self) -> ToolClient | None:
@@ -334,16 +275,7 @@ class Context(Stage):
 
     def _hard(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any]) -> bool:
         used = self._usage_ratio(flow, ws, payload, self.rt.config.context.hard_ratio)
-        if used is None:
-            return False
-        # Right after a new window, a second one helps only when the agent's items since its boundary weigh
-        # something (compaction's rule, TAIL_FRACTION of the window): a bootstrap that alone is above the
-        # hard trigger would otherwise make every request run a checkpoint turn or compact (never a loop).
-        w = ws.journal.window_of(ws.key)
-        items = input_items(payload) or []
-        if w is None or w.boundary_pos is None or w.boundary_pos > len(items):
-            return True
-        return approx_tokens_for_bytes(items_bytes(items[w.boundary_pos:])) >= TAIL_FRACTION * used[1]
+        return hard_trigger.hard_due(used, ws.journal.window_of(ws.key), input_items(payload) or [])
 
     async def _write_spec(self, client: ToolClient) -> dict[str, Any] | None:
         if self._spec is None:
@@ -485,22 +417,13 @@ class Context(Stage):
 
     def _usage_ratio(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                      ratio: float) -> tuple[int, int] | None:
-        """(tokens used, window) when the session's last recorded answer, in its current window, used
-        `ratio` of the model's window; else None."""
         rt = self.rt
         ident = session_of(flow, rt.services.response_aliases)
         u = rt.services.usage.get(ident.session_key) if ident is not None else None
         if u is None:
             return None
-        model = payload.get("model") if isinstance(payload.get("model"), str) else u.model
-        window = usage_store.model_window(model, rt.config.model_windows)
-        used = u.input_tokens + u.output_tokens
-        if window is None or not reminder.reminder_due(used, window, ratio):
-            return None
-        w = ws.journal.window_of(ws.key)
-        if w is not None and w.created_at > u.updated_at:
-            return None  # the usage predates the current window (a rollover since)
-        return used, window
+        return hard_trigger.usage_ratio(u, payload.get("model"), rt.config.model_windows, ratio,
+                                        lambda: ws.journal.window_of(ws.key))
 
     def done(self) -> Awaitable[None] | None:
         rt = self._rt
