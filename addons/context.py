@@ -31,25 +31,20 @@ from proxy import dbworker, debuglog, routes, runtime
 from proxy.compaction import journal_link
 from proxy.context import checkpoint_turn as ckturn
 from proxy.context.decorate import decorate, stateful_or_client
-from proxy.context.rollover import Kind, RolloverStore
+from proxy.context.rollover import RolloverStore
 from proxy.flowbody import ResponsesBody, commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.journal import Window
 from proxy.toolclient import ToolClient, ToolServerUnreachable
-from proxy.transforms.items import InputFacts, approx_tokens_for_bytes, input_items, items_bytes
+from proxy.transforms.items import InputFacts, input_items
 from proxy.transforms.lazyitems import is_item_list, plain_payload
 from proxy.windows import budget, checkpoint, hard_trigger, notes_window, opening, projection, service
+from proxy.windows import rollover_choice as choice
 from proxy.windows.projection import project_decision
 
 log = logging.getLogger("ctproxy.context")
 
 REPORTED_WINDOWS = 4096  # windows whose divergence this process has recorded (once each)
-
-
-# What this stage always consumes at a request: `new_context`. A manual checkpoint is consumed only where
-# the checkpoint turn can run (the own-notes write tool reachable, the tool server known); else it waits.
-ROLLOVER_KINDS: tuple[Kind, ...] = ("new_context",)
-
 
 
 class Context(Stage):
@@ -130,7 +125,7 @@ class Context(Stage):
         previous answer's calls close the old window). The answer's id then chains in the new window: the
         upstream stored that input, so the agent's next `previous_response_id` continues there."""
         try:
-            pending = await self._store().take(ws.task_id, ws.address, ROLLOVER_KINDS)
+            pending = await self._store().take(ws.task_id, ws.address, choice.ROLLOVER_KINDS)
         except Exception:
             log.warning("context: could not read the pending rollover of a session")
             pending = None
@@ -157,11 +152,7 @@ class Context(Stage):
         self._offer_midturn(flow, ws, payload)
         can_turn = self._can_checkpoint(payload)
         strategy = self.rt.config.context.strategy
-        # A manual checkpoint is served by the checkpoint turn, which offers the own-notes write tool itself
-        # (whether or not the agent declares it: issue 29 (2)), or by a compaction: it waits only for a
-        # tool server to run the write.
-        can_manual = strategy != "notes" or self._tools_client() is not None
-        kinds = (*ROLLOVER_KINDS, "checkpoint") if can_manual else ROLLOVER_KINDS
+        kinds = choice.pending_kinds(strategy, self._tools_client() is not None)
         try:
             maybe = self._store().may_be_pending(ws.task_id, ws.address)
         except Exception:  # the state database is a record here: never a reason to fail the request
@@ -187,34 +178,31 @@ class Context(Stage):
 
     def _threshold(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                    can_turn: bool, strategy: str) -> str | None:
-        """"threshold" when nothing is pending and the hard trigger is reached (and something can serve it)."""
-        return "threshold" if (can_turn or strategy != "notes") and self._hard(flow, ws, payload) else None
+        return choice.trigger_kind(can_turn, strategy, (can_turn or strategy != "notes")
+                                   and self._hard(flow, ws, payload))
 
     async def _roll(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                     kind: str | None, strategy: str) -> None:
-        if kind in ("checkpoint", "threshold") and strategy != "notes":
-            # remote compaction (where eligible) or the readable fallback, instead of the checkpoint turn
+        if choice.compacts_first(kind, strategy):
             done = await self._compact(flow, ws, kind, remote=strategy == "remote")
             journal_link.record_event(ws, "hard_trigger" if kind == "threshold" else "manual_checkpoint",
                                       {"strategy": strategy, "outcome": done})
             debuglog.event("context", phase=kind, strategy=strategy, outcome=done)
             if done != "none":
                 return
-            # nothing to compact: a manual checkpoint still rolls over (a notes window), the trigger does not
-            kind = "checkpoint_failed" if kind == "checkpoint" else None
-        if kind in ("checkpoint", "threshold"):
+            kind = choice.after_compaction(kind, done)
+        if kind is not None and choice.runs_turn(kind):
             payload = _built(flow, payload)
             outcome, executed = await self._checkpoint_turn(flow, ws, payload)
             self._journal_turn(flow, ws, payload, executed)
             journal_link.record_event(ws, "checkpoint_turn", {"outcome": outcome, "reason": kind})
             debuglog.event("context", outcome="checkpoint_turn", result=outcome, reason=kind)
-            if outcome != "written" and kind == "checkpoint":
-                # Seed 000: an unsaved manual checkpoint cancels the compaction and keeps the current window
-                # (the guidance says only a saved own-notes write lets the window go).
+            then = choice.after_turn(kind, outcome)
+            if then == "keep":  # seed 000: an unsaved manual checkpoint keeps the current window
                 journal_link.record_event(ws, "manual_checkpoint", {"outcome": "kept_window", "reason": outcome})
                 self._project(flow, ws, None)
                 return
-            if outcome != "written":  # the hard trigger: compaction (remote where eligible, else readable)
+            if then == "compact":
                 if await self._compact(flow, ws, kind, remote=True) != "none":
                     return
                 kind = f"{kind}_failed"  # nothing to compact: a notes window all the same
@@ -309,20 +297,10 @@ class Context(Stage):
 
     def _journal_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                       executed: list[dict[str, Any]]) -> None:
-        """The writes the checkpoint turn executed, journaled in the window they close, after the agent's
-        items: this request's journal mark is taken again with them, so its answer follows them on the
-        branch. The agent never resends them; the journal skips them then (`mcp_call` is a hosted tool's
-        trace, proxy/journal/canonical.SKIPPABLE_TYPES)."""
         st = state_of(flow)
-        j = st.journal
-        items = input_items(payload)
-        if not executed or ws.mark is None or j is not ws.journal or not items:
-            return  # history is off (or nothing ran): no items are journaled
-        try:
-            st.journal_mark = j.begin_request(ws.key, ws.task_id, ws.address, ws.source,
-                                              {"input": [*items, *executed]})
-        except Exception:  # the journal is a record: never a reason to fail the request
-            log.warning("context: the checkpoint turn's write was not journaled")
+        mark = checkpoint.journal_turn(st.journal, ws, input_items(payload), executed)
+        if mark is not None:
+            st.journal_mark = mark
 
     def _window_session(self, flow: http.HTTPFlow) -> journal_link.WindowSession | None:
         body = responses_body(flow)
@@ -354,7 +332,7 @@ class Context(Stage):
         the turn showed so far, and the bridge's next round (`payload`) goes up in it, stateless from there
         (a stateful round would continue the old window upstream). None: nothing pending."""
         try:
-            pending = await self._store().take(ws.task_id, ws.address, ROLLOVER_KINDS)
+            pending = await self._store().take(ws.task_id, ws.address, choice.ROLLOVER_KINDS)
         except Exception:  # the state database is a record: the next agent request rolls over instead
             log.warning("context: could not read the pending rollover of a session")
             return None
@@ -389,25 +367,14 @@ class Context(Stage):
 
     def _first_estimate(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, body: ResponsesBody,
                         out: dict[str, Any]) -> None:
-        """A session no answer with usage came back for yet: its budget is an estimate of this request
-        (compaction's, when it decided it; else the forwarded size at 4 bytes a token), labelled as such."""
+        """A session's first request: its budget is an estimate of this request (proxy/windows/budget.py)."""
         rt = self.rt
         ident = session_of(flow, rt.services.response_aliases)
         if ident is None or rt.services.usage.get(ident.session_key) is not None:
             return
-        decided = state_of(flow).window
-        if decided is not None and decided.estimate is not None:
-            tokens = decided.estimate.tokens
-        else:
-            size = body.source_bytes if out is body.view and body.source_bytes else items_bytes(
-                input_items(out) or [])
-            tokens = approx_tokens_for_bytes(size)
-        model = out.get("model") if isinstance(out.get("model"), str) else None
-        try:
-            budget.record_estimate(rt.services, rt.state.db_path, ident.session_key, ws.task_id, ws.address, model,
-                                   int(tokens))
-        except Exception:  # a record: never a reason to fail the request
-            log.warning("context: a first request's estimate was not recorded")
+        source = body.source_bytes if out is body.view else None
+        budget.first_estimate(rt.services, rt.state.db_path, ident.session_key, ws.task_id, ws.address,
+                              state_of(flow).window, out, source)
 
     def _reminder(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                   opened: Window | None) -> tuple[int, int] | None:

@@ -8,6 +8,7 @@ once). The pure parts (the turn's body, reading the write call, the correction) 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,8 @@ from proxy.flowbody import decode_bounded
 from proxy.toolclient import ToolCall, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamUnavailable
 from proxy.windows.service import WindowDeps
+
+log = logging.getLogger("ctproxy.context")
 
 # the checkpoint turn's own body (JSON, not streamed, not compressed) replaces these of the agent's request
 REPLACED_HEADERS = frozenset({"content-length", "content-encoding", "content-type", "accept-encoding", "accept"})
@@ -92,3 +95,18 @@ async def run_turn(deps: WindowDeps, target: TurnTarget, ws: WindowSession, forw
         extra = ckturn.correction(call, out.output)
         why = "write_failed"
     return why, executed
+
+
+def journal_turn(journal: Any, ws: WindowSession, items: list[Any] | None,
+                 executed: list[dict[str, Any]]) -> Any:
+    """The writes the checkpoint turn executed, journaled in the window they close, after the agent's items:
+    returns the request's journal mark taken again with them (so its answer follows them on the branch), or
+    None. The agent never resends them; the journal skips them then (`mcp_call` is a hosted tool's trace,
+    proxy/journal/canonical.SKIPPABLE_TYPES)."""
+    if not executed or ws.mark is None or journal is not ws.journal or not items:
+        return None  # history is off (or nothing ran): no items are journaled
+    try:
+        return journal.begin_request(ws.key, ws.task_id, ws.address, ws.source, {"input": [*items, *executed]})
+    except Exception:  # the journal is a record: never a reason to fail the request
+        log.warning("context: the checkpoint turn's write was not journaled")
+        return None
