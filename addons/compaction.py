@@ -195,16 +195,7 @@ class Compaction(Stage):
         # The context stage (addons/context.py) applies the checkpoint in effect to the body: compaction only
         # decides, on the projection that stage will send (the same pure transform).
         cp_id = info.checkpoint.id if info.checkpoint else None
-        # Coalesced: the session's newest row is all that counts (this process reads its memo, not the row). The
-        # write waits for its batch: it closes over the count, never over the items (they would live until then).
-        n_items = len(items)
-        db.put_latest(("forwarded", key), lambda conn: store.record_forwarded(conn, key, cp_id, n_items, sent))
-        if want:  # a compaction wrote more than record_forwarded does: read it back next time
-            _memo(rt).forget(key)
-        else:  # mirror exactly what record_forwarded writes, so the next request can skip the read
-            _memo(rt).put(key, store.SessionRecord(
-                store.LastRequest(cp_id, len(items), sent), False, sess.failed_items if sess is not None else None,
-                info.compacted_items))
+        compacting.record_forwarded(rt, info, sess, len(items), sent, compacted=want)
         st.compaction = info
         st.window = sizing.decided(info, info.checkpoint is not None, fit_budget)  # made once; later steps derive
         debuglog.event("remote_compaction", outcome=info.outcome, estimate=info.estimate.tokens, window=info.window,
@@ -242,11 +233,7 @@ class Compaction(Stage):
         elif code is None and streamed:
             tap = state_of(flow).tap
             if isinstance(tap, ResponseTap) and tap.error_code == CODE:
-                # Too late to recover (output may have reached the agent): compact on the next request.
-                key = info.session_key
-                _memo(rt).forget(key)
-                self._db(rt).submit(lambda conn: store.mark_force_compact(conn, key))
-                compacting.event(rt, info, "recovery", "missed", "streamed", None)
+                recovery.missed(rt, info)  # too late to recover: compact on the next request
         if info.held_stream is not None and not recovered:
             self._release_held(flow, info)
         st = state_of(flow)

@@ -19,7 +19,7 @@ from proxy.transforms.lazyitems import as_list
 from proxy.windows import opening, service
 
 
-def _db(rt: runtime.Runtime) -> dbworker.DBWorker:
+def db_of(rt: runtime.Runtime) -> dbworker.DBWorker:
     return dbworker.shared(rt.services, rt.state.db_path)
 
 
@@ -68,7 +68,7 @@ def learn(rt: runtime.Runtime, info: FlowInfo, tokens: int) -> None:
     cache[(model, endpoint)] = tokens if old is None else min(old, tokens)
     if info.window is None or tokens < info.window:
         info.window = tokens
-    _db(rt).submit(lambda conn: store.learn_window(conn, model, endpoint, tokens))
+    db_of(rt).submit(lambda conn: store.learn_window(conn, model, endpoint, tokens))
     debuglog.event("overflow_recovery", phase="window", outcome="learned", window=cache[(model, endpoint)])
 
 def blocked(info: FlowInfo, rt: runtime.Runtime) -> str | None:
@@ -102,9 +102,24 @@ async def compact(rt: runtime.Runtime, info: FlowInfo, request_payload: dict[str
 def event(rt: runtime.Runtime, info: FlowInfo, kind: str, outcome: str, reason: str | None,
            cp_id: str | None) -> None:
     key = info.session_key
-    _db(rt).submit(lambda conn: store.record_event(conn, key, kind, outcome, reason, cp_id))
+    db_of(rt).submit(lambda conn: store.record_event(conn, key, kind, outcome, reason, cp_id))
     journal_link.record_event(info.windows, kind, {"outcome": outcome, "reason": reason, "checkpoint_id": cp_id})
     debuglog.event("remote_compaction", phase=kind, outcome=outcome, reason=reason, checkpoint=cp_id)
     if kind == "recovery":  # every outcome of an overflow recovery, made a compaction or not
         proxy_metrics().overflow_recovery(outcome)
 
+
+
+def record_forwarded(rt: runtime.Runtime, info: FlowInfo, sess: store.SessionRecord | None, n_items: int, sent: int,
+                     compacted: bool) -> None:
+    """What went up for the session (coalesced: its newest row is all that counts; the write closes over the count,
+    never over the items, which would live until its batch), and compaction's memo of it."""
+    key = info.session_key
+    cp_id = info.checkpoint.id if info.checkpoint else None
+    db_of(rt).put_latest(("forwarded", key), lambda conn: store.record_forwarded(conn, key, cp_id, n_items, sent))
+    memo = service.session_memo(rt)
+    if compacted:  # a compaction wrote more than record_forwarded does: read it back next time
+        memo.forget(key)
+    else:  # mirror exactly what record_forwarded writes, so the next request can skip the read
+        memo.put(key, store.SessionRecord(store.LastRequest(cp_id, n_items, sent), False,
+                                          sess.failed_items if sess is not None else None, info.compacted_items))

@@ -118,9 +118,18 @@ async def recover(rt: runtime.Runtime, flow: http.HTTPFlow, info: FlowInfo) -> b
     # What the upstream really answered is the retry: the next estimate calibrates against it.
     key, n, cp_id = info.session_key, len(info.client_items), cp.id
     service.session_memo(rt).forget(key)
-    compacting._db(rt).put_latest(("forwarded", key),
+    compacting.db_of(rt).put_latest(("forwarded", key),
                             lambda conn: store.record_forwarded(conn, key, cp_id, n, retry_bytes))
     flow.response = new
     retap(flow, new)
     return True
 
+
+
+def missed(rt: runtime.Runtime, info: FlowInfo) -> None:
+    """An overflow that streamed (output may have reached the agent): too late to recover; the session's next
+    request compacts instead."""
+    key = info.session_key
+    service.session_memo(rt).forget(key)
+    compacting.db_of(rt).submit(lambda conn: store.mark_force_compact(conn, key))
+    compacting.event(rt, info, "recovery", "missed", "streamed", None)
