@@ -35,7 +35,7 @@ from proxy.context.rollover import RolloverStore
 from proxy.flowbody import ResponsesBody, commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.journal import Window
-from proxy.toolclient import ToolClient, ToolServerUnreachable
+from proxy.toolclient import ToolClient
 from proxy.transforms.items import InputFacts, input_items
 from proxy.transforms.lazyitems import is_item_list, plain_payload
 from proxy.windows import budget, checkpoint, hard_trigger, notes_window, opening, projection, service
@@ -265,13 +265,6 @@ class Context(Stage):
         used = self._usage_ratio(flow, ws, payload, self.rt.config.context.hard_ratio)
         return hard_trigger.hard_due(used, ws.journal.window_of(ws.key), input_items(payload) or [])
 
-    async def _write_spec(self, client: ToolClient) -> dict[str, Any] | None:
-        if self._spec is None:
-            for tool in await client.specs():
-                if tool.name == ckturn.WRITE_TOOL and tool.available:
-                    self._spec = dict(tool.function)
-        return self._spec
-
     async def _checkpoint_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession,
                                payload: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
         """The checkpoint turn (proxy/windows/checkpoint.py) for this request, in its current window."""
@@ -279,21 +272,16 @@ class Context(Stage):
         client = self._tools_client()
         if client is None:
             return "no_tool_server", []
-        try:
-            spec = await self._write_spec(client)
-        except ToolServerUnreachable:
-            return "no_tool_server", []
-        if spec is None:
-            return "no_write_tool", []
-        forwarded = decorate(payload, self._forward_of(flow, ws, payload, None), ws, rt.config.bridge.families,
-                             rt.config.context.id_projection, None)
+
+        def forwarded() -> dict[str, Any]:  # the request as it would go up now, in its current window
+            return decorate(payload, self._forward_of(flow, ws, payload, None), ws, rt.config.bridge.families,
+                            rt.config.context.id_projection, None)
+
         route = self._route(flow)
         deps = service.deps_of(rt, route, self._credentials_allowed(flow, route), ws.journal, client)
-        req = flow.request
-        target = checkpoint.TurnTarget(req.url, tuple(req.headers.items(multi=True)),
-                                       rt.config.context.checkpoint_instruction,
-                                       rt.config.context.checkpoint_timeout_seconds, rt.config.limits.max_body_bytes)
-        return await checkpoint.run_turn(deps, target, ws, forwarded, spec)
+        outcome, executed, self._spec = await checkpoint.run_for_request(deps, rt.config, flow.request, ws,
+                                                                         forwarded, self._spec)
+        return outcome, executed
 
     def _journal_turn(self, flow: http.HTTPFlow, ws: journal_link.WindowSession, payload: dict[str, Any],
                       executed: list[dict[str, Any]]) -> None:
