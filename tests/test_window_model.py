@@ -350,11 +350,11 @@ async def test_a_state_directory_from_before_keeps_its_checkpoint_through_the_pr
 
 
 def test_a_new_strategy_is_one_entry():
-    """Adding a strategy (notes, issue 13) is one function in addons/context.PROJECTIONS."""
-    from addons import context
+    """Adding a strategy (notes, issue 13) is one function in proxy/windows/projection.PROJECTIONS."""
+    from proxy.windows import projection
 
-    assert set(context.PROJECTIONS) >= {"remote", "fallback"}
-    assert all(callable(f) for f in context.PROJECTIONS.values())
+    assert set(projection.PROJECTIONS) >= {"remote", "fallback", "notes"}
+    assert all(callable(f) for f in projection.PROJECTIONS.values())
 
 
 # ---- the context stage alone --------------------------------------------------------------------------
@@ -409,11 +409,12 @@ async def test_another_strategy_is_applied_in_the_chain_after_compaction_decided
     sends the window's bootstrap instead of the items before its boundary."""
     from mitmproxy.test import taddons, tflow, tutils
 
-    from addons import chain, context
+    from addons import chain
     from addons.chain_addon import ChainAddon
     from proxy.journal import journal_for
+    from proxy.windows import projection
 
-    monkeypatch.setitem(context.PROJECTIONS, "notes", context.stored_projection)
+    monkeypatch.setitem(projection.PROJECTIONS, "notes", projection.stored_projection)
     items = [user("long ago"), {"type": "message", "role": "assistant", "content": "noted"}, user("now")]
     payload = {"model": "gpt-5", "input": items, "prompt_cache_key": "notes-chain"}
     key = resolve_session({}, payload).session_key

@@ -8,6 +8,7 @@ answer's usage, never the one before."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from proxy import dbworker, usage
+from proxy.transforms.items import approx_tokens_for_bytes, input_items, items_bytes
+
+log = logging.getLogger("ctproxy.context")
 
 
 def record(services: Any, db_path: Path, session_key: str, task: str | None, agent: str | None,
@@ -38,6 +42,24 @@ def record_estimate(services: Any, db_path: Path, session_key: str, task: str | 
     dbworker.shared(services, db_path).put_latest(
         ("usage_estimate", session_key),
         lambda conn: usage.record_estimate(conn, session_key, task, agent, model, tokens, at))
+
+
+def first_estimate(services: Any, db_path: Path, session_key: str, task: str | None, agent: str | None,
+                   decided: Any, out: dict[str, Any], source_bytes: int | None) -> None:
+    """A session no answer with usage came back for yet: its budget is an estimate of the forwarded request
+    `out` (the window decision's estimate, when one was made; else its size at 4 bytes a token: the client's
+    own body size `source_bytes` when it goes up unchanged), labelled as such. Never fails the request."""
+    estimate = getattr(decided, "estimate", None)
+    if estimate is not None:
+        tokens = estimate.tokens
+    else:
+        size = source_bytes if source_bytes else items_bytes(input_items(out) or [])
+        tokens = approx_tokens_for_bytes(size)
+    model = out.get("model") if isinstance(out.get("model"), str) else None
+    try:
+        record_estimate(services, db_path, session_key, task, agent, model, int(tokens))
+    except Exception:  # a record: never a reason to fail the request
+        log.warning("context: a first request's estimate was not recorded")
 
 
 def _nothing(_conn: sqlite3.Connection) -> None:

@@ -8,7 +8,8 @@ once). The pure parts (the turn's body, reading the write call, the correction) 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,9 +18,11 @@ import orjson
 from proxy.compaction.journal_link import WindowSession
 from proxy.context import checkpoint_turn as ckturn
 from proxy.flowbody import decode_bounded
-from proxy.toolclient import ToolCall, ToolServerUnreachable
+from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamUnavailable
 from proxy.windows.service import WindowDeps
+
+log = logging.getLogger("ctproxy.context")
 
 # the checkpoint turn's own body (JSON, not streamed, not compressed) replaces these of the agent's request
 REPLACED_HEADERS = frozenset({"content-length", "content-encoding", "content-type", "accept-encoding", "accept"})
@@ -92,3 +95,48 @@ async def run_turn(deps: WindowDeps, target: TurnTarget, ws: WindowSession, forw
         extra = ckturn.correction(call, out.output)
         why = "write_failed"
     return why, executed
+
+
+def journal_turn(journal: Any, ws: WindowSession, items: list[Any] | None,
+                 executed: list[dict[str, Any]]) -> Any:
+    """The writes the checkpoint turn executed, journaled in the window they close, after the agent's items:
+    returns the request's journal mark taken again with them (so its answer follows them on the branch), or
+    None. The agent never resends them; the journal skips them then (`mcp_call` is a hosted tool's trace,
+    proxy/journal/canonical.SKIPPABLE_TYPES)."""
+    if not executed or ws.mark is None or journal is not ws.journal or not items:
+        return None  # history is off (or nothing ran): no items are journaled
+    try:
+        return journal.begin_request(ws.key, ws.task_id, ws.address, ws.source, {"input": [*items, *executed]})
+    except Exception:  # the journal is a record: never a reason to fail the request
+        log.warning("context: the checkpoint turn's write was not journaled")
+        return None
+
+
+async def write_spec(client: ToolClient) -> dict[str, Any] | None:
+    """The own-notes write tool's spec, as the tool server offers it (None: not available there)."""
+    for tool in await client.specs():
+        if tool.name == ckturn.WRITE_TOOL and tool.available:
+            return dict(tool.function)
+    return None
+
+
+async def run_for_request(deps: WindowDeps, config: Any, request: Any, ws: WindowSession,
+                          forwarded: Callable[[], dict[str, Any]], spec: dict[str, Any] | None,
+                          ) -> tuple[str, list[dict[str, Any]], dict[str, Any] | None]:
+    """The checkpoint turn for an agent's `request` (its destination and headers), in its current window
+    (`forwarded()`: the request as it would go up now). `spec`: the write tool's, when already known. Returns
+    the outcome, the executed writes, and the spec (to keep)."""
+    if deps.tools is None:
+        return "no_tool_server", [], spec
+    if spec is None:
+        try:
+            spec = await write_spec(deps.tools)
+        except ToolServerUnreachable:
+            return "no_tool_server", [], None
+    if spec is None:
+        return "no_write_tool", [], None
+    ctx = config.context
+    target = TurnTarget(request.url, tuple(request.headers.items(multi=True)), ctx.checkpoint_instruction,
+                        ctx.checkpoint_timeout_seconds, config.limits.max_body_bytes)
+    outcome, executed = await run_turn(deps, target, ws, forwarded(), spec)
+    return outcome, executed, spec

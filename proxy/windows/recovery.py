@@ -1,16 +1,24 @@
-"""Overflow recovery's upstream side, run by the window service (moved out of addons/compaction.py, issue 29):
-the one retry, held whole (the agent has seen nothing yet), and the flow's tap refilled from its answer."""
+"""Overflow recovery, run by the window service (moved out of addons/compaction.py, issue 29): `recover`
+compacts (at most once per agent request) and sends the one retry, held whole (the agent has seen nothing
+yet), and the flow's tap is refilled from its answer."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
 from mitmproxy import http
 
+from proxy import debuglog, runtime
+from proxy.compaction import store
+from proxy.compaction.flowinfo import FlowInfo
+from proxy.compaction.overflow import CODE, response_error_code
 from proxy.flowstate import state_of
 from proxy.sse import ResponseTap, StreamTap
+from proxy.transforms.items import input_items
 from proxy.upstream import UpstreamBroken, UpstreamUnavailable
+from proxy.windows import compacting, service, sizing
 from proxy.windows.service import WindowDeps
 
 
@@ -50,3 +58,78 @@ def retap(flow: http.HTTPFlow, resp: http.Response) -> None:
             return
         if isinstance(parsed, dict):
             tap.on_json_response(parsed)
+
+
+async def recover(rt: runtime.Runtime, flow: http.HTTPFlow, info: FlowInfo) -> bool:
+    """Compact (at most once per agent request, and only with new agent items since the last
+    compaction) and retry once with a body strictly smaller than the one that failed: at most
+    sizing.RETRY_FRACTION of it, the bootstrap giving way until it fits. The failed size is also an upper
+    bound of the upstream's real window: it is learned and remembered."""
+    started = time.perf_counter()
+    try:
+        forwarded = orjson.loads(flow.request.get_content(strict=False) or b"")
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(forwarded, dict):
+        return False
+    failed_bytes = sizing.payload_bytes(forwarded, input_items(forwarded) or [])
+    compacting.learn(rt, info, sizing.tokens(failed_bytes, info.estimate.ratio))
+    decided = state_of(flow).window
+    if decided is not None:  # the request's current decision: a later stage (context) may have compacted
+        info.checkpoint, info.replay_opaque = decided.checkpoint, decided.replay_opaque
+        info.outcome = decided.outcome
+        info.compacted, info.compacted_items = decided.compacted, decided.compacted_items
+    replay = info.replay_opaque
+    if not info.compacted and sizing.fresh(info):
+        cp = await compacting.compact(rt, info, forwarded, "overflow")
+        replay = cp.strategy == "remote"
+        info.outcome = cp.strategy  # the retry below is a projection of this new checkpoint
+    elif info.checkpoint is not None:
+        cp = info.checkpoint  # no second compaction: the checkpoint in effect is made to fit instead
+    else:
+        compacting.event(rt, info, "recovery", "skipped", "no_new_items", None)
+        return False
+    retry_payload = dict(forwarded)
+    retry_payload["input"] = [*cp.record().bootstrap(replay), *info.client_items[cp.boundary:]]
+    info.checkpoint, info.replay_opaque = cp, replay
+    state_of(flow).window = sizing.decided(info, True)  # derived: the retry goes out with this checkpoint
+    budget = failed_bytes * sizing.RETRY_FRACTION
+    if sizing.payload_bytes(retry_payload, retry_payload["input"]) > budget:
+        fitted = sizing.fit(retry_payload, info, sizing.tokens(int(budget), info.estimate.ratio))
+        if fitted is None:
+            compacting.event(rt, info, "recovery", "not_smaller", cp.strategy, cp.id)
+            return False  # nothing smaller to send: the agent gets the original error
+        retry_payload = fitted[0]
+    retry_bytes = sizing.payload_bytes(retry_payload, retry_payload["input"])
+    deps = service.deps_of(rt, info.route, info.credentials_allowed, state_of(flow).journal)
+    new = await send_retry(deps, flow.request, retry_payload)
+    code = None if new is None else response_error_code(
+        new.status_code, new.headers.get("content-type", ""), new.get_content(strict=False) or b"")
+    ok = new is not None and code is None
+    if code == CODE:
+        compacting.learn(rt, info, sizing.tokens(retry_bytes, info.estimate.ratio))
+    outcome = "recovered" if ok else "retry_failed"
+    compacting.event(rt, info, "recovery", outcome, cp.strategy, cp.id)
+    debuglog.event("overflow_recovery", outcome=outcome, strategy=cp.strategy, host=flow.request.host,
+                   status=new.status_code if new is not None else None, bytes=retry_bytes,
+                   ms=(time.perf_counter() - started) * 1000)
+    if not ok or new is None:
+        return False  # the agent gets the original upstream error unchanged
+    # What the upstream really answered is the retry: the next estimate calibrates against it.
+    key, n, cp_id = info.session_key, len(info.client_items), cp.id
+    service.session_memo(rt).forget(key)
+    compacting.db_of(rt).put_latest(("forwarded", key),
+                            lambda conn: store.record_forwarded(conn, key, cp_id, n, retry_bytes))
+    flow.response = new
+    retap(flow, new)
+    return True
+
+
+
+def missed(rt: runtime.Runtime, info: FlowInfo) -> None:
+    """An overflow that streamed (output may have reached the agent): too late to recover; the session's next
+    request compacts instead."""
+    key = info.session_key
+    service.session_memo(rt).forget(key)
+    compacting.db_of(rt).submit(lambda conn: store.mark_force_compact(conn, key))
+    compacting.event(rt, info, "recovery", "missed", "streamed", None)
