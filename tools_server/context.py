@@ -29,6 +29,7 @@ from proxy.context import rollover
 from proxy.context.checkpoint import CheckpointTargetError, current_window, mark_checkpoint
 from proxy.db import connect
 from proxy.journal.query import HistoryReader
+from proxy.store.interface import RolloverBackend
 from tools_server.history.shared import Readers, caller_of
 from tools_server.registry import CallContext, Services, Tool, ToolResult
 
@@ -64,7 +65,9 @@ class Budget:
 
 
 def budget_of(reader: HistoryReader, task_id: str, address: str, windows: dict[str, int],
-              hard_ratio: float) -> Budget:
+              hard_ratio: float, rollovers: RolloverBackend | None = None) -> Budget:
+    """The agent's budget; its pending rollover read through `rollovers` (the state store's), else on the
+    reader's own connection."""
     conn = reader.conn
     u = usage_store.last_usage_for_agent(conn, task_id, address)  # this task's agent only
     estimated = u is None
@@ -77,12 +80,16 @@ def budget_of(reader: HistoryReader, task_id: str, address: str, windows: dict[s
         window_left = max(window - used, 0)
         hard = int(window * hard_ratio)
         left = max(min(hard, window) - used, 0)
-    rollover.ensure(conn)
+    if rollovers is None:
+        rollover.ensure(conn)
+        pending = rollover.peek_pending(conn, task_id, address)
+    else:
+        pending = rollovers.peek(task_id, address)
     agents = reader.agents(task_id)
     if address not in agents:  # the caller is registered (it was resolved): text and details say the same
         agents = sorted([*agents, address])
     return Budget(address, agents, current_window(conn, task_id, address), u.model if u else None,
-                  window, used, window_left, hard, left, rollover.peek_pending(conn, task_id, address),
+                  window, used, window_left, hard, left, pending,
                   estimated=estimated and u is not None)
 
 
@@ -132,7 +139,8 @@ class ContextFamily:
 
         def run(r: HistoryReader) -> ToolResult:
             task, caller = caller_of(ctx, r)
-            b = budget_of(r, task, caller, cfg.model_windows, cfg.context.hard_ratio)
+            b = budget_of(r, task, caller, cfg.model_windows, cfg.context.hard_ratio,
+                          self.services.state_store().rollovers)
             return ToolResult(remaining_text(b, cfg.context.hard_ratio), remaining_details(b))
 
         return await self.readers.run(run)
@@ -140,9 +148,8 @@ class ContextFamily:
     async def _new_context(self, args: NoArgs, ctx: CallContext) -> ToolResult:
         def run(r: HistoryReader) -> ToolResult:
             task, caller = caller_of(ctx, r)
-            rollover.ensure(r.conn)
             window = current_window(r.conn, task, caller)
-            pending = rollover.mark_pending(r.conn, task, caller, "new_context", "tool", window)
+            pending = self.services.state_store().rollovers.mark(task, caller, "new_context", "tool", window)
             return ToolResult(NEW_CONTEXT_OUTPUT, {"pending_rollover": pending.kind, "agent": caller,
                                                    "window_id": window})
 
