@@ -1,5 +1,5 @@
-"""The store interface (proxy/store/interface.py, ADR 0013): one contract for notes and pending rollovers, held by
-the embedded store (SQLite + note files) and by PostgreSQL (a real private server, tests/support/postgres.py).
+"""The store interface (proxy/store/interface.py, ADR 0013): one contract for notes, pending rollovers and usage,
+held by the embedded store (SQLite + note files) and by PostgreSQL (a real private server, tests/support/postgres.py).
 
 Every contract test runs on both. The two-instance tests open two stores on one state (two `EmbeddedStore` on
 one state directory; two `PostgresStore`, each with its own connection pool, on one database), as two
@@ -18,7 +18,7 @@ import pytest
 from proxy.notes import NoteError, NotePathError
 from proxy.state import StateDir
 from proxy.store.embedded import EmbeddedStore
-from proxy.store.interface import NotesBackend, RolloverBackend, Store
+from proxy.store.interface import NotesBackend, RolloverBackend, Store, UsageBackend
 from tests.support.postgres import private_server, unavailable
 
 _COUNT = itertools.count()
@@ -61,6 +61,7 @@ def test_both_stores_hold_the_interface(open_store):
     assert isinstance(store, Store)
     assert isinstance(store.notes("task1"), NotesBackend)
     assert isinstance(store.rollovers, RolloverBackend)
+    assert isinstance(store.usage, UsageBackend)
 
 
 def test_notes_write_read_append(open_store):
@@ -153,6 +154,29 @@ def test_rollover_take_once_and_by_kind(open_store):
     assert roll.take("t", "/root/helper") is not None
 
 
+# ------------------------------------------------------------------------------------------------ usage
+def test_usage_keeps_the_newest_answer_and_estimates(open_store):
+    usage = open_store().usage
+    assert usage.for_session("s1") is None and usage.for_agent("t", "/root") is None
+    assert usage.estimate_for_agent("t", "/root") is None
+    usage.record_estimate("s1", "t", "/root", "gpt-5", 1200, at=100.0)
+    est = usage.estimate_for_agent("t", "/root")
+    assert est is not None and (est.input_tokens, est.output_tokens, est.model) == (1200, 0, "gpt-5")
+    usage.record_estimate("s1", "t", "/root", "gpt-5", 1300, at=101.0)
+    assert usage.estimate_for_agent("t", "/root").input_tokens == 1300  # type: ignore[union-attr]
+    usage.record("s1", "t", "/root", "gpt-5", {"input_tokens": 10, "output_tokens": 2, "total_tokens": 12},
+                 "resp_2", at=200.0)
+    usage.record("s1", "t", "/root", "gpt-5", {"input_tokens": 5, "output_tokens": 1}, "resp_1", at=150.0)
+    got = usage.for_session("s1")
+    assert got is not None
+    assert (got.input_tokens, got.output_tokens, got.total_tokens, got.response_id, got.updated_at) == \
+        (10, 2, 12, "resp_2", 200.0)  # the late write of an older answer changed nothing
+    usage.record("s2", "t", "/root", "gpt-5-mini", {"input_tokens": 7}, None, at=300.0)
+    newest = usage.for_agent("t", "/root")
+    assert newest is not None and (newest.session_key, newest.output_tokens, newest.total_tokens) == ("s2", 0, None)
+    assert usage.for_agent("other-task", "/root") is None and usage.for_agent("t", "/root/helper") is None
+
+
 # ------------------------------------------------------------------------------------------------ two instances
 def test_a_note_written_through_a_is_read_through_b(open_store):
     a, b = open_store(), open_store()
@@ -169,6 +193,13 @@ def test_new_context_marked_through_a_is_taken_by_b_once(open_store):
     assert b.rollovers.peek("task1", "/root") == marked
     assert b.rollovers.take("task1", "/root") == marked
     assert a.rollovers.take("task1", "/root") is None
+
+
+def test_usage_recorded_through_a_is_read_through_b(open_store):
+    a, b = open_store(), open_store()
+    a.usage.record("s1", "t", "/root", "gpt-5", {"input_tokens": 900, "output_tokens": 100}, "resp_a")
+    got = b.usage.for_agent("t", "/root")
+    assert got is not None and (got.input_tokens, got.response_id) == (900, "resp_a")
 
 
 def test_appends_racing_from_two_instances_all_land(open_store):

@@ -6,8 +6,8 @@ machine or several share. The interface is synchronous: the state is used from t
 the proxy's database thread, the tool server's executors, the CLI) as much as from event loops, which reach it
 through their own thread hop, as they reach SQLite today.
 
-Served through it so far: notes and pending rollovers. The journal (tasks, agents, windows, items, branches),
-usage, compaction records and response-id aliases are the next parts (ADR 0013, "Order of the rest"); until each
+Served through it so far: notes, pending rollovers and usage. The journal (tasks, agents, windows, items, branches,
+response-id aliases) and the compaction records are the next parts (ADR 0013, "Order of the rest"); until each
 is behind this interface, `--store` stays unwired.
 
 Errors are the embedded store's, word for word, whichever implementation raises them: `NoteError` for what the
@@ -21,6 +21,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from proxy.context.rollover import KINDS, Kind, Pending
 from proxy.notes.store import NoteInfo, WriteResult
+from proxy.usage import Usage
 
 StoreKind = Literal["embedded", "postgresql"]
 
@@ -66,6 +67,27 @@ class RolloverBackend(Protocol):
 
 
 @runtime_checkable
+class UsageBackend(Protocol):
+    """Token usage per session (proxy/usage.py): the last answer's usage, and before any, an estimate of the request.
+
+    Contract: `record` keeps the newest answer by `at` (when it was seen: a late write never replaces a newer one);
+    `record_estimate` replaces the session's estimate; `for_agent` / `estimate_for_agent` answer the agent's newest
+    session of the task, never another task's."""
+
+    def record(self, session_key: str, task: str | None, agent: str | None, model: str | None, usage: dict,
+               response_id: str | None, at: float | None = None) -> None: ...
+
+    def record_estimate(self, session_key: str, task: str | None, agent: str | None, model: str | None,
+                        input_tokens: int, at: float | None = None) -> None: ...
+
+    def for_session(self, session_key: str) -> Usage | None: ...
+
+    def for_agent(self, task: str, agent: str) -> Usage | None: ...
+
+    def estimate_for_agent(self, task: str, agent: str) -> Usage | None: ...
+
+
+@runtime_checkable
 class Store(Protocol):
     """One state store: the parts above, opened once per process and closed at its end."""
 
@@ -77,5 +99,8 @@ class Store(Protocol):
 
     @property
     def rollovers(self) -> RolloverBackend: ...
+
+    @property
+    def usage(self) -> UsageBackend: ...
 
     def close(self) -> None: ...

@@ -14,6 +14,8 @@ server's clock, so notes written through different machines order by one clock. 
 a note whose path is a "directory" of other notes, or that would sit below another note, is refused with the same
 words.
 
+Usage: `usage` and `usage_estimates` (migration 2), proxy/usage.py's statements.
+
 Rollovers: `context_rollovers`, with the same statements as SQLite's (`ON CONFLICT … DO UPDATE … RETURNING`,
 `DELETE … RETURNING`): taking a mark is one statement, so of two instances at most one gets it.
 """
@@ -21,6 +23,7 @@ Rollovers: `context_rollovers`, with the same statements as SQLite's (`ON CONFLI
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +34,7 @@ from proxy.notes.store import LOCK_TIMEOUT, NOTE_MAX_BYTES, NoteError, NoteInfo,
 from proxy.store import postgres
 from proxy.store.interface import StoreKind
 from proxy.store.postgres import StoreError
+from proxy.usage import Usage
 
 _NOW = "extract(epoch from clock_timestamp())"
 _MIGRATE_LOCK = 0x63747078  # "ctpx": held while the schema is brought up to date
@@ -173,6 +177,67 @@ class PgRollovers:
                 f" RETURNING {_ROLLOVER_COLUMNS}", (task_id, address, list(kinds))).fetchone())
 
 
+_USAGE_COLUMNS = "session_key, task, agent, model, input_tokens, output_tokens, total_tokens, response_id, updated_at"
+
+
+def _usage(row: Any) -> Usage | None:
+    if row is None:
+        return None
+    key, task, agent, model, inp, out, total, response_id, at = row
+    return Usage(key, task, agent, model, int(inp), int(out), None if total is None else int(total), response_id,
+                 float(at))
+
+
+class PgUsage:
+    """`usage` and `usage_estimates`, with proxy/usage.py's statements. `at` defaults to the caller's clock, as there:
+    it is when the answer was seen, compared with the proxy's in-process cache."""
+
+    def __init__(self, pool: Any):
+        self.pool = pool
+
+    def record(self, session_key: str, task: str | None, agent: str | None, model: str | None, usage: dict,
+               response_id: str | None, at: float | None = None) -> None:
+        with self.pool.connection() as conn:
+            conn.execute(
+                f"INSERT INTO usage({_USAGE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (session_key) DO UPDATE SET task = excluded.task, agent = excluded.agent,"
+                " model = excluded.model, input_tokens = excluded.input_tokens,"
+                " output_tokens = excluded.output_tokens, total_tokens = excluded.total_tokens,"
+                " response_id = excluded.response_id, updated_at = excluded.updated_at"
+                " WHERE excluded.updated_at >= usage.updated_at",  # a late write never replaces a newer answer
+                (session_key, task, agent, model, int(usage.get("input_tokens") or 0),
+                 int(usage.get("output_tokens") or 0), usage.get("total_tokens"), response_id, at or time.time()))
+
+    def record_estimate(self, session_key: str, task: str | None, agent: str | None, model: str | None,
+                        input_tokens: int, at: float | None = None) -> None:
+        with self.pool.connection() as conn:
+            conn.execute(
+                "INSERT INTO usage_estimates(session_key, task, agent, model, input_tokens, updated_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (session_key) DO UPDATE SET task = excluded.task,"
+                " agent = excluded.agent, model = excluded.model, input_tokens = excluded.input_tokens,"
+                " updated_at = excluded.updated_at",
+                (session_key, task, agent, model, int(input_tokens), at or time.time()))
+
+    def for_session(self, session_key: str) -> Usage | None:
+        with self.pool.connection() as conn:
+            return _usage(conn.execute(f"SELECT {_USAGE_COLUMNS} FROM usage WHERE session_key = %s",
+                                       (session_key,)).fetchone())
+
+    def for_agent(self, task: str, agent: str) -> Usage | None:
+        with self.pool.connection() as conn:
+            return _usage(conn.execute(f"SELECT {_USAGE_COLUMNS} FROM usage WHERE task = %s AND agent = %s"
+                                       " ORDER BY updated_at DESC LIMIT 1", (task, agent)).fetchone())
+
+    def estimate_for_agent(self, task: str, agent: str) -> Usage | None:
+        with self.pool.connection() as conn:
+            row = conn.execute("SELECT session_key, task, agent, model, input_tokens, updated_at FROM usage_estimates"
+                               " WHERE task = %s AND agent = %s ORDER BY updated_at DESC LIMIT 1",
+                               (task, agent)).fetchone()
+        if row is None:
+            return None
+        return Usage(row[0], row[1], row[2], row[3], int(row[4]), 0, None, None, float(row[5]))
+
+
 class PostgresStore:
     """A PostgreSQL database as ctproxy's store: `PostgresStore.open(url)` connects, migrates and pools."""
 
@@ -181,6 +246,7 @@ class PostgresStore:
     def __init__(self, pool: Any):
         self.pool = pool
         self._rollovers = PgRollovers(pool)
+        self._usage = PgUsage(pool)
 
     @classmethod
     def open(cls, url: str, *, min_size: int = 1, max_size: int = 8) -> PostgresStore:
@@ -212,6 +278,10 @@ class PostgresStore:
     @property
     def rollovers(self) -> PgRollovers:
         return self._rollovers
+
+    @property
+    def usage(self) -> PgUsage:
+        return self._usage
 
     def close(self) -> None:
         self.pool.close()
