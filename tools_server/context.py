@@ -29,7 +29,7 @@ from proxy.context import rollover
 from proxy.context.checkpoint import CheckpointTargetError, current_window, mark_checkpoint
 from proxy.db import connect
 from proxy.journal.query import HistoryReader
-from proxy.store.interface import RolloverBackend
+from proxy.store.interface import Store
 from tools_server.history.shared import Readers, caller_of
 from tools_server.registry import CallContext, Services, Tool, ToolResult
 
@@ -65,14 +65,20 @@ class Budget:
 
 
 def budget_of(reader: HistoryReader, task_id: str, address: str, windows: dict[str, int],
-              hard_ratio: float, rollovers: RolloverBackend | None = None) -> Budget:
-    """The agent's budget; its pending rollover read through `rollovers` (the state store's), else on the
+              hard_ratio: float, store: Store | None = None) -> Budget:
+    """The agent's budget; its usage and pending rollover read through `store` (the state store), else on the
     reader's own connection."""
     conn = reader.conn
-    u = usage_store.last_usage_for_agent(conn, task_id, address)  # this task's agent only
-    estimated = u is None
-    if u is None:  # before its first answer with usage: an estimate of its request, said to be one
-        u = usage_store.estimate_for_agent(conn, task_id, address)
+    if store is None:
+        u = usage_store.last_usage_for_agent(conn, task_id, address)  # this task's agent only
+        estimated = u is None
+        if u is None:  # before its first answer with usage: an estimate of its request, said to be one
+            u = usage_store.estimate_for_agent(conn, task_id, address)
+    else:
+        u = store.usage.for_agent(task_id, address)
+        estimated = u is None
+        if u is None:
+            u = store.usage.estimate_for_agent(task_id, address)
     window = usage_store.model_window(u.model, windows) if u else None
     used = (u.input_tokens + u.output_tokens) if u else None
     window_left = hard = left = None
@@ -80,11 +86,11 @@ def budget_of(reader: HistoryReader, task_id: str, address: str, windows: dict[s
         window_left = max(window - used, 0)
         hard = int(window * hard_ratio)
         left = max(min(hard, window) - used, 0)
-    if rollovers is None:
+    if store is None:
         rollover.ensure(conn)
         pending = rollover.peek_pending(conn, task_id, address)
     else:
-        pending = rollovers.peek(task_id, address)
+        pending = store.rollovers.peek(task_id, address)
     agents = reader.agents(task_id)
     if address not in agents:  # the caller is registered (it was resolved): text and details say the same
         agents = sorted([*agents, address])
@@ -140,7 +146,7 @@ class ContextFamily:
         def run(r: HistoryReader) -> ToolResult:
             task, caller = caller_of(ctx, r)
             b = budget_of(r, task, caller, cfg.model_windows, cfg.context.hard_ratio,
-                          self.services.state_store().rollovers)
+                          self.services.state_store())
             return ToolResult(remaining_text(b, cfg.context.hard_ratio), remaining_details(b))
 
         return await self.readers.run(run)
