@@ -242,3 +242,67 @@ def test_takes_racing_from_two_instances_get_a_mark_once(open_store):
         for t in workers:
             t.join()
         assert len([p for p in got if p is not None]) == 1
+
+
+# ------------------------------------------------------------------------------------------------ two tool servers
+def _tool_server(root: Path, store: Store, task: str) -> tuple[object, dict]:
+    """One tool server's services, with its own state directory (token, run files, and for now its journal, which
+    is not behind the store interface yet (ADR 0013), so the task is registered in each) and the shared store; its
+    notes and context tools by name."""
+    from proxy.config import Config
+    from proxy.db import connect
+    from tools_server.context import create_family as context_family
+    from tools_server.notes import create_family as notes_family
+    from tools_server.registry import Services
+
+    state = StateDir.open(root)
+    conn = connect(state.db_path)
+    conn.execute("INSERT INTO journal_tasks(task_id, origin, created_at) VALUES (?, 'cli', 0)", (task,))
+    conn.close()
+    services = Services(Config(), state, root, store=store)
+    families = [notes_family(services), context_family(services)]
+    return services, {"families": families, **{t.name: t for f in families for t in f.tools()}}
+
+
+async def test_two_tool_servers_on_one_postgresql_share_notes_and_rollovers(pg, tmp_path: Path):
+    if (why := unavailable()) is not None:
+        pytest.skip(why)
+    from proxy.store.pg import PostgresStore
+    from tools_server.registry import CallContext
+
+    url = pg.fresh_database(f"tools{next(_COUNT)}")
+    a_store, b_store = PostgresStore.open(url, max_size=2), PostgresStore.open(url, max_size=2)
+    a_tools: dict = {"families": []}
+    b_tools: dict = {"families": []}
+    try:
+        a, a_tools = _tool_server(tmp_path / "a", a_store, "team1")
+        b, b_tools = _tool_server(tmp_path / "b", b_store, "team1")
+        res = await a_tools["notes_write_file"].call({"path": "checkpoint.md", "text": "through A\n"},
+                                                     CallContext(a, task="team1"))
+        assert not res.is_error, res.text
+        res = await b_tools["notes_append_to_file"].call({"path": "checkpoint.md", "text": "through B\n"},
+                                                         CallContext(b, task="team1"))
+        assert not res.is_error, res.text
+        read = await b_tools["notes_read_file"].call({"path": "checkpoint.md"}, CallContext(b, task="team1"))
+        assert read.text.endswith("through A\nthrough B\n")
+        listed = await a_tools["notes_list_files_by_prefix"].call({}, CallContext(a, task="team1"))
+        assert '"path":"checkpoint.md"' in listed.text and '"bytes":20' in listed.text
+        found = await a_tools["notes_search_contents"].call({"query": "through B"}, CallContext(a, task="team1"))
+        assert "checkpoint.md" in found.text
+        assert not any(p.is_file() for p in (tmp_path / "a" / "notes").rglob("*"))  # contents in the database
+        assert not any(p.is_file() for p in (tmp_path / "b" / "notes").rglob("*"))
+
+        marked = await a_tools["new_context"].call({}, CallContext(a, task="team1"))
+        assert not marked.is_error and marked.details["pending_rollover"] == "new_context"
+        seen = await b_tools["get_context_remaining"].call({}, CallContext(b, task="team1"))
+        assert seen.details["pending_rollover"] == "new_context"
+        assert "A new context window is pending" in seen.text
+        taken = b_store.rollovers.take("team1", "/root")  # what B's proxy does at the agent's next request
+        assert taken is not None and taken.kind == "new_context"
+        assert a_store.rollovers.peek("team1", "/root") is None
+    finally:
+        for tools in (a_tools, b_tools):
+            for fam in tools["families"]:
+                await fam.close()
+        a_store.close()
+        b_store.close()
