@@ -306,3 +306,30 @@ async def test_two_tool_servers_on_one_postgresql_share_notes_and_rollovers(pg, 
                 await fam.close()
         a_store.close()
         b_store.close()
+
+
+async def test_the_proxys_rollover_store_takes_through_postgresql_what_another_instance_marked(pg):
+    """The projection stage's `RolloverStore` given the PostgreSQL backend (what `--store` will hand it): a
+    `new_context` marked through instance A is taken by instance B's proxy at the agent's next request, once."""
+    if (why := unavailable()) is not None:
+        pytest.skip(why)
+    from proxy.context.rollover import RolloverStore
+    from proxy.store.pg import PostgresStore
+
+    url = pg.fresh_database(f"proxy{next(_COUNT)}")
+    a, b = PostgresStore.open(url, max_size=2), PostgresStore.open(url, max_size=2)
+    try:
+        b_proxy = RolloverStore(None, backend=b.rollovers)
+        assert await b_proxy.take("team1", "/root") is None
+        a.rollovers.mark("team1", "/root", "new_context", "tool", "w1")
+        assert b_proxy.may_be_pending("team1", "/root")  # nothing trusted without asking
+        taken = await b_proxy.take("team1", "/root")
+        assert taken is not None and (taken.kind, taken.window_id) == ("new_context", "w1")
+        assert await b_proxy.take("team1", "/root") is None and a.rollovers.peek("team1", "/root") is None
+        await b_proxy.mark("team1", "/root", "checkpoint", "cli")
+        assert a.rollovers.peek("team1", "/root").kind == "checkpoint"  # type: ignore[union-attr]
+        assert await b_proxy.take("team1", "/root", ("new_context",)) is None
+        assert (await b_proxy.peek("team1", "/root")) == a.rollovers.peek("team1", "/root")
+    finally:
+        a.close()
+        b.close()
