@@ -354,7 +354,7 @@ class Context(Stage):
             previous=previous, replay_opaque=bool(info is not None and info.replay_opaque and previous is not None),
             payload=payload, window=window, fingerprint=call.fingerprint, target=call.target,
             remote_blocked=call.blocked if remote else "strategy_fallback", reason=reason,
-            notes=opening.window_notes_for(rt.state.subdir("notes"), ws.task_id, ws.address,
+            notes=opening.window_notes_for(rt.state_store(), ws.task_id, ws.address,
                                            reachable_context_tools(payload, rt), reason),
             seen=self._seen(ws, items, n))
         try:  # the one compaction path (proxy/windows/service.py)
@@ -722,7 +722,7 @@ def _facts(body: ResponsesBody, payload: dict[str, Any]) -> InputFacts | None:
 
 
 def _notes_index(rt: runtime.Runtime, task_id: str, address: str) -> boot.NotesSnapshot:
-    return opening.notes_snapshot(rt.state.subdir("notes"), task_id, address)
+    return opening.notes_snapshot(rt.state_store(), task_id, address)
 
 
 def reachable_context_tools(payload: dict[str, Any], rt: runtime.Runtime) -> tuple[str, ...]:
