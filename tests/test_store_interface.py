@@ -333,3 +333,27 @@ async def test_the_proxys_rollover_store_takes_through_postgresql_what_another_i
     finally:
         a.close()
         b.close()
+
+
+def test_a_postgresql_store_that_went_away_is_a_store_error_and_the_notes_index_says_unavailable(pg):
+    if (why := unavailable()) is not None:
+        pytest.skip(why)
+    import psycopg
+
+    from proxy.store.pg import PostgresStore
+    from proxy.store.postgres import StoreError
+    from proxy.windows.opening import notes_snapshot
+
+    name = f"gone{next(_COUNT)}"
+    store = PostgresStore.open(pg.fresh_database(name), min_size=1, max_size=1, timeout=1.0)
+    try:
+        store.notes("t").write("/root", "a.md", "x")
+        with psycopg.connect(pg.admin_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+        with pytest.raises(StoreError, match="the PostgreSQL store cannot be used"):
+            store.notes("t").read("/root", "a.md")
+        assert notes_snapshot(store, "t", "/root").files is None  # the bootstrap says "index unavailable"
+        with pytest.raises(StoreError):
+            store.rollovers.peek("t", "/root")
+    finally:
+        store.close()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from proxy.context.rollover import KINDS, Kind, Pending
@@ -38,6 +39,23 @@ from proxy.usage import Usage
 
 _NOW = "extract(epoch from clock_timestamp())"
 _MIGRATE_LOCK = 0x63747078  # "ctpx": held while the schema is brought up to date
+
+
+@contextmanager
+def _connection(pool: Any) -> Iterator[Any]:
+    """A pooled connection; a database that cannot be reached (gone, restarted, no connection free in time) is a
+    `StoreError` saying so. A lock wait that ran out (`LockNotAvailable`) is left to the caller, which words it."""
+    psycopg = postgres._psycopg()
+    from psycopg_pool import PoolTimeout
+
+    try:
+        with pool.connection() as conn:
+            yield conn
+    except psycopg.errors.LockNotAvailable:
+        raise
+    except (psycopg.OperationalError, PoolTimeout) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise StoreError(f"the PostgreSQL store cannot be used: {first}") from None
 
 
 def _like_prefix(rel: str) -> str:
@@ -63,7 +81,7 @@ class PgNotes:
     def read(self, address: str, rel: str) -> str:
         check_rel(rel)
         agent = address_hash(address)
-        with self.pool.connection() as conn:
+        with _connection(self.pool) as conn:
             row = conn.execute("SELECT content FROM notes_files WHERE task_id = %s AND agent_hash = %s AND path = %s",
                                (self.task_id, agent, rel)).fetchone()
             if row is None:
@@ -73,7 +91,7 @@ class PgNotes:
         return bytes(row[0]).decode("utf-8", errors="replace")
 
     def iter_files(self, address: str) -> Iterator[NoteInfo]:
-        with self.pool.connection() as conn:
+        with _connection(self.pool) as conn:
             rows = conn.execute(
                 "SELECT path, octet_length(content), created_at, updated_at FROM notes_files"
                 " WHERE task_id = %s AND agent_hash = %s ORDER BY path",
@@ -97,7 +115,7 @@ class PgNotes:
         agent = address_hash(address)
         psycopg = postgres._psycopg()
         try:
-            with self.pool.connection() as conn, conn.transaction():
+            with _connection(self.pool) as conn, conn.transaction():
                 conn.execute(f"SET LOCAL lock_timeout = {int(self.lock_timeout * 1000)}")
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_note_lock_key(self.task_id, agent, rel),))
                 return self._commit_locked(conn, address, agent, rel, data, append)
@@ -153,7 +171,7 @@ class PgRollovers:
              window_id: str | None = None) -> Pending:
         if kind not in KINDS:
             raise ValueError(f"unknown rollover kind {kind!r}")
-        with self.pool.connection() as conn:
+        with _connection(self.pool) as conn:
             row = conn.execute(
                 f"INSERT INTO context_rollovers({_ROLLOVER_COLUMNS}) VALUES (%s, %s, %s, %s, %s, {_NOW})"
                 " ON CONFLICT (task_id, address) DO UPDATE SET"
@@ -166,12 +184,12 @@ class PgRollovers:
         return pending
 
     def peek(self, task_id: str, address: str) -> Pending | None:
-        with self.pool.connection() as conn:
+        with _connection(self.pool) as conn:
             return _pending(conn.execute(f"SELECT {_ROLLOVER_COLUMNS} FROM context_rollovers"
                                          " WHERE task_id = %s AND address = %s", (task_id, address)).fetchone())
 
     def take(self, task_id: str, address: str, kinds: tuple[Kind, ...] = KINDS) -> Pending | None:
-        with self.pool.connection() as conn:
+        with _connection(self.pool) as conn:
             return _pending(conn.execute(
                 "DELETE FROM context_rollovers WHERE task_id = %s AND address = %s AND kind = ANY(%s)"
                 f" RETURNING {_ROLLOVER_COLUMNS}", (task_id, address, list(kinds))).fetchone())
@@ -197,7 +215,7 @@ class PgUsage:
 
     def record(self, session_key: str, task: str | None, agent: str | None, model: str | None, usage: dict,
                response_id: str | None, at: float | None = None) -> None:
-        with self.pool.connection() as conn:
+        with _connection(self.pool) as conn:
             conn.execute(
                 f"INSERT INTO usage({_USAGE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
                 " ON CONFLICT (session_key) DO UPDATE SET task = excluded.task, agent = excluded.agent,"
@@ -210,7 +228,7 @@ class PgUsage:
 
     def record_estimate(self, session_key: str, task: str | None, agent: str | None, model: str | None,
                         input_tokens: int, at: float | None = None) -> None:
-        with self.pool.connection() as conn:
+        with _connection(self.pool) as conn:
             conn.execute(
                 "INSERT INTO usage_estimates(session_key, task, agent, model, input_tokens, updated_at)"
                 " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (session_key) DO UPDATE SET task = excluded.task,"
@@ -219,17 +237,17 @@ class PgUsage:
                 (session_key, task, agent, model, int(input_tokens), at or time.time()))
 
     def for_session(self, session_key: str) -> Usage | None:
-        with self.pool.connection() as conn:
+        with _connection(self.pool) as conn:
             return _usage(conn.execute(f"SELECT {_USAGE_COLUMNS} FROM usage WHERE session_key = %s",
                                        (session_key,)).fetchone())
 
     def for_agent(self, task: str, agent: str) -> Usage | None:
-        with self.pool.connection() as conn:
+        with _connection(self.pool) as conn:
             return _usage(conn.execute(f"SELECT {_USAGE_COLUMNS} FROM usage WHERE task = %s AND agent = %s"
                                        " ORDER BY updated_at DESC LIMIT 1", (task, agent)).fetchone())
 
     def estimate_for_agent(self, task: str, agent: str) -> Usage | None:
-        with self.pool.connection() as conn:
+        with _connection(self.pool) as conn:
             row = conn.execute("SELECT session_key, task, agent, model, input_tokens, updated_at FROM usage_estimates"
                                " WHERE task = %s AND agent = %s ORDER BY updated_at DESC LIMIT 1",
                                (task, agent)).fetchone()
@@ -249,7 +267,8 @@ class PostgresStore:
         self._usage = PgUsage(pool)
 
     @classmethod
-    def open(cls, url: str, *, min_size: int = 1, max_size: int = 8) -> PostgresStore:
+    def open(cls, url: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 30.0) -> PostgresStore:
+        """`timeout`: how long a call waits for a connection before it is a StoreError (the database unreachable)."""
         if not url.startswith(("postgresql://", "postgres://")):
             raise StoreError(f"not a PostgreSQL URL: {url.split('@')[-1]!r} (postgresql://USER@HOST:PORT/DB)")
         postgres._psycopg()
@@ -264,9 +283,9 @@ class PostgresStore:
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
                 conn.commit()
-        pool = ConnectionPool(url, min_size=min_size, max_size=max_size, open=False)
+        pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout, open=False)
         try:
-            pool.open(wait=True, timeout=30)
+            pool.open(wait=True, timeout=timeout)
         except Exception as exc:
             pool.close()
             raise StoreError(f"cannot connect to PostgreSQL: {str(exc).strip().splitlines()[0]}") from None

@@ -15,6 +15,7 @@ from typing import Any
 from proxy.context import bootstrap as boot
 from proxy.journal import Window
 from proxy.store.interface import Store
+from proxy.store.postgres import StoreError
 
 FAMILY_TOOLS = {"history": boot.HISTORY_TOOLS, "notes": boot.NOTES_TOOLS, "context": boot.CONTEXT_TOOLS}
 _CONTEXT_TOOL_NAMES = frozenset(boot.ALL_TOOLS)
@@ -53,7 +54,7 @@ def notes_snapshot(store: Store, task_id: str, address: str) -> boot.NotesSnapsh
     unavailable"."""
     try:
         return boot.read_notes_index(store.notes(task_id), address)
-    except (OSError, ValueError):
+    except (OSError, ValueError, StoreError):  # (StoreError: a shared store that cannot be reached)
         return boot.NotesSnapshot(address, None)
 
 
