@@ -29,18 +29,16 @@ import os
 import sqlite3
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
+from proxy.context.pending import KINDS, Kind, Pending
 from proxy.db import register_schema
 from proxy.dbworker import DBWorker
 
 if TYPE_CHECKING:
     from proxy.store.interface import RolloverBackend
 
-Kind = Literal["new_context", "checkpoint"]
-KINDS: tuple[Kind, ...] = ("new_context", "checkpoint")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS context_rollovers (
@@ -60,20 +58,6 @@ def ensure(conn: sqlite3.Connection) -> None:
     """The table, on a connection opened before this module registered its schema."""
     conn.executescript(SCHEMA)
 
-
-@dataclass(frozen=True)
-class Pending:
-    task_id: str
-    address: str
-    kind: Kind
-    origin: str
-    window_id: str | None
-    requested_at: float
-
-    @property
-    def checkpoint(self) -> bool:
-        """The proxy runs the checkpoint turn before rolling over (a manual checkpoint)."""
-        return self.kind == "checkpoint"
 
 
 def _pending(row: sqlite3.Row | tuple | None) -> Pending | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from proxy import usage as usage_sql
 from proxy.context import rollover
-from proxy.context.rollover import KINDS, Kind, Pending
+from proxy.context.pending import KINDS, Kind, Pending
 from proxy.db import connect
 from proxy.notes.store import NotesStore
 from proxy.state import StateDir

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Literal, Protocol, runtime_checkable
 
-from proxy.context.rollover import KINDS, Kind, Pending
+from proxy.context.pending import KINDS, Kind, Pending
 from proxy.notes.store import NoteInfo, WriteResult
 from proxy.usage import Usage
 

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from proxy.context.rollover import KINDS, Kind, Pending
+from proxy.context.pending import KINDS, Kind, Pending
 from proxy.journal.addresses import address_hash
 from proxy.notes.paths import check_rel, check_task_id, is_valid_rel, quoted
 from proxy.notes.store import LOCK_TIMEOUT, NOTE_MAX_BYTES, NoteError, NoteInfo, WriteResult, encode_note
