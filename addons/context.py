@@ -20,7 +20,6 @@ import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from mitmproxy import ctx, http
@@ -35,6 +34,7 @@ from proxy.context.rollover import RolloverStore
 from proxy.flowbody import ResponsesBody, commit_if_alone, responses_body
 from proxy.flowstate import state_of
 from proxy.journal import Window
+from proxy.store.interface import Store
 from proxy.toolclient import ToolClient
 from proxy.transforms.items import InputFacts, input_items
 from proxy.transforms.lazyitems import is_item_list, plain_payload
@@ -63,8 +63,8 @@ class Context(Stage):
         self._rollovers = None
         self._tools, self._spec = None, None
 
-    def _notes_dir(self) -> Path:
-        return self.rt.state.subdir("notes")
+    def _notes_store(self) -> Store:
+        return self.rt.state_store()
 
     def _store(self) -> RolloverStore:
         if self._rollovers is None:
@@ -133,7 +133,7 @@ class Context(Stage):
         if pending is None or body is None:
             self._project(flow, None, None)
             return
-        out = await notes_window.stateful_rollover(self._notes_dir(), ws, state_of(flow).journal_mark, body.value,
+        out = await notes_window.stateful_rollover(self._notes_store(), ws, state_of(flow).journal_mark, body.value,
                                                    self.rt.config.bridge.families, pending.kind)
         if out is None:
             self._project(flow, None, None)
@@ -207,7 +207,7 @@ class Context(Stage):
                     return
                 kind = f"{kind}_failed"  # nothing to compact: a notes window all the same
         body = responses_body(flow)
-        opened = notes_window.roll_over(self._notes_dir(), ws, state_of(flow).journal_mark,
+        opened = notes_window.roll_over(self._notes_store(), ws, state_of(flow).journal_mark,
                                         body.value if body is not None else None, self.rt.config.bridge.families,
                                         kind) if kind is not None else None
         self._project(flow, ws, opened)
@@ -326,7 +326,7 @@ class Context(Stage):
             return None
         if pending is None:
             return None
-        return await notes_window.open_midturn(self._notes_dir(), ws, agent_items, stateful, shown, payload,
+        return await notes_window.open_midturn(self._notes_store(), ws, agent_items, stateful, shown, payload,
                                                self.rt.config.bridge.families, pending.kind)
 
     def _project(self, flow: http.HTTPFlow, ws: journal_link.WindowSession | None, opened: Window | None) -> None:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from proxy.config import Config, config_path_from_env, load_config, with_overrides
 from proxy.routes import Upstream, parse_upstream
 from proxy.state import StateDir
+from proxy.store.embedded import EmbeddedStore
+from proxy.store.interface import Store
 from proxy.usage import UsageCache
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ class Services:
     compaction_memo: SessionMemo | None = None  # compaction: what this process last wrote per session
     compaction_key: bytes | None = None  # compaction: the per-installation account HMAC key
     compaction_windows: dict[tuple[str, str], int | None] = field(default_factory=dict)  # compaction: learned
+    store: Store | None = None  # the state store (proxy/store/interface.py): notes read at a window's opening
 
 
 @dataclass
@@ -61,6 +64,12 @@ class Runtime:
     state: StateDir
     upstream: Upstream
     services: Services
+
+    def state_store(self) -> Store:
+        """The process's state store: the embedded store of `state` (SQLite and note files), made on first use."""
+        if self.services.store is None:
+            self.services.store = EmbeddedStore(self.state)
+        return self.services.store
 
 
 _current: Runtime | None = None

@@ -53,6 +53,9 @@ def _embedded_state(root: Path) -> StateDir:
     conn = connect(state.db_path)
     rollover.ensure(conn)
     rollover.mark_pending(conn, task, "/root/helper", "new_context", "tool")
+    from proxy.usage import record_estimate
+
+    record_estimate(conn, "f:conv", task, "/root", "gpt-5", 1234)
     conn.close()
     notes = NotesStore(state.subdir("notes"), task)
     notes.write("/root", "checkpoint.md", "checkpoint: half done\n")
@@ -97,7 +100,9 @@ def test_store_migrate_copies_everything_and_search_works_there(pg, tmp_path):
         assert [(a, p, bytes(c)) for a, p, c in notes] == [
             ("/root", "checkpoint.md", b"checkpoint: half done\n"),
             ("/root", "deep/dir/plan.md", "step 1\nstep 2 — ünïcode\n".encode())]
-        assert dst.execute("SELECT version FROM ctp_schema_versions WHERE name = 'store'").fetchone()[0] == 1
+        assert dst.execute("SELECT version FROM ctp_schema_versions WHERE name = 'store'").fetchone()[0] == \
+            pgstore.MIGRATIONS[-1][0]
+        assert dst.execute("SELECT input_tokens FROM usage_estimates").fetchall() == [(1234,)]
         assert pgstore.migrate(dst) == []  # up to date: nothing applied twice
         assert dst.execute("SELECT count(*) FROM context_rollovers WHERE address = '/root/helper'").fetchone()[0] == 1
     src.close()
@@ -122,3 +127,18 @@ def test_store_migrate_says_what_is_wrong(pg, tmp_path):
     assert bad.returncode == 1 and "not a PostgreSQL URL" in bad.stderr
     down = _migrate(state, f"postgresql://ctproxy@127.0.0.1:{pg.port}/no_such_db")
     assert down.returncode == 1 and "cannot connect to PostgreSQL" in down.stderr
+
+
+def test_a_database_at_migration_1_is_brought_up_to_date_step_by_step(pg, monkeypatch):
+    import psycopg
+
+    url = pg.fresh_database(f"steps{next(_COUNT)}")
+    with monkeypatch.context() as m:
+        m.setattr(pgstore, "MIGRATIONS", pgstore.MIGRATIONS[:1])
+        with psycopg.connect(url) as conn:
+            assert pgstore.migrate(conn) == [1]
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT to_regclass('usage_estimates')").fetchone()[0] is None
+        assert pgstore.migrate(conn) == [v for v, _ in pgstore.MIGRATIONS[1:]]
+        assert conn.execute("SELECT to_regclass('usage_estimates')").fetchone()[0] == "usage_estimates"
+        assert pgstore.migrate(conn) == []

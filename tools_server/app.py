@@ -125,6 +125,8 @@ def create_app(services: Services, *, token: str, listen_host: str = "127.0.0.1"
 
     async def close_registry(_: web.Application) -> None:
         await service.registry.close()
+        if services.store is not None:  # (after the families: nothing calls the store any more)
+            services.store.close()
 
     app.on_cleanup.append(close_registry)
     return app

@@ -29,6 +29,7 @@ from proxy.context import rollover
 from proxy.context.checkpoint import CheckpointTargetError, current_window, mark_checkpoint
 from proxy.db import connect
 from proxy.journal.query import HistoryReader
+from proxy.store.interface import Store
 from tools_server.history.shared import Readers, caller_of
 from tools_server.registry import CallContext, Services, Tool, ToolResult
 
@@ -64,12 +65,20 @@ class Budget:
 
 
 def budget_of(reader: HistoryReader, task_id: str, address: str, windows: dict[str, int],
-              hard_ratio: float) -> Budget:
+              hard_ratio: float, store: Store | None = None) -> Budget:
+    """The agent's budget; its usage and pending rollover read through `store` (the state store), else on the
+    reader's own connection."""
     conn = reader.conn
-    u = usage_store.last_usage_for_agent(conn, task_id, address)  # this task's agent only
-    estimated = u is None
-    if u is None:  # before its first answer with usage: an estimate of its request, said to be one
-        u = usage_store.estimate_for_agent(conn, task_id, address)
+    if store is None:
+        u = usage_store.last_usage_for_agent(conn, task_id, address)  # this task's agent only
+        estimated = u is None
+        if u is None:  # before its first answer with usage: an estimate of its request, said to be one
+            u = usage_store.estimate_for_agent(conn, task_id, address)
+    else:
+        u = store.usage.for_agent(task_id, address)
+        estimated = u is None
+        if u is None:
+            u = store.usage.estimate_for_agent(task_id, address)
     window = usage_store.model_window(u.model, windows) if u else None
     used = (u.input_tokens + u.output_tokens) if u else None
     window_left = hard = left = None
@@ -77,12 +86,16 @@ def budget_of(reader: HistoryReader, task_id: str, address: str, windows: dict[s
         window_left = max(window - used, 0)
         hard = int(window * hard_ratio)
         left = max(min(hard, window) - used, 0)
-    rollover.ensure(conn)
+    if store is None:
+        rollover.ensure(conn)
+        pending = rollover.peek_pending(conn, task_id, address)
+    else:
+        pending = store.rollovers.peek(task_id, address)
     agents = reader.agents(task_id)
     if address not in agents:  # the caller is registered (it was resolved): text and details say the same
         agents = sorted([*agents, address])
     return Budget(address, agents, current_window(conn, task_id, address), u.model if u else None,
-                  window, used, window_left, hard, left, rollover.peek_pending(conn, task_id, address),
+                  window, used, window_left, hard, left, pending,
                   estimated=estimated and u is not None)
 
 
@@ -132,7 +145,8 @@ class ContextFamily:
 
         def run(r: HistoryReader) -> ToolResult:
             task, caller = caller_of(ctx, r)
-            b = budget_of(r, task, caller, cfg.model_windows, cfg.context.hard_ratio)
+            b = budget_of(r, task, caller, cfg.model_windows, cfg.context.hard_ratio,
+                          self.services.state_store())
             return ToolResult(remaining_text(b, cfg.context.hard_ratio), remaining_details(b))
 
         return await self.readers.run(run)
@@ -140,9 +154,8 @@ class ContextFamily:
     async def _new_context(self, args: NoArgs, ctx: CallContext) -> ToolResult:
         def run(r: HistoryReader) -> ToolResult:
             task, caller = caller_of(ctx, r)
-            rollover.ensure(r.conn)
             window = current_window(r.conn, task, caller)
-            pending = rollover.mark_pending(r.conn, task, caller, "new_context", "tool", window)
+            pending = self.services.state_store().rollovers.mark(task, caller, "new_context", "tool", window)
             return ToolResult(NEW_CONTEXT_OUTPUT, {"pending_rollover": pending.kind, "agent": caller,
                                                    "window_id": window})
 

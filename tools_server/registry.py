@@ -18,6 +18,8 @@ from pydantic import BaseModel, ValidationError
 from proxy.config import Config
 from proxy.errors import CtproxyError
 from proxy.state import StateDir
+from proxy.store.embedded import EmbeddedStore
+from proxy.store.interface import Store
 from proxy.upstream import UpstreamTurns
 from tools_server.credentials import SessionCredentials, UpstreamAccess
 
@@ -88,6 +90,14 @@ class Services:
     # capabilities can work here (proxy.status), as `ctproxy status` does. Official unless told otherwise.
     upstream_official: bool = True
     upstream_trusted: bool = False
+    # The state store (proxy/store/interface.py) the notes and context tools call: None means the embedded store
+    # of `state` (SQLite and note files), opened on first use.
+    store: Store | None = field(default=None, repr=False)
+
+    def state_store(self) -> Store:
+        if self.store is None:
+            self.store = EmbeddedStore(self.state)
+        return self.store
 
 
 # What a person answered to one yes/no question asked through the calling client (MCP elicitation's actions).

@@ -23,13 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from proxy.notes.store import NotesStore, iso
+from proxy.notes.store import iso
 from proxy.transforms.items import ADDITIONAL_TOOLS
 from proxy.transforms.lazyitems import is_item_list
+
+if TYPE_CHECKING:
+    from proxy.store.interface import NotesBackend
 
 GUIDANCE_MARKER = "<ctproxy_context_guidance>"
 GUIDANCE_END = "</ctproxy_context_guidance>"
@@ -200,7 +203,7 @@ class NotesSnapshot:
     files: tuple[NoteMeta, ...] | None
 
 
-def read_notes_index(store: NotesStore, address: str) -> NotesSnapshot:
+def read_notes_index(store: NotesBackend, address: str) -> NotesSnapshot:
     """The agent's own notes (never another agent's), newest first. Never raises for the directory:
     an unreadable one gives `files=None`."""
     try:

@@ -23,20 +23,22 @@ trusted for `EMPTY_TRUSTED_FOR` seconds at most.
 
 from __future__ import annotations
 
+import asyncio
 import mmap
 import os
 import sqlite3
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING
 
+from proxy.context.pending import KINDS, Kind, Pending
 from proxy.db import register_schema
 from proxy.dbworker import DBWorker
 
-Kind = Literal["new_context", "checkpoint"]
-KINDS: tuple[Kind, ...] = ("new_context", "checkpoint")
+if TYPE_CHECKING:
+    from proxy.store.interface import RolloverBackend
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS context_rollovers (
@@ -56,20 +58,6 @@ def ensure(conn: sqlite3.Connection) -> None:
     """The table, on a connection opened before this module registered its schema."""
     conn.executescript(SCHEMA)
 
-
-@dataclass(frozen=True)
-class Pending:
-    task_id: str
-    address: str
-    kind: Kind
-    origin: str
-    window_id: str | None
-    requested_at: float
-
-    @property
-    def checkpoint(self) -> bool:
-        """The proxy runs the checkpoint turn before rolling over (a manual checkpoint)."""
-        return self.kind == "checkpoint"
 
 
 def _pending(row: sqlite3.Row | tuple | None) -> Pending | None:
@@ -193,12 +181,17 @@ def take_pending(conn: sqlite3.Connection, task_id: str, address: str,
 
 
 class RolloverStore:
-    """The proxy's side: every read and write on its one database thread (never the event loop)."""
+    """The proxy's side: every read and write on its one database thread (never the event loop).
+
+    Given a `backend` (a store other than the embedded one, proxy/store/interface.py: PostgreSQL), every call goes
+    to it on a thread of its own instead, and nothing is trusted without asking: there is no stamp file another
+    machine could move, so each request of a known session costs one indexed query."""
 
     EMPTY_KEPT = 4096  # agents whose last "nothing pending" is remembered
 
-    def __init__(self, worker: DBWorker, db_path: Path | None = None):
+    def __init__(self, worker: DBWorker | None, db_path: Path | None = None, backend: RolloverBackend | None = None):
         self.worker = worker
+        self.backend = backend
         self._ensured = False
         self._db_path = db_path
         self._reader: sqlite3.Connection | None = None
@@ -216,7 +209,7 @@ class RolloverStore:
         read-only connection: in WAL mode a reader never waits for a writer, so a request with nothing pending
         (nearly all of them) costs no trip to the database thread. Committed marks are always seen (the stamp
         is read before the query, and a mark stamps after its commit); when it cannot tell, it says maybe."""
-        if self._db_path is None:
+        if self._db_path is None or self.backend is not None:
             return True
         key = (task_id, address)
         if self._stamp is None:
@@ -249,6 +242,8 @@ class RolloverStore:
             self._ensured = True
 
     async def take(self, task_id: str, address: str, kinds: tuple[Kind, ...] = KINDS) -> Pending | None:
+        if self.backend is not None:
+            return await asyncio.to_thread(self.backend.take, task_id, address, kinds)
         if not self._maybe_pending(task_id, address):
             return None
 
@@ -256,11 +251,19 @@ class RolloverStore:
             self._ensure(conn)
             return take_pending(conn, task_id, address, kinds)
 
-        return await self.worker.run(run)
+        return await self._worker().run(run)
 
     async def peek(self, task_id: str, address: str) -> Pending | None:
-        return await self.worker.run(lambda conn: peek_pending(conn, task_id, address))
+        if self.backend is not None:
+            return await asyncio.to_thread(self.backend.peek, task_id, address)
+        return await self._worker().run(lambda conn: peek_pending(conn, task_id, address))
 
     async def mark(self, task_id: str, address: str, kind: Kind = "new_context", origin: str = "proxy",
                    window_id: str | None = None) -> Pending:
-        return await self.worker.run(lambda conn: mark_pending(conn, task_id, address, kind, origin, window_id))
+        if self.backend is not None:
+            return await asyncio.to_thread(self.backend.mark, task_id, address, kind, origin, window_id)
+        return await self._worker().run(lambda conn: mark_pending(conn, task_id, address, kind, origin, window_id))
+
+    def _worker(self) -> DBWorker:
+        assert self.worker is not None, "an embedded RolloverStore needs its database worker"
+        return self.worker

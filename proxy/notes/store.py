@@ -78,7 +78,7 @@ class WriteResult:
     created: bool
 
 
-def _encode(text: str) -> bytes:
+def encode_note(text: str) -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
@@ -201,10 +201,10 @@ class NotesStore:
 
     # -------------------------------------------------------------- writes
     def write(self, address: str, rel: str, text: str) -> WriteResult:
-        return self._commit(address, rel, _encode(text), append=False)
+        return self._commit(address, rel, encode_note(text), append=False)
 
     def append(self, address: str, rel: str, text: str) -> WriteResult:
-        return self._commit(address, rel, _encode(text), append=True)
+        return self._commit(address, rel, encode_note(text), append=True)
 
     def _commit(self, address: str, rel: str, data: bytes, append: bool) -> WriteResult:
         self._file(address, rel)  # refuse a bad path before taking any lock

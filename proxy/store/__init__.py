@@ -1,7 +1,7 @@
-"""The state store beyond the embedded one (issue 32): PostgreSQL's schema, its versioned migrations, and
-`ctproxy store migrate --to URL`, which copies an embedded state directory into it (postgres.py).
+"""The state store (issue 32, docs/adr/0013-one-store-interface.md): the one interface the state parts call
+(interface.py), the embedded store behind it (embedded.py: SQLite in WAL mode plus note files, the default), and
+PostgreSQL (pg.py, over the schema, versioned migrations and `ctproxy store migrate --to URL` of postgres.py).
 
-The embedded store (SQLite in WAL mode plus notes files, proxy/db.py, proxy/journal/, proxy/notes/) stays the one
-`ctproxy up` runs on; serving from PostgreSQL (`--store postgresql://…`) is not built yet (docs/adr/0012-proxy-
-workers.md, "Not done here").
+Behind the interface so far: notes, pending rollovers and usage, both stores. The journal and the compaction
+records still call SQLite directly, so `--store postgresql://…` is not wired yet (ADR 0013, "Order of the rest").
 """

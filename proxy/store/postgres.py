@@ -90,14 +90,23 @@ CREATE TABLE IF NOT EXISTS notes_files (task_id text NOT NULL, agent_hash text N
     updated_at double precision NOT NULL, PRIMARY KEY (task_id, agent_hash, path));
 """
 
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, V1),)
+# 2: request estimates before a session's first answer with usage (proxy/usage.py's `usage_estimates`, added to the
+# embedded store after 1 was written), and the by-agent indexes both usage tables have there.
+V2 = """
+CREATE TABLE IF NOT EXISTS usage_estimates (session_key text PRIMARY KEY, task text, agent text, model text,
+    input_tokens bigint NOT NULL, updated_at double precision NOT NULL);
+CREATE INDEX IF NOT EXISTS usage_estimates_by_agent ON usage_estimates(task, agent, updated_at);
+CREATE INDEX IF NOT EXISTS usage_by_agent ON usage(task, agent, updated_at);
+"""
+
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, V1), (2, V2))
 
 # The embedded tables copied, in an order that keeps references ahead of what refers to them.
 TABLES: tuple[str, ...] = (
     "journal_tasks", "journal_agents", "journal_sessions", "journal_windows", "journal_items", "journal_raw",
     "journal_branch", "journal_window_counts", "journal_branch_heads", "journal_responses", "journal_aliases",
-    "journal_events", "journal_session_stamps", "usage", "compaction_sessions", "compaction_events",
-    "compaction_progress", "compaction_windows", "context_rollovers",
+    "journal_events", "journal_session_stamps", "usage", "usage_estimates", "compaction_sessions",
+    "compaction_events", "compaction_progress", "compaction_windows", "context_rollovers",
 )
 NOTES_TABLE = "notes_files"
 

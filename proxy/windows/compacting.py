@@ -86,7 +86,7 @@ async def compact(rt: runtime.Runtime, info: FlowInfo, request_payload: dict[str
     # one bootstrap builder (identity, notes index, continuation). A threshold compaction (remote_compaction's
     # own) replays the compaction output exactly, as the protocol does.
     if w is not None and rt.config.context.enabled and reason == "overflow":
-        notes = opening.window_notes_for(rt.state.subdir("notes"), w.task_id, w.address,
+        notes = opening.window_notes_for(rt.state_store(), w.task_id, w.address,
                                          opening.reachable_context_tools(request_payload,
                                                                          rt.config.bridge.families), reason)
     order = service.CompactionOrder(

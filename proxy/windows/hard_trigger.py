@@ -111,7 +111,7 @@ async def compact_at_rollover(rt: runtime.Runtime, ws: journal_link.WindowSessio
         previous=previous, replay_opaque=bool(decided is not None and decided.replay_opaque and previous is not None),
         payload=payload, window=window, fingerprint=call.fingerprint, target=call.target,
         remote_blocked=call.blocked if remote else "strategy_fallback", reason=reason,
-        notes=opening.window_notes_for(rt.state.subdir("notes"), ws.task_id, ws.address,
+        notes=opening.window_notes_for(rt.state_store(), ws.task_id, ws.address,
                                        opening.reachable_context_tools(payload, rt.config.bridge.families), reason),
         seen=_seen(rt, ws, items, n))
     try:  # the one compaction path (proxy/windows/service.py)

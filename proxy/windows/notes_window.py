@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,6 +20,7 @@ from proxy.journal import Window
 from proxy.journal.canonical import chain_at, session_root
 from proxy.journal.model import FILED_AFTER_KEY
 from proxy.metrics import proxy_metrics
+from proxy.store.interface import Store
 from proxy.transforms.items import input_items
 from proxy.transforms.lazyitems import as_list
 from proxy.windows import journal_reads, opening
@@ -36,7 +36,7 @@ def mark_ids(mark: Any, items: Sequence[Any], n: int) -> tuple[str | None, list[
     return (mark.input_ids[n - 1] or None) if n else None, [i for i in mark.input_ids[n:len(items)] if i]
 
 
-def open_notes_window(notes_dir: Path, ws: journal_link.WindowSession, items: list[Any], n: int, kind: str,
+def open_notes_window(store: Store, ws: journal_link.WindowSession, items: list[Any], n: int, kind: str,
                       tools: tuple[str, ...], boundary_item: str | None, anchor: Mapping[str, Any] | None = None,
                       follows: Sequence[str] | None = (), stateful: bool = False, at: tuple[int, str] | None = None,
                       leading: list[Any] | None = None) -> Window:
@@ -45,7 +45,7 @@ def open_notes_window(notes_dir: Path, ws: journal_link.WindowSession, items: li
     stateful request's turn); `leading`: the agent's instructions then (read from the journal)."""
     j = ws.journal
     j.session(ws.key, ws.task_id, ws.address, ws.source)
-    notes = opening.notes_snapshot(notes_dir, ws.task_id, ws.address)
+    notes = opening.notes_snapshot(store, ws.task_id, ws.address)
     # a copy, not the agent's objects: the stored bootstrap is what every later request replays
     leading = orjson.loads(orjson.dumps(boot.leading_instructions(items if leading is None else leading)))
 
@@ -66,7 +66,7 @@ def open_notes_window(notes_dir: Path, ws: journal_link.WindowSession, items: li
     return w
 
 
-def roll_over(notes_dir: Path, ws: journal_link.WindowSession, mark: Any, payload: dict[str, Any] | None,
+def roll_over(store: Store, ws: journal_link.WindowSession, mark: Any, payload: dict[str, Any] | None,
               families: Iterable[str], kind: str) -> Window | None:
     """Open the session's notes window at the rollover boundary: calls and their outputs before it, the
     agent's trailing user messages after it. `mark`: the request's journal mark (the checkpoint turn re-took
@@ -78,11 +78,11 @@ def roll_over(notes_dir: Path, ws: journal_link.WindowSession, mark: Any, payloa
     if n == 0:
         return None  # nothing precedes the agent's messages: the window would be the one it has
     boundary_item, follows = mark_ids(mark or ws.mark, items, n)
-    return open_notes_window(notes_dir, ws, items, n, kind, opening.reachable_context_tools(payload, families),
+    return open_notes_window(store, ws, items, n, kind, opening.reachable_context_tools(payload, families),
                              boundary_item, follows=follows)
 
 
-async def stateful_rollover(notes_dir: Path, ws: journal_link.WindowSession, mark: Any, payload: dict[str, Any],
+async def stateful_rollover(store: Store, ws: journal_link.WindowSession, mark: Any, payload: dict[str, Any],
                             families: Iterable[str], kind: str) -> dict[str, Any] | None:
     """A pending rollover for a client that chains by `previous_response_id`: the request to send, without the
     id, as the new window's bootstrap plus the agent's new messages (its outputs for the previous answer's calls
@@ -96,7 +96,7 @@ async def stateful_rollover(notes_dir: Path, ws: journal_link.WindowSession, mar
     boundary_item, follows = mark_ids(mark or ws.mark, items, n)
     tools = opening.reachable_context_tools(payload, families)
     try:
-        w = open_notes_window(notes_dir, ws, items, n, f"{kind}_stateful", tools, boundary_item, follows=follows,
+        w = open_notes_window(store, ws, items, n, f"{kind}_stateful", tools, boundary_item, follows=follows,
                               stateful=True)
     except Exception:  # the journal refused: the rollover is not lost
         log.warning("context: a stateful rollover could not be opened")
@@ -108,7 +108,7 @@ async def stateful_rollover(notes_dir: Path, ws: journal_link.WindowSession, mar
     return out
 
 
-async def open_midturn(notes_dir: Path, ws: journal_link.WindowSession, agent_items: list[Any], is_stateful: bool,
+async def open_midturn(store: Store, ws: journal_link.WindowSession, agent_items: list[Any], is_stateful: bool,
                        shown: Sequence[Mapping[str, Any]], payload: dict[str, Any], families: Iterable[str],
                        kind: str) -> dict[str, Any]:
     """A pending `new_context` consumed in a bridged turn: the notes window opens after the agent's items and
@@ -136,7 +136,7 @@ async def open_midturn(notes_dir: Path, ws: journal_link.WindowSession, agent_it
               midturn.ANCHORS_KEY: anchors, midturn.PREFIX_KEY: prefix}
     if tail and shown_items:  # the answer's items up to here stay in the old window when it is journaled
         anchor[FILED_AFTER_KEY] = chain_at(shown_items, tail, len(shown_items))
-    w = open_notes_window(notes_dir, ws, full, len(full), f"{kind}_midturn", tools,
+    w = open_notes_window(store, ws, full, len(full), f"{kind}_midturn", tools,
                           prefix[1] if at is not None else None, anchor if not is_stateful or at else None,
                           stateful=is_stateful and at is None, at=at, leading=leading)
     journal_link.record_event(ws, "rollover", {"outcome": "midturn", "window_id": w.window_id,

@@ -10,12 +10,12 @@ index is the agent's own notes at that moment, the guidance lists the context to
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from proxy.context import bootstrap as boot
 from proxy.journal import Window
-from proxy.notes.store import NotesStore
+from proxy.store.interface import Store
+from proxy.store.postgres import StoreError
 
 FAMILY_TOOLS = {"history": boot.HISTORY_TOOLS, "notes": boot.NOTES_TOOLS, "context": boot.CONTEXT_TOOLS}
 _CONTEXT_TOOL_NAMES = frozenset(boot.ALL_TOOLS)
@@ -49,18 +49,19 @@ def reachable_context_tools(payload: dict[str, Any], families: Iterable[str]) ->
     return found
 
 
-def notes_snapshot(notes_dir: Path, task_id: str, address: str) -> boot.NotesSnapshot:
-    """The agent's own notes at a reset; an unusable task id or directory gives "index unavailable"."""
+def notes_snapshot(store: Store, task_id: str, address: str) -> boot.NotesSnapshot:
+    """The agent's own notes at a reset, from the state store; an unusable task id or directory gives "index
+    unavailable"."""
     try:
-        return boot.read_notes_index(NotesStore(notes_dir, task_id), address)
-    except (OSError, ValueError):
+        return boot.read_notes_index(store.notes(task_id), address)
+    except (OSError, ValueError, StoreError):  # (StoreError: a shared store that cannot be reached)
         return boot.NotesSnapshot(address, None)
 
 
-def window_notes_for(notes_dir: Path, task_id: str, address: str, tools: tuple[str, ...],
+def window_notes_for(store: Store, task_id: str, address: str, tools: tuple[str, ...],
                      reason: str) -> Callable[[Window | None, str], dict[str, Any]]:
     """For a remote/fallback window: the builder of its notes parts (`preface`, `coda` in its bootstrap)."""
-    notes = notes_snapshot(notes_dir, task_id, address)
+    notes = notes_snapshot(store, task_id, address)
 
     def build(prev: Window | None, window_id: str) -> dict[str, Any]:
         start = boot.WindowStart(address, window_id, prev.window_id if prev is not None else None, notes,

@@ -1,4 +1,4 @@
-"""The five notes tools (seed 000) over `proxy.notes.NotesStore`.
+"""The five notes tools (seed 000) over the state store's notes (`Services.state_store()`, proxy/store/interface.py).
 
 Relative paths are the caller's notes; `/root/…/notes/<path>` reaches another agent registered in
 the same task. Lists and searches stop at whole lines within the max tool output and say how to
@@ -14,9 +14,10 @@ import orjson
 
 from proxy.journal.excerpt import page
 from proxy.journal.query import HistoryReader
-from proxy.notes import NoteError, NoteInfo, NotePathError, NoteRef, NotesStore, parse
+from proxy.notes import NoteError, NoteInfo, NotePathError, NoteRef, parse
 from proxy.notes.lines import LineRangeError, select_lines, split_lines
 from proxy.notes.store import iso
+from proxy.store.interface import NotesBackend
 from tools_server.history import schemas
 from tools_server.history.shared import Readers, caller_of, capped_lines, clamp, max_output
 from tools_server.notes.args import NotesAppendArgs, NotesListArgs, NotesReadArgs, NotesSearchArgs, NotesWriteArgs
@@ -52,14 +53,14 @@ class NotesFamily:
         self.services = services
         self.readers = Readers(services)
 
-    def _store(self, task: str) -> NotesStore:
+    def _store(self, task: str) -> NotesBackend:
         try:
-            return NotesStore(self.services.state.subdir("notes"), task)
+            return self.services.state_store().notes(task)
         except NotePathError as exc:
             raise ToolError(str(exc), code="invalid_task") from None
 
     def _resolve(self, r: HistoryReader, ctx: CallContext, path: str | None,
-                 prefix: bool) -> tuple[NotesStore, NoteRef]:
+                 prefix: bool) -> tuple[NotesBackend, NoteRef]:
         task, caller = caller_of(ctx, r)
         try:
             ref = parse(path or "", caller, lambda a: r.agent_exists(task, a), prefix=prefix)
