@@ -100,15 +100,24 @@ async def test_two_workers_serve_one_address_and_journal_one_session(emulator, p
     turns = len(answers)
     assert _workers_of(proxy.log(), session) == {"1", "2"}, proxy.log()
 
-    # /metrics on the tool server: both workers' requests, summed.
+    # /metrics on the tool server: both workers' requests, summed. A worker counts a request when its flow ends,
+    # which can come just after the client read the answer: wait for the count, not a moment.
     token = (proxy.state_dir / "token").read_text().strip()
-    async with aiohttp.ClientSession() as http, \
-            http.get(proxy.tools_url + "/metrics", headers={"Authorization": f"Bearer {token}"}) as resp:
-        metrics = await resp.text()
+
+    async def served_and_text() -> tuple[float, str]:
+        async with aiohttp.ClientSession() as http, \
+                http.get(proxy.tools_url + "/metrics", headers={"Authorization": f"Bearer {token}"}) as resp:
+            text = await resp.text()
+        found = re.findall(r'^ctproxy_requests_total\{[^}]*route="responses"[^}]*\} (\S+)', text, re.M)
+        return sum(float(v) for v in found), text
+
+    deadline = time.monotonic() + 60
+    served, metrics = await served_and_text()
+    while served < turns and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        served, metrics = await served_and_text()
     assert "ctproxy_proxy_workers 2" in metrics
-    served = sum(float(v) for v in re.findall(r'^ctproxy_requests_total\{[^}]*route="responses"[^}]*\} (\S+)',
-                                              metrics, re.M))
-    assert served == turns
+    assert served == turns, metrics
 
     assert await proxy.astop() == 0  # SIGTERM: every worker flushes its journal, then the supervisor ends
     assert all(_gone(pid) for pid in pids)
