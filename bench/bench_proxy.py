@@ -17,7 +17,8 @@ Scenarios (targets interleaved: every round each target once, in a new seeded or
   a  10 KB non-streaming Responses request: latency
   b  1.5 MB input (~2,000 items) non-streaming: latency
   c  SSE with a ~200-event stream: time to first body byte and to the last byte
-  d  50 concurrent streams: wall time per batch, errors, streams/s and events/s
+  d  50 concurrent streams: wall time per batch, errors, streams/s and events/s; and where the CPU went while
+     each target ran (emulator, this client, the proxy and each of its workers, the machine busy in all)
   e  CPU per request: the a request sent one at a time to each proxy, the proxy process's CPU time (all its
      threads, from /proc) divided by the requests; less noisy than latency on a shared machine
   h  attribution: each hook of the addon chain run in-process on the a and b bodies (no network),
@@ -45,7 +46,7 @@ import random
 import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,10 +198,70 @@ async def _batch(http: aiohttp.ClientSession, url: str, body: bytes) -> tuple[fl
     return wall, errors, events
 
 
+def _children(pid: int) -> list[int]:
+    """Every descendant of `pid` (the workers of a `--workers N` supervisor), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy (every core, every process), from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+class CpuLedger:
+    """Where d's CPU goes, per target: the CPU seconds of the emulator, of this client process, of the proxy process
+    and of each of its children (the workers of `--workers N`) while that target's batches ran, and the whole
+    machine's busy CPU seconds over the same time (load from other work included)."""
+
+    def __init__(self, emu_pid: int | None, pids: dict[str, int]):
+        self.emu_pid, self.pids = emu_pid, pids
+        self.spent: dict[str, dict[str, float]] = {}
+
+    def _read(self, key: str) -> dict[str, float]:
+        now = {"client": sum(os.times()[:2]), "machine busy": _busy_seconds()}
+        if self.emu_pid is not None:
+            now["emulator"] = cpu_seconds(self.emu_pid)
+        if (pid := self.pids.get(key)) is not None:
+            now["proxy"] = cpu_seconds(pid)
+            for n, child in enumerate(sorted(_children(pid))):
+                try:
+                    now[f"child {n} ({child})"] = cpu_seconds(child)
+                except OSError:
+                    pass
+        return now
+
+    async def measure(self, key: str, work: Awaitable[Any]) -> Any:
+        before = self._read(key)
+        result = await work
+        after = self._read(key)
+        acc = self.spent.setdefault(key, {})
+        for name, value in after.items():
+            if name in before:
+                acc[name] = acc.get(name, 0.0) + value - before[name]
+        return result
+
+
 async def scenario_concurrent(http: aiohttp.ClientSession, urls: dict[str, str], body: bytes, rounds: int,
-                              warmup: int) -> dict[str, dict[str, Any]]:
+                              warmup: int, ledger: CpuLedger | None = None) -> dict[str, dict[str, Any]]:
     await round_robin(urls, max(1, warmup // 2), lambda _k, u: _batch(http, u, body))
-    got = await round_robin(urls, rounds, lambda _k, u: _batch(http, u, body))
+    if ledger is None:
+        got = await round_robin(urls, rounds, lambda _k, u: _batch(http, u, body))
+    else:
+        got = await round_robin(urls, rounds, lambda k, u: ledger.measure(k, _batch(http, u, body)))
     out: dict[str, dict[str, Any]] = {}
     for key, batches in got.items():
         walls = [b[0] for b in batches]
@@ -212,7 +273,19 @@ async def scenario_concurrent(http: aiohttp.ClientSession, urls: dict[str, str],
             "streams_per_s": round((CONCURRENCY * len(batches) - sum(b[1] for b in batches)) / total_wall, 1),
             "events_per_s": round(sum(b[2] for b in batches) / total_wall, 1),
         }
+        if ledger is not None and key in ledger.spent:
+            streams = CONCURRENCY * len(batches)
+            out[key]["cpu_s_per_100_streams"] = {n: round(v / streams * 100, 3) for n, v in ledger.spent[key].items()}
+            out[key]["machine_busy_cores"] = round(ledger.spent[key]["machine busy"] / total_wall, 2)
     return out
+
+
+def print_cpu_ledger(conc: dict[str, dict[str, Any]]) -> None:
+    print("d  CPU seconds per 100 streams while each target's batches ran (machine busy: cores in use, any process):")
+    for key, row in conc.items():
+        if "cpu_s_per_100_streams" in row:
+            parts = ", ".join(f"{n} {v:.2f}" for n, v in row["cpu_s_per_100_streams"].items() if n != "machine busy")
+            print(f"   {key:<14} {parts}; machine busy {row['machine_busy_cores']:.2f} cores")
 
 
 # ---- e: CPU per request -------------------------------------------------------------------------
@@ -391,11 +464,17 @@ def start_targets(procs: Processes, variants: dict[str, list[str]], stream_basel
         tree = Path(args[0][1:]) if args and args[0].startswith("@") else None  # '@DIR …': that checkout's code
         services[label] = procs.ctproxy(emu.url, extra_args=args[1:] if tree else args, tree=tree)
     urls = {"direct": f"{emu.url}/v1/responses", **{k: f"{v.url}/v1/responses" for k, v in services.items()}}
+    global _EMULATOR_PID
+    _EMULATOR_PID = emu.proc.pid
     return urls, {k: v.proc.pid for k, v in services.items()}
 
 
+_EMULATOR_PID: int | None = None  # the emulator `start_targets` started last (d's CPU ledger reads it)
+
+
 async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pids: dict[str, int], bodies: Bodies,
-                            result: dict[str, Any], pairs: Sequence[tuple[str, str]] = ()) -> list[list[str]]:
+                            result: dict[str, Any], pairs: Sequence[tuple[str, str]] = (),
+                            emu_pid: int | None = None) -> list[list[str]]:
     """Scenarios a–e against every target; fills `result` and returns the table rows."""
     rows: list[list[str]] = []
     names = list(urls)
@@ -443,7 +522,10 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pi
             rows += latency_rows(f"c SSE TTFB ({events} events)", ttfb)
             rows += latency_rows("c SSE last byte", ttlb)
         if "d" in only:
-            conc = await scenario_concurrent(http, urls, bodies.sse, plan.rounds_d, plan.warmup)
+            ledger = CpuLedger(emu_pid, pids) if Path("/proc/stat").exists() else None
+            conc = await scenario_concurrent(http, urls, bodies.sse, plan.rounds_d, plan.warmup, ledger)
+            if ledger is not None:
+                print_cpu_ledger(conc)
             result["scenarios"]["d_concurrent"] = {k: {**{f: x for f, x in v.items() if f != "walls"},
                                                        "wall": v["wall"].ms()} for k, v in conc.items()}
             walls = {k: v["wall"] for k, v in conc.items()}
@@ -598,7 +680,7 @@ async def run(plan: Plan, only: set[str], variants: dict[str, list[str]], stream
             urls, pids = start_targets(procs, variants, stream_baseline)
             result["meta"]["startup_s"] = round(time.perf_counter() - started, 2)
             names = list(urls)
-            rows = await network_scenarios(plan, only, urls, pids, bodies, result, pairs)
+            rows = await network_scenarios(plan, only, urls, pids, bodies, result, pairs, _EMULATOR_PID)
     if "h" in only:
         result["hooks"] = await hook_costs({"a": bodies.small, "b": bodies.big}, plan.rounds_h)
     result["meta"]["total_s"] = round(time.perf_counter() - started, 1)

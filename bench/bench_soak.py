@@ -15,8 +15,14 @@
        request with the proxy idle, and the proxy's RSS before and after the big one. Goal: tiny median
        during the big one ≤ 100 ms.
 
-  mem  issue 32 point 4: the RSS growth of one 100,000-item (≈5 MB) request and of two distinct streaming
-       sessions of that size, each once the proxy is idle, and after `--mem-idle` seconds without traffic.
+  workers  issue 32 ("the soak flat per worker"): the rss soak (`--clients` streams for `--seconds` after
+       `--warmup`) through `ctproxy up --workers 2` (`--workers N`); every `--sample-every` seconds the RSS of each
+       worker (pids from the state directory's run.json, as `ctproxy status` shows them) and of the supervisor.
+       Printed per process: RSS after the warm-up, at the middle, at the end and after the idle pause, its growth
+       after warm-up and slope per minute, and the requests, errors and worker restarts.
+
+  mem  issue 32 point 4: the RSS growth of one 100,000-item (≈5 MB) request and of `--mem-streams` (2) distinct
+       streaming sessions of that size, each once the proxy is idle, and after `--mem-idle` seconds without traffic.
 
   stall  an upstream that goes silent (`--stalls` times mid-stream after 4 events, and as many times
        before sending headers) behind ctproxy with `timeouts.stream_idle_seconds` = `--idle-timeout`:
@@ -138,6 +144,59 @@ def _slope(points: list[tuple[float, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else 0.0
 
 
+def _worker_pids(state: Path) -> dict[str, int]:
+    """'worker N' → pid of each worker of a `ctproxy up --workers N`, from its run.json (as `ctproxy status`)."""
+    import json
+
+    try:
+        run = json.loads((state / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {f"worker {w['index']}": int(w["pid"]) for w in run.get("workers") or []}
+
+
+async def soak_workers(svc: Service, state: Path, clients: int, seconds: float, warmup: float, idle: float,
+                       every: float) -> dict[str, Any]:
+    """The soak through a `--workers N` proxy, the RSS of each worker and of the supervisor sampled every `every` s."""
+    counts = {"requests": 0, "errors": 0}
+    samples: dict[str, list[tuple[float, float]]] = {}
+    pids_seen: dict[str, set[int]] = {}
+
+    def sample(now: float) -> None:
+        for name, pid in {"supervisor": svc.proc.pid, **_worker_pids(state)}.items():
+            pids_seen.setdefault(name, set()).add(pid)
+            try:
+                samples.setdefault(name, []).append((now, rss_mb(pid)))
+            except OSError:  # a worker being restarted
+                pass
+
+    start = time.monotonic()
+    stop_at = start + warmup + seconds
+    conn = aiohttp.TCPConnector(limit=clients * 2)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as http:
+        tasks = [asyncio.create_task(_client(http, svc.url, n, stop_at, counts)) for n in range(clients)]
+        while time.monotonic() < stop_at:
+            sample(time.monotonic() - start)
+            await asyncio.sleep(every)
+        await asyncio.gather(*tasks)
+    await asyncio.sleep(idle)
+    sample(time.monotonic() - start)
+    out: dict[str, Any] = {"requests": counts["requests"], "errors": counts["errors"], "processes": {}}
+    for name, points in samples.items():
+        measured = [(t, m) for t, m in points[:-1] if t >= warmup]
+        if not measured:
+            continue
+        mid = measured[len(measured) // 2][1]
+        out["processes"][name] = {
+            "pids": sorted(pids_seen[name]), "rss_first": round(points[0][1], 1),
+            "rss_after_warmup": round(measured[0][1], 1), "rss_middle": round(mid, 1),
+            "rss_end": round(measured[-1][1], 1), "rss_after_idle": round(points[-1][1], 1),
+            "growth_after_warmup": round(measured[-1][1] - measured[0][1], 1),
+            "slope_mb_per_min": round(_slope(measured) * 60, 2) if len(measured) > 2 else float("nan"),
+            "samples": len(measured)}
+    return out
+
+
 async def _tiny(http: aiohttp.ClientSession, url: str) -> float:
     t0 = time.perf_counter()
     async with http.post(url + "/v1/responses", data=b'{"model":"gpt-5","input":"ping"}',
@@ -225,17 +284,18 @@ async def stall(procs: Processes, stalls: int, idle_timeout: float) -> dict[str,
             **{f"{k} agent got": sorted(v) for k, v in got.items()}}
 
 
-async def mem(svc: Service, items: int, idle: float) -> dict[str, Any]:
-    """Issue 32, point 4: one ~5 MB request of `items` items (JSON answer), then two distinct streaming sessions of
-    that size, one after the other. The proxy's RSS over its idle baseline right after each, and once it has been
-    idle for `idle` seconds (the journal lets big idle sessions go after 30 s)."""
+async def mem(svc: Service, items: int, idle: float, streams: int = 2) -> dict[str, Any]:
+    """Issue 32, point 4: one ~5 MB request of `items` items (JSON answer), then `streams` distinct streaming
+    sessions of that size, one after the other (growth that stays would add up session after session). The proxy's
+    RSS over its idle baseline right after each, and once it has been idle for `idle` seconds
+    (the journal lets big idle sessions go after 30 s)."""
     url, pid = svc.url, svc.proc.pid
     rows: list[dict[str, Any]] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
         await _tiny(http, url)
         await wait_idle(pid)
         base = rss_mb(pid)
-        for tag, stream in (("json", False), ("stream-1", True), ("stream-2", True)):
+        for tag, stream in [("json", False), *((f"stream-{n + 1}", True) for n in range(streams))]:
             inp = [{"type": "message", "role": "user" if i % 2 == 0 else "assistant", "content": f"{tag} item {i}"}
                    for i in range(items)]
             body = orjson.dumps({"model": "gpt-5", "input": inp, "stream": stream})
@@ -266,6 +326,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 svc.stop()
             keys = list(next(iter(out["rss"].values())))
             print_table(["rss (MB)", *out["rss"]], [[k, *(r[k] for r in out["rss"].values())] for k in keys])
+        if "workers" in args.only:
+            svc = procs.ctproxy(emu.url, extra_args=["--workers", str(args.workers)], with_tools=False)
+            state = procs.workdir / f"state-{svc.port}"
+            print(f"workers: --workers {args.workers}, {args.clients} clients, {args.warmup:.0f} s warm-up + "
+                  f"{args.seconds:.0f} s, RSS every {args.sample_every:.0f} s …", flush=True)
+            res = out["workers"] = await soak_workers(svc, state, args.clients, args.seconds, args.warmup, args.idle,
+                                                      args.sample_every)
+            svc.stop()
+            procs_ = res["processes"]
+            keys = ["pids", "rss_after_warmup", "rss_middle", "rss_end", "rss_after_idle", "growth_after_warmup",
+                    "slope_mb_per_min", "samples"]
+            print_table(["rss (MB)", *procs_], [[k, *(r[k] for r in procs_.values())] for k in keys])
+            print(f"requests {res['requests']}, errors {res['errors']}")
         if "big" in args.only:
             svc = procs.ctproxy(emu.url, with_tools=False)
             print(f"big: {args.rounds} × one {args.items:,}-item request, a tiny request every 50 ms …", flush=True)
@@ -282,8 +355,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 ["proxy RSS when idle MB", res["rss_after"]]])
         if "mem" in args.only:
             svc = procs.ctproxy(emu.url, with_tools=False)
-            print(f"mem: one {args.items:,}-item request, then two such streaming sessions …", flush=True)
-            res = out["mem"] = await mem(svc, args.items, args.mem_idle)
+            print(f"mem: one {args.items:,}-item request, then {args.mem_streams} such streaming sessions …",
+                  flush=True)
+            res = out["mem"] = await mem(svc, args.items, args.mem_idle, args.mem_streams)
             print_table(["mem", "body MB", "RSS growth MB (settled)"],
                         [[r["request"], r["body_mb"], r["rss_growth_mb"]] for r in res["requests"]]
                         + [[f"after {args.mem_idle:.0f} s idle", "", res["rss_growth_after_idle_mb"]]])
@@ -306,8 +380,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", nargs="+", choices=["rss", "big", "mem", "stall"],
+    parser.add_argument("--only", nargs="+", choices=["rss", "workers", "big", "mem", "stall"],
                         default=["rss", "big", "mem", "stall"])
+    parser.add_argument("--mem-streams", type=int, default=2,
+                        help="mem: distinct streaming sessions after the JSON one")
     parser.add_argument("--mem-idle", type=float, default=45.0, help="mem: idle seconds before the last RSS sample")
     parser.add_argument("--stalls", type=int, default=5, help="stalled answers of each kind")
     parser.add_argument("--idle-timeout", type=float, default=2.0, help="timeouts.stream_idle_seconds for stall")
@@ -315,6 +391,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="measured soak after the warm-up")
     parser.add_argument("--warmup", type=float, default=20.0)
     parser.add_argument("--idle", type=float, default=10.0, help="pause after the soak before the last sample")
+    parser.add_argument("--workers", type=int, default=2, help="workers: `ctproxy up --workers N`")
+    parser.add_argument("--sample-every", type=float, default=5.0, help="workers: seconds between RSS samples")
     parser.add_argument("--items", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5, help="big requests, each a new session")
     parser.add_argument("--idle-samples", type=int, default=10)

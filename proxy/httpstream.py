@@ -181,6 +181,11 @@ def _handle_event(self: Any, event: Any):
     if kind in _PROGRESS:
         if w.idle is not None:
             w.last = w.loop.time()  # type: ignore[union-attr]
+        if kind is ResponseData and w.headers_sent and not w.count_frames:
+            # A chunk of an answer already streaming (most events of a stream): mitmproxy only passes it on to
+            # the client (`SendHttp(ResponseData)`), which nothing below changes without a frame count, so its
+            # commands go straight through, not one by one through the loop below.
+            return (yield from _original_handle_event(self, event))
     elif kind is ResponseEndOfMessage:
         w.disarm()
     elif kind is ResponseProtocolError:

@@ -23,6 +23,15 @@ class SSEEvent(NamedTuple):  # a tuple: built once per event, a frozen dataclass
         return orjson.loads(self.data)
 
 
+RawEvent = tuple[bytes | None, bytes, str | None]  # (event name, data, last event id), as received
+
+
+def _decoded(raw: RawEvent) -> SSEEvent:
+    event, data, id_ = raw
+    return SSEEvent(None if event is None else event.decode("utf-8", errors="replace"),
+                    data.decode("utf-8", errors="replace"), id_)
+
+
 class SSEDecoder:
     """Feed bytes, get whole events. Keeps at most one partial line plus one partial event.
 
@@ -37,6 +46,21 @@ class SSEDecoder:
         self._pending_cr = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        return [_decoded(raw) for raw in self.feed_raw(chunk)]
+
+    def close(self) -> list[SSEEvent]:
+        """End of stream: a trailing event without its blank line is still dispatched."""
+        return [_decoded(raw) for raw in self.close_raw()]
+
+    def feed_raw(self, chunk: bytes) -> list[RawEvent]:
+        """`feed`, the name and data left undecoded: (event bytes, data bytes, id) per event. What the stream tap
+        uses: it decodes only the few events it reads (orjson takes bytes), not every delta."""
+        if not (self._buf or self._data or self._pending_cr) and chunk[:7] == b"event: " and chunk[-2:] == b"\n\n":
+            # The usual chunk: one whole `event: NAME` + `data: JSON` event, nothing pending. The general path
+            # below gives exactly this, a line at a time.
+            nl = chunk.find(b"\n")
+            if chunk[nl + 1:nl + 7] == b"data: " and chunk.find(b"\n", nl + 1) == len(chunk) - 2 and b"\r" not in chunk:
+                return [(chunk[7:nl], chunk[nl + 7:-2], self._id)]
         if self._pending_cr and chunk[:1] == b"\n":
             chunk = chunk[1:]  # the \n of a \r\n split across chunks
         self._pending_cr = False
@@ -47,38 +71,45 @@ class SSEDecoder:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = buf.split(b"\n")
         self._buf = lines.pop()  # the unfinished last line (empty when the chunk ended a line)
-        out: list[SSEEvent] = []
+        out: list[RawEvent] = []
+        if lines:
+            self._lines(lines, out)
+        return out
+
+    def close_raw(self) -> list[RawEvent]:
+        out: list[RawEvent] = []
+        lines = [self._buf, b""] if self._buf else [b""]
+        self._buf = b""
+        self._lines(lines, out)
+        return out
+
+    def _lines(self, lines: list[bytes], out: list[RawEvent]) -> None:
+        # One loop over a chunk's lines, state in locals (a method call per line was most of the cost):
+        # the two lines a Responses event has (`event: …`, `data: …`) take the first two branches.
+        event, data = self._event, self._data
         for raw in lines:
-            self._line(raw, out)
-        return out
-
-    def close(self) -> list[SSEEvent]:
-        """End of stream: a trailing event without its blank line is still dispatched."""
-        out: list[SSEEvent] = []
-        if self._buf:
-            self._line(self._buf, out)
-            self._buf = b""
-        self._line(b"", out)
-        return out
-
-    def _line(self, raw: bytes, out: list[SSEEvent]) -> None:
-        if not raw:
-            if self._data:
-                data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
-                out.append(SSEEvent(self._event, data.decode("utf-8", errors="replace"), self._id))
-            self._event, self._data = None, []
-            return
-        if raw[:1] == b":":
-            return  # a comment
-        name, _, value = raw.partition(b":")
-        if value[:1] == b" ":
-            value = value[1:]
-        if name == b"data":
-            self._data.append(value)
-        elif name == b"event":
-            self._event = value.decode("utf-8", errors="replace")
-        elif name == b"id":
-            self._id = value.decode("utf-8", errors="replace")
+            if raw[:6] == b"data: ":
+                data.append(raw[6:])
+            elif raw[:7] == b"event: ":
+                event = raw[7:]
+            elif not raw:
+                if data:
+                    out.append((event, data[0] if len(data) == 1 else b"\n".join(data), self._id))
+                    data = []
+                event = None
+            elif raw[:1] == b":":
+                continue  # a comment
+            else:
+                name, _, value = raw.partition(b":")
+                if value[:1] == b" ":
+                    value = value[1:]
+                if name == b"data":
+                    data.append(value)
+                elif name == b"event":
+                    event = value
+                elif name == b"id":
+                    self._id = value.decode("utf-8", errors="replace")
+        self._event, self._data = event, data
 
 
 class _Decompressor:
@@ -115,6 +146,11 @@ PARSED_EVENTS = frozenset({
 })
 
 
+_PARSED_NAMES = frozenset(e.encode() for e in PARSED_EVENTS)
+_FIRST_OUTPUT = ("response.output_item.added", "response.output_text.delta")
+_FIRST_OUTPUT_NAMES = frozenset(e.encode() for e in _FIRST_OUTPUT)
+
+
 @dataclass
 class ResponseTap:
     """What a Responses stream (or JSON body) said: output items, usage, errors, completeness."""
@@ -131,15 +167,15 @@ class ResponseTap:
     last_sequence: int | None = None
     first_output_seen: bool = False
     usage_recorded: bool = False
+    # Called with every event the tap parses (PARSED_EVENTS, which hold every terminal event), not with the
+    # deltas it only counts: two calls per delta were a tenth of the tap's cost, for listeners that wait for the end.
     listeners: list[Callable[[str, dict[str, Any]], None]] = field(default_factory=list)
 
     def on_skipped(self, typ: str) -> None:
         """An event whose JSON the tap does not need (text deltas and the like): counted, not parsed."""
         self.events += 1
-        if typ in ("response.output_item.added", "response.output_text.delta"):
+        if typ in _FIRST_OUTPUT:
             self.first_output_seen = True
-        for listener in self.listeners:
-            listener(typ, {})
 
     def on_event(self, payload: dict[str, Any]) -> None:
         self.events += 1
@@ -211,9 +247,9 @@ class StreamTap:
         if self._decompress is not None:
             try:
                 if chunk:
-                    self._dispatch(self._decoder.feed(self._decompress(chunk)))
+                    self._dispatch(self._decoder.feed_raw(self._decompress(chunk)))
                 else:
-                    self._dispatch(self._decoder.close())
+                    self._dispatch(self._decoder.close_raw())
             except Exception:  # observing must never break the stream
                 self._decompress = None
         if not chunk:
@@ -229,19 +265,26 @@ class StreamTap:
         if self._on_end:
             self._on_end()
 
-    def _dispatch(self, events: list[SSEEvent]) -> None:
-        for ev in events:
-            if ev.data == "[DONE]":
+    def _dispatch(self, events: list[RawEvent]) -> None:
+        tap = self.tap
+        for event, data, _id in events:
+            if event is not None and event not in _PARSED_NAMES:
+                if data != b"[DONE]":  # most of a stream is deltas: counted (`on_skipped`, inline), their JSON skipped
+                    tap.events += 1
+                    if event in _FIRST_OUTPUT_NAMES:
+                        tap.first_output_seen = True
                 continue
-            if ev.event is not None and ev.event not in PARSED_EVENTS:
-                self.tap.on_skipped(ev.event)  # most of a stream is deltas: skip their JSON
+            if data == b"[DONE]":
                 continue
             try:
-                payload = orjson.loads(ev.data)
+                payload = orjson.loads(data)
             except orjson.JSONDecodeError:
-                continue
+                try:  # not UTF-8: read as the text decoder would (invalid bytes replaced)
+                    payload = orjson.loads(data.decode("utf-8", errors="replace"))
+                except orjson.JSONDecodeError:
+                    continue
             if isinstance(payload, dict):
-                self.tap.on_event(payload)
+                tap.on_event(payload)
 
 
 def encode_event(payload: dict[str, Any], event: str | None = None) -> bytes:

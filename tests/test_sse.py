@@ -110,3 +110,23 @@ def test_encode_event_round_trip():
     frame = encode_event({"type": "response.created", "sequence_number": 0})
     [ev] = _decode_all([frame])
     assert ev.event == "response.created" and orjson.loads(ev.data)["sequence_number"] == 0
+
+
+def test_one_event_per_chunk_decodes_as_the_whole_stream():
+    # Each chunk one whole `event:` + `data:` event (the decoder's fast path), against the same bytes in one
+    # chunk (line by line); and the shapes the fast path must leave to the general one.
+    frames = [encode_event({"type": "response.output_text.delta", "delta": f"d{i}"}) for i in range(5)]
+    frames += [b"event: x\ndata: a\ndata: b\n\n", b"event: y\r\ndata: c\r\n\r\n", b"event: z\ndata: e\n\nevent: w\n",
+               b"data: f\n\n"]
+    assert _decode_all(frames) == _decode_all([b"".join(frames)])
+    assert [e.data for e in _decode_all(frames)][-4:] == ["a\nb", "c", "e", "f"]
+
+
+def test_listeners_hear_parsed_events_not_deltas():
+    heard = []
+    tap = ResponseTap(listeners=[lambda typ, payload: heard.append(typ)])
+    stream = StreamTap(tap)
+    stream(encode_event({"type": "response.output_text.delta", "delta": "x"}))
+    stream(encode_event({"type": "response.completed", "response": {"id": "r", "usage": {"total_tokens": 3}}}))
+    stream(b"")
+    assert heard == ["response.completed"] and tap.events == 2 and tap.first_output_seen and tap.completed
