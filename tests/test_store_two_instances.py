@@ -2,7 +2,8 @@
 the real CLI, proxies and tool servers, against the Responses emulator (ADR 0013, "Wiring").
 
 - a note written through A's tool server is read through B's (and no note file exists on either disk);
-- `new_context` marked through A rolls over B's next request for the agent (B forwards the new window's bootstrap);
+- `new_context` marked through A rolls over B's next request for the agent (B forwards the new window's bootstrap;
+  B runs `--workers 2`, each worker on its own store);
 - `kill -9` of A loses nothing A committed (its note is read through B), and B goes on serving;
 - a stateless conversation whose turns alternate between A and B is one session (needs the journal behind the
   store: xfail, strict, until it is);
@@ -98,11 +99,10 @@ class Instance:
 
 
 async def two_instances(proxy_factory: Any, emulator: Any, tmp_path: Path, url: str,
-                        extra: list[str] | None = None) -> tuple[ProxyProcess, ProxyProcess]:
-    a = await proxy_factory(upstream=emulator.url, state_dir=tmp_path / "a",
-                            extra_args=["--store", url, *(extra or [])])
+                        b_extra: list[str] | None = None) -> tuple[ProxyProcess, ProxyProcess]:
+    a = await proxy_factory(upstream=emulator.url, state_dir=tmp_path / "a", extra_args=["--store", url])
     b = await proxy_factory(upstream=emulator.url, state_dir=tmp_path / "b",
-                            extra_args=["--store", url, *(extra or [])])
+                            extra_args=["--store", url, *(b_extra or [])])
     return a, b
 
 
@@ -130,6 +130,12 @@ async def joined(a: ProxyProcess, b: ProxyProcess, emulator: Any, task: str) -> 
     await ia.knows_task()
     await ib.knows_task()
     return ia, ib
+
+
+def workers_unsupported() -> str | None:
+    from proxy.workers import supported
+
+    return supported()
 
 
 def new_task(state_dir: Path) -> str:
@@ -160,7 +166,11 @@ async def test_a_note_written_through_a_is_read_through_b(emulator, proxy_factor
 
 async def test_new_context_through_a_rolls_over_bs_next_request(emulator, proxy_factory, tmp_path: Path,
                                                                  db_url: str):
-    a, b = await two_instances(proxy_factory, emulator, tmp_path, db_url)
+    # B runs two proxy workers: each opens its own store, and whichever gets the request takes the mark.
+    workers = [] if workers_unsupported() else ["--workers", "2"]
+    a, b = await two_instances(proxy_factory, emulator, tmp_path, db_url, b_extra=workers)
+    if workers:
+        assert len(json.loads((b.state_dir / "run.json").read_text())["workers"]) == 2
     ia, ib = await joined(a, b, emulator, new_task(a.state_dir))
     # The agent's conversation runs through B; the model asks for new_context, which the agent runs through A.
     emulator.script(Response([FunctionCall("new_context", {}, call_id="c_nc")]), Text("resumed in w2"))
