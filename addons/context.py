@@ -69,7 +69,11 @@ class Context(Stage):
     def _store(self) -> RolloverStore:
         if self._rollovers is None:
             rt = self.rt
-            self._rollovers = RolloverStore(dbworker.shared(rt.services, rt.state.db_path), rt.state.db_path)
+            store = rt.state_store()
+            # A shared store (`--store postgresql://…`): marks made through any instance are taken from it.
+            backend = store.rollovers if store.kind != "embedded" else None
+            self._rollovers = RolloverStore(dbworker.shared(rt.services, rt.state.db_path), rt.state.db_path,
+                                            backend=backend)
         return self._rollovers
 
     def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:

@@ -1,7 +1,7 @@
 """Proxy overhead: direct to the emulator vs bare mitmdump vs `ctproxy up`, measured in one run.
 
     .venv/bin/python bench/bench_proxy.py [--quick] [--only a,b,c,d,e,h] [--profile DIR] [--variant L=ARGS] [--pair A-B]
-                                          [--workers N]
+                                          [--workers N] [--store-pg]
 
 Targets, each in its own process next to the emulator (tests/emulator, 200-event SSE answers):
   direct       the emulator itself
@@ -30,6 +30,10 @@ paired round by round (block by block for e), its median and a distribution-free
 "slower" or "faster" only when the interval excludes zero, else "level": medians of separate columns move by
 ±0.2 ms between runs here, a difference paired by round far less. Two processes of one checkout still differ by up
 to ≈0.15 ms on a, so a before/after runs a few of each as variants and compares the groups: `--pair 'h*-o*'`.
+`--store-pg` starts a private PostgreSQL server (tests/support/postgres.py; Debian's `postgresql`), adds the column
+store-pg (`ctproxy up --store postgresql://…`: notes, rollovers and usage in PostgreSQL) with its a and b ratios
+against ctproxy (the embedded store), and measures notes append latency on both stores (the store interface's
+`append`, in this process: 20 notes, 400 appends of ~100 bytes, interleaved).
 Written: bench/results/proxy.json. `--profile DIR` runs ctproxy under cProfile (DIR/ctproxy-<port>.prof);
 `--variant LABEL='--disable web_search'` adds more ctproxy columns, to attribute cost to features; an ARGS
 that starts with `@DIR` runs the checkout in DIR (e.g. a `git worktree` of an earlier commit): before/after
@@ -76,6 +80,7 @@ STREAM_DELTAS = EVENTS - 8  # + created, in_progress, item/part added, text/part
 TTFB_BUDGET_MS = 5.0
 RATIO_BUDGET = 1.10
 PASS = "pass-through"
+STORE_PG = "store-pg"  # --store-pg: ctproxy up --store postgresql://… (a private server)
 CPU_ROUNDS = 10  # scenario e: per target, this many blocks of requests, alternating targets (paired by block)
 
 
@@ -493,6 +498,10 @@ async def network_scenarios(plan: Plan, only: set[str], urls: dict[str, str], pi
             paired[name] = times
             result["scenarios"][name] = {k: s.ms() for k, s in stats.items()}
             result["ratios"][name] = ratios(stats)
+            if STORE_PG in stats:  # the PostgreSQL store against the embedded one, one run
+                for q in ("median", "p99"):
+                    result["ratios"][name][f"{STORE_PG}/ctproxy {q}"] = round(
+                        ratio(getattr(stats[STORE_PG], q), getattr(stats["ctproxy"], q)), 4)
             result["acceptance"][f"{key}: median pass-through/bare <= 1.10"] = ratio(
                 stats[PASS].median, stats["bare"].median) <= RATIO_BUDGET
             if key == "b":  # issue 11: what the defaults cost over bare, against one parse and one serialization
@@ -689,6 +698,36 @@ async def run(plan: Plan, only: set[str], variants: dict[str, list[str]], stream
     return result
 
 
+def notes_append_latency(pg_url: str, rounds: int = 400, notes: int = 20) -> dict[str, dict[str, float | int]]:
+    """The store interface's notes `append` on the embedded store (a fresh state directory) and on PostgreSQL,
+    interleaved append by append: median and p99 per store (ms)."""
+    import tempfile
+
+    from proxy.state import StateDir
+    from proxy.store.embedded import EmbeddedStore
+    from proxy.store.pg import PostgresStore
+
+    line = "x" * 96 + "\n"
+    times: dict[str, list[float]] = {"embedded": [], "postgresql": []}
+    with tempfile.TemporaryDirectory(prefix="bench-notes-") as tmp:
+        stores = {"embedded": EmbeddedStore(StateDir.open(Path(tmp) / "state")),
+                  "postgresql": PostgresStore.open(pg_url)}
+        try:
+            backends = {k: st.notes("task_benchnotes0001") for k, st in stores.items()}
+            for i in range(rounds + 20):
+                order = list(backends.items())
+                random.Random(ROUND_SEED + i).shuffle(order)
+                for kind, nb in order:
+                    t0 = time.perf_counter()
+                    nb.append("/root", f"bench/n{i % notes}.md", line)
+                    if i >= 20:  # warm-up appends not counted
+                        times[kind].append(time.perf_counter() - t0)
+        finally:
+            for st in stores.values():
+                st.close()
+    return {k: summarize(v).ms() for k, v in times.items()}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench_proxy", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short run (fewer rounds)")
@@ -703,6 +742,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="also measure `ctproxy up --workers N` (column workers-N) and print d's streams/s "
                         "against one worker (ctproxy); e counts only the supervisor's CPU for it")
+    parser.add_argument("--store-pg", action="store_true",
+                        help=f"start a private PostgreSQL server and also measure `ctproxy up --store URL` (column "
+                        f"{STORE_PG}, ratios against ctproxy on the embedded store) and notes append latency on both")
     parser.add_argument("--pair", action="append", default=[], metavar="A-B",
                         help="also print A − B paired round by round, for two columns (repeatable), e.g. "
                         "--variant h1=@. --variant h2=@. --variant b1=@/tmp/before --variant b2=@/tmp/before "
@@ -732,8 +774,30 @@ def main(argv: list[str] | None = None) -> int:
     variants = parse_variants(args.variant)
     if args.workers is not None:
         variants[f"{WORKERS_PREFIX}{args.workers}"] = ["--workers", str(args.workers)]
-    result = asyncio.run(run(QUICK if args.quick else FULL, only, variants,
-                             stream_baseline=not args.no_stream_baseline, pairs=pairs))  # type: ignore[arg-type]
+    server = None
+    if args.store_pg:
+        import tempfile
+
+        from tests.support.postgres import PrivateServer, unavailable
+
+        if (why := unavailable()) is not None:
+            raise SystemExit(f"--store-pg: {why}")
+        server = PrivateServer(Path(tempfile.mkdtemp(prefix="ctproxy-pg-"))).start()
+        variants[STORE_PG] = ["--store", server.fresh_database("bench_proxy")]
+    try:
+        result = asyncio.run(run(QUICK if args.quick else FULL, only, variants,
+                                 stream_baseline=not args.no_stream_baseline, pairs=pairs))  # type: ignore[arg-type]
+        if server is not None:
+            result["notes_append_ms"] = appends = notes_append_latency(server.fresh_database("bench_notes"))
+            print("notes append (store interface, ~100 B each), ms: " + "; ".join(
+                f"{k} median {v['median']:.3f} p99 {v['p99']:.3f}" for k, v in appends.items()))
+            for name in ("a_10kb", "b_1_5mb"):
+                if (r := result["ratios"].get(name, {})).get(f"{STORE_PG}/ctproxy median") is not None:
+                    print(f"{name}: {STORE_PG}/ctproxy median {r[f'{STORE_PG}/ctproxy median']:.3f}, "
+                          f"p99 {r[f'{STORE_PG}/ctproxy p99']:.3f}")
+    finally:
+        if server is not None:
+            server.stop()
     path = write_result("proxy", result)
     print(f"written: {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
     return 0

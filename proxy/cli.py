@@ -32,7 +32,8 @@ Quick start:
   export OPENAI_BASE_URL=http://127.0.0.1:8787/v1
   codex exec "…"   |   python my_agent.py
 
-Environment: CTPROXY_HOME (state directory), CTPROXY_CONFIG (config file).
+Environment: CTPROXY_HOME (state directory), CTPROXY_CONFIG (config file), CTPROXY_STORE (the state store:
+postgresql://USER@HOST:PORT/DB or embedded; `ctproxy up --store` overrides it, it overrides store.url).
 Capabilities: """ + ", ".join(CAPABILITIES)
 
 
@@ -106,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-metrics", action="store_true",
                     help="no Prometheus metrics and no live requests on the dashboard (the tool server's /metrics "
                     "then shows only its own)")
+    up.add_argument("--store", default=None, metavar="URL",
+                    help="where the state lives: postgresql://USER@HOST:PORT/DB shares notes, pending rollovers "
+                    "and usage with every `ctproxy up` on that database (each keeps its own --state-dir for its "
+                    "token, CA and run files); 'embedded' = the state directory's own store (the default). "
+                    "Precedence: --store > $CTPROXY_STORE > config store.url > embedded. Keep a password out of "
+                    "the URL (PGPASSWORD or ~/.pgpass); it is never shown. Unreachable at start: ctproxy up exits")
     up.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
                     help="proxy worker processes on the one listen address (Linux), one tool server and one state; "
                     "auto: one per CPU core (default: proxy.workers, 1)")
@@ -169,9 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     ssub = sp.add_subparsers(dest="store_command", metavar="ACTION", required=True)
     mig = ssub.add_parser("migrate", help="copy this state directory's database and notes into an empty "
                           "PostgreSQL database (its schema created or brought up to date first)",
-                          description="Copies the embedded state into PostgreSQL in one transaction. ctproxy "
-                          "does not serve from PostgreSQL yet (`ctproxy up` keeps the embedded store; "
-                          "docs/adr/0012-proxy-workers.md): this prepares the database and checks the copy.")
+                          description="Copies the embedded state into PostgreSQL in one transaction. "
+                          "`ctproxy up --store URL` then serves notes, pending rollovers and usage from it "
+                          "(docs/adr/0013-one-store-interface.md).")
     _common(mig)
     mig.add_argument("--to", required=True, metavar="URL", help="postgresql://USER@HOST:PORT/DB")
     ctxp = sub.add_parser("context", help="context windows: mark a manual checkpoint")
@@ -275,6 +282,15 @@ def cmd_up(args: argparse.Namespace) -> int:
         except NotAFlowFile as exc:
             print(f"ctproxy up: --server-replay: {exc}", file=sys.stderr)
             return 2
+    if args.store is not None:
+        from proxy.store.choice import check_url
+        from proxy.store.postgres import StoreError
+
+        try:
+            check_url(args.store)
+        except StoreError as exc:
+            print(f"ctproxy up: --store: {exc}", file=sys.stderr)
+            return 2
     state = _state(args)
     load_config(_config_path(args, state))  # fail early, with the key named
     try:
@@ -288,7 +304,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                      workspace=args.workspace.resolve() if args.workspace else None, record=args.record,
                      server_replay=args.server_replay,
                      enable=args.enable, disable=args.disable, debug=args.debug, quiet=args.quiet,
-                     metrics=not args.no_metrics, bridge=args.bridge, sandbox=args.sandbox, workers=args.workers)
+                     metrics=not args.no_metrics, bridge=args.bridge, sandbox=args.sandbox, workers=args.workers,
+                     store=args.store)
     try:
         return asyncio.run(run_up(opts))
     except KeyboardInterrupt:
@@ -320,6 +337,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         read_run_file,
         render,
         running_config,
+        store_reachable,
         tools_answering,
         with_running_desktop,
     )
@@ -338,9 +356,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         config = running_config(run) or wanted  # a run.json from an older ctproxy has no snapshot
         answering = tools_answering(state, run)
     file_config = wanted if run and wanted is not config else None
+    reach = store_reachable(run, load_config(path).store.url)
     if args.json:
         print(json.dumps({"state_dir": str(state.root), "config": str(path), "proxy": run,
                           "tools_answering": answering,
+                          "store": {**run["store"], "reachable": reach[0], "detail": reach[1]}
+                          if run and isinstance(run.get("store"), dict) and reach is not None else None,
                           "pending": other_drift(config, file_config) if file_config is not None else [],
                           "capabilities": [s.__dict__ for s in with_running_desktop(
                               all_statuses(config, run, file_config), state, run)],
@@ -348,7 +369,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                                      for b in bridge_report(config, run, state)]},
                          indent=2))
     else:
-        print(render(config, state, path, run, file_config, answering))
+        print(render(config, state, path, run, file_config, answering, reach))
     return 0
 
 

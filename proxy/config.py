@@ -283,8 +283,30 @@ class ProxyConfig(_Section):
         return int(self.workers)
 
 
+class StoreConfig(_Section):
+    """Where the state lives (docs/adr/0013-one-store-interface.md): `--store` and `CTPROXY_STORE` override it."""
+
+    url: str | None = Field(
+        None, description="postgresql://USER@HOST:PORT/DB: several `ctproxy up` share the notes, rollovers and "
+                          "usage in that database (a password is better kept in PGPASSWORD or ~/.pgpass); "
+                          "unset or 'embedded': the state directory's own store")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        if value in ("", "embedded"):
+            return None if value == "" else value
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("expected postgresql://USER@HOST:PORT/DB or 'embedded'")
+        return value
+
+
 class Config(_Section):
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
     web_search: WebSearchConfig = Field(default_factory=WebSearchConfig)
     remote_compaction: RemoteCompactionConfig = Field(default_factory=RemoteCompactionConfig)
     context: ContextConfig = Field(default_factory=ContextConfig)

@@ -50,6 +50,16 @@ class ToolServerPortBusy(CtproxyError, RuntimeError):
     pass
 
 
+def child_env(store_env: str | None) -> dict[str, str] | None:
+    """A child's environment: ours, with CTPROXY_STORE set to the store this run chose (None: ours unchanged).
+    The URL goes by the environment, never the command line, which any local user can read."""
+    if store_env is None:
+        return None
+    from proxy.store.choice import ENV
+
+    return {**os.environ, ENV: store_env}
+
+
 # The line the tool server prints once it listens (tools_server/server.py): how it reports its port back.
 _LISTENING = re.compile(rb"listening on http://(?:\[[^\]]*\]|[^\s:/]+):(\d+)")
 # Its one-time dashboard login link (tools_server/ui): printed by `ctproxy up`, never logged elsewhere.
@@ -68,9 +78,10 @@ class ToolServerProcess:
     binds it itself and reports it (never a port picked here first, which another process could take)."""
 
     def __init__(self, opts: UpOptions, state: StateDir, config_file: Path | None = None,
-                 telemetry_url: str | None = None, upstream_kind: str = "official"):
+                 telemetry_url: str | None = None, upstream_kind: str = "official", store_env: str | None = None):
         self.opts = opts
         self.upstream_kind = upstream_kind  # what the credentialed tools may use (tools_server --upstream)
+        self.store_env = store_env  # CTPROXY_STORE for the child: the store `ctproxy up` chose
         self.telemetry_url = telemetry_url  # the proxy's loopback telemetry (proxy/telemetry.py)
         self.login_url: str | None = None
         self.state = state
@@ -111,7 +122,7 @@ class ToolServerProcess:
         # Its own process group, so a Ctrl-C on the terminal reaches us first and we stop it in order.
         self._early_stderr, self._live = [], False
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+                                     start_new_session=True, env=child_env(self.store_env))
         loop = asyncio.get_running_loop()
         listening: asyncio.Future[int | None] = loop.create_future()
         threading.Thread(target=self._read_stdout, args=(self, self.proc, loop, listening), daemon=True,
@@ -232,7 +243,25 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
                        opts.trust_upstream, opts.enable, opts.disable)
     with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge, sandbox=opts.sandbox, workers=opts.workers)
     state.token()
+    # The state store, before anything is started: one that cannot be reached stops `ctproxy up` here, with what
+    # to do, and nothing half-started (proxy/store/choice.py: --store > CTPROXY_STORE > store.url > embedded).
+    from proxy.store.choice import open_store, resolve
+    from proxy.store.postgres import StoreError
 
+    try:
+        choice = resolve(opts.store, rt.config.store.url)
+        store = open_store(choice, state)
+    except StoreError as exc:
+        raise RuntimeError(str(exc)) from None
+    rt.use_store(store, choice)
+    try:
+        return await _serve(opts, state, rt, ready, stop)
+    finally:
+        store.close()
+
+
+async def _serve(opts: UpOptions, state: StateDir, rt: runtime.Runtime, ready: asyncio.Event | None,
+                 stop: asyncio.Event | None) -> int:
     from proxy.status import write_run_config
 
     # One config snapshot for both processes, taken once: the tool server runs exactly what the proxy runs,
@@ -248,8 +277,10 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     telemetry_url = telemetry.url if telemetry is not None else None
     upstream_kind = ("official" if rt.upstream.official or opts.mode == "regular" else
                      "trusted" if rt.upstream.trusted else "untrusted")
+    choice = rt.services.store_choice
     tools = (ToolServerProcess(opts, state, config_file=snapshot, telemetry_url=telemetry_url,
-                               upstream_kind=upstream_kind)
+                               upstream_kind=upstream_kind,
+                               store_env=choice.env_value() if choice is not None else None)
              if opts.with_tools else None)
     try:
         if tools is not None:
@@ -448,7 +479,10 @@ def announce(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tools: ToolS
                          "another)")
         lines.append(f"  workspace    {opts.workspace}" if opts.workspace is not None else
                      "  workspace    none: apply_patch and exec_command refuse (start with --workspace DIR)")
+    store = store_info(rt)
     lines += [
+        f"  store        {store['url']}" + ("" if store["kind"] == "embedded" else
+                                           "  (notes, pending rollovers and usage shared with every ctproxy on it)"),
         f"  state dir    {state.root}",
         f"  token file   {token_path}  (print it with `ctproxy token`)",
     ]
@@ -478,7 +512,8 @@ def announce(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tools: ToolS
                 "tools": tools.url if tools is not None else None,
                 "tools_pid": tools.proc.pid if tools is not None and tools.proc is not None else None,
                 "workspace": str(opts.workspace) if opts.workspace is not None else None,
-                "config": rt.config.model_dump(mode="json"),  # what both processes run
+                "config": public_config(rt.config),  # what both processes run (no store password)
+                "store": store_info(rt),
                 "websocket": websocket}
     if workers:
         run_info["workers"] = workers
@@ -486,6 +521,26 @@ def announce(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tools: ToolS
     lines.insert(2, f"  requests     {request_changes(rt.config, run_info)}  (details: ctproxy status)")
     print("\n".join(lines), flush=True)
     return run_info
+
+
+def public_config(config: object) -> dict[str, object]:
+    """The config as run.json and the tool server's snapshot keep it: `store.url` without its password (the tool
+    server and the workers get the store from CTPROXY_STORE)."""
+    from proxy.store.choice import public_url
+
+    data = config.model_dump(mode="json")  # type: ignore[attr-defined]
+    store = data.get("store") or {}
+    if store.get("url"):
+        store["url"] = public_url(store["url"])
+    return data
+
+
+def store_info(rt: runtime.Runtime) -> dict[str, object]:
+    """Which store the running proxy serves from, for `ctproxy status` (never the password)."""
+    choice = rt.services.store_choice
+    if choice is None:
+        return {"kind": "embedded", "url": "embedded", "source": "default"}
+    return {"kind": choice.kind, "url": choice.public, "source": choice.source}
 
 
 def replay_recording(path: Path, *, state_dir: Path | None = None, config_file: Path | None = None,

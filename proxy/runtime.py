@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from proxy.compaction.store import SessionMemo
     from proxy.dbworker import DBWorker
     from proxy.journal import Journal
+    from proxy.store.choice import StoreChoice
     from proxy.upstream import UpstreamTurns
 
 log = logging.getLogger("ctproxy")
@@ -56,6 +57,7 @@ class Services:
     compaction_key: bytes | None = None  # compaction: the per-installation account HMAC key
     compaction_windows: dict[tuple[str, str], int | None] = field(default_factory=dict)  # compaction: learned
     store: Store | None = None  # the state store (proxy/store/interface.py): notes read at a window's opening
+    store_choice: StoreChoice | None = None  # which store `ctproxy up` chose (None: the embedded default)
 
 
 @dataclass
@@ -66,10 +68,20 @@ class Runtime:
     services: Services
 
     def state_store(self) -> Store:
-        """The process's state store: the embedded store of `state` (SQLite and note files), made on first use."""
+        """The process's state store: the one the launcher opened (`use_store`: `--store`, CTPROXY_STORE,
+        store.url), else the embedded store of `state` (SQLite and note files), made on first use."""
         if self.services.store is None:
             self.services.store = EmbeddedStore(self.state)
         return self.services.store
+
+    def use_store(self, store: Store, choice: StoreChoice | None = None) -> None:
+        """Serve from `store` (opened and migrated by the launcher, closed by it). A store other than the embedded
+        one is shared with other processes and machines: the usage cache then also reads the session's stored
+        usage (another instance may have seen its last answer)."""
+        self.services.store = store
+        self.services.store_choice = choice
+        if store.kind != "embedded":
+            self.services.usage.backend = store.usage
 
 
 _current: Runtime | None = None

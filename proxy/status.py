@@ -257,8 +257,8 @@ def _drift(running: Config, wanted: Config, name: str) -> str:
 
 def other_drift(running: Config, wanted: Config) -> list[str]:
     """Settings outside the capability sections that differ between the running config and the file."""
-    return sorted(k for k in type(running).model_fields
-                  if k not in CAPABILITIES and getattr(running, k) != getattr(wanted, k))
+    return sorted(k for k in type(running).model_fields  # (the store has a line of its own: store_line)
+                  if k not in CAPABILITIES and k != "store" and getattr(running, k) != getattr(wanted, k))
 
 
 def running_config(run: dict | None) -> Config | None:
@@ -276,9 +276,13 @@ def running_config(run: dict | None) -> Config | None:
 def write_run_config(state: StateDir, config: Config) -> Path:
     """The snapshot handed to the tool server (`--config`), so both processes run the same config."""
     from proxy.files import atomic_write_text
+    from proxy.store.choice import public_url
 
+    data = config.model_dump(mode="json")
+    if data["store"].get("url"):  # the store's password stays out of files: the tool server gets CTPROXY_STORE
+        data["store"]["url"] = public_url(data["store"]["url"])
     path = state.root / RUN_CONFIG_FILE
-    atomic_write_text(path, json.dumps(config.model_dump(mode="json"), indent=2) + "\n", mode=0o600)
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n", mode=0o600)
     return path
 
 
@@ -346,7 +350,8 @@ def read_run_file(state: StateDir) -> dict | None:
 
 
 def render(config: Config, state: StateDir, config_path: Path, run: dict | None = None,
-           file_config: Config | None = None, answering: bool | None = None) -> str:
+           file_config: Config | None = None, answering: bool | None = None,
+           reachable: tuple[bool, str] | None = None) -> str:
     lines = [f"state dir: {state.root}", f"config:    {config_path}" + ("" if config_path.exists() else " (defaults)")]
     if run:
         overrides = [f"+{n}" for n in run.get("enable") or []] + [f"-{n}" for n in run.get("disable") or []]
@@ -363,6 +368,8 @@ def render(config: Config, state: StateDir, config_path: Path, run: dict | None 
             lines.append(f"tools:     {run['tools']}" + (f"  {health}" if health else ""))
         if (ws := websocket_line(run)) is not None:
             lines.append(f"websocket: {ws}")
+        if (st := store_line(run, reachable)) is not None:
+            lines.append(f"store:     {st}")
         if file_config is not None and (others := other_drift(config, file_config)):
             lines.append(f"pending:   config changes {', '.join(others)}; restart ctproxy to apply")
     else:
@@ -376,6 +383,37 @@ def render(config: Config, state: StateDir, config_path: Path, run: dict | None 
 
     lines += render_lines(bridge_report(config, run, state), config.bridge.max_rounds)
     return "\n".join(lines)
+
+
+def store_line(run: dict | None, reachable: tuple[bool, str] | None) -> str | None:
+    """Which store the running proxy serves from (run.json: `embedded` or the URL without its password), where the
+    choice came from, and whether it answers now (`store_reachable`)."""
+    info = run.get("store") if run else None
+    if not isinstance(info, dict):
+        return None
+    line = f"{info.get('url')} (from {info.get('source')})"
+    if reachable is not None:
+        ok, why = reachable
+        line += "  reachable" if ok else f"  NOT reachable: {why}"
+    return line
+
+
+def store_reachable(run: dict | None, config_url: str | None = None) -> tuple[bool, str] | None:
+    """Whether the running proxy's store answers now. The URL in run.json has no password: libpq finds it where
+    ctproxy's own processes would (CTPROXY_STORE or store.url of this environment, PGPASSWORD, ~/.pgpass)."""
+    info = run.get("store") if run else None
+    if not isinstance(info, dict):
+        return None
+    if info.get("kind") != "postgresql":
+        return True, "the state directory's database"
+    from proxy.store.choice import StoreChoice, public_url, reachable
+
+    url = str(info.get("url"))
+    for candidate in (os.environ.get("CTPROXY_STORE"), config_url):
+        if candidate and public_url(candidate) == url:  # the same database, with its password if one is known
+            url = candidate
+            break
+    return reachable(StoreChoice(url, str(info.get("source"))))
 
 
 def websocket_line(run: dict | None) -> str | None:

@@ -30,3 +30,6 @@ class UpOptions:
     quiet: bool = False  # no request log line (issue 17)
     metrics: bool = True  # Prometheus metrics and the dashboard's request feed (proxy/telemetry.py)
     workers: int | str | None = None  # --workers N|auto: proxy.workers for this run (None: as configured)
+    # --store URL|embedded (None: CTPROXY_STORE, else store.url, else embedded). Never handed to a child on its
+    # command line: the launcher gives children the resolved choice as CTPROXY_STORE (proxy/store/choice.py).
+    store: str | None = None

@@ -157,10 +157,13 @@ class UsageCache:
     through another worker, whose usage is committed before that answer ended (proxy/windows/budget.py): `get`
     then also reads the session's row (one indexed SELECT on a connection of its own) and returns the newer."""
 
-    def __init__(self, capacity: int = 10_000, db_path: Path | None = None):
+    def __init__(self, capacity: int = 10_000, db_path: Path | None = None, backend: Any = None):
         self._items: OrderedDict[str, Usage] = OrderedDict()
         self._capacity = capacity
         self._db_path = db_path
+        # A shared store's UsageBackend (PostgreSQL, proxy/store/interface.py): `get` reads the session's row there
+        # (`for_session`, one indexed query), since another instance may have served the session's last answer.
+        self.backend = backend
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
 
@@ -183,6 +186,11 @@ class UsageCache:
 
     def get(self, session_key: str) -> Usage | None:
         mine = self._items.get(session_key)
+        if self.backend is not None:
+            try:
+                return newest(mine, self.backend.for_session(session_key))
+            except Exception:  # the store unreachable (StoreError): what this process knows is the answer
+                return mine
         if self._db_path is None:
             return mine
         return newest(mine, self._stored(session_key))

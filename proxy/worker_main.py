@@ -30,8 +30,7 @@ def _watch_parent(parent: int, loop: asyncio.AbstractEventLoop, stop: asyncio.Ev
 async def run_worker(spec: dict[str, Any]) -> int:
     from proxy import runtime
     from proxy.config import with_run_flags
-    from proxy.launcher import RemoteTools, UpOptions, WorkerRole, _run_proxy, _start_telemetry
-    from proxy.mitm_master import share_listen_port
+    from proxy.launcher import UpOptions
 
     raw = dict(spec["opts"])
     for key in ("state_dir", "config_file", "workspace", "record", "server_replay"):
@@ -42,6 +41,27 @@ async def run_worker(spec: dict[str, Any]) -> int:
     rt = runtime.build(str(state.root), str(opts.config_file) if opts.config_file else None, opts.upstream,
                        opts.trust_upstream, opts.enable, opts.disable)
     with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge, sandbox=opts.sandbox)
+    from proxy.store.choice import open_store, resolve
+    from proxy.store.postgres import StoreError
+
+    try:  # this worker's own store (its own pool): CTPROXY_STORE, as the supervisor chose it
+        choice = resolve(None, rt.config.store.url)
+        store = open_store(choice, state)
+    except StoreError as exc:
+        print(f"ctproxy worker {spec.get('index')}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    rt.use_store(store, choice)
+    try:
+        return await _serve_worker(spec, opts, state, rt)
+    finally:
+        store.close()
+
+
+async def _serve_worker(spec: dict[str, Any], opts: Any, state: StateDir, rt: Any) -> int:
+    from proxy import runtime
+    from proxy.launcher import RemoteTools, WorkerRole, _run_proxy, _start_telemetry
+    from proxy.mitm_master import share_listen_port
+
     share_listen_port()
     telemetry = _start_telemetry(state, rt) if opts.metrics else None
     tools_url = spec.get("tools_url")

@@ -125,7 +125,7 @@ class Supervisor:
 
     def _command(self, w: WorkerProcess) -> list[str]:
         opts = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.opts).items()}
-        opts.update(listen_port=self.port, workers=None,
+        opts.update(listen_port=self.port, workers=None, store=None,  # the store: CTPROXY_STORE (_start)
                     config_file=str(self.snapshot) if self.snapshot is not None else opts["config_file"])
         spec = {"opts": opts, "index": w.index, "tools_url": self.tools.url if self.tools is not None else None,
                 "parent": os.getpid()}
@@ -133,6 +133,11 @@ class Supervisor:
 
     async def _start(self, w: WorkerProcess) -> bool:
         env = {**os.environ, workerid.WORKER_ENV: str(w.index)}
+        choice = self.rt.services.store_choice
+        if choice is not None:  # the store this run chose, by the environment (never on the command line)
+            from proxy.store.choice import ENV
+
+            env[ENV] = choice.env_value()
         # Its own session: a Ctrl-C on the terminal reaches the supervisor, which stops the workers in order.
         w.proc = subprocess.Popen(self._command(w), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env,
                                   start_new_session=True)

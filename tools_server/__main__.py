@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 from pathlib import Path
 
 from proxy.config import config_path_from_env, load_config, with_overrides, with_run_flags
@@ -55,9 +56,21 @@ def main() -> None:
     if args.upstream is not None:  # web_search auto is native on an official or trusted upstream (issue 31)
         config.web_search.for_upstream(args.upstream != "untrusted")
     host, _, port = args.listen.rpartition(":")
-    asyncio.run(serve(config, state, args.workspace, host.strip("[]") or "127.0.0.1", int(port),
-                      parent_pid=args.parent_pid, proxy_telemetry=args.proxy_telemetry,
-                      upstream=args.upstream or "official"))
+    # The state store: CTPROXY_STORE (set by `ctproxy up` to the store it chose), else store.url, else embedded.
+    from proxy.store.choice import open_store, resolve
+    from proxy.store.postgres import StoreError
+
+    try:
+        store = open_store(resolve(None, config.store.url), state)
+    except StoreError as exc:
+        print(f"ctproxy tool server: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    try:
+        asyncio.run(serve(config, state, args.workspace, host.strip("[]") or "127.0.0.1", int(port),
+                          parent_pid=args.parent_pid, proxy_telemetry=args.proxy_telemetry,
+                          upstream=args.upstream or "official", store=store))
+    finally:
+        store.close()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from proxy.config import Config
 from proxy.state import StateDir
+from proxy.store.interface import Store
 from tools_server.app import bind_port, create_app
 from tools_server.registry import Services
 
@@ -33,11 +34,14 @@ async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
 async def serve(config: Config, state: StateDir, workspace: Path | None, host: str, port: int,
                 ready: asyncio.Event | None = None, stop: asyncio.Event | None = None,
                 parent_pid: int | None = None, proxy_telemetry: str | None = None,
-                upstream: str = "official") -> None:
+                upstream: str = "official", store: Store | None = None) -> None:
     """`workspace=None`: no file or shell tool may touch a directory (they say how to set one).
-    `upstream`: official | trusted | untrusted, the proxy's upstream (what the credentialed tools may use)."""
+    `upstream`: official | trusted | untrusted, the proxy's upstream (what the credentialed tools may use).
+    `store`: the state store the notes and context tools use (None: the embedded store of `state`); the caller
+    opened it and closes it."""
     services = Services(config=config, state=state, workspace=workspace.resolve() if workspace else None,
-                        upstream_official=upstream == "official", upstream_trusted=upstream == "trusted")
+                        upstream_official=upstream == "official", upstream_trusted=upstream == "trusted",
+                        store=store)
     app = create_app(services, token=state.token(), listen_host=host, port=port, proxy_telemetry=proxy_telemetry)
     # A REST client that hangs up cancels its call (a shell command it started is stopped, seed 004 §5.6).
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)

@@ -2,6 +2,7 @@
 (interface.py), the embedded store behind it (embedded.py: SQLite in WAL mode plus note files, the default), and
 PostgreSQL (pg.py, over the schema, versioned migrations and `ctproxy store migrate --to URL` of postgres.py).
 
-Behind the interface so far: notes, pending rollovers and usage, both stores. The journal and the compaction
-records still call SQLite directly, so `--store postgresql://…` is not wired yet (ADR 0013, "Order of the rest").
+Behind the interface so far: notes, pending rollovers and usage, both stores, wired by `ctproxy up --store URL`
+(choice.py: `--store` > CTPROXY_STORE > store.url > embedded). The journal and the compaction records still call
+SQLite in each state directory (ADR 0013, "Wiring" and "Order of the rest").
 """

@@ -8,7 +8,7 @@ through their own thread hop, as they reach SQLite today.
 
 Served through it so far: notes, pending rollovers and usage. The journal (tasks, agents, windows, items, branches,
 response-id aliases) and the compaction records are the next parts (ADR 0013, "Order of the rest"); until each
-is behind this interface, `--store` stays unwired.
+is behind this interface, `--store` shares only these parts (ADR 0013, "Wiring").
 
 Errors are the embedded store's, word for word, whichever implementation raises them: `NoteError` for what the
 model got wrong about a note (it sees the message), `NotePathError` for a bad path or task id.

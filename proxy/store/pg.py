@@ -100,6 +100,17 @@ class PgNotes:
             if is_valid_rel(path):  # (a row copied in from files the tools could not address)
                 yield NoteInfo(path, int(size), float(created), float(updated))
 
+    def contents_matching(self, address: str, prefix: str, query: str) -> dict[str, str]:
+        """The contents of the agent's notes under `prefix` that contain `query` (literal, case-sensitive), in one
+        query: `notes_search_contents` reads these instead of one `read` per note (ADR 0013, "Cost on
+        PostgreSQL"). UTF-8 makes a byte substring match exactly a text substring match."""
+        with _connection(self.pool) as conn:
+            rows = conn.execute(
+                "SELECT path, content FROM notes_files WHERE task_id = %s AND agent_hash = %s"
+                " AND starts_with(path, %s) AND position(%s::bytea in content) > 0",
+                (self.task_id, address_hash(address), prefix, encode_note(query))).fetchall()
+        return {path: bytes(content).decode("utf-8", errors="replace") for path, content in rows}
+
     def write(self, address: str, rel: str, text: str) -> WriteResult:
         return self._commit(address, rel, encode_note(text), append=False)
 

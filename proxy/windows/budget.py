@@ -28,10 +28,33 @@ def record(services: Any, db_path: Path, session_key: str, task: str | None, age
     seen = usage.make_usage(session_key, task, agent, model, used, response_id)
     services.usage.put(seen)
     db = dbworker.shared(services, db_path)
-    db.put_latest(("usage", session_key),
-                  lambda conn: usage.record_usage(conn, session_key, task, agent, model, used, response_id,
-                                                  seen.updated_at))
+    shared = _shared_usage(services)
+    if shared is not None:  # PostgreSQL: the store's statement, on the database thread (coalesced as below)
+        db.put_latest(("usage", session_key),
+                      lambda _conn: _guarded(shared.record, session_key, task, agent, model, used, response_id,
+                                             seen.updated_at))
+    else:
+        db.put_latest(("usage", session_key),
+                      lambda conn: usage.record_usage(conn, session_key, task, agent, model, used, response_id,
+                                                      seen.updated_at))
     return db
+
+
+def _guarded(write: Callable[..., None], *args: Any) -> None:
+    """A usage write to the shared store: a record, so a database that is down costs a warning, never the
+    batch of state writes it runs in."""
+    try:
+        write(*args)
+    except Exception as exc:
+        log.warning("context: usage not recorded in the store (%s)", type(exc).__name__)
+
+
+def _shared_usage(services: Any) -> Any:
+    """The store's `UsageBackend` when the process serves from a store other than the embedded one (`--store`),
+    else None: the embedded store's usage is these same statements on the state database, which the database
+    thread runs in its batched transaction (the embedded path stays as fast as it was)."""
+    store = getattr(services, "store", None)
+    return store.usage if store is not None and store.kind != "embedded" else None
 
 
 def record_estimate(services: Any, db_path: Path, session_key: str, task: str | None, agent: str | None,
@@ -39,6 +62,12 @@ def record_estimate(services: Any, db_path: Path, session_key: str, task: str | 
     """Before a session's first answer with usage: an estimate of its request (issue 29 (5)), which
     `get_context_remaining` reports as an estimate until a real figure comes back. Coalesced per session."""
     at = time.time()
+    shared = _shared_usage(services)
+    if shared is not None:
+        dbworker.shared(services, db_path).put_latest(
+            ("usage_estimate", session_key),
+            lambda _conn: _guarded(shared.record_estimate, session_key, task, agent, model, tokens, at))
+        return
     dbworker.shared(services, db_path).put_latest(
         ("usage_estimate", session_key),
         lambda conn: usage.record_estimate(conn, session_key, task, agent, model, tokens, at))

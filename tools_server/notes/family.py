@@ -145,11 +145,19 @@ class NotesFamily:
             lines: list[str] = []
             matched_files = 0
             more = False
+            # PostgreSQL: the matching notes' contents in one query for the agent, not one query per note.
+            bulk = getattr(store, "contents_matching", None)
+            found = bulk(ref.address, ref.rel, args.query) if bulk is not None else None
             for info in files:
-                try:
-                    text = store.read(ref.address, info.rel)
-                except NoteError:
-                    continue  # removed meanwhile
+                if found is not None:
+                    text = found.get(info.rel)
+                    if text is None:
+                        continue  # no match (or removed meanwhile)
+                else:
+                    try:
+                        text = store.read(ref.address, info.rel)
+                    except NoteError:
+                        continue  # removed meanwhile
                 hits = []
                 for n, line in enumerate(split_lines(text), 1):
                     pos = line.find(args.query)
