@@ -411,14 +411,25 @@ def cmd_config(args: argparse.Namespace) -> int:
     path = _config_path(args, state)
     config = load_config(path)
     if args.config_command == "show":
-        print(json.dumps(config.model_dump(mode="json"), indent=2))
+        print(json.dumps(_shown(config).model_dump(mode="json"), indent=2))
     elif args.config_command == "get":
-        print(json.dumps(get_key(config, args.key)))
+        print(json.dumps(get_key(_shown(config), args.key)))
     else:
         config = set_key(config, args.key, args.value)
         save_config(config, path)
-        print(f"{args.key} = {json.dumps(get_key(config, args.key))}  (saved to {path})")
+        print(f"{args.key} = {json.dumps(get_key(_shown(config), args.key))}  (saved to {path})")
     return 0
+
+
+def _shown(config: Config) -> Config:
+    """The configuration as it may be printed: a store URL's password (and query options) left out, as status
+    and the logs do (the file keeps what the user set)."""
+    from proxy.store.choice import public_url
+
+    url = config.store.url
+    if not url or public_url(url) == url:
+        return config
+    return config.model_copy(update={"store": config.store.model_copy(update={"url": public_url(url)})})
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:

@@ -46,3 +46,24 @@ def test_config_store_url_is_validated():
     with pytest.raises(ConfigError, match=r"store\.url"):
         set_key(Config(), "store.url", "http://h/db")
     assert Config().store.url is None
+
+
+def test_config_show_get_and_set_never_print_the_password(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+
+    def ctproxy(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "proxy.cli", "--state-dir", str(tmp_path / "state"), *args],
+                              capture_output=True, text=True, cwd=repo, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    said = ctproxy("config", "set", "store.url", URL)
+    assert "pa55word" not in said and "postgresql://alice@db.example:5433/ctp" in said
+    assert "pa55word" not in ctproxy("config", "show")
+    assert "pa55word" not in ctproxy("config", "get", "store.url")
+    assert "pa55word" not in ctproxy("config", "get", "store")
+    assert "pa55word" in next((tmp_path / "state").rglob("config*.json")).read_text()  # the file keeps it
