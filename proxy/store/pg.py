@@ -26,7 +26,7 @@ import hashlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.context.pending import KINDS, Kind, Pending
 from proxy.journal.addresses import address_hash
@@ -36,6 +36,9 @@ from proxy.store import postgres
 from proxy.store.interface import StoreKind
 from proxy.store.postgres import StoreError
 from proxy.usage import Usage
+
+if TYPE_CHECKING:
+    from proxy.store.pg_journal import PgJournal
 
 _NOW = "extract(epoch from clock_timestamp())"
 _MIGRATE_LOCK = 0x63747078  # "ctpx": held while the schema is brought up to date
@@ -265,6 +268,7 @@ class PostgresStore:
         self.pool = pool
         self._rollovers = PgRollovers(pool)
         self._usage = PgUsage(pool)
+        self._journal: PgJournal | None = None
 
     @classmethod
     def open(cls, url: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 30.0) -> PostgresStore:
@@ -301,6 +305,14 @@ class PostgresStore:
     @property
     def usage(self) -> PgUsage:
         return self._usage
+
+    def journal(self) -> PgJournal:
+        """The journal in this database (proxy/store/pg_journal.py), on the store's pool."""
+        if self._journal is None:
+            from proxy.store.pg_journal import PgJournal
+
+            self._journal = PgJournal(self.pool)
+        return self._journal
 
     def close(self) -> None:
         self.pool.close()
