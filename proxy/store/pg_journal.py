@@ -48,6 +48,7 @@ from proxy.journal.render import render_item
 from proxy.journal.sqlite_backend import window_from_row
 from proxy.journal.store import BatchContext
 from proxy.store.interface import StoreKind
+from proxy.store.pgconn import connection as _connection
 
 
 def _dumps(value: object) -> str:
@@ -57,12 +58,6 @@ def _dumps(value: object) -> str:
 def _session_lock_key(session_key: str) -> int:
     digest = hashlib.sha256(b"journal\x00" + session_key.encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def _connection(pool: Any):
-    from proxy.store.pg import _connection as pooled
-
-    return pooled(pool)
 
 
 def _dict_rows() -> Any:
@@ -96,17 +91,18 @@ def _put_item(conn: Any, ctx: BatchContext, op: PutItem) -> None:
     rendered = render_item(item)
     control, hidden = int(classify.is_control(item)), int(classify.is_hidden_tool(ns, name))
     upstream = item.get("id") if isinstance(item, dict) and isinstance(item.get("id"), str) else None
+    # The item and its raw JSON in one statement (one round trip): the raw row only when the item was new.
     row = conn.execute(
-        "INSERT INTO journal_items(item_id, session_key, parent_id, window_id, origin, type, role,"
+        "WITH ins AS (INSERT INTO journal_items(item_id, session_key, parent_id, window_id, origin, type, role,"
         " tool_namespace, tool_name, call_id, upstream_id, response_id, control, hidden, canon_hash, text,"
         " segments, chars, images, created_at) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
-        " ON CONFLICT (item_id) DO NOTHING RETURNING seq",
+        " ON CONFLICT (item_id) DO NOTHING RETURNING seq)"
+        " INSERT INTO journal_raw(seq, raw) SELECT seq, %s FROM ins RETURNING seq",
         (op.item_id, op.session_key, op.parent_id, op.window_id, op.origin, typ, classify.role_of(item),
          ns, name, call_id, upstream, op.response_id, control, hidden, op.canon, rendered.text,
-         _dumps(rendered.segments), len(rendered.text), len(rendered.images), op.created_at)).fetchone()
+         _dumps(rendered.segments), len(rendered.text), len(rendered.images), op.created_at, op.raw)).fetchone()
     if row is None:
         return
-    conn.execute("INSERT INTO journal_raw(seq, raw) VALUES (%s, %s)", (row[0], op.raw))
     ctx.items += 1
     ctx.placed[op.item_id] = (op.window_id, bool(control or hidden))
 
@@ -306,6 +302,17 @@ class PgHistoryReader(HistoryReader):
             "SELECT session_key FROM journal_sessions WHERE task_id=%s AND address=%s ORDER BY created_at",
             (task_id, address))]
 
+    def current_window(self, task_id: str, address: str) -> str | None:
+        rows = self._all("SELECT window_id FROM journal_windows WHERE task_id=%s AND address=%s"
+                         " ORDER BY created_at DESC, ordinal DESC LIMIT 1", (task_id, address))
+        return rows[0]["window_id"] if rows else None
+
+    def recent_calls(self, keys: list[str], types: tuple[str, ...], limit: int) -> list[tuple[str, bytes]]:
+        return [(r["call_id"], bytes(r["raw"])) for r in self._all(
+            "SELECT i.call_id, x.raw FROM journal_items i JOIN journal_raw x ON x.seq = i.seq"
+            " WHERE i.session_key = ANY(%s) AND i.type = ANY(%s) AND i.call_id IS NOT NULL"
+            " ORDER BY i.seq DESC LIMIT %s", (keys, list(types), int(limit)))]
+
     def list_windows(self, task_id: str, address: str, limit: int, recent_first: bool) -> tuple[list[WindowInfo], int]:
         keys = self.sessions(task_id, address)
         if not keys:
@@ -355,15 +362,22 @@ class PgHistoryReader(HistoryReader):
     def _candidates(self, keys: list[str], query: str, where: str, params: list[Any],
                     recent_first: bool) -> Iterator[Any]:
         # (`where` comes from HistoryReader.search, in SQLite's placeholders)
+        # Pages in journal order, each after the last (keyset): the caller verifies candidates as they come and
+        # stops at its limit, so a frequent literal reads one page, not every match. (A LIMIT lets the planner
+        # weigh the trigram index against walking `seq`; a server-side cursor without one walks `seq`.)
         pattern = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        sql = (f"SELECT {_ITEM_COLS}, i.text, i.segments FROM journal_items i"
-               f" WHERE i.session_key = ANY(%s) AND i.text LIKE %s AND {_ON_BRANCH} AND {where.replace('?', '%s')}"
-               f" ORDER BY i.seq {'DESC' if recent_first else 'ASC'}")
-        with _connection(self.pool) as conn, conn.transaction(), \
-                conn.cursor(name="ctp_search", row_factory=_dict_rows()) as cur:
-            cur.itersize = 64  # verified as they come: a search stops at its limit without reading every match
-            cur.execute(sql, [keys, pattern, *params])
-            yield from cur
+        base = (f"SELECT {_ITEM_COLS}, i.text, i.segments FROM journal_items i"
+                f" WHERE i.session_key = ANY(%s) AND i.text LIKE %s AND {_ON_BRANCH} AND {where.replace('?', '%s')}")
+        order = "DESC" if recent_first else "ASC"
+        after, page = None, 64
+        while True:
+            keyset = "" if after is None else f" AND i.seq {'<' if recent_first else '>'} %s"
+            rows = self._all(f"{base}{keyset} ORDER BY i.seq {order} LIMIT %s",
+                             [keys, pattern, *params, *(() if after is None else (after,)), page])
+            yield from rows
+            if len(rows) < page:
+                return
+            after, page = rows[-1]["seq"], min(page * 4, 4096)
 
 
 class PgJournal:
@@ -393,7 +407,9 @@ class PgJournal:
     def apply(self, ops: Sequence[Op], stamp: str | None = None) -> int:
         ctx = BatchContext(stamp)
         locked = {op.session_key for op in ops if isinstance(op, SetBranch | FileItems | PutWindow)}
-        with _connection(self.pool) as conn, conn.transaction():
+        # Pipeline mode: the statements whose answers nothing reads go out without waiting for them (a turn's
+        # batch is a handful of round trips, not one per statement).
+        with _connection(self.pool) as conn, conn.pipeline(), conn.transaction():
             _lock_sessions(conn, locked)
             for op in ops:
                 _apply_op(conn, ctx, op)
