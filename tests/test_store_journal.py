@@ -192,3 +192,28 @@ def test_two_instances_alternating_turns_make_one_session_in_order(instance):
     assert a.window_of("f:conv").window_id == opened.window_id
     later = a.start_window("f:conv", None, "fallback", {"text": "x"})
     assert later.ordinal == opened.ordinal + 1
+
+
+async def test_the_history_tools_read_the_journal_of_the_tool_servers_store(instance, tmp_path: Path):
+    """A tool server (its own state directory) given the store reads the journal there: what a journal of another
+    instance wrote is searched, listed and read through `history_*` (Services.state_store().journal().history())."""
+    from proxy.config import Config
+    from tools_server.history import create_family
+    from tools_server.registry import CallContext, Services
+
+    j, store = instance()
+    task = j.create_task()
+    history: list[dict] = []
+    _turn(j, "f:tools", task, history, 0, question="where is the needle-42 kept?")
+    _turn(j, "f:tools", task, history, 1)
+    root = tmp_path / "tool_server"
+    services = Services(Config(), StateDir.open(root), root, store=store)
+    tools = {t.name: t for t in create_family(services).tools()}
+    ctx = CallContext(services, task=task)
+    found = await tools["history_search_contents"].call({"query": "needle-42"}, ctx)
+    assert not found.is_error, found.text
+    assert "needle-42" in found.text and "question 1" not in found.text
+    listed = await tools["history_list_items"].call({}, ctx)
+    assert not listed.is_error and "answer 1" in listed.text
+    unknown = await tools["history_search_contents"].call({"query": "needle"}, CallContext(services, task="t_none"))
+    assert unknown.is_error
