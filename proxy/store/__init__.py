@@ -2,6 +2,7 @@
 (interface.py), the embedded store behind it (embedded.py: SQLite in WAL mode plus note files, the default), and
 PostgreSQL (pg.py, over the schema, versioned migrations and `ctproxy store migrate --to URL` of postgres.py).
 
-Behind the interface so far: notes, pending rollovers and usage, both stores. The journal and the compaction
-records still call SQLite directly, so `--store postgresql://…` is not wired yet (ADR 0013, "Order of the rest").
+Behind the interface so far: notes, pending rollovers, usage and the journal (pg_journal.py on PostgreSQL,
+proxy/journal/sqlite_backend.py embedded), both stores. The compaction records still call SQLite directly, so
+`--store postgresql://…` is not wired yet (ADR 0013, "Order of the rest").
 """
