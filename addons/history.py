@@ -42,7 +42,7 @@ def journal(rt: runtime.Runtime) -> Journal | None:
         return None
     j = rt.services.journal
     if j is None:
-        j = rt.services.journal = journal_for(rt.state, rt.config.history.cache_mb << 20)
+        j = rt.services.journal = journal_for(rt.state, rt.config.history.cache_mb << 20, rt.state_store().journal())
     if rt.services.response_aliases is None:
         rt.services.response_aliases = j.aliases
     return j

@@ -173,7 +173,7 @@ async def test_broken_stream_keeps_the_items_that_completed(rt):
         assert j.flush()
         mark = mark_of(flow)
         assert len(j.item_ids_for_session(mark.session_key)) == 2
-        row = j._read.execute("SELECT incomplete, item_count FROM journal_responses").fetchone()
+        row = j.backend._read.execute("SELECT incomplete, item_count FROM journal_responses").fetchone()
         assert tuple(row) == (1, 1)
 
 
@@ -212,7 +212,7 @@ async def test_upstream_error_is_kept_with_the_response(rt):
         await run_response(chain, flow)
         j = rt.services.journal
         assert j.flush()
-        row = j._read.execute("SELECT error, item_count, incomplete FROM journal_responses").fetchone()
+        row = j.backend._read.execute("SELECT error, item_count, incomplete FROM journal_responses").fetchone()
         assert '"code":"context_length_exceeded"' in row[0] and row[1] == 0
         mark = mark_of(flow)
         assert j.item_ids_for_session(mark.session_key) == mark.input_ids  # the input is journaled all the same

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from proxy.journal import Journal
-from proxy.journal import writer as writer_mod
+from proxy.journal import sqlite_backend as backend_mod
 from proxy.journal.canonical import canonical_hash, chain_id, session_root
 from proxy.journal.ops import EnsureTask, PutEvent
 from proxy.journal.writer import JournalWriter
@@ -129,13 +129,13 @@ def test_flush_commits_everything_submitted_before_it_in_order(db: Path):
 
 def test_a_full_queue_waits_then_drops_and_the_writer_recovers(db: Path, monkeypatch):
     release = threading.Event()
-    real = writer_mod.apply_batch
+    real = backend_mod.apply_batch
 
     def stalled(conn, ops, between=None):
         release.wait(10)
         return real(conn, ops, between)
 
-    monkeypatch.setattr(writer_mod, "apply_batch", stalled)
+    monkeypatch.setattr(backend_mod, "apply_batch", stalled)  # the embedded backend's batches (the writer's)
     w = JournalWriter(db, batch_interval=0.01, queue_max=4, full_wait=0.2)
     try:
         w.submit(EnsureTask("first", "session", 0.0))

@@ -246,19 +246,17 @@ def test_takes_racing_from_two_instances_get_a_mark_once(open_store):
 
 # ------------------------------------------------------------------------------------------------ two tool servers
 def _tool_server(root: Path, store: Store, task: str) -> tuple[object, dict]:
-    """One tool server's services, with its own state directory (token, run files, and for now its journal, which
-    is not behind the store interface yet (ADR 0013), so the task is registered in each) and the shared store; its
-    notes and context tools by name."""
+    """One tool server's services, with its own state directory (token, run files) and the shared store, whose
+    journal holds the task (registered idempotently, as the proxy's writer does); its notes and context tools by
+    name."""
     from proxy.config import Config
-    from proxy.db import connect
+    from proxy.journal.ops import EnsureTask
     from tools_server.context import create_family as context_family
     from tools_server.notes import create_family as notes_family
     from tools_server.registry import Services
 
     state = StateDir.open(root)
-    conn = connect(state.db_path)
-    conn.execute("INSERT INTO journal_tasks(task_id, origin, created_at) VALUES (?, 'cli', 0)", (task,))
-    conn.close()
+    store.journal().apply([EnsureTask(task, "cli", 0.0)])
     services = Services(Config(), state, root, store=store)
     families = [notes_family(services), context_family(services)]
     return services, {"families": families, **{t.name: t for f in families for t in f.tools()}}

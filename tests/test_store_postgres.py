@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from proxy.journal import Journal
+from proxy.journal.query import ItemFilter
 from proxy.notes.store import NotesStore
 from proxy.state import StateDir
 from proxy.store import postgres as pgstore
@@ -113,6 +114,44 @@ def test_store_migrate_copies_everything_and_search_works_there(pg, tmp_path):
     assert [t for _, t in pgstore.search_items(url, "0% off_")] == [found[0]]
     assert pgstore.search_items(url, "paris") == []
     assert [t for _, t in pgstore.search_items(url, "\\ back")] == [found[0]]
+
+    # The copied journal is served from PostgreSQL as it was from the embedded store: the session, its branch in
+    # order, its windows and aliases; and it goes on (items and events numbered after the copied ones).
+    from proxy.store.pg import PostgresStore
+
+    before = Journal(state)
+    try:
+        task = before.backend.session("f:conv")[0]
+        ids, windows = before.item_ids_for_session("f:conv"), [w.window_id for w in before.windows("f:conv")]
+        texts = [r.text for r in before.backend.history().list_items(task, "/root", ItemFilter(), 100, False,
+                                                                       1000)[0]]
+    finally:
+        before.close()
+    store = PostgresStore.open(url, max_size=4)
+    served = Journal(StateDir.open(tmp_path / "elsewhere"), backend=store.journal())
+    try:
+        assert served.item_ids_for_session("f:conv") == ids and len(ids) == 4
+        assert [w.window_id for w in served.windows("f:conv")] == windows == ["w1", "w2"]
+        assert served.session_for_response("resp_2") == "f:conv"
+        reader = store.journal().history()
+        assert [r.text for r in reader.list_items(task, "/root", ItemFilter(), 100, False, 1000)[0]] == texts
+        assert [h.row.text for h in reader.search(task, "/root", "sunny", ItemFilter(), 10, False)[0]] == \
+            ["It is sunny in Paris."]
+        st = served.session("f:conv")
+        resent = [*served.raw_items(ids), {"role": "user", "content": "and tomorrow?"}]  # the whole conversation
+        assert len(resent) == 5
+        mark = served.ingest_request(st, {"input": resent})
+        served.ingest_response(mark, [{"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": "Rain."}]}], response_id="resp_3", model="gpt-5", status="completed",
+            usage=None, error=None, incomplete=False)
+        served.record_event("f:conv", "after_copy", {})
+        assert served.flush()
+        assert len(served.item_ids_for_session("f:conv")) == 6
+        assert served.events("f:conv")[-1]["kind"] == "after_copy"
+        assert served.window_of("f:conv").window_id == "w2"
+    finally:
+        served.close()
+        store.close()
 
     # Nothing is merged: a second copy into the same database is refused, and leaves it as it was.
     again = _migrate(state, url)

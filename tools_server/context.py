@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from proxy import usage as usage_store
 from proxy.context import rollover
-from proxy.context.checkpoint import CheckpointTargetError, current_window, mark_checkpoint
+from proxy.context.checkpoint import CheckpointTargetError, mark_checkpoint
 from proxy.db import connect
 from proxy.journal.query import HistoryReader
 from proxy.store.interface import Store
@@ -94,7 +94,7 @@ def budget_of(reader: HistoryReader, task_id: str, address: str, windows: dict[s
     agents = reader.agents(task_id)
     if address not in agents:  # the caller is registered (it was resolved): text and details say the same
         agents = sorted([*agents, address])
-    return Budget(address, agents, current_window(conn, task_id, address), u.model if u else None,
+    return Budget(address, agents, reader.current_window(task_id, address), u.model if u else None,
                   window, used, window_left, hard, left, pending,
                   estimated=estimated and u is not None)
 
@@ -154,7 +154,7 @@ class ContextFamily:
     async def _new_context(self, args: NoArgs, ctx: CallContext) -> ToolResult:
         def run(r: HistoryReader) -> ToolResult:
             task, caller = caller_of(ctx, r)
-            window = current_window(r.conn, task, caller)
+            window = r.current_window(task, caller)
             pending = self.services.state_store().rollovers.mark(task, caller, "new_context", "tool", window)
             return ToolResult(NEW_CONTEXT_OUTPUT, {"pending_rollover": pending.kind, "agent": caller,
                                                    "window_id": window})

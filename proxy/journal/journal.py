@@ -17,19 +17,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import sqlite3
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import orjson
 
 from proxy import memory, workerid
-from proxy.db import connect
-from proxy.journal import migrate
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
 from proxy.journal.answers import ANSWERED_CALL_TYPES
 from proxy.journal.backlog import Pending, PendingRequest, PendingResponse, Prepared, RequestMark
@@ -59,7 +55,10 @@ from proxy.journal.ops import (
     PutWindow,
     SetBranch,
 )
-from proxy.journal.writer import JournalWriter
+from proxy.journal.sqlite_backend import SqliteJournal
+from proxy.journal.sqlite_backend import connect_retrying as connect_retrying  # (re-exported)
+from proxy.journal.sqlite_backend import window_from_row as window_from_row  # (re-exported)
+from proxy.journal.writer import JournalBackendLike, JournalWriter
 from proxy.session import SessionIdentity, record_fingerprint_claim
 from proxy.state import StateDir
 from proxy.transforms.lazyitems import LazyItems, as_list
@@ -105,18 +104,6 @@ class BoundedSet[T]:
             self._items.popitem(last=False)
 
 
-def connect_retrying(path: Path, attempts: int = 40) -> sqlite3.Connection:
-    """`proxy.db.connect`, retried while another connection holds the lock during its WAL switch."""
-    for i in range(attempts):
-        try:
-            return connect(path)
-        except sqlite3.OperationalError:
-            if i == attempts - 1:
-                raise
-            time.sleep(min(0.05 * (i + 1), 0.5))
-    raise AssertionError("unreachable")
-
-
 class AliasView(Mapping[str, str]):
     """response id → session key, for `resolve_session(..., response_aliases)`."""
 
@@ -142,24 +129,27 @@ class AliasView(Mapping[str, str]):
 class Journal:
     def __init__(self, state: StateDir, writer: JournalWriter | None = None,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, shared: bool | None = None,
-                 big_entries: int = BIG_SESSION_ENTRIES, release_after: float = IDLE_RELEASE_SECONDS):
+                 big_entries: int = BIG_SESSION_ENTRIES, release_after: float = IDLE_RELEASE_SECONDS,
+                 backend: JournalBackendLike | None = None):
         self.state = state
+        # Where the journal lives (proxy/store/interface.py's JournalBackend): the process's store's, or the
+        # embedded one of `state` (SQLite, the default).
+        self._owns_backend = backend is None
+        self.backend: JournalBackendLike = backend if backend is not None else SqliteJournal(state.db_path)
         self.big_entries = big_entries
         self.release_after = release_after
         self._release_timer: threading.Timer | None = None
         self.released = 0  # big sessions let go while idle (tests, debugging)
         self.cache_bytes = cache_bytes  # the caches are bounded in bytes too, not only by count (issue 10.3)
-        self._read = connect_retrying(state.db_path)  # first: applies the schema before the writer starts
-        migrate.ensure(self._read)  # an older state directory: its windows and checkpoints, once
+        self.backend.open()  # first: applies the schema (and an older state's migration) before the writer starts
         # `ctproxy up --workers N`: other processes journal the same sessions. Each writer stamps the sessions
         # it changes, and a session cached here is checked against its stamp before a request uses it.
-        self.shared = workerid.shared_sessions() if shared is None else shared
+        # A backend other processes or machines write (PostgreSQL) is always shared.
+        self.shared = (workerid.shared_sessions() or self.backend.shared) if shared is None else shared
         self.writer_id = f"{workerid.index() or 0}:{secrets.token_hex(6)}" if self.shared else None
-        # The stamps are read on the request path: a connection of their own, so that check never waits for
-        # `_lock`, which the writer thread holds while it settles a big request.
-        self._stamps = connect_retrying(state.db_path) if self.shared else None
-        self._stamps_lock = threading.Lock()
-        self.writer = writer or JournalWriter(state.db_path, stamp=self.writer_id)
+        # The stamps are read on the request path (the backend reads them apart from `_lock`, which the writer
+        # thread holds while it settles a big request).
+        self.writer = writer or JournalWriter(self.backend, stamp=self.writer_id)
         self._lock = threading.RLock()  # the sessions' states, the read connection, the backlog's settling
         # The caches of aliases, tails and resends: held for a few dict operations only, so the request path
         # never waits behind the writer thread settling a big request under `_lock` (issue 10.3).
@@ -196,11 +186,9 @@ class Journal:
             timer.cancel()
         self.settle()
         self.writer.close()
-        with self._lock:
-            self._read.close()
-        if self._stamps is not None:
-            with self._stamps_lock:
-                self._stamps.close()
+        if self._owns_backend:
+            with self._lock:
+                self.backend.close()
 
     def _submit(self, ops: Sequence[Op], since: float | None = None) -> None:
         self.writer.submit_many(ops, since)
@@ -210,8 +198,7 @@ class Journal:
         """A fresh task id, registered synchronously (so sub-agents can join at once)."""
         task_id = new_task_id()
         with self._lock:
-            self._read.execute("INSERT INTO journal_tasks(task_id, origin, created_at) VALUES (?,?,?)",
-                               (task_id, "cli", time.time()))
+            self.backend.create_task(task_id, "cli", time.time())
             self._tasks.add(task_id)
         return task_id
 
@@ -219,18 +206,16 @@ class Journal:
         if task_id in self._tasks:
             return True
         with self._lock:
-            row = self._read.execute("SELECT 1 FROM journal_tasks WHERE task_id=?", (task_id,)).fetchone()
-            if row is not None:
+            found = self.backend.task_exists(task_id)
+            if found:
                 self._tasks.add(task_id)
-            return row is not None
+            return found
 
     def agent_exists(self, task_id: str, address: str) -> bool:
         with self._lock:
             if (task_id, address) in self._agents:
                 return True
-            row = self._read.execute("SELECT 1 FROM journal_agents WHERE task_id=? AND address=?",
-                                     (task_id, address)).fetchone()
-            return row is not None
+            return self.backend.agent_exists(task_id, address)
 
     # ------------------------------------------------------------------ sessions
     def resolve(self, identity: SessionIdentity, headers: Mapping[str, str],
@@ -272,11 +257,9 @@ class Journal:
         the database is another writer's), bring the cached state up to date from the database: the longer
         branch where one extends the other (the ids are chained content hashes), else the database's; the
         newer window. True when something changed. The database is the lock, not a process."""
-        if self._stamps is None:
+        if not self.shared:
             return False
-        with self._stamps_lock:
-            row = self._stamps.execute("SELECT writer, n FROM journal_session_stamps WHERE session_key=?",
-                                       (st.key,)).fetchone()
+        row = self.backend.stamp(st.key)
         if row is None or row[0] == self.writer_id or (row[0], row[1]) == st.seen_stamp:
             return False
         with self._lock:
@@ -382,23 +365,17 @@ class Journal:
                 over -= ENTRY_BYTES * len(st.entries)
 
     def _load(self, session_key: str) -> SessionState | None:
-        row = self._read.execute("SELECT task_id, address, source FROM journal_sessions WHERE session_key=?",
-                                 (session_key,)).fetchone()
+        row = self.backend.session(session_key)
         if row is None:
             return None
-        entries = [Entry(r[0], r[1], r[2]) for r in self._read.execute(
-            "SELECT i.item_id, i.canon_hash, i.type FROM journal_branch b JOIN journal_items i"
-            " ON i.item_id = b.item_id WHERE b.session_key=? ORDER BY b.pos", (session_key,))]
-        win = self._read.execute("SELECT * FROM journal_windows WHERE session_key=? ORDER BY ordinal DESC LIMIT 1",
-                                 (session_key,)).fetchone()
-        task_id, address = row["task_id"], row["address"]
+        task_id, address, source = row
+        entries = [Entry(*r) for r in self.backend.branch(session_key)]
+        window = self.backend.latest_window(session_key)
         self._tasks.add(task_id)
         self._agents.add((task_id, address))
-        if win is None:
+        if window is None:
             window = self._new_window(session_key, task_id, address, None, "start", {})
-        else:
-            window = window_from_row(win)
-        return SessionState(session_key, task_id, address, row["source"], entries, window)
+        return SessionState(session_key, task_id, address, source, entries, window)
 
     def _create(self, session_key: str, task_id: str, address: str, source: str | None) -> SessionState:
         now = time.time()
@@ -410,6 +387,19 @@ class Journal:
             ops.append(EnsureAgent(task_id, address, now))
             self._agents.add((task_id, address))
         ops.append(EnsureSession(session_key, task_id, address, source, now))
+        if self.backend.claims_windows:
+            # A store other instances write: the session and its first window are registered now, in one
+            # transaction, so an instance that sees the session sees its window (the database is the lock).
+            ordinal = self._peek_ordinal(task_id, address)
+            w = Window(window_id(ordinal), ordinal, session_key, task_id, address, None, "start", {}, now)
+            claimed = self.backend.create_session(ops, _put_window(w), self.writer_id)
+            if claimed is None:  # another instance registered it first
+                loaded = self._load(session_key)
+                if loaded is not None:
+                    return loaded
+                raise KeyError(f"session {session_key!r} registered elsewhere and not found")
+            self._ordinals[(task_id, address)] = claimed.ordinal
+            return SessionState(session_key, task_id, address, source, [], _window_of(claimed))
         self._submit(ops)
         window = self._new_window(session_key, task_id, address, None, "start", {})
         return SessionState(session_key, task_id, address, source, [], window, registered=self.writer.barrier())
@@ -431,9 +421,7 @@ class Journal:
         """The ordinal the agent's next window gets (under the journal's lock: `_next_ordinal` follows)."""
         key = (task_id, address)
         if key not in self._ordinals or self.shared:  # shared: another process may have opened one since
-            row = self._read.execute("SELECT max(ordinal) FROM journal_windows WHERE task_id=? AND address=?",
-                                     key).fetchone()
-            self._ordinals[key] = max(int(row[0] or 0), self._ordinals.get(key, 0))
+            self._ordinals[key] = max(self.backend.max_ordinal(task_id, address), self._ordinals.get(key, 0))
         return self._ordinals[key] + 1
 
     def _next_ordinal(self, task_id: str, address: str) -> int:
@@ -447,8 +435,13 @@ class Journal:
         ordinal = self._next_ordinal(task_id, address)
         w = Window(window_id(ordinal), ordinal, session_key, task_id, address, boundary, strategy, bootstrap,
                    time.time(), boundary_pos, boundary_hash, reason, opaque)
-        self._submit([PutWindow(task_id, address, w.window_id, ordinal, session_key, boundary, strategy,
-                                bootstrap, w.created_at, boundary_pos, boundary_hash, reason, opaque)])
+        if self.backend.claims_windows:
+            # Opened now: INSERT … ON CONFLICT DO NOTHING on its key, the next ordinal when another instance took
+            # this one (ADR 0013).
+            claimed = self.backend.claim_window(_put_window(w), self.writer_id)
+            self._ordinals[(task_id, address)] = claimed.ordinal
+            return _window_of(claimed)
+        self._submit([_put_window(w)])
         return w
 
     # ------------------------------------------------------------------ windows API
@@ -516,9 +509,7 @@ class Journal:
     def windows(self, session_key: str) -> list[Window]:
         """Committed windows of a session, oldest first (call `flush()` first to include recent ones)."""
         with self._lock:
-            rows = self._read.execute("SELECT * FROM journal_windows WHERE session_key=? ORDER BY ordinal",
-                                      (session_key,)).fetchall()
-        return [window_from_row(r) for r in rows]
+            return self.backend.windows(session_key)
 
     def item_ids_for_session(self, session_key: str) -> list[str]:
         """The current branch, oldest first: the session's item hash chain."""
@@ -546,11 +537,8 @@ class Journal:
         wanted = list(dict.fromkeys(i for i in item_ids if isinstance(i, str) and i))
         if not wanted:
             return []
-        marks = ",".join("?" * len(wanted))
         with self._lock:
-            rows = self._read.execute(
-                "SELECT i.item_id, r.raw FROM journal_items i JOIN journal_raw r ON r.seq = i.seq"
-                f" WHERE i.item_id IN ({marks})", wanted).fetchall()
+            rows = self.backend.raw_items(wanted)
         found = {item_id: orjson.loads(raw) for item_id, raw in rows}
         return [found[i] for i in wanted if isinstance(found.get(i), dict)]
 
@@ -561,12 +549,8 @@ class Journal:
         wanted = [c for c in dict.fromkeys(call_ids) if isinstance(c, str) and c]
         if not wanted:
             return {}
-        marks, types = ",".join("?" * len(wanted)), ",".join("?" * len(ANSWERED_CALL_TYPES))
         with self._lock:
-            rows = self._read.execute(
-                "SELECT i.call_id, r.raw FROM journal_items i JOIN journal_raw r ON r.seq = i.seq"
-                f" WHERE i.session_key=? AND i.call_id IN ({marks}) AND i.type IN ({types}) ORDER BY i.seq",
-                (session_key, *wanted, *ANSWERED_CALL_TYPES)).fetchall()
+            rows = self.backend.call_items(session_key, wanted, ANSWERED_CALL_TYPES)
         found: dict[str, dict[str, Any]] = {}
         for call_id, raw in rows:
             item = orjson.loads(raw)
@@ -584,20 +568,18 @@ class Journal:
         if hit is not None:
             return hit
         with self._lock:
-            row = self._read.execute("SELECT session_key FROM journal_aliases WHERE response_id=?",
-                                     (response_id,)).fetchone()
-            if row is None:
+            found = self.backend.session_for_response(response_id)
+            if found is None:
                 return None
-            self._remember(self._aliases, response_id, row[0], CACHED_ALIASES)
-            return row[0]
+            self._remember(self._aliases, response_id, found, CACHED_ALIASES)
+            return found
 
     def record_event(self, session_key: str, kind: str, detail: dict[str, Any] | None = None) -> None:
         self._submit([PutEvent(session_key, kind, dict(detail or {}), time.time())])
 
     def events(self, session_key: str) -> list[dict[str, Any]]:
         with self._lock:
-            rows = self._read.execute("SELECT kind, detail, created_at FROM journal_events WHERE session_key=?"
-                                      " ORDER BY id", (session_key,)).fetchall()
+            rows = self.backend.events(session_key)
         return [{"kind": r[0], "detail": orjson.loads(r[1]), "created_at": r[2]} for r in rows]
 
     def _remember(self, cache: OrderedDict, key: str, value: Any, cap: int) -> None:
@@ -864,9 +846,7 @@ class Journal:
     def _tail_position(self, st: SessionState, response_id: str) -> int | None:
         tail = self._tails.get(response_id)
         if tail is None:
-            row = self._read.execute("SELECT tail_item_id FROM journal_responses WHERE response_id=?",
-                                     (response_id,)).fetchone()
-            tail = row[0] if row else None
+            tail = self.backend.response_tail(response_id)
         return self._position(st, tail) if tail else None
 
     def _append_answer(self, p: PendingResponse) -> None:
@@ -933,9 +913,11 @@ def _common_prefix(a: Sequence[Entry], b: Sequence[Entry]) -> int:
     return i
 
 
-def window_from_row(row: Any) -> Window:
-    opaque = row["opaque"]
-    return Window(row["window_id"], row["ordinal"], row["session_key"], row["task_id"], row["address"],
-                  row["boundary_item_id"], row["strategy"], orjson.loads(row["bootstrap"]), row["created_at"],
-                  row["boundary_pos"], row["boundary_hash"], row["reason"],
-                  bytes(opaque) if opaque is not None else None)
+def _put_window(w: Window) -> PutWindow:
+    return PutWindow(w.task_id, w.address, w.window_id, w.ordinal, w.session_key, w.boundary_item_id, w.strategy,
+                     w.bootstrap, w.created_at, w.boundary_pos, w.boundary_hash, w.reason, w.opaque)
+
+
+def _window_of(op: PutWindow) -> Window:
+    return Window(op.window_id, op.ordinal, op.session_key, op.task_id, op.address, op.boundary_item_id, op.strategy,
+                  op.bootstrap, op.created_at, op.boundary_pos, op.boundary_hash, op.reason, op.opaque)

@@ -155,6 +155,20 @@ class HistoryReader:
             "SELECT session_key FROM journal_sessions WHERE task_id=? AND address=? ORDER BY created_at",
             (task_id, address))]
 
+    def current_window(self, task_id: str, address: str) -> str | None:
+        """The agent's newest window id, if the journal has one."""
+        row = self.conn.execute("SELECT window_id FROM journal_windows WHERE task_id=? AND address=?"
+                                " ORDER BY created_at DESC, ordinal DESC LIMIT 1", (task_id, address)).fetchone()
+        return row[0] if row else None
+
+    def recent_calls(self, keys: list[str], types: tuple[str, ...], limit: int) -> list[tuple[str, bytes]]:
+        """(call id, raw JSON) of the newest `limit` items of these sessions of these types with a call id."""
+        rows = self.conn.execute(
+            f"SELECT i.call_id, x.raw FROM journal_items i JOIN journal_raw x ON x.seq = i.seq"
+            f" WHERE i.session_key IN ({self._in(keys)}) AND i.type IN ({self._in(list(types))})"
+            f" AND i.call_id IS NOT NULL ORDER BY i.seq DESC LIMIT {int(limit)}", [*keys, *types]).fetchall()
+        return [(r[0], bytes(r[1])) for r in rows]
+
     @staticmethod
     def _in(keys: list[str]) -> str:
         return ",".join("?" * len(keys))

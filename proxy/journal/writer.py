@@ -20,19 +20,17 @@ from __future__ import annotations
 
 import _thread
 import logging
-import sqlite3
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from proxy import memory
-from proxy.db import connect
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
 from proxy.journal.ops import Op
-from proxy.journal.store import apply_batch, index_text
 
 log = logging.getLogger("ctproxy.journal")
 
@@ -42,6 +40,18 @@ QUEUE_MAX = 100_000
 INDEX_ITEMS = 256  # the full-text index takes items in bulk: this many …
 BIG_DRAIN_OPS = 10_000  # after taking this many ops since the last trim, the C heap is trimmed (proxy/memory.py)
 INDEX_DELAY = 2.0  # … or this many seconds after the first one not indexed yet
+
+
+class JournalBackendLike(Protocol):
+    """What the writer needs of the journal's backend (the whole of it: proxy/store/interface.JournalBackend)."""
+
+    indexes_text: bool
+
+    def apply(self, ops: Sequence[Op], stamp: str | None = None) -> int: ...
+
+    def index_text(self) -> int: ...
+
+    def close_writer(self) -> None: ...
 
 
 @dataclass
@@ -66,10 +76,17 @@ class WriterStats:
 
 
 class JournalWriter:
-    def __init__(self, db_path: Path, batch_size: int = BATCH_SIZE, batch_interval: float = BATCH_INTERVAL,
+    def __init__(self, target: Path | JournalBackendLike, batch_size: int = BATCH_SIZE,
+                 batch_interval: float = BATCH_INTERVAL,
                  queue_max: int = QUEUE_MAX, full_wait: float = 5.0, keep_latencies: bool = False,
                  index_items: int = INDEX_ITEMS, index_delay: float = INDEX_DELAY, stamp: str | None = None):
-        self.db_path = db_path
+        if isinstance(target, Path):
+            from proxy.journal.sqlite_backend import SqliteJournal
+
+            target = SqliteJournal(target)
+        # Where the batches go: the process's store's journal (proxy/store/interface.py), each batch one
+        # transaction on the writer thread's own connection.
+        self.backend = target
         self.stamp = stamp  # shared sessions: this writer's id on the sessions it changes (store.BatchContext)
         self.index_items = index_items
         self.index_delay = index_delay
@@ -193,18 +210,6 @@ class JournalWriter:
 
     # ---- the writer thread --------------------------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
-        """Open the writer's connection; another process switching the database to WAL or applying its
-        schema at the same moment can make this fail briefly, so retry rather than let the thread die."""
-        delay = 0.05
-        while True:
-            try:
-                return connect(self.db_path)
-            except sqlite3.OperationalError as exc:
-                log.warning("journal: opening the database failed (%s); retrying", type(exc).__name__)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-
     def _sleep(self) -> None:
         """Until there is something to do: pending work is drained within one interval; with none, sleep
         until rung (then, unless the ring wants it now, gather for one interval) or until the text
@@ -227,14 +232,17 @@ class JournalWriter:
             return None
         return self._unindexed_since + self.index_delay - time.monotonic()
 
-    def _index(self, conn: sqlite3.Connection, force: bool = False) -> None:
+    def _index(self, force: bool = False) -> None:
         """Bring the full-text index up to date once enough items (or old enough ones) wait for it."""
+        if not self.backend.indexes_text:
+            self._unindexed = 0
+            return
         due = self._index_due_in()
         if due is None or not (force or due <= 0 or self._unindexed >= self.index_items):
             return
         for attempt in range(3):
             try:
-                self.stats.indexed += index_text(conn)
+                self.stats.indexed += self.backend.index_text()
                 self.stats.index_runs += 1
                 break
             except Exception as exc:  # search scans what is not indexed: a failure here loses nothing
@@ -243,9 +251,8 @@ class JournalWriter:
         self._unindexed = 0
 
     def _run(self) -> None:
-        conn = self._connect()
         self._unindexed, self._unindexed_since = 1, 0.0  # whatever a crashed process left: index it now
-        self._index(conn, force=True)
+        self._index(force=True)
         try:
             while True:
                 self._sleep()
@@ -254,14 +261,14 @@ class JournalWriter:
                         self._settle()
                     except Exception as exc:  # never let the journal's backlog stop the writer
                         log.error("journal: settling the backlog failed (%s)", type(exc).__name__)
-                stop = self._drain(conn)
-                self._index(conn, force=stop)
+                stop = self._drain()
+                self._index(force=stop)
                 if stop:
                     return
         finally:
-            conn.close()
+            self.backend.close_writer()
 
-    def _drain(self, conn: sqlite3.Connection) -> bool:
+    def _drain(self) -> bool:
         """Commit everything pending, in transactions of at most `batch_size` ops (whole units);
         release markers once what precedes them is committed. True when told to stop."""
         self.stats.drains += 1
@@ -271,7 +278,7 @@ class JournalWriter:
             entry = self._pending.popleft()
             if isinstance(entry, _Marker):
                 if batch:
-                    self._commit(conn, batch, first_at)
+                    self._commit(batch, first_at)
                     batch = []
                 entry.done.set()
                 if entry.stop:
@@ -279,26 +286,25 @@ class JournalWriter:
                 continue
             at, ops = entry
             if batch and len(batch) + len(ops) > self.batch_size:
-                self._commit(conn, batch, first_at)
+                self._commit(batch, first_at)
                 batch = []
             if not batch:
                 first_at = at
             batch.extend(ops)
             self._taken += len(ops)
         if batch:
-            self._commit(conn, batch, first_at)
+            self._commit(batch, first_at)
         if self._taken - self._trim_mark >= BIG_DRAIN_OPS:
             self._trim_mark = self._taken
             memory.note_big_work(memory.BIG_BYTES)  # a big drain's ops are garbage now: hand the pages back
         return False
 
-    def _commit(self, conn: sqlite3.Connection, batch: list[Op], first_at: float) -> None:
+    def _commit(self, batch: list[Op], first_at: float) -> None:
         for attempt in range(3):
             try:
                 # No sleep(0) between ops: every statement releases the GIL while SQLite works, so the
                 # event loop waits at most one op's Python; yielding cost ≈7 µs CPU and a syscall per op.
-                inserted = (apply_batch(conn, batch) if self.stamp is None else
-                            apply_batch(conn, batch, stamp=self.stamp))
+                inserted = self.backend.apply(batch, self.stamp)
                 break
             except Exception as exc:  # a stalled or broken database must not kill the writer
                 log.error("journal batch of %d ops failed (%s), attempt %d", len(batch), type(exc).__name__,

@@ -2,7 +2,8 @@
 (interface.py), the embedded store behind it (embedded.py: SQLite in WAL mode plus note files, the default), and
 PostgreSQL (pg.py, over the schema, versioned migrations and `ctproxy store migrate --to URL` of postgres.py).
 
-Behind the interface so far: notes, pending rollovers and usage, both stores, wired by `ctproxy up --store URL`
-(choice.py: `--store` > CTPROXY_STORE > store.url > embedded). The journal and the compaction records still call
-SQLite in each state directory (ADR 0013, "Wiring" and "Order of the rest").
+Behind the interface: notes, pending rollovers, usage and the journal (pg_journal.py on PostgreSQL,
+proxy/journal/sqlite_backend.py embedded), both stores, wired by `ctproxy up --store URL` (choice.py: `--store` >
+CTPROXY_STORE > store.url > embedded). The compaction records still call SQLite in each state directory (ADR 0013,
+"Wiring" and "Order of the rest").
 """

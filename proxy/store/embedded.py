@@ -18,6 +18,7 @@ from proxy import usage as usage_sql
 from proxy.context import rollover
 from proxy.context.pending import KINDS, Kind, Pending
 from proxy.db import connect
+from proxy.journal.sqlite_backend import SqliteJournal
 from proxy.notes.store import NotesStore
 from proxy.state import StateDir
 from proxy.store.interface import StoreKind
@@ -98,6 +99,8 @@ class EmbeddedStore:
         self._conns = _Connections(state.db_path)
         self._rollovers = EmbeddedRollovers(self._conns)
         self._usage = EmbeddedUsage(self._conns)
+        self._journal: SqliteJournal | None = None
+        self._journal_lock = threading.Lock()
 
     def notes(self, task_id: str) -> NotesStore:
         return NotesStore(self.state.subdir("notes"), task_id)
@@ -110,5 +113,15 @@ class EmbeddedStore:
     def usage(self) -> EmbeddedUsage:
         return self._usage
 
+    def journal(self) -> SqliteJournal:
+        """The journal in the state's database, the statements it has always run (connections opened on use)."""
+        with self._journal_lock:
+            if self._journal is None:
+                self._journal = SqliteJournal(self.state.db_path)
+            return self._journal
+
     def close(self) -> None:
         self._conns.close()
+        with self._journal_lock:
+            if self._journal is not None:
+                self._journal.close()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from proxy.context.pending import KINDS, Kind, Pending
@@ -34,28 +33,13 @@ from proxy.notes.paths import check_rel, check_task_id, is_valid_rel, quoted
 from proxy.notes.store import LOCK_TIMEOUT, NOTE_MAX_BYTES, NoteError, NoteInfo, WriteResult, encode_note
 from proxy.store import postgres
 from proxy.store.interface import StoreKind
+from proxy.store.pg_journal import PgJournal
+from proxy.store.pgconn import connection as _connection
 from proxy.store.postgres import StoreError
 from proxy.usage import Usage
 
 _NOW = "extract(epoch from clock_timestamp())"
 _MIGRATE_LOCK = 0x63747078  # "ctpx": held while the schema is brought up to date
-
-
-@contextmanager
-def _connection(pool: Any) -> Iterator[Any]:
-    """A pooled connection; a database that cannot be reached (gone, restarted, no connection free in time) is a
-    `StoreError` saying so. A lock wait that ran out (`LockNotAvailable`) is left to the caller, which words it."""
-    psycopg = postgres._psycopg()
-    from psycopg_pool import PoolTimeout
-
-    try:
-        with pool.connection() as conn:
-            yield conn
-    except psycopg.errors.LockNotAvailable:
-        raise
-    except (psycopg.OperationalError, PoolTimeout) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise StoreError(f"the PostgreSQL store cannot be used: {first}") from None
 
 
 def _like_prefix(rel: str) -> str:
@@ -276,6 +260,7 @@ class PostgresStore:
         self.pool = pool
         self._rollovers = PgRollovers(pool)
         self._usage = PgUsage(pool)
+        self._journal: PgJournal | None = None
 
     @classmethod
     def open(cls, url: str, *, min_size: int = 1, max_size: int = 8, timeout: float = 30.0) -> PostgresStore:
@@ -312,6 +297,12 @@ class PostgresStore:
     @property
     def usage(self) -> PgUsage:
         return self._usage
+
+    def journal(self) -> PgJournal:
+        """The journal in this database (proxy/store/pg_journal.py), on the store's pool."""
+        if self._journal is None:
+            self._journal = PgJournal(self.pool)
+        return self._journal
 
     def close(self) -> None:
         self.pool.close()

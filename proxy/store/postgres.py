@@ -99,7 +99,17 @@ CREATE INDEX IF NOT EXISTS usage_estimates_by_agent ON usage_estimates(task, age
 CREATE INDEX IF NOT EXISTS usage_by_agent ON usage(task, agent, updated_at);
 """
 
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, V1), (2, V2))
+# 3: the journal served from PostgreSQL (proxy/store/pg_journal.py): items, events and compaction events number
+# themselves from sequences (SQLite's INTEGER PRIMARY KEY did), each started after what a copy put there.
+SEQUENCES: tuple[tuple[str, str], ...] = (("journal_items", "seq"), ("journal_events", "id"),
+                                          ("compaction_events", "id"))
+V3 = "\n".join(
+    f"CREATE SEQUENCE IF NOT EXISTS {table}_{col}_seq OWNED BY {table}.{col};\n"
+    f"ALTER TABLE {table} ALTER COLUMN {col} SET DEFAULT nextval('{table}_{col}_seq');\n"
+    f"SELECT setval('{table}_{col}_seq', coalesce((SELECT max({col}) FROM {table}), 0) + 1, false);"
+    for table, col in SEQUENCES)
+
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, V1), (2, V2), (3, V3))
 
 # The embedded tables copied, in an order that keeps references ahead of what refers to them.
 TABLES: tuple[str, ...] = (
@@ -153,6 +163,12 @@ def migrate(conn: Any) -> list[int]:
                          " DO UPDATE SET version = excluded.version", (SCHEMA_NAME, version))
         done.append(version)
     return done
+
+
+def sync_sequences(conn: Any) -> None:
+    """Start each sequence after the rows already there (a copy brings its own numbers)."""
+    for table, col in SEQUENCES:
+        conn.execute(f"SELECT setval('{table}_{col}_seq', coalesce((SELECT max({col}) FROM {table}), 0) + 1, false)")
 
 
 @dataclass
@@ -231,6 +247,7 @@ def copy_state(state: StateDir, url: str, progress: Callable[[str, int], None] |
                 report.rows[NOTES_TABLE] = n
                 if progress is not None:
                     progress(NOTES_TABLE, n)
+                sync_sequences(conn)
                 for table in TABLES:
                     want = src.execute(f"SELECT count(*) FROM {table}").fetchone()[0] if table in present else 0
                     got = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]

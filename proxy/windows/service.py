@@ -40,7 +40,7 @@ def journal_of(rt: runtime.Runtime, from_history: Journal | None) -> Journal:
         return from_history
     j = rt.services.journal
     if j is None:
-        j = rt.services.journal = journal_for(rt.state, rt.config.history.cache_mb << 20)
+        j = rt.services.journal = journal_for(rt.state, rt.config.history.cache_mb << 20, rt.state_store().journal())
     return j
 
 

@@ -37,15 +37,9 @@ def current_call_id(reader: HistoryReader, task_id: str, address: str, tool: str
     if not keys:
         return None
     want = _without_nulls(arguments)
-    marks = ",".join("?" * len(keys))
-    types = ",".join("?" * len(_CALL_TYPES))
-    rows = reader.conn.execute(
-        f"SELECT i.call_id, x.raw FROM journal_items i JOIN journal_raw x ON x.seq = i.seq"
-        f" WHERE i.session_key IN ({marks}) AND i.type IN ({types}) AND i.call_id IS NOT NULL"
-        f" ORDER BY i.seq DESC LIMIT {_LOOK_BACK}", [*keys, *_CALL_TYPES]).fetchall()
-    for row in rows:
+    for call_id, raw in reader.recent_calls(keys, tuple(_CALL_TYPES), _LOOK_BACK):
         try:
-            item = orjson.loads(bytes(row["raw"]))
+            item = orjson.loads(raw)
         except orjson.JSONDecodeError:
             continue
         if not isinstance(item, dict) or not _names_tool(item.get("name"), tool):
@@ -56,5 +50,5 @@ def current_call_id(reader: HistoryReader, task_id: str, address: str, tool: str
         except orjson.JSONDecodeError:
             continue
         if isinstance(parsed, dict) and _without_nulls(parsed) == want:
-            return row["call_id"]
+            return call_id
     return None

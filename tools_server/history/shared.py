@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from proxy.db import connect
 from proxy.journal.addresses import ROOT, AddressError, resolve_address
 from proxy.journal.query import HistoryReader
 from proxy.notes.paths import quoted
@@ -42,33 +39,20 @@ def clamp(value: int | None, default: int, maximum: int) -> tuple[int, bool]:
 
 
 class Readers:
-    """One read connection per worker thread; queries run off the event loop."""
+    """The history reader of the tool server's store (`Services.state_store().journal().history()`: on the embedded
+    store one connection per worker thread, on PostgreSQL its pool); queries run off the event loop."""
 
     def __init__(self, services: Services):
-        self.db_path = services.state.db_path
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        self.services = services
 
     def _reader(self) -> HistoryReader:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = connect(self.db_path)
-            with self._lock:
-                self._all.append(conn)
-        return HistoryReader(conn)
+        return self.services.state_store().journal().history()
 
     async def run(self, fn: Callable[[HistoryReader], T]) -> T:
         return await asyncio.to_thread(lambda: fn(self._reader()))
 
     def close(self) -> None:
-        with self._lock:
-            for conn in self._all:
-                try:
-                    conn.close()
-                except sqlite3.ProgrammingError:
-                    pass  # created in another thread that is gone; the process exit closes it
-            self._all.clear()
+        """The connections belong to the store, closed with it."""
 
 
 def caller_of(ctx: CallContext, reader: HistoryReader) -> tuple[str, str]:

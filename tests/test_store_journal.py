@@ -1,0 +1,219 @@
+"""The journal behind the store interface (proxy/store/interface.JournalBackend, ADR 0013), on both stores: the
+embedded one (SQLite in the state directory) and PostgreSQL (a real private server, tests/support/postgres.py, a
+fresh database per test).
+
+Two instances: on the embedded store, two `Journal`s on one state directory (two workers of one `ctproxy up`); on
+PostgreSQL, two stores (each its own pool) on one database, each journal with a state directory of its own (two
+`ctproxy up` on two machines). A stateless conversation whose turns alternate between them is one session with
+every item once, in order; a response id recorded through A resolves through B."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from proxy.journal import Journal
+from proxy.journal.model import window_id
+from proxy.journal.ops import EnsureAgent, EnsureSession, EnsureTask, PutWindow
+from proxy.journal.query import ItemFilter
+from proxy.state import StateDir
+from proxy.store.embedded import EmbeddedStore
+from proxy.store.interface import JournalBackend, Store
+from tests.support.postgres import private_server, unavailable
+
+_COUNT = itertools.count()
+# (a journal on one more instance, its store)
+Opener = Callable[..., tuple[Journal, Store]]
+
+
+@pytest.fixture(scope="module")
+def pg():
+    yield from private_server()
+
+
+@pytest.fixture(params=["embedded", "postgresql"])
+def instance(request, tmp_path: Path) -> Iterator[Opener]:
+    """Opens one more instance on the same state: a journal and the store it lives in."""
+    opened: list[tuple[Journal, Store]] = []
+    if request.param == "embedded":
+        state = StateDir.open(tmp_path / "state")
+
+        def opener(shared: bool = False) -> tuple[Journal, Store]:
+            store = EmbeddedStore(state)
+            # (`shared`: two journals on one state directory, the workers of one `ctproxy up --workers 2`)
+            opened.append((Journal(state, backend=store.journal(), shared=shared or None), store))
+            return opened[-1]
+    else:
+        if (why := unavailable()) is not None:
+            pytest.skip(why)
+        from proxy.store.pg import PostgresStore
+
+        url = request.getfixturevalue("pg").fresh_database(f"journal{next(_COUNT)}")
+
+        def opener(shared: bool = False) -> tuple[Journal, Store]:
+            store = PostgresStore.open(url, max_size=4)
+            state = StateDir.open(tmp_path / f"state{len(opened)}")  # each instance its own state directory
+            opened.append((Journal(state, backend=store.journal()), store))
+            return opened[-1]
+    yield opener
+    for journal, store in opened:
+        journal.close()
+        store.close()
+
+
+def _msg(role: str, text: str) -> dict:
+    return {"role": role, "content": text}
+
+
+def _out(text: str, n: int) -> dict:
+    return {"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def _resent(text: str) -> dict:
+    return {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+
+
+def _turn(j: Journal, key: str, task: str, history: list[dict], n: int, question: str | None = None) -> None:
+    st = j.session(key, task, "/root", "fingerprint")
+    history.append(_msg("user", question or f"question {n}"))
+    mark = j.ingest_request(st, {"input": list(history)})
+    j.ingest_response(mark, [_out(f"answer {n}", n)], response_id=f"resp_{n}", model="gpt-5", status="completed",
+                      usage=None, error=None, incomplete=False)
+    history.append(_resent(f"answer {n}"))
+    assert j.flush()
+
+
+def _texts(store: Store, task: str) -> list[str]:
+    rows, more = store.journal().history().list_items(task, "/root", ItemFilter(), 1000, False, 1000)
+    assert not more
+    return [r.text for r in rows]
+
+
+def test_both_stores_hold_the_journal_interface(instance):
+    journal, store = instance()
+    assert isinstance(store.journal(), JournalBackend)
+    assert journal.backend is store.journal()
+    assert journal.backend.kind == store.kind
+
+
+def test_a_sessions_items_in_order_its_windows_aliases_and_events(instance):
+    j, store = instance()
+    task = j.create_task()
+    assert j.task_exists(task) and not j.task_exists("t_nothing")
+    history: list[dict] = []
+    for n in range(3):
+        _turn(j, "f:one", task, history, n)
+    backend = store.journal()
+    assert backend.session("f:one") == (task, "/root", "fingerprint")
+    assert j.agent_exists(task, "/root") and backend.agent_exists(task, "/root")
+    branch = [row[0] for row in backend.branch("f:one")]
+    assert branch == j.item_ids_for_session("f:one") and len(branch) == 6
+    assert _texts(store, task) == [t for n in range(3) for t in (f"question {n}", f"answer {n}")]
+    raw = j.raw_items([branch[1], branch[0], "unknown"])
+    assert [r.get("id") for r in raw] == ["msg_0", None] and raw[1]["content"] == "question 0"
+    # A window opened and the items after its boundary filed in it.
+    opened = j.start_window("f:one", branch[3], "notes", {"note": "checkpoint"})
+    assert j.flush()
+    assert [w.window_id for w in j.windows("f:one")] == [window_id(1), opened.window_id]
+    assert backend.latest_window("f:one").window_id == opened.window_id == window_id(2)
+    windows, total = backend.history().list_windows(task, "/root", 10, False)
+    assert total == 2 and [(w.window_id, w.items, w.current) for w in windows] == [("w1", 4, False), ("w2", 2, True)]
+    # Aliases resolve, events are kept in order.
+    j.alias_response("resp_extra", "f:one")
+    assert j.flush()
+    assert backend.session_for_response("resp_extra") == backend.session_for_response("resp_1") == "f:one"
+    assert backend.session_for_response("resp_nothing") is None
+    assert backend.response_tail("resp_2") == branch[-1]
+    assert [e["kind"] for e in j.events("f:one")][-1] == "window"
+
+
+def test_history_search_finds_a_literal_substring_and_reads_an_item(instance):
+    j, store = instance()
+    task = j.create_task()
+    history: list[dict] = []
+    questions = ["the rate is 50%_off today", "the rate is 50 off today", "RATE in capitals", "nothing here"]
+    for n, q in enumerate(questions):
+        _turn(j, "f:search", task, history, n, question=q)
+    reader = store.journal().history()
+    hits, more = reader.search(task, "/root", "50%_off", ItemFilter(), 10, False)
+    assert not more and [h.row.text for h in hits] == [questions[0]]  # the wildcards are literal
+    hits, _ = reader.search(task, "/root", "rate", ItemFilter(), 10, False)
+    assert [h.row.text for h in hits] == questions[:2]  # case-sensitive: not "RATE"
+    hits, more = reader.search(task, "/root", "answer", ItemFilter(), 2, True)
+    assert more and [h.row.text for h in hits] == ["answer 3", "answer 2"]  # newest first, stopped at the limit
+    assert reader.search(task, "/root", "absent words", ItemFilter(), 10, False) == ([], False)
+    item = reader.get_item(task, "/root", hits[0].row.item_id)
+    assert item is not None and item[0].text == "answer 3" and item[2] and b"msg_3" in item[1]
+    assert reader.agents(task) == ["/root"] and reader.sessions(task, "/root") == ["f:search"]
+
+
+def test_a_window_claimed_on_a_taken_ordinal_takes_the_next(instance):
+    _, store = instance()
+    backend = store.journal()
+    ops = [EnsureTask("t1", "session", 1.0), EnsureAgent("t1", "/root", 1.0),
+           EnsureSession("s1", "t1", "/root", None, 1.0)]
+    first = backend.create_session(ops, PutWindow("t1", "/root", "w1", 1, "s1", None, "start", {}, 1.0), "A")
+    assert first is not None and first.window_id == "w1"
+    assert backend.create_session(ops, PutWindow("t1", "/root", "w1", 1, "s1", None, "start", {}, 1.0), "B") is None
+    second = backend.claim_window(PutWindow("t1", "/root", "w1", 1, "s1", None, "notes", {"n": 1}, 2.0), "B")
+    assert (second.ordinal, second.window_id) == (2, "w2")
+    assert [(w.window_id, w.strategy) for w in backend.windows("s1")] == [("w1", "start"), ("w2", "notes")]
+    assert backend.stamp("s1") == ("B", 2)
+
+
+def test_two_instances_alternating_turns_make_one_session_in_order(instance):
+    """The key property of a shared store: turns of one stateless conversation land on A, B, A, … and the
+    journal holds one session with each item once, in order; a response id recorded through A resolves through B."""
+    (a, store_a), (b, store_b) = instance(shared=True), instance(shared=True)
+    task = a.create_task()
+    history: list[dict] = []
+    for n in range(8):
+        _turn(a if n % 2 == 0 else b, "f:conv", task, history, n)
+    expected = [t for n in range(8) for t in (f"question {n}", f"answer {n}")]
+    assert _texts(store_a, task) == _texts(store_b, task) == expected
+    assert store_b.journal().history().sessions(task, "/root") == ["f:conv"]
+    assert len(store_a.journal().branch("f:conv")) == 16
+    assert [w.window_id for w in b.windows("f:conv")] == ["w1"]  # one session, one window: nobody opened a second
+    assert "resp_0" not in b._aliases  # recorded through A only
+    assert b.session_for_response("resp_0") == "f:conv"
+    assert a.session_for_response("resp_7") == "f:conv"
+    # Each journal's cached state catches up with what the other wrote.
+    assert len(a.session("f:conv").entries) in (14, 16)
+    a.refresh(a.session("f:conv"))
+    assert len(a.session("f:conv").entries) == len(b.session("f:conv").entries) == 16
+    # A window opened through B is seen by A's next turn, and A numbers its own after it.
+    opened = b.start_window("f:conv", None, "notes", {"note": "checkpoint"})
+    assert b.flush()
+    _turn(a, "f:conv", task, history, 8)
+    assert a.window_of("f:conv").window_id == opened.window_id
+    later = a.start_window("f:conv", None, "fallback", {"text": "x"})
+    assert later.ordinal == opened.ordinal + 1
+
+
+async def test_the_history_tools_read_the_journal_of_the_tool_servers_store(instance, tmp_path: Path):
+    """A tool server (its own state directory) given the store reads the journal there: what a journal of another
+    instance wrote is searched, listed and read through `history_*` (Services.state_store().journal().history())."""
+    from proxy.config import Config
+    from tools_server.history import create_family
+    from tools_server.registry import CallContext, Services
+
+    j, store = instance()
+    task = j.create_task()
+    history: list[dict] = []
+    _turn(j, "f:tools", task, history, 0, question="where is the needle-42 kept?")
+    _turn(j, "f:tools", task, history, 1)
+    root = tmp_path / "tool_server"
+    services = Services(Config(), StateDir.open(root), root, store=store)
+    tools = {t.name: t for t in create_family(services).tools()}
+    ctx = CallContext(services, task=task)
+    found = await tools["history_search_contents"].call({"query": "needle-42"}, ctx)
+    assert not found.is_error, found.text
+    assert "needle-42" in found.text and "question 1" not in found.text
+    listed = await tools["history_list_items"].call({}, ctx)
+    assert not listed.is_error and "answer 1" in listed.text
+    unknown = await tools["history_search_contents"].call({"query": "needle"}, CallContext(services, task="t_none"))
+    assert unknown.is_error
