@@ -8,6 +8,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from proxy import __version__
 from proxy.config import (
@@ -25,6 +26,9 @@ from proxy.config import (
 from proxy.errors import CtproxyError
 from proxy.sandbox import MODES as SANDBOX_MODES
 from proxy.state import StateDir, StateDirBusy
+
+if TYPE_CHECKING:
+    from proxy.store.choice import StoreChoice
 
 EPILOG = """\
 Quick start:
@@ -170,7 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("task", help="task helpers")
     _common(t)
     tsub = t.add_subparsers(dest="task_command", metavar="ACTION", required=True)
-    _common(tsub.add_parser("new", help="print a fresh task id to hand to sub-agents (x-ctp-task)"))
+    tnew = tsub.add_parser("new", help="print a fresh task id to hand to sub-agents (x-ctp-task)")
+    _common(tnew)
+    tnew.add_argument("--store", metavar="URL", default=None,
+                      help="register it in this store (postgresql://USER@HOST:PORT/DB or embedded); default: "
+                           "CTPROXY_STORE, store.url, else the store of the proxy running on this state directory")
     sp = sub.add_parser("store", help="the state store: copy an embedded state into PostgreSQL")
     _common(sp)
     ssub = sp.add_subparsers(dest="store_command", metavar="ACTION", required=True)
@@ -518,10 +526,46 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def cmd_task(args: argparse.Namespace) -> int:
-    from proxy.journal.cli_views import new_task
+    from proxy.store.postgres import StoreError
 
-    print(new_task(_state(args)))
+    try:
+        print(_new_task(args, _state(args)))
+    except StoreError as exc:
+        print(f"ctproxy {args.command}: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _new_task(args: argparse.Namespace, state: StateDir) -> str:
+    """A fresh task id, registered in the store the proxies serve from (`_cli_store`); StoreError when it cannot be
+    reached."""
+    from proxy.journal.cli_views import new_task
+    from proxy.store.choice import open_store
+
+    choice = _cli_store(args, state)
+    if choice.url is None:
+        return new_task(state)
+    store = open_store(choice, state)
+    try:
+        return new_task(state, store.journal())
+    finally:
+        store.close()
+
+
+def _cli_store(args: argparse.Namespace, state: StateDir) -> StoreChoice:
+    """The store a CLI command reaches: `--store`, CTPROXY_STORE or `store.url` as `ctproxy up` chooses, else the
+    one the proxy running on this state directory serves from (run.json names it without a password, which then
+    comes from PGPASSWORD or ~/.pgpass), else the embedded store."""
+    from proxy.status import read_run_file
+    from proxy.store.choice import StoreChoice, resolve
+
+    choice = resolve(getattr(args, "store", None), load_config(_config_path(args, state)).store.url)
+    if choice.source != "default":
+        return choice
+    running = (read_run_file(state) or {}).get("store") or {}
+    if running.get("kind") == "postgresql" and running.get("url"):
+        return StoreChoice(running["url"], "the running proxy")
+    return choice
 
 
 def cmd_store(args: argparse.Namespace) -> int:
@@ -746,7 +790,6 @@ def _client_addresses(args: argparse.Namespace, state: StateDir, client: str,
 
 def cmd_codex_config(args: argparse.Namespace) -> int:
     from proxy.files import atomic_write_text
-    from proxy.journal.cli_views import new_task
 
     state = _state(args)
     proxy, tools, notes = _client_addresses(args, state, "Codex", want_tools=not args.no_mcp)
@@ -754,7 +797,7 @@ def cmd_codex_config(args: argparse.Namespace) -> int:
         print(f"ctproxy codex-config: --agent must be an address such as /root, got {args.agent!r}",
               file=sys.stderr)
         return 2
-    task = args.task or new_task(state)
+    task = args.task or _new_task(args, state)
     entries = codex_entries(proxy=proxy, tools=tools, token=None if args.token_env else state.token(),
                             token_env=args.token_env, task=task, agent=args.agent, env_key=args.env_key,
                             chatgpt=args.chatgpt, web_search=args.web_search)
@@ -786,7 +829,6 @@ def cmd_codex_config(args: argparse.Namespace) -> int:
 
 def cmd_pi_config(args: argparse.Namespace) -> int:
     from proxy.files import atomic_write_text
-    from proxy.journal.cli_views import new_task
     from proxy.piconfig import PI_NAME, PiMergeError, merge_pi_models, pi_provider
 
     state = _state(args)
@@ -799,7 +841,7 @@ def cmd_pi_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"ctproxy pi-config: {exc}", file=sys.stderr)
         return 2
-    task = args.task or new_task(state)
+    task = args.task or _new_task(args, state)
     provider = pi_provider(proxy=proxy, task=task, agent=args.agent, env_key=args.env_key,
                            models=args.model or ["gpt-5"], windows=windows, web_search=args.web_search)
     for note in notes:
@@ -842,6 +884,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"ctproxy: {exc}", file=sys.stderr)
         return 2
+    except CtproxyError as exc:  # e.g. a store that cannot be reached: what to do, not a traceback
+        print(f"ctproxy {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -67,3 +67,20 @@ def test_config_show_get_and_set_never_print_the_password(tmp_path):
     assert "pa55word" not in ctproxy("config", "get", "store.url")
     assert "pa55word" not in ctproxy("config", "get", "store")
     assert "pa55word" in next((tmp_path / "state").rglob("config*.json")).read_text()  # the file keeps it
+
+
+def test_task_new_on_a_store_that_cannot_be_reached_says_what_to_do(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "proxy.cli", "task", "new", "--state-dir", str(tmp_path),
+                               "--store", f"postgresql://u:pa55word@127.0.0.1:{port}/db"],
+                              capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert done.returncode == 1 and done.stdout == ""
+    assert "cannot be reached" in done.stderr and "--store embedded" in done.stderr
+    assert "pa55word" not in done.stderr and "Traceback" not in done.stderr

@@ -5,8 +5,8 @@ the real CLI, proxies and tool servers, against the Responses emulator (ADR 0013
 - `new_context` marked through A rolls over B's next request for the agent (B forwards the new window's bootstrap;
   B runs `--workers 2`, each worker on its own store);
 - `kill -9` of A loses nothing A committed (its note is read through B), and B goes on serving;
-- a stateless conversation whose turns alternate between A and B is one session (needs the journal behind the
-  store: xfail, strict, until it is);
+- a stateless conversation whose turns alternate between A and B is one session (the journal is the store's);
+- `ctproxy task new` on A's state directory registers the task in the store, so B knows it too;
 - an unreachable store stops `ctproxy up` with what to do, nothing left running; the password of a URL is never
   shown (log, run.json, status); `ctproxy status` names the store and says whether it is reachable.
 
@@ -88,7 +88,7 @@ class Instance:
             return await client.responses.create(model="gpt-4.1", store=False, input=items, **kwargs)
 
     async def knows_task(self) -> None:
-        """Until the journal is behind the store, a tool server knows a task once its own proxy journaled it."""
+        """The tool server answers for the task (it checks the task against the store's journal)."""
         body: dict[str, Any] = {}
         for _ in range(200):
             status, body = await self.tool("notes_list_files_by_prefix", {}, ok=False)
@@ -106,23 +106,8 @@ async def two_instances(proxy_factory: Any, emulator: Any, tmp_path: Path, url: 
     return a, b
 
 
-def register_task(state_dir: Path, task: str) -> None:
-    """The task id `ctproxy task new` gave through A, registered in B's own journal too, as `task new` does: tasks
-    are the journal's, which is not behind the store yet (each instance checks x-ctp-task against its own). Once
-    the journal is in the shared database this row is simply not consulted."""
-    from proxy.db import connect
-    from proxy.state import StateDir
-
-    conn = connect(StateDir.open(state_dir).db_path)
-    try:
-        conn.execute("INSERT OR IGNORE INTO journal_tasks(task_id, origin, created_at) VALUES (?, 'cli', 0)", (task,))
-    finally:
-        conn.close()
-
-
 async def joined(a: ProxyProcess, b: ProxyProcess, emulator: Any, task: str) -> tuple[Instance, Instance]:
     """The task, known to both instances and joined through both proxies (one hello each)."""
-    register_task(b.state_dir, task)
     ia, ib = Instance(a, task), Instance(b, task)
     emulator.script(Text("hello A"), Text("hello B"))
     await ia.create([{"role": "user", "content": "hello through A"}])
@@ -212,7 +197,6 @@ async def test_kill_9_of_a_loses_nothing_committed_and_b_serves_on(emulator, pro
     assert "written through A before the kill" in again["text"] and "and B writes on" in again["text"]
 
 
-@pytest.mark.xfail(strict=True, reason="the journal is not behind the store yet")
 async def test_a_stateless_conversation_alternating_between_a_and_b_is_one_session(emulator, proxy_factory,
                                                                                    tmp_path: Path, db_url: str):
     a, b = await two_instances(proxy_factory, emulator, tmp_path, db_url)

@@ -8,18 +8,24 @@ from collections import Counter, defaultdict
 from proxy.db import connect
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
 from proxy.journal.identity import new_task_id
+from proxy.journal.ops import EnsureTask
 from proxy.state import StateDir
+from proxy.store.interface import JournalBackend
 
 
 def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
-def new_task(state: StateDir) -> str:
-    """Register a fresh task id (to hand to the agents of one job as x-ctp-task) and return it."""
+def new_task(state: StateDir, journal: JournalBackend | None = None) -> str:
+    """Register a fresh task id (to hand to the agents of one job as x-ctp-task) and return it: in `journal`, the
+    store's (every proxy on that store checks x-ctp-task against it), else in the state directory's own."""
+    task_id = new_task_id()
+    if journal is not None:
+        journal.apply([EnsureTask(task_id, "cli", time.time())])
+        return task_id
     conn = connect(state.db_path)
     try:
-        task_id = new_task_id()
         conn.execute("INSERT INTO journal_tasks(task_id, origin, created_at) VALUES (?,?,?)",
                      (task_id, "cli", time.time()))
         return task_id
