@@ -3,8 +3,8 @@ the stage that reads it (`addons/_flow.py` `window_request`), the way `WindowDep
 
 It carries what the roads of the context stage (proxy/windows/roads.py) read of a request: its body, the chain's
 per-flow state, the session, the route and the credential verdict, the headers. The roads write only the body
-(`body.replace`) and the context stage's own fields of the state (`window`, `context_rollover`, and
-`journal_mark` after the checkpoint turn journaled its write); the stage then writes the body back."""
+(`body.replace`) and the context stage's own fields of the state (`window`, a decision derived from compaction's,
+`context_rollover`, `checkpoint_mark`); the stage then writes the body back."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ class WindowRequest:
         if self.ident is None:
             return None
         st = self.state
-        return journal_link.window_session(service.journal_of(self.rt, st.journal), st.journal_mark, self.ident,
+        return journal_link.window_session(service.journal_of(self.rt, st.journal), st.request_mark, self.ident,
                                            lambda: {**self.headers, **st.identity_headers}, payload)
 
     def built(self, payload: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from proxy.toolclient import ToolClient
 from proxy.transforms.items import input_items
 from proxy.windows import budget, checkpoint, hard_trigger, notes_window, opening, projection
 from proxy.windows import rollover_choice as choice
+from proxy.windows.decision import WindowDecision
 from proxy.windows.projection import project_decision
 from proxy.windows.request import WindowRequest
 
@@ -108,7 +109,7 @@ class ContextRoads:
         pending = await self._take(ws, choice.ROLLOVER_KINDS)
         out = None
         if pending is not None:
-            out = await notes_window.stateful_rollover(self.rt.state_store(), ws, r.state.journal_mark, r.body.value,
+            out = await notes_window.stateful_rollover(self.rt.state_store(), ws, r.state.request_mark, r.body.value,
                                                        self.rt.config.bridge.families, pending.kind)
         if out is None:
             self.project(r, None, None)
@@ -154,7 +155,7 @@ class ContextRoads:
             outcome, executed = await self._checkpoint_turn(r, ws, payload)
             mark = checkpoint.journal_turn(r.state.journal, ws, input_items(payload), executed)
             if mark is not None:  # the request's mark taken again with the turn's write (its answer follows it)
-                r.state.journal_mark = mark
+                r.state.checkpoint_mark = mark  # (history's own journal_mark is history's to write)
             journal_link.record_event(ws, "checkpoint_turn", {"outcome": outcome, "reason": kind})
             debuglog.event("context", outcome="checkpoint_turn", result=outcome, reason=kind)
             then = choice.after_turn(kind, outcome)
@@ -166,7 +167,7 @@ class ContextRoads:
                 if await self._compact(r, ws, kind, remote=True) != "none":
                     return
                 kind = f"{kind}_failed"  # nothing to compact: a notes window all the same
-        opened = notes_window.roll_over(self.rt.state_store(), ws, r.state.journal_mark, r.body.value,
+        opened = notes_window.roll_over(self.rt.state_store(), ws, r.state.request_mark, r.body.value,
                                         self.rt.config.bridge.families, kind) if kind is not None else None
         self.project(r, ws, opened)
 
@@ -188,7 +189,8 @@ class ContextRoads:
         return ckturn.WRITE_TOOL in reachable and self.tools() is not None
 
     def _hard(self, r: WindowRequest, ws: WS, payload: dict[str, Any]) -> bool:
-        used = self._usage_ratio(r, ws, payload, self.rt.config.context.hard_ratio)
+        """The one rule with compaction: this request's estimate (the decision's), not the last usage alone."""
+        used = self._usage_ratio(r, ws, payload, self.rt.config.context.hard_ratio, r.state.window)
         return hard_trigger.hard_due(used, ws.journal.window_of(ws.key), input_items(payload) or [])
 
     async def _checkpoint_turn(self, r: WindowRequest, ws: WS,
@@ -260,14 +262,15 @@ class ContextRoads:
         source = r.body.source_bytes if out is r.body.view else None
         budget.first_estimate(rt.services, rt.state.db_path, key, ws.task_id, ws.address, r.state.window, out, source)
 
-    def _usage_ratio(self, r: WindowRequest, ws: WS, payload: dict[str, Any], ratio: float) -> tuple[int, int] | None:
+    def _usage_ratio(self, r: WindowRequest, ws: WS, payload: dict[str, Any], ratio: float,
+                     decided: WindowDecision | None = None) -> tuple[int, int] | None:
         rt = self.rt
         key = r.session_key
         u = rt.services.usage.get(key) if key is not None else None
         if u is None:
             return None
         return hard_trigger.usage_ratio(u, payload.get("model"), rt.config.model_windows, ratio,
-                                        lambda: ws.journal.window_of(ws.key))
+                                        lambda: ws.journal.window_of(ws.key), decided)
 
     def _report(self, ws: WS, w: Window) -> None:
         """The agent's items no longer start with what the window covers: said once per window."""
