@@ -102,12 +102,23 @@ class ContextRoads:
         return None
 
     async def _stateful_rollover(self, r: WindowRequest, ws: WS) -> None:
-        """A pending `new_context` for a client that chains by `previous_response_id`: the id is dropped and
-        the request goes up as the new window's bootstrap plus the agent's new messages (its outputs for the
+        """A pending rollover for a client that chains by `previous_response_id`: the id is dropped and the
+        request goes up as the new window's bootstrap plus the agent's new messages (its outputs for the
         previous answer's calls close the old window). The answer's id then chains in the new window: the
-        upstream stored that input, so the agent's next `previous_response_id` continues there."""
-        pending = await self._take(ws, choice.ROLLOVER_KINDS)
+        upstream stored that input, so the agent's next `previous_response_id` continues there. A manual
+        checkpoint under strategy `notes` runs the checkpoint turn first, on the upstream's chain (the id kept:
+        the upstream holds the window); an unsaved one keeps the window (seed 000). Under `remote` / `fallback`
+        it rolls over at once: the request holds no items to compact."""
+        strategy = self.rt.config.context.strategy
+        pending = await self._take(ws, choice.pending_kinds(strategy, self.tools() is not None))
         out = None
+        if pending is not None and pending.kind == "checkpoint" and strategy == "notes":
+            payload = r.built(r.payload)
+            outcome, executed = await self._checkpoint_turn(r, ws, payload, chained=True)
+            self._journal_turn(r, ws, payload, executed, outcome, "checkpoint")
+            if choice.after_turn("checkpoint", outcome) == "keep":
+                journal_link.record_event(ws, "manual_checkpoint", {"outcome": "kept_window", "reason": outcome})
+                pending = None
         if pending is not None:
             out = await notes_window.stateful_rollover(self.rt.state_store(), ws, r.state.request_mark, r.body.value,
                                                        self.rt.config.bridge.families, pending.kind)
@@ -153,11 +164,7 @@ class ContextRoads:
         if kind is not None and choice.runs_turn(kind):
             payload = r.built(payload)
             outcome, executed = await self._checkpoint_turn(r, ws, payload)
-            mark = checkpoint.journal_turn(r.state.journal, ws, input_items(payload), executed)
-            if mark is not None:  # the request's mark taken again with the turn's write (its answer follows it)
-                r.state.checkpoint_mark = mark  # (history's own journal_mark is history's to write)
-            journal_link.record_event(ws, "checkpoint_turn", {"outcome": outcome, "reason": kind})
-            debuglog.event("context", outcome="checkpoint_turn", result=outcome, reason=kind)
+            self._journal_turn(r, ws, payload, executed, outcome, kind)
             then = choice.after_turn(kind, outcome)
             if then == "keep":  # seed 000: an unsaved manual checkpoint keeps the current window
                 journal_link.record_event(ws, "manual_checkpoint", {"outcome": "kept_window", "reason": outcome})
@@ -193,21 +200,32 @@ class ContextRoads:
         used = self._usage_ratio(r, ws, payload, self.rt.config.context.hard_ratio, r.state.window)
         return hard_trigger.hard_due(used, ws.journal.window_of(ws.key), input_items(payload) or [])
 
-    async def _checkpoint_turn(self, r: WindowRequest, ws: WS,
-                               payload: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
-        """The checkpoint turn (proxy/windows/checkpoint.py) for this request, in its current window."""
+    async def _checkpoint_turn(self, r: WindowRequest, ws: WS, payload: dict[str, Any],
+                               chained: bool = False) -> tuple[str, list[dict[str, Any]]]:
+        """The checkpoint turn (proxy/windows/checkpoint.py) for this request, in its current window (`chained`:
+        the upstream's chain, by the request's own `previous_response_id`)."""
         rt = self.rt
         client = self.tools()
         if client is None:
             return "no_tool_server", []
 
         def forwarded() -> dict[str, Any]:  # the request as it would go up now, in its current window
+            if chained:
+                return payload
             return decorate(payload, self._forward_of(r, ws, payload, None), ws, rt.config.bridge.families,
                             rt.config.context.id_projection, None)
 
         outcome, executed, self._spec = await checkpoint.run_for_request(r.deps(ws.journal, client), rt.config,
                                                                          r.request, ws, forwarded, self._spec)
         return outcome, executed
+
+    def _journal_turn(self, r: WindowRequest, ws: WS, payload: dict[str, Any], executed: list[dict[str, Any]],
+                      outcome: str, kind: str) -> None:
+        mark = checkpoint.journal_turn(r.state.journal, ws, input_items(payload), executed)
+        if mark is not None:  # the request's mark taken again with the turn's write (its answer follows it)
+            r.state.checkpoint_mark = mark  # (history's own journal_mark is history's to write)
+        journal_link.record_event(ws, "checkpoint_turn", {"outcome": outcome, "reason": kind})
+        debuglog.event("context", outcome="checkpoint_turn", result=outcome, reason=kind)
 
     # ------------------------------------------------------------------ a bridged new_context mid-turn
     def _offer_midturn(self, r: WindowRequest, ws: WS, payload: dict[str, Any], stateful: bool = False) -> None:
