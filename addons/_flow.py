@@ -9,11 +9,12 @@ from typing import Any
 from mitmproxy import http
 from mitmproxy.proxy.mode_specs import ReverseMode
 
-from proxy import routes
+from proxy import routes, runtime
 from proxy.flowbody import responses_body
 from proxy.flowstate import state_of
 from proxy.session import AGENT_HEADER, TASK_HEADER, SessionIdentity, resolve_session
 from proxy.upstream.relay import Offer, offer_of
+from proxy.windows.request import WindowRequest
 
 
 def is_reverse(flow: http.HTTPFlow) -> bool:
@@ -26,6 +27,30 @@ def destination_route(flow: http.HTTPFlow, trusted: bool) -> routes.Route:
     kind = routes.kind_of_path(req.path)
     official = routes.is_official_destination(req.scheme, req.host, req.port, req.path) is not None
     return routes.Route(kind=kind, official=official, trusted=trusted and not official)
+
+
+def route_of(flow: http.HTTPFlow, trusted: bool) -> routes.Route:
+    """The request's route: the routing stage's, or (an addon loaded alone) its current destination's."""
+    route = state_of(flow).route
+    return route if isinstance(route, routes.Route) else destination_route(flow, trusted)
+
+
+def credentials_allowed(flow: http.HTTPFlow, route: routes.Route) -> bool:
+    """The guard's rule (the one in proxy/routes.py) for a call to the request's own destination with its own
+    credentials (a compaction, a checkpoint turn): a key of the wrong kind for that endpoint is refused as there."""
+    req = flow.request
+    return routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
+                                          header_pairs(flow))
+
+
+def window_request(flow: http.HTTPFlow, rt: runtime.Runtime) -> WindowRequest | None:
+    """The request side of the window service (proxy/windows/request.py), built once per request; None when the
+    body is not a Responses request."""
+    body = responses_body(flow)
+    if body is None:
+        return None
+    return WindowRequest(rt, flow.request, body, state_of(flow), session_of(flow, rt.services.response_aliases),
+                         route_of(flow, rt.upstream.trusted), is_reverse(flow), header_map(flow), header_pairs(flow))
 
 
 def header_pairs(flow: http.HTTPFlow) -> tuple[tuple[str, str], ...]:

@@ -27,9 +27,9 @@ from typing import Any
 
 from mitmproxy import http
 
-from addons._flow import destination_route, header_map, header_pairs, is_reverse, session_of
+from addons._flow import credentials_allowed, header_map, route_of, session_of
 from addons._stage import Stage
-from proxy import dbworker, debuglog, routes, runtime, usage
+from proxy import dbworker, debuglog, runtime, usage
 from proxy.compaction import journal_link, store
 from proxy.compaction.decision import (
     HOLD_FRACTION,
@@ -47,21 +47,6 @@ from proxy.transforms.items import client_compacts, input_items
 from proxy.windows import budget, compacting, recovery, service, sizing
 
 log = logging.getLogger("ctproxy.compaction")
-
-def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:
-    route = state_of(flow).route
-    if isinstance(route, routes.Route):
-        return route
-    return destination_route(flow, trusted=rt.upstream.trusted)  # standalone: no routing addon
-
-
-def _credentials_allowed(flow: http.HTTPFlow, route: routes.Route) -> bool:
-    """The guard's rule (the one in proxy/routes.py), for the compaction call to the same destination with
-    the same credentials: a key of the wrong kind for that endpoint is refused here as there."""
-    req = flow.request
-    return routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, route, is_reverse(flow),
-                                          header_pairs(flow))
-
 
 def _stateful(payload: dict[str, Any]) -> bool:
     return bool(payload.get("previous_response_id")) or payload.get("conversation") is not None
@@ -124,7 +109,7 @@ class Compaction(Stage):
         ident = session_of(flow, rt.services.response_aliases)
         if ident is None:
             return
-        route = _route(flow, rt)
+        route = route_of(flow, rt.upstream.trusted)
         db = self._db(rt)
         key = ident.session_key
         sess = _memo(rt).get(key)
@@ -155,7 +140,7 @@ class Compaction(Stage):
             window = learned  # the upstream showed a smaller window than the table says
         info = FlowInfo(session_key=key, payload=payload, client_items=items, checkpoint=None, replay_opaque=False,
                         window=window, estimate=Estimate(0, "bytes", 1.0), make_fingerprint=make_fp, route=route,
-                        credentials_allowed=_credentials_allowed(flow, route), hold=False, mark=mark,
+                        credentials_allowed=credentials_allowed(flow, route), hold=False, mark=mark,
                         compacted_items=sess.compacted_items if sess is not None else None, endpoint=endpoint,
                         windows=windows)
 
@@ -249,7 +234,6 @@ class Compaction(Stage):
         if callable(stream) and raw is not None:
             stream(raw)
             stream(b"")
-
 
 
 addons = [Compaction()]

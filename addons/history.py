@@ -49,7 +49,7 @@ def journal(rt: runtime.Runtime) -> Journal | None:
 
 
 def mark_of(flow: http.HTTPFlow) -> RequestMark | None:
-    mark = state_of(flow).journal_mark
+    mark = state_of(flow).request_mark  # (after a checkpoint turn, the mark taken again with its write)
     return mark if isinstance(mark, RequestMark) else None
 
 

@@ -17,9 +17,9 @@ import sqlite3
 
 from mitmproxy import http
 
-from addons._flow import destination_route, session_of
+from addons._flow import route_of, session_of
 from addons._stage import Stage
-from proxy import dbworker, debuglog, routes, runtime, usage
+from proxy import dbworker, debuglog, runtime, usage
 from proxy.errors import ProxyError
 from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of
@@ -30,13 +30,6 @@ from proxy.transforms.web_search import (
     decide_native,
     inject_web_search,
 )
-
-
-def _route(flow: http.HTTPFlow, rt: runtime.Runtime) -> routes.Route:
-    route = state_of(flow).route
-    if isinstance(route, routes.Route):
-        return route
-    return destination_route(flow, trusted=rt.upstream.trusted)  # standalone: no routing addon
 
 
 def client_switch(flow: http.HTTPFlow) -> str | None:
@@ -72,7 +65,7 @@ class WebSearch(Stage):
                              f"{SWITCH_HEADER} must be 'off' or 'on' (ctproxy's per-request web search switch)")
             flow.response = http.Response.make(err.status, err.body(), err.headers())
             return
-        route = _route(flow, rt)
+        route = route_of(flow, rt.upstream.trusted)
         last_input = None
         if cfg.enabled and cfg.backend in ("auto", "native") and route.eligible:
             ident = session_of(flow, rt.services.response_aliases)

@@ -1,6 +1,7 @@
 """Context windows over a long run, and what the projection and the checkpoint turn cost (issue 13).
 
     .venv/bin/python bench/bench_context.py [--quick] [--only long,projection,checkpoint] [--turns N]
+        [--baseline-tree PATH [--pairs N]]   (before = PATH's checkout, after = this one, alternated in one run)
 
 **long**: a scripted agent (the openai SDK, stateless like Codex: it resends its whole history, streams,
 declares its own function and custom tools) talks to a real `ctproxy up --bridge context,notes,history`
@@ -961,6 +962,55 @@ def print_checkpoint(ck: dict[str, Any]) -> None:
           f"({ck['added_beyond_upstream_p99_ms']:+.2f} ms at p99)")
 
 
+# ---- before and after in one run (--baseline-tree) ---------------------------------------------------
+
+FIGURES = (  # (label, path in the results) of the projection and checkpoint-turn figures compared
+    ("projection, context on: latency", ("projection", "context on", "latency", "median")),
+    ("projection, context on: overhead", ("projection", "context on", "overhead", "median")),
+    ("projection, in process: Context.request", ("projection", "in_process", "context on", "context_ms")),
+    ("checkpoint turn: added beyond its round trip", ("checkpoint", "added_beyond_upstream_ms",)),
+    ("plain request of that session: latency", ("checkpoint", "plain", "latency", "median")),
+)
+
+
+def _figure(results: dict[str, Any], path: Sequence[str]) -> float | None:
+    v: Any = results
+    for k in path:
+        v = v.get(k) if isinstance(v, dict) else None
+    return float(v) if isinstance(v, int | float) else None
+
+
+def _run_tree(tree: Path, argv: list[str]) -> dict[str, Any]:
+    """This benchmark as the checkout `tree` has it, in a child process of its own (its `proxy`, `addons` and
+    `tests` first on the path): the figures it wrote to its bench/results/context.json."""
+    out = tree / "bench" / "results" / "context.json"
+    out.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    subprocess.run([sys.executable, str(tree / "bench" / "bench_context.py"), *argv], cwd=tree, env=env, check=True)
+    return json.loads(out.read_text())
+
+
+def compare(baseline: Path, pairs: int, argv: list[str]) -> int:
+    """Before (`baseline`, another checkout) and after (this tree) in one run, alternated: before, after, before,
+    after… The same measurements, so the figures of a shared machine's noise are taken side by side."""
+    runs: list[tuple[str, dict[str, Any]]] = []
+    for i in range(pairs):
+        for name, tree in (("before", baseline.resolve()), ("after", REPO)):
+            print(f"== {name} r{i + 1}: {tree}", flush=True)
+            runs.append((f"{name} r{i + 1}", _run_tree(tree, argv)))
+    print(f"\nbefore: {baseline.resolve()}  after: {REPO}  (medians, ms; ratio = median of afters / median of befores)")
+    rows = []
+    for label, path in FIGURES:
+        vals = [_figure(res, path) for _, res in runs]
+        before = [v for (n, _), v in zip(runs, vals, strict=True) if n.startswith("before") and v is not None]
+        after = [v for (n, _), v in zip(runs, vals, strict=True) if n.startswith("after") and v is not None]
+        r = ratio(summarize(after).median, summarize(before).median) if before and after else None
+        rows.append([label, *("" if v is None else f"{v:.2f}" for v in vals), "" if r is None else f"×{r:.3f}"])
+    print_table(["figure", *(n for n, _ in runs), "after/before"], rows)
+    write_result("context_vs_baseline", {"baseline": str(baseline.resolve()), "runs": runs})
+    return 0
+
+
 async def main_async(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {"load_before": os.getloadavg()}
     failed = False
@@ -989,7 +1039,16 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="200 turns and fewer rounds")
     parser.add_argument("--only", default="", help="comma-separated: long, projection, checkpoint")
     parser.add_argument("--turns", type=int, default=0, help="turns of the long run (default 2000; --quick 200)")
-    return asyncio.run(main_async(parser.parse_args()))
+    parser.add_argument("--baseline-tree", type=Path, default=None,
+                        help="another checkout (e.g. `git worktree add /tmp/bench-base <commit>`): run the same "
+                             "measurements there and here, alternated, in this one invocation, and print the ratios")
+    parser.add_argument("--pairs", type=int, default=2, help="before/after pairs with --baseline-tree (default 2)")
+    args = parser.parse_args()
+    if args.baseline_tree is not None:
+        argv = [*(["--quick"] if args.quick else []), *(["--only", args.only] if args.only else []),
+                *(["--turns", str(args.turns)] if args.turns else [])]
+        return compare(args.baseline_tree, args.pairs, argv)
+    return asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":

@@ -76,11 +76,19 @@ class FlowState:
     context_usage: ContextUsage | None = None  # bridge: the last round's usage of a bridged turn (see ContextUsage)
     gc_hold: Any = None  # flowbody: a proxy.gcpause.Hold while this flow's big parsed body is in flight
     context_rollover: ContextRollover | None = None  # context: a bridged new_context's rollover, mid-turn
+    # context: the request's journal mark taken again after the checkpoint turn journaled its write before the
+    # request's answer (history's `journal_mark` stays history's own; readers take `request_mark`)
+    checkpoint_mark: RequestMark | None = None
     # _flow.header_pairs / header_map: the request's headers decoded once per version of them (the raw fields
     # tuple they were decoded from: mitmproxy replaces it on every change, so a stale copy is never read)
     header_memo: tuple[Any, tuple[tuple[str, str], ...], dict[str, str]] | None = None
     transport: str | None = None  # websocket: "ws" for a create (or an upgrade) of the Responses WebSocket mode
     logged_by: object | None = None  # requestlog: the request log that recorded this flow (once per flow)
+
+    @property
+    def request_mark(self) -> RequestMark | None:
+        """The journal mark this request's answer follows: the checkpoint turn's (its write first), else history's."""
+        return self.checkpoint_mark if self.checkpoint_mark is not None else self.journal_mark
 
     def release(self) -> None:
         """The exchange is over (every stage's last hook ran): drop what only the stages needed, so that
@@ -96,6 +104,7 @@ class FlowState:
         self.client_request = None
         self.tap = None
         self.journal_mark = None
+        self.checkpoint_mark = None
         self.compaction = None
         self.window = None
         self.context_rollover = None  # (it holds the agent's items)

@@ -33,21 +33,23 @@ def is_turn(req: Any) -> bool:
 
 
 async def fill(agent: Any) -> None:
-    await agent.sample({"role": "user", "content": "small start"})
-    await agent.sample({"role": "user", "content": BIG})  # its answer records ≈ 3,000 of 4,000 tokens
+    """One request, the session's first (no usage yet: the hard trigger does not act on it): its answer records
+    ≈ 3,000 of 4,000 tokens, so the next request's estimate (that usage plus its new items) is above the trigger.
+    (Sent as two requests, the second's estimate, the first's small usage plus BIG, would already be.)"""
+    await agent.sample({"role": "user", "content": "small start"}, {"role": "user", "content": BIG})
 
 
 async def test_hard_trigger_runs_the_checkpoint_turn_then_forwards_in_the_new_window(emulator, proxy_factory,
                                                                                      tmp_path):
     agent = await configured(emulator, proxy_factory, tmp_path)
-    emulator.script(Text("a"), Text("b"),
+    emulator.script(Text("a"),
                     FunctionCall("notes_write_file", {"path": "checkpoint.md", "text": "half done"}, call_id="c_ck"),
                     Text("resumed"), Text("later"))
     await fill(agent)
     resp = await agent.sample({"role": "user", "content": "go on"})
     assert resp.output_text == "resumed"  # the agent only sees its answer arrive a little later
     reqs = emulator.responses_requests
-    turn, fwd = reqs[2], reqs[3]
+    turn, fwd = reqs[1], reqs[2]
     assert is_turn(turn) and [t["name"] for t in turn.json["tools"]] == ["notes_write_file"]
     assert turn.json["stream"] is False and turn.json["parallel_tool_calls"] is False
     last = turn.input_items[-1]
@@ -59,24 +61,44 @@ async def test_hard_trigger_runs_the_checkpoint_turn_then_forwards_in_the_new_wi
     assert "context window w2" in texts[1] and '"path":"/root/notes/checkpoint.md"' in texts[2]
     assert text_of(fwd.input_items[-1]).endswith("go on") and BIG not in json.dumps(fwd.input_items)
     await agent.sample({"role": "user", "content": "next"})  # the stale usage does not trigger it again
-    assert len(emulator.responses_requests) == 5 and not is_turn(emulator.responses_requests[4])
+    assert len(emulator.responses_requests) == 4 and not is_turn(emulator.responses_requests[3])
+
+
+async def test_the_hard_trigger_acts_on_the_requests_estimate_not_the_last_usage_alone(emulator, proxy_factory,
+                                                                                        tmp_path):
+    """Issue 29, one rule with compaction (ADR 0011 decision 11): the last answer used a few tokens of the 4,000
+    (far below the trigger at 2,000), but this request's new items (BIG, ≈ 3,000 tokens) put its estimate
+    above it: the checkpoint turn runs before this request is forwarded, not one request too late."""
+    agent = await configured(emulator, proxy_factory, tmp_path)
+    emulator.script(Text("a"),
+                    FunctionCall("notes_write_file", {"path": "early.md", "text": "before the big read"},
+                                 call_id="c_e"),
+                    Text("resumed"))
+    await agent.sample({"role": "user", "content": "small start"})
+    resp = await agent.sample({"role": "user", "content": BIG})
+    assert resp.output_text == "resumed"
+    reqs = emulator.responses_requests
+    assert len(reqs) == 3 and is_turn(reqs[1]) and not is_turn(reqs[2])
+    assert BIG in json.dumps(reqs[1].input_items)  # the turn sees the request that fills the window
+    assert [p.read_text() for p in (agent.proxy.state_dir / "notes").rglob("early.md")] == ["before the big read"]
+    assert "context window w2" in text_of(reqs[2].input_items[1])  # forwarded in the new window
 
 
 async def test_a_failed_write_is_corrected_once(emulator, proxy_factory, tmp_path):
     agent = await configured(emulator, proxy_factory, tmp_path)
-    emulator.script(Text("a"), Text("b"),
+    emulator.script(Text("a"),
                     FunctionCall("notes_write_file", {"path": "../../escape.md", "text": "x"}, call_id="c_bad"),
                     FunctionCall("notes_write_file", {"path": "ck.md", "text": "fixed"}, call_id="c_ok"),
                     Text("resumed"))
     await fill(agent)
     resp = await agent.sample({"role": "user", "content": "go on"})
     assert resp.output_text == "resumed"
-    second_turn = emulator.responses_requests[3]
+    second_turn = emulator.responses_requests[2]
     assert is_turn(second_turn)
     outs = [i for i in second_turn.input_items if i.get("type") == "function_call_output"]
     assert outs and outs[-1]["call_id"] == "c_bad"  # the error, for the one correction
     assert [p.read_text() for p in (agent.proxy.state_dir / "notes").rglob("ck.md")] == ["fixed"]
-    assert '"path":"/root/notes/ck.md"' in text_of(emulator.responses_requests[4].input_items[2])
+    assert '"path":"/root/notes/ck.md"' in text_of(emulator.responses_requests[3].input_items[2])
 
 
 @pytest.mark.parametrize("answer", ["text", "other_agents_notes"])
@@ -87,11 +109,11 @@ async def test_a_failed_turn_falls_back_to_compaction_without_a_loop(emulator, p
     failed = [Text("I will not write")] if answer == "text" else [
         FunctionCall("notes_write_file", {"path": "/root/reviewer/notes/x.md", "text": "x"}, call_id="c_o"),
         Text("I still will not write")]  # (after the one correction round)
-    emulator.script(Text("a"), Text("b"), *failed, Text("resumed"), Text("later"))
+    emulator.script(Text("a"), *failed, Text("resumed"), Text("later"))
     await fill(agent)
     resp = await agent.sample({"role": "user", "content": "go on"})
     assert resp.output_text == "resumed"
-    k = 2 + len(failed)  # the turn's requests, then the agent's
+    k = 1 + len(failed)  # the turn's requests, then the agent's
     fwd = emulator.responses_requests[k].input_items
     assert any(map(is_fallback_message, fwd[:5])) and BIG not in json.dumps(fwd)  # compacted: the window shrank
     # a failed turn's window starts as every window does (issue 29 (4)): identity, notes index, continuation

@@ -83,8 +83,10 @@ def is_compaction_item(item: dict[str, Any]) -> bool:
 
 
 async def fill(agent: Any) -> None:
-    await agent.sample({"role": "user", "content": "small start"})
-    await agent.sample({"role": "user", "content": BIG})  # its answer records ≈ 3,500 of 16,000 tokens
+    """One request, the session's first (no usage yet: the hard trigger does not act on it): its answer records
+    ≈ 3,500 of 16,000 tokens, so the next request's estimate (that usage plus its new items) is above the
+    trigger. (Sent as two requests, the second's estimate, the first's small usage plus BIG, would already be.)"""
+    await agent.sample({"role": "user", "content": "small start"}, {"role": "user", "content": BIG})
 
 
 async def until(check: Any, what: str) -> Any:
@@ -115,19 +117,19 @@ FAILURES = {"no_write": Text("I will not write"), "upstream_error": HttpError(50
 async def test_a_failed_turn_falls_back_to_remote_compaction_where_eligible(emulator, proxy_factory, tmp_path,
                                                                            failure):
     agent = await configured(emulator, proxy_factory, tmp_path, remote={"enabled": True})
-    emulator.script(Text("a"), Text("b"), FAILURES[failure], Text("resumed"), Text("later"))
+    emulator.script(Text("a"), FAILURES[failure], Text("resumed"), Text("later"))
     await fill(agent)
     resp = await agent.sample({"role": "user", "content": "go on"})
     assert resp.output_text == "resumed"  # the agent gets its answer: no error, no overflow
-    assert is_turn(emulator.responses_requests[2])
+    assert is_turn(emulator.responses_requests[1])
     (comp,) = compacts(emulator)  # exactly one remote compaction, to the compaction endpoint beside /responses
     assert comp.path == "/v1/responses/compact" and BIG in json.dumps(comp.json["input"])
     assert dict((k.lower(), v) for k, v in comp.headers)["authorization"] == "Bearer sk-test-ctx"
-    fwd = turns(emulator)[2].input_items
+    fwd = turns(emulator)[1].input_items
     assert_remote_window(fwd)
     await agent.sample({"role": "user", "content": "next"})
-    assert len(compacts(emulator)) == 1 and len(emulator.responses_requests) == 5  # no second turn, no loop
-    later = turns(emulator)[3].input_items
+    assert len(compacts(emulator)) == 1 and len(emulator.responses_requests) == 4  # no second turn, no loop
+    later = turns(emulator)[2].input_items
     assert [i for i in later if is_compaction_item(i)] == [i for i in fwd if is_compaction_item(i)]  # replayed
 
 
@@ -135,11 +137,11 @@ async def test_a_checkpoint_turn_that_times_out_falls_back(emulator, proxy_facto
     """The turn's upstream stays silent: past `context.checkpoint_timeout_seconds` it has failed, and the
     agent's request goes on in the compacted window."""
     agent = await configured(emulator, proxy_factory, tmp_path, context={"checkpoint_timeout_seconds": 1.0})
-    emulator.script(Text("a"), Text("b"), Text("never sent", stall_before_headers=True), Text("resumed"))
+    emulator.script(Text("a"), Text("never sent", stall_before_headers=True), Text("resumed"))
     await fill(agent)
     assert (await agent.sample({"role": "user", "content": "go on"})).output_text == "resumed"
-    assert is_turn(emulator.responses_requests[2])
-    fwd = turns(emulator)[2].input_items
+    assert is_turn(emulator.responses_requests[1])
+    fwd = turns(emulator)[1].input_items
     assert any(map(is_fallback_message, fwd)) and BIG not in json.dumps(fwd)
 
 
@@ -148,44 +150,44 @@ async def test_a_failed_turn_gets_the_readable_fallback_where_remote_is_not_elig
     """Custom compaction instructions make remote compaction ineligible (compaction's rule): readable."""
     agent = await configured(emulator, proxy_factory, tmp_path,
                              remote={"enabled": True, "custom_instructions": "keep the file names"})
-    emulator.script(Text("a"), Text("b"), Text("I will not write"), Text("resumed"), Text("later"))
+    emulator.script(Text("a"), Text("I will not write"), Text("resumed"), Text("later"))
     await fill(agent)
     assert (await agent.sample({"role": "user", "content": "go on"})).output_text == "resumed"
     assert compacts(emulator) == []
-    fwd = turns(emulator)[2].input_items
+    fwd = turns(emulator)[1].input_items
     assert any(map(is_fallback_message, fwd)) and not any(map(is_compaction_item, fwd))
     assert BIG not in json.dumps(fwd) and text_of(fwd[-1]).endswith("go on")
     await agent.sample({"role": "user", "content": "next"})
-    assert len(emulator.responses_requests) == 5 and any(map(is_fallback_message, turns(emulator)[3].input_items))
+    assert len(emulator.responses_requests) == 4 and any(map(is_fallback_message, turns(emulator)[2].input_items))
 
 
 async def test_strategy_remote_compacts_at_the_hard_trigger_instead_of_a_turn(emulator, proxy_factory, tmp_path):
     agent = await configured(emulator, proxy_factory, tmp_path, context={"strategy": "remote"},
                              remote={"enabled": True})
-    emulator.script(Text("a"), Text("b"), Text("resumed"), Text("later"))
+    emulator.script(Text("a"), Text("resumed"), Text("later"))
     await fill(agent)
     assert (await agent.sample({"role": "user", "content": "go on"})).output_text == "resumed"
     assert not any(map(is_turn, emulator.responses_requests))  # no checkpoint turn under this strategy
     assert len(compacts(emulator)) == 1
-    assert_remote_window(emulator.responses_requests[2].input_items)
+    assert_remote_window(emulator.responses_requests[1].input_items)
     await agent.sample({"role": "user", "content": "next"})
-    assert len(compacts(emulator)) == 1 and len(emulator.responses_requests) == 4
+    assert len(compacts(emulator)) == 1 and len(emulator.responses_requests) == 3
 
 
 async def test_strategy_fallback_replaces_the_window_with_the_readable_fallback(emulator, proxy_factory, tmp_path):
     """Readable even where remote compaction would be eligible: no upstream call of its own at all."""
     agent = await configured(emulator, proxy_factory, tmp_path, context={"strategy": "fallback"},
                              remote={"enabled": True})
-    emulator.script(Text("a"), Text("b"), Text("resumed"), Text("later"))
+    emulator.script(Text("a"), Text("resumed"), Text("later"))
     await fill(agent)
     assert (await agent.sample({"role": "user", "content": "go on"})).output_text == "resumed"
     assert compacts(emulator) == [] and not any(map(is_turn, emulator.responses_requests))
-    fwd = emulator.responses_requests[2].input_items
+    fwd = emulator.responses_requests[1].input_items
     assert any(map(is_fallback_message, fwd)) and BIG not in json.dumps(fwd)
     assert text_of(fwd[-1]).endswith("go on")
     await agent.sample({"role": "user", "content": "next"})
-    assert len(emulator.responses_requests) == 4 and any(map(is_fallback_message,
-                                                             emulator.responses_requests[3].input_items))
+    assert len(emulator.responses_requests) == 3 and any(map(is_fallback_message,
+                                                             emulator.responses_requests[2].input_items))
 
 
 async def test_strategy_fallback_applies_with_compaction_entirely_off(emulator, proxy_factory, tmp_path):
@@ -193,11 +195,11 @@ async def test_strategy_fallback_applies_with_compaction_entirely_off(emulator, 
     and overflow recovery both off (nothing else would apply it)."""
     agent = await configured(emulator, proxy_factory, tmp_path, context={"strategy": "fallback"},
                              remote={"enabled": False, "recover_overflow": False})
-    emulator.script(Text("a"), Text("b"), Text("resumed"), Text("later"))
+    emulator.script(Text("a"), Text("resumed"), Text("later"))
     await fill(agent)
     await agent.sample({"role": "user", "content": "go on"})
     await agent.sample({"role": "user", "content": "next"})
-    for req in emulator.responses_requests[2:]:
+    for req in emulator.responses_requests[1:]:
         assert any(map(is_fallback_message, req.input_items)) and BIG not in json.dumps(req.input_items)
 
 
@@ -227,14 +229,14 @@ def test_status_names_the_active_strategy():
 
 async def test_the_checkpoint_turns_write_is_journaled_in_the_window_it_closes(emulator, proxy_factory, tmp_path):
     agent = await configured(emulator, proxy_factory, tmp_path)
-    emulator.script(Text("a"), Text("b"),
+    emulator.script(Text("a"),
                     FunctionCall("notes_write_file", {"path": "../../escape.md", "text": "x"}, call_id="c_bad"),
                     FunctionCall("notes_write_file", {"path": "checkpoint.md", "text": "plan: step 3 of 5"},
                                  call_id="c_ck"),
                     Text("resumed"), Text("later"))
     await fill(agent)
     assert (await agent.sample({"role": "user", "content": "go on"})).output_text == "resumed"
-    assert "context window w2" in text_of(turns(emulator)[2].input_items[1])  # rolled over after the write
+    assert "context window w2" in text_of(turns(emulator)[1].input_items[1])  # rolled over after the write
 
     # filed as the bridge files the calls it runs: found by namespace "ctproxy" and the tool's own name
     by_tool = {"window_id": "w1", "tool_namespace": "ctproxy", "tool_name": "notes_write_file"}
@@ -312,26 +314,26 @@ async def test_strategy_remote_on_the_codex_route_uses_remote_compaction_v2(emul
                                                                                          "threshold": 1.0},
                                "context": {"reminder_ratio": 0.1, "hard_ratio": 0.15, "strategy": "remote"}}))
     proxy = await proxy_factory(upstream=emulator.url, extra_args=["--config", str(cfg)])
-    emulator.script(Text("a"), Text("b"), Text("resumed"), Text("later"))
+    emulator.script(Text("a"), Text("resumed"), Text("later"))
     history: list[dict[str, Any]] = []
     async with aiohttp.ClientSession() as http:
-        for text in ("small start", BIG, "go on", "next"):
-            history.append(user(text))
+        for texts in (("small start", BIG), ("go on",), ("next",)):  # the first request fills (see `fill`)
+            history.extend(map(user, texts))
             status, events = await codex_turn(http, proxy.url, {"model": "gpt-5", "input": list(history),
                                                                 "store": False}, session_id="sess-ctx-remote")
             assert status == 200, events
             history.append({"type": "message", "role": "assistant", "content": completed_output_text(events)})
-    assert [m["content"] for m in history[1::2]] == ["a", "b", "resumed", "later"]
+    assert [m["content"] for m in history if m.get("role") == "assistant"] == ["a", "resumed", "later"]
     comps = [r for r in emulator.requests if r.route == "compaction"]
     assert len(comps) == 1 and comps[0].path == "/backend-api/codex/responses"
     assert comps[0].json["input"][-1] == {"type": "compaction_trigger"}
     assert not any(map(is_turn, emulator.responses_requests))
     fwd = [r for r in emulator.requests if r.route == "responses"]
-    assert len(fwd) == 4
-    items = [[i for i in r.json["input"] if is_compaction_item(i)] for r in fwd[2:]]
+    assert len(fwd) == 3
+    items = [[i for i in r.json["input"] if is_compaction_item(i)] for r in fwd[1:]]
     assert len(items[0]) == 1 and items[0] == items[1]  # compacted at "go on", replayed at "next"
     # retained user messages, then the item: the old answers are gone (the item stands for them)
-    assert not [i for i in fwd[2].json["input"] if i.get("role") == "assistant"]
+    assert not [i for i in fwd[1].json["input"] if i.get("role") == "assistant"]
 
 
 async def test_a_manual_checkpoint_under_strategy_fallback_compacts_a_session_without_tools(emulator,

@@ -31,13 +31,14 @@ async def configured(emulator: Any, proxy_factory: Any, tmp_path: Any, extra: li
 
 async def test_reminder_at_the_ratio_hidden_and_not_in_the_new_window(emulator, proxy_factory, tmp_path):
     agent = await configured(emulator, proxy_factory, tmp_path)
-    emulator.script(Text("a"), Text("b"), FunctionCall("new_context", {}, call_id="c_nc"), Text("resumed"))
-    await agent.sample({"role": "user", "content": "small start"})
-    await agent.sample({"role": "user", "content": BIG})  # the answer to this one records ≈ 3,000 tokens
+    emulator.script(Text("a"), FunctionCall("new_context", {}, call_id="c_nc"), Text("resumed"))
+    # the session's first request fills (its answer records ≈ 3,000 tokens): sent after a small one, its new items
+    # would put that request's estimate above the hard trigger (95%), which acts on the estimate (ADR 0011, 11)
+    await agent.sample({"role": "user", "content": "small start"}, {"role": "user", "content": BIG})
     reqs = emulator.responses_requests
-    assert not any(is_reminder(i) for i in reqs[0].input_items + reqs[1].input_items)  # below the ratio so far
+    assert not any(is_reminder(i) for i in reqs[0].input_items)  # no usage so far
     resp = await agent.sample({"role": "user", "content": "go on"})
-    last = emulator.responses_requests[2].input_items
+    last = emulator.responses_requests[1].input_items
     assert is_reminder(last[-1]) and sum(map(is_reminder, last)) == 1
     text = text_of(last[-1])
     assert "notes_write_file" in text and "new_context" in text and "of 4000 tokens" in text
@@ -45,9 +46,9 @@ async def test_reminder_at_the_ratio_hidden_and_not_in_the_new_window(emulator, 
     # the model calls new_context; the rollover request starts the new window without a reminder
     agent.history.append(last[-1])  # even if an agent resent it, it is dropped
     await agent.sample(*await agent.run_calls(resp))
-    fourth = emulator.responses_requests[3].input_items
-    assert not any(is_reminder(i) for i in fourth)
-    assert "context window w2" in text_of(fourth[1])
+    third = emulator.responses_requests[2].input_items
+    assert not any(is_reminder(i) for i in third)
+    assert "context window w2" in text_of(third[1])
 
 
 async def test_no_reminder_without_new_context(emulator, proxy_factory, tmp_path):

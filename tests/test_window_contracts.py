@@ -196,6 +196,40 @@ async def test_new_context_rolls_a_stateful_chain_over(emulator, proxy_factory):
 
 
 @pytest.mark.timeout(120)
+async def test_a_manual_checkpoint_rolls_a_stateful_chain_over(emulator, proxy_factory):
+    """Issue 29 (2): `ctproxy context checkpoint` for a client chaining by previous_response_id. Its next request
+    runs the checkpoint turn on the upstream's chain (the id kept, the write tool offered), then goes up without
+    the id in w2, whose bootstrap names the note; nothing is left pending."""
+    import openai
+
+    from tests.emulator import FunctionCall, Text
+    from tests.test_context_rollover import start, text_of
+
+    agent = await start(emulator, proxy_factory)
+    emulator.script(Text("one"), FunctionCall("notes_write_file", {"path": "chain.md", "text": "where I am"},
+                                              call_id="c_ck"), Text("two"), Text("three"))
+    async with openai.AsyncOpenAI(**agent.client_args) as c:
+        r1 = await c.responses.create(model="gpt-4.1", store=True, input="hello stateful")
+        assert (await agent.checkpoint())["pending_rollover"] == "checkpoint"
+        r2 = await c.responses.create(model="gpt-4.1", store=True, previous_response_id=r1.id, input="next")
+        assert r2.output_text == "two"
+        turn, second = emulator.responses_requests[1], emulator.responses_requests[2]
+        assert turn.json["tool_choice"] == {"type": "function", "name": "notes_write_file"}
+        assert turn.json["previous_response_id"] == r1.id  # the turn sees the window: the upstream's chain
+        assert [t["name"] for t in turn.json["tools"]] == ["notes_write_file"]
+        assert [p.read_text() for p in (agent.proxy.state_dir / "notes").rglob("chain.md")] == ["where I am"]
+        assert "previous_response_id" not in second.json
+        texts = [text_of(i) for i in second.input_items]
+        assert "This is context window w2" in texts[0] and '"path":"/root/notes/chain.md"' in texts[1]
+        assert texts[-1] == "next"
+        left = await agent.tool("get_context_remaining", {})
+        assert left["details"]["pending_rollover"] is None and left["details"]["window_id"] == "w2"
+        r3 = await c.responses.create(model="gpt-4.1", store=True, previous_response_id=r2.id, input="more")
+        assert r3.output_text == "three"
+        assert emulator.responses_requests[3].json["previous_response_id"] == r2.id  # the chain goes on in w2
+
+
+@pytest.mark.timeout(120)
 async def test_a_stateful_rollover_keeps_an_output_with_its_call(emulator, proxy_factory):
     """Issue 29 (2), issue 28: the request that applies the rollover drops previous_response_id, so the outputs
     it carries would answer calls the upstream no longer sees ("No tool call found …"). Each goes up right after

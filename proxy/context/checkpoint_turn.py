@@ -35,11 +35,12 @@ def turn_body(forwarded: Mapping[str, Any], write_spec: Mapping[str, Any], instr
               extra: Sequence[Any] = ()) -> dict[str, Any]:
     """The checkpoint turn's request: `forwarded` (the window as the agent's request would go up), the
     instruction last, only the own-notes write tool, required. `extra`: a failed call and its output,
-    for the one correction."""
+    for the one correction. A `previous_response_id` stays: the window of a client chaining by it is the
+    upstream's chain (issue 29 (2)); a stateless request has none."""
     inp = forwarded.get("input")
     items = list(inp) if isinstance(inp, list) else [{"role": "user", "content": inp}] if isinstance(inp, str) else []
     body = {k: v for k, v in forwarded.items() if k not in ("stream", "stream_options", "tool_choice", "tools",
-                                                          "parallel_tool_calls", "previous_response_id")}
+                                                          "parallel_tool_calls")}
     body["input"] = [*items, developer_message(instruction or DEFAULT_INSTRUCTION), *extra]
     # the API's FunctionTool requires `strict` (the registry leaves it out when false)
     body["tools"] = [{**write_spec, "type": "function", "strict": bool(write_spec.get("strict", False))}]

@@ -2,8 +2,10 @@
 manual checkpoint under strategy `remote` / `fallback`, and a checkpoint turn that wrote nothing. One order for
 the one compaction path (`service.compact_and_open`); the addon reads the flow and writes back what it returns.
 
-Also the trigger's decision itself (`usage_ratio`, `hard_due`): the last usage against the model's window, in
-the session's current window, and the agent's items since a new window's boundary weighing something."""
+Also the trigger's decision itself (`usage_ratio`, `hard_due`): the one rule with compaction (ADR 0011 decision 11,
+docs/context.md "One estimate, one window"): the request's estimate (the decision's: the last usage plus the new
+items, calibrated) against the decision's window, once the session has a usage in its current window, and the
+agent's items since a new window's boundary weighing something."""
 
 from __future__ import annotations
 
@@ -37,13 +39,21 @@ log = logging.getLogger("ctproxy.context")
 
 
 def usage_ratio(last: usage_store.Usage | None, model: Any, windows: Any, ratio: float,
-                current: Callable[[], Window | None]) -> tuple[int, int] | None:
-    """(tokens used, window) when the session's last recorded answer, in its current window (`current()`, read
-    only when needed), used `ratio` of the model's window; else None."""
+                current: Callable[[], Window | None], decided: WindowDecision | None = None) -> tuple[int, int] | None:
+    """(tokens, window) when the request reaches `ratio` of its window; else None. Only once the session's last
+    recorded answer is in its current window (`current()`, read only when needed; a usage older than the window
+    is the old window's). The tokens are the request's estimate, the one kind compaction decides on: the
+    decision's (`decided.estimate`: the last usage plus the new items' bytes, calibrated per session) against the
+    decision's window (the model table's, or smaller once an overflow taught it); without a decision (compaction
+    not in the chain, or it left the request alone) the last usage alone against the model table's window."""
     if last is None:
         return None
-    window = usage_store.model_window(model if isinstance(model, str) else last.model, windows)
-    used = last.input_tokens + last.output_tokens
+    est = decided.estimate if decided is not None else None
+    if est is not None and decided is not None and decided.window:
+        used, window = est.tokens, decided.window
+    else:
+        used = last.input_tokens + last.output_tokens
+        window = usage_store.model_window(model if isinstance(model, str) else last.model, windows)
     if window is None or not reminder.reminder_due(used, window, ratio):
         return None
     w = current()
