@@ -195,7 +195,7 @@ def test_a_gateway_gets_its_own_key_from_the_environment_never_a_sign_in(guard_r
     (CODEX, KEY, False), (CODEX, OAUTH, True), (API, KEY, True), (API, OAUTH, False)])
 def test_compactions_own_call_follows_the_kind_rule(dest, headers, allowed):
     """Compaction runs before the guard and calls the same endpoint itself: the kind is judged there too."""
-    from addons.compaction import _credentials_allowed
+    from addons._flow import credentials_allowed as _credentials_allowed
 
     scheme, host, port, path = dest
     req = tutils.treq(method=b"POST", scheme=scheme.encode(), host=host, port=port, path=path.encode(),
@@ -210,7 +210,7 @@ def test_compactions_own_call_to_a_trusted_gateway_carries_no_sign_in(headers, a
     """Issue 31: compaction's call to a trusted gateway carries an API key, never a ChatGPT sign-in."""
     from mitmproxy.proxy.mode_specs import ProxyMode
 
-    from addons.compaction import _credentials_allowed
+    from addons._flow import credentials_allowed as _credentials_allowed
 
     req = tutils.treq(method=b"POST", scheme=b"http", host="127.0.0.1", port=9999, path=b"/backend-api/codex/responses",
                       headers=http.Headers([(k.encode(), v.encode()) for k, v in headers]))
