@@ -6,6 +6,8 @@ the real CLI, proxies and tool servers, against the Responses emulator (ADR 0013
   B runs `--workers 2`, each worker on its own store);
 - `kill -9` of A loses nothing A committed (its note is read through B), and B goes on serving;
 - a stateless conversation whose turns alternate between A and B is one session (the journal is the store's);
+- the window an upstream showed A (an overflow A recovered) makes B compact a new conversation before it
+  overflows (compaction's records are the store's);
 - `ctproxy task new` on A's state directory registers the task in the store, so B knows it too;
 - an unreachable store stops `ctproxy up` with what to do, nothing left running; the password of a URL is never
   shown (log, run.json, status); `ctproxy status` names the store and says whether it is reachable.
@@ -20,6 +22,7 @@ import asyncio
 import itertools
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -218,6 +221,51 @@ async def test_a_stateless_conversation_alternating_between_a_and_b_is_one_sessi
         assert f"marker-{n}-of-three" in body["text"], (n, body)
     _, windows = await ib.tool("history_list_windows", {})
     assert "w1" in windows["text"] and "w2" not in windows["text"], windows
+
+
+async def test_a_window_learned_through_a_makes_b_compact_before_it_overflows(proxy_factory, tmp_path: Path,
+                                                                             db_url: str):
+    import psycopg
+
+    from tests.emulator import Emulator
+
+    limit, message = 60_000, "m" * 3_000  # the upstream's real window (bytes), far below the model table's
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(
+            {"remote_compaction": {"enabled": True}, "model_windows": {"gpt-test*": 128_000}}))
+    async with Emulator(context_limit_bytes=limit) as emu:
+        a, b = await two_instances(proxy_factory, emu, tmp_path, db_url)
+
+        async def create(inst: ProxyProcess, items: list[dict[str, Any]]) -> Any:
+            async with openai.AsyncOpenAI(base_url=inst.url + "/v1", api_key="sk-test-store", max_retries=0) as c:
+                return await c.responses.create(model="gpt-test-1", store=False, input=items)
+
+        # Just above the real window: A overflows, compacts, retries smaller, and learns about 63 KB / 4 tokens.
+        answer = await create(a, [{"role": "user", "content": f"{i}: {message}"} for i in range(21)])
+        assert answer.output_text.startswith("You said: 20: mmm")  # A recovered the overflow
+        assert [r.status for r in emu.responses_requests] == [400, 200]
+        with psycopg.connect(db_url) as conn:
+            (learned,), = conn.execute("SELECT window_tokens FROM compaction_windows WHERE model = 'gpt-test-1'")
+            assert 0 < learned <= 66_000 // 4
+            events = [tuple(r) for r in conn.execute("SELECT kind, outcome FROM compaction_events ORDER BY id")]
+            assert ("recovery", "recovered") in events and ("compaction", "remote") in events, events
+        for p in (a, b):  # nothing of compaction's in either state directory's database
+            conn_l = sqlite3.connect(p.state_dir / "ctproxy.db")
+            try:
+                tables = {r[0] for r in conn_l.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                for table in ("compaction_windows", "compaction_events", "compaction_sessions"):
+                    if table in tables:
+                        assert conn_l.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0, (p, table)
+            finally:
+                conn_l.close()
+        # B never saw an overflow: the window A learned makes it compact a new conversation (about 58 KB, under
+        # the real window but above the learned window's threshold) before it forwards it.
+        emu.reset()
+        answer = await create(b, [{"role": "user", "content": f"other {i}: {message}"} for i in range(19)])
+        assert answer.output_text.startswith("You said: other 18")
+        assert [r.status for r in emu.responses_requests] == [200]
+        assert [r.route for r in emu.requests] == ["compact", "responses"], [(r.route, r.status) for r in emu.requests]
 
 
 async def test_an_unreachable_store_stops_up_with_what_to_do(tmp_path: Path, pg: PrivateServer):
