@@ -199,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("session", nargs="?", metavar="SESSION", help="a journal session key (see `ctproxy tasks`)")
     cp.add_argument("--task", metavar="ID", help="the task (instead of a session)")
     cp.add_argument("--agent", metavar="ADDRESS", help="the agent of --task (default /root; relative under /root)")
+    cp.add_argument("--store", metavar="URL", default=None,
+                    help="mark it in this store (postgresql://USER@HOST:PORT/DB or embedded); default: "
+                         "CTPROXY_STORE, store.url, else the store of the proxy running on this state directory")
 
     cx = sub.add_parser(
         "codex-config", help="print (or --write) the Codex CLI config.toml entries that use ctproxy",
@@ -592,8 +595,9 @@ def cmd_store(args: argparse.Namespace) -> int:
 
 def cmd_context(args: argparse.Namespace) -> int:
     from proxy.context.checkpoint import CheckpointTargetError, mark_checkpoint
-    from proxy.db import connect
     from proxy.status import read_run_file, running_config
+    from proxy.store.choice import open_store
+    from proxy.store.postgres import StoreError
 
     if bool(args.session) == bool(args.task) or (args.agent and not args.task):
         print("ctproxy context checkpoint: give SESSION, or --task ID [--agent ADDRESS]", file=sys.stderr)
@@ -602,14 +606,21 @@ def cmd_context(args: argparse.Namespace) -> int:
     # Refused now, with the reason, when the proxy that will serve it cannot: the running one's configuration
     # if a proxy runs, else the file's (the next `ctproxy up`).
     config = running_config(read_run_file(state)) or load_config(_config_path(args, state))
-    conn = connect(state.db_path)
+    try:  # the store the proxies serve from (`_cli_store`), as `ctproxy task new` reaches it
+        store = open_store(_cli_store(args, state), state)
+    except StoreError as exc:
+        print(f"ctproxy context checkpoint: {exc}", file=sys.stderr)
+        return 1
     try:
-        pending = mark_checkpoint(conn, args.session, args.task, args.agent, "cli", config)
+        pending = mark_checkpoint(store, args.session, args.task, args.agent, "cli", config)
     except CheckpointTargetError as exc:
         print(f"ctproxy context checkpoint: {exc.message}", file=sys.stderr)
         return 1
+    except StoreError as exc:
+        print(f"ctproxy context checkpoint: {exc}", file=sys.stderr)
+        return 1
     finally:
-        conn.close()
+        store.close()
     print(f"checkpoint pending for {pending.address} in task {pending.task_id}: its next request runs the "
           "checkpoint turn and starts a new window")
     return 0

@@ -4,6 +4,8 @@ the real CLI, proxies and tool servers, against the Responses emulator (ADR 0013
 - a note written through A's tool server is read through B's (and no note file exists on either disk);
 - `new_context` marked through A rolls over B's next request for the agent (B forwards the new window's bootstrap;
   B runs `--workers 2`, each worker on its own store);
+- a manual checkpoint asked of A (`POST /v1/context/checkpoint` on A's tool server) is taken by B's next request
+  for the agent: B runs the checkpoint turn and forwards in window w2;
 - `kill -9` of A loses nothing A committed (its note is read through B), and B goes on serving;
 - a stateless conversation whose turns alternate between A and B is one session (the journal is the store's);
 - the window an upstream showed A (an overflow A recovered) makes B compact a new conversation before it
@@ -178,6 +180,46 @@ async def test_new_context_through_a_rolls_over_bs_next_request(emulator, proxy_
     assert "do the work in window one" not in orjson.dumps(forwarded).decode()
     _, after = await ia.tool("get_context_remaining", {})  # taken once, by B: nothing pending any more
     assert after["details"]["pending_rollover"] is None, after
+
+
+async def test_a_checkpoint_asked_of_a_runs_on_bs_next_request(emulator, proxy_factory, tmp_path: Path,
+                                                                  db_url: str):
+    a, b = await two_instances(proxy_factory, emulator, tmp_path, db_url)
+    ia, ib = await joined(a, b, emulator, new_task(a.state_dir))
+    emulator.script(Text("first answer"),
+                    FunctionCall("notes_write_file", {"path": "cp.md", "text": "checkpoint written through B"},
+                                 call_id="c_cp"),
+                    Text("resumed in w2"))
+    history: list[dict[str, Any]] = [{"role": "user", "content": "do the work in window one"}]
+    first = await ib.create(history)  # the agent's conversation runs through B
+    history += [o.model_dump(mode="json", exclude_none=True) for o in first.output]
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{a.tools_url}/v1/context/checkpoint", json={"task": ia.task, "agent": "/root"},
+            headers=ia.headers) as r:  # asked of A
+        marked = await r.json()
+        assert r.status == 200, marked
+    assert marked["pending_rollover"] == "checkpoint" and marked["window_id"] == "w1", marked
+    _, remaining = await ib.tool("get_context_remaining", {})
+    assert remaining["details"]["pending_rollover"] == "checkpoint", remaining
+    seen = len(emulator.responses_requests)
+    history.append({"role": "user", "content": "continue"})
+    resp = await ib.create(history)
+    assert resp.output_text == "resumed in w2"
+    turn, forwarded = emulator.responses_requests[seen:]
+    assert (turn.json or {}).get("tool_choice") == {"type": "function", "name": "notes_write_file"}  # the turn
+    texts = [text_of(i) for i in forwarded.input_items if i.get("role") == "developer"]
+    assert any("context window w2" in t for t in texts), texts
+    _, read = await ia.tool("notes_read_file", {"path": "cp.md"})  # the turn's note, in the store
+    assert "checkpoint written through B" in read["text"]
+    _, after = await ia.tool("get_context_remaining", {})  # taken once, by B
+    assert after["details"]["pending_rollover"] is None, after
+    no_note_files(a, b)
+    # `ctproxy context checkpoint` on A's state directory marks in the store A serves from (its run.json's), too.
+    out = cli("context", "checkpoint", "--task", ia.task, "--state-dir", str(a.state_dir))
+    assert out.returncode == 0, out.stderr
+    assert "checkpoint pending for /root" in out.stdout
+    _, remaining = await ib.tool("get_context_remaining", {})
+    assert remaining["details"]["pending_rollover"] == "checkpoint", remaining
 
 
 async def test_kill_9_of_a_loses_nothing_committed_and_b_serves_on(emulator, proxy_factory, tmp_path: Path,
