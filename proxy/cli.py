@@ -7,8 +7,9 @@ import asyncio
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from proxy import __version__
 from proxy.config import (
@@ -158,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(ts)
     ts.add_argument("--json", action="store_true", help="machine-readable output")
     ts.add_argument("--limit", type=int, default=None, metavar="N", help="only the N newest tasks")
+    ts.add_argument("--store", metavar="URL", default=None,
+                    help="read this store (postgresql://USER@HOST:PORT/DB or embedded); default: CTPROXY_STORE, "
+                         "store.url, else the store of the proxy running on this state directory")
     sh = sub.add_parser("show", help="one session or task: windows and items (role, type, preview)",
                         description="A session (or each session of a task): its windows with strategy and "
                         "bootstrap, and its items with role, type and a preview of the text. A unique prefix of "
@@ -167,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--item", metavar="ID", help="print this item whole (its JSON)")
     sh.add_argument("--limit", type=int, default=None, metavar="N", help="only the last N items of each session")
     sh.add_argument("--json", action="store_true", help="machine-readable output")
+    sh.add_argument("--store", metavar="URL", default=None,
+                    help="read this store (postgresql://USER@HOST:PORT/DB or embedded); default: CTPROXY_STORE, "
+                         "store.url, else the store of the proxy running on this state directory")
     db = sub.add_parser("dashboard", help="print a new one-time login link for the dashboard (the tool server's /ui/)",
                         description="Asks the running tool server for a fresh one-time login link (valid 10 "
                         "minutes). Opening it sets an HttpOnly cookie; the page URLs carry no token after that.")
@@ -447,15 +454,20 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     import dataclasses
 
     from proxy import sessionview
+    from proxy.store.postgres import StoreError
 
     if args.limit is not None and args.limit < 1:
         print("ctproxy tasks: --limit must be at least 1", file=sys.stderr)
         return 2
-    conn = sessionview.open_db(_state(args))
+    try:
+        conn, close = _view_db(args, "tasks")
+    except StoreError as exc:
+        print(f"ctproxy tasks: {exc}", file=sys.stderr)
+        return 1
     try:
         tasks = sessionview.list_tasks(conn, args.limit)
     finally:
-        conn.close()
+        close()
     if args.json:
         print(json.dumps([dataclasses.asdict(t) | {"sessions": t.sessions, "items": t.items,
                                                    "bridged_rounds": t.bridged_rounds,
@@ -465,12 +477,45 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _view_db(args: argparse.Namespace, command: str) -> tuple[Any, Callable[[], None]]:
+    """The journal `ctproxy tasks` / `ctproxy show` read, and how to let it go: the state directory's database, or
+    with a PostgreSQL store (`_cli_store`) a read-only connection of that store (proxy/store/pgview.py)."""
+    from proxy import sessionview
+    from proxy.store.choice import open_store
+
+    state = _state(args)
+    choice = _cli_store(args, state)
+    if choice.url is None:
+        conn = sessionview.open_db(state)
+        return conn, conn.close
+    from proxy.store.pgview import PgViewConnection
+
+    store = open_store(choice, state)
+    try:
+        view = PgViewConnection(store.pool)  # type: ignore[attr-defined]
+    except Exception:
+        store.close()
+        raise
+
+    def close() -> None:
+        try:
+            view.close()
+        finally:
+            store.close()
+    return view, close
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     import dataclasses
 
     from proxy import sessionview
+    from proxy.store.postgres import StoreError
 
-    conn = sessionview.open_db(_state(args))
+    try:
+        conn, close = _view_db(args, "show")
+    except StoreError as exc:
+        print(f"ctproxy show: {exc}", file=sys.stderr)
+        return 1
     try:
         if args.item:
             found = sessionview.item_raw(conn, args.item)
@@ -494,7 +539,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             sessions = [s for t in sessionview.list_tasks(conn, task_id=key) for a in t.agents for s in a.sessions]
         shown = [(s, sessionview.session_items(conn, s.session_key, args.limit)) for s in sessions]
     finally:
-        conn.close()
+        close()
     if args.json:
         print(json.dumps([dataclasses.asdict(s) | {"item_list": [dataclasses.asdict(i) for i in items]}
                           for s, items in shown], indent=2))

@@ -10,6 +10,7 @@ the real CLI, proxies and tool servers, against the Responses emulator (ADR 0013
 - a stateless conversation whose turns alternate between A and B is one session (the journal is the store's);
 - the window an upstream showed A (an overflow A recovered) makes B compact a new conversation before it
   overflows (compaction's records are the store's);
+- `ctproxy tasks` and `ctproxy show` on B's state directory read the store's journal: turns through A and B;
 - `ctproxy task new` on A's state directory registers the task in the store, so B knows it too;
 - an unreachable store stops `ctproxy up` with what to do, nothing left running; the password of a URL is never
   shown (log, run.json, status); `ctproxy status` names the store and says whether it is reachable.
@@ -308,6 +309,33 @@ async def test_a_window_learned_through_a_makes_b_compact_before_it_overflows(pr
         assert answer.output_text.startswith("You said: other 18")
         assert [r.status for r in emu.responses_requests] == [200]
         assert [r.route for r in emu.requests] == ["compact", "responses"], [(r.route, r.status) for r in emu.requests]
+
+
+async def test_tasks_and_show_read_the_stores_journal(emulator, proxy_factory, tmp_path: Path, db_url: str):
+    a, b = await two_instances(proxy_factory, emulator, tmp_path, db_url)
+    ia, _ = await joined(a, b, emulator, new_task(a.state_dir))
+    task: dict[str, Any] = {}
+    for _ in range(100):  # the journal's writers commit in the background
+        out = cli("tasks", "--json", "--state-dir", str(b.state_dir))  # B's run.json names the store
+        assert out.returncode == 0, out.stderr
+        task = next((t for t in json.loads(out.stdout) if t["task_id"] == ia.task), {})
+        if task and task["items"] >= 4:
+            break
+        await asyncio.sleep(0.1)
+    assert [ag["address"] for ag in task["agents"]] == ["/root"], task
+    assert task["sessions"] >= 1 and task["items"] >= 4, task  # the turns through A and through B
+    shown = cli("show", ia.task, "--state-dir", str(b.state_dir))
+    assert shown.returncode == 0, shown.stderr
+    assert "hello through A" in shown.stdout and "hello through B" in shown.stdout, shown.stdout
+    listed = json.loads(cli("show", ia.task, "--json", "--state-dir", str(a.state_dir)).stdout)
+    item = next(i for entry in listed for i in entry["item_list"] if "hello through B" in i["preview"])
+    one = cli("show", "x", "--item", item["item_id"], "--json", "--state-dir", str(a.state_dir))
+    assert one.returncode == 0, one.stderr
+    assert json.loads(one.stdout)["raw"]["content"] == "hello through B"
+    prefix = cli("show", ia.task[:12], "--state-dir", str(a.state_dir))  # a unique prefix resolves
+    assert prefix.returncode == 0 and "hello through A" in prefix.stdout, prefix.stderr
+    embedded = cli("tasks", "--json", "--store", "embedded", "--state-dir", str(b.state_dir))
+    assert embedded.returncode == 0 and ia.task not in embedded.stdout  # B's own database has none of it
 
 
 async def test_an_unreachable_store_stops_up_with_what_to_do(tmp_path: Path, pg: PrivateServer):
