@@ -31,6 +31,7 @@ from addons._flow import credentials_allowed, header_map, route_of, session_of
 from addons._stage import Stage
 from proxy import dbworker, debuglog, runtime, usage
 from proxy.compaction import journal_link, store
+from proxy.compaction.bookkeeping import records_on, shared_records
 from proxy.compaction.decision import (
     HOLD_FRACTION,
     Estimate,
@@ -52,8 +53,9 @@ def _stateful(payload: dict[str, Any]) -> bool:
     return bool(payload.get("previous_response_id")) or payload.get("conversation") is not None
 
 
-def _snapshot(conn: sqlite3.Connection, key: str) -> tuple[store.SessionRecord | None, usage.Usage | None]:
-    return store.session_state(conn, key), usage.last_usage_for_session(conn, key)
+def _snapshot(rec: Any, conn: sqlite3.Connection,
+              key: str) -> tuple[store.SessionRecord | None, usage.Usage | None]:
+    return rec.session_state(key), usage.last_usage_for_session(conn, key)
 
 
 def _memo(rt: runtime.Runtime) -> store.SessionMemo:
@@ -116,7 +118,8 @@ class Compaction(Stage):
         if sess is not None:  # this process wrote the session's last state: no database round trip
             last_usage = rt.services.usage.get(key)
         else:
-            sess, last_usage = await db.run(lambda conn: _snapshot(conn, key))
+            records = shared_records(rt.state_store())  # the store's compaction records (None: embedded, on conn)
+            sess, last_usage = await db.run(lambda conn: _snapshot(records_on(records, conn), conn, key))
             last_usage = usage.newest(last_usage, rt.services.usage.get(key))
         headers = header_map(flow)
         st = state_of(flow)

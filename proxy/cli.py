@@ -7,8 +7,9 @@ import asyncio
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from proxy import __version__
 from proxy.config import (
@@ -158,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(ts)
     ts.add_argument("--json", action="store_true", help="machine-readable output")
     ts.add_argument("--limit", type=int, default=None, metavar="N", help="only the N newest tasks")
+    ts.add_argument("--store", metavar="URL", default=None,
+                    help="read this store (postgresql://USER@HOST:PORT/DB or embedded); default: CTPROXY_STORE, "
+                         "store.url, else the store of the proxy running on this state directory")
     sh = sub.add_parser("show", help="one session or task: windows and items (role, type, preview)",
                         description="A session (or each session of a task): its windows with strategy and "
                         "bootstrap, and its items with role, type and a preview of the text. A unique prefix of "
@@ -167,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--item", metavar="ID", help="print this item whole (its JSON)")
     sh.add_argument("--limit", type=int, default=None, metavar="N", help="only the last N items of each session")
     sh.add_argument("--json", action="store_true", help="machine-readable output")
+    sh.add_argument("--store", metavar="URL", default=None,
+                    help="read this store (postgresql://USER@HOST:PORT/DB or embedded); default: CTPROXY_STORE, "
+                         "store.url, else the store of the proxy running on this state directory")
     db = sub.add_parser("dashboard", help="print a new one-time login link for the dashboard (the tool server's /ui/)",
                         description="Asks the running tool server for a fresh one-time login link (valid 10 "
                         "minutes). Opening it sets an HttpOnly cookie; the page URLs carry no token after that.")
@@ -199,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("session", nargs="?", metavar="SESSION", help="a journal session key (see `ctproxy tasks`)")
     cp.add_argument("--task", metavar="ID", help="the task (instead of a session)")
     cp.add_argument("--agent", metavar="ADDRESS", help="the agent of --task (default /root; relative under /root)")
+    cp.add_argument("--store", metavar="URL", default=None,
+                    help="mark it in this store (postgresql://USER@HOST:PORT/DB or embedded); default: "
+                         "CTPROXY_STORE, store.url, else the store of the proxy running on this state directory")
 
     cx = sub.add_parser(
         "codex-config", help="print (or --write) the Codex CLI config.toml entries that use ctproxy",
@@ -444,15 +454,20 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     import dataclasses
 
     from proxy import sessionview
+    from proxy.store.postgres import StoreError
 
     if args.limit is not None and args.limit < 1:
         print("ctproxy tasks: --limit must be at least 1", file=sys.stderr)
         return 2
-    conn = sessionview.open_db(_state(args))
+    try:
+        conn, close = _view_db(args, "tasks")
+    except StoreError as exc:
+        print(f"ctproxy tasks: {exc}", file=sys.stderr)
+        return 1
     try:
         tasks = sessionview.list_tasks(conn, args.limit)
     finally:
-        conn.close()
+        close()
     if args.json:
         print(json.dumps([dataclasses.asdict(t) | {"sessions": t.sessions, "items": t.items,
                                                    "bridged_rounds": t.bridged_rounds,
@@ -462,12 +477,45 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _view_db(args: argparse.Namespace, command: str) -> tuple[Any, Callable[[], None]]:
+    """The journal `ctproxy tasks` / `ctproxy show` read, and how to let it go: the state directory's database, or
+    with a PostgreSQL store (`_cli_store`) a read-only connection of that store (proxy/store/pgview.py)."""
+    from proxy import sessionview
+    from proxy.store.choice import open_store
+
+    state = _state(args)
+    choice = _cli_store(args, state)
+    if choice.url is None:
+        conn = sessionview.open_db(state)
+        return conn, conn.close
+    from proxy.store.pgview import PgViewConnection
+
+    store = open_store(choice, state)
+    try:
+        view = PgViewConnection(store.pool)  # type: ignore[attr-defined]
+    except Exception:
+        store.close()
+        raise
+
+    def close() -> None:
+        try:
+            view.close()
+        finally:
+            store.close()
+    return view, close
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     import dataclasses
 
     from proxy import sessionview
+    from proxy.store.postgres import StoreError
 
-    conn = sessionview.open_db(_state(args))
+    try:
+        conn, close = _view_db(args, "show")
+    except StoreError as exc:
+        print(f"ctproxy show: {exc}", file=sys.stderr)
+        return 1
     try:
         if args.item:
             found = sessionview.item_raw(conn, args.item)
@@ -491,7 +539,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             sessions = [s for t in sessionview.list_tasks(conn, task_id=key) for a in t.agents for s in a.sessions]
         shown = [(s, sessionview.session_items(conn, s.session_key, args.limit)) for s in sessions]
     finally:
-        conn.close()
+        close()
     if args.json:
         print(json.dumps([dataclasses.asdict(s) | {"item_list": [dataclasses.asdict(i) for i in items]}
                           for s, items in shown], indent=2))
@@ -592,8 +640,9 @@ def cmd_store(args: argparse.Namespace) -> int:
 
 def cmd_context(args: argparse.Namespace) -> int:
     from proxy.context.checkpoint import CheckpointTargetError, mark_checkpoint
-    from proxy.db import connect
     from proxy.status import read_run_file, running_config
+    from proxy.store.choice import open_store
+    from proxy.store.postgres import StoreError
 
     if bool(args.session) == bool(args.task) or (args.agent and not args.task):
         print("ctproxy context checkpoint: give SESSION, or --task ID [--agent ADDRESS]", file=sys.stderr)
@@ -602,14 +651,21 @@ def cmd_context(args: argparse.Namespace) -> int:
     # Refused now, with the reason, when the proxy that will serve it cannot: the running one's configuration
     # if a proxy runs, else the file's (the next `ctproxy up`).
     config = running_config(read_run_file(state)) or load_config(_config_path(args, state))
-    conn = connect(state.db_path)
+    try:  # the store the proxies serve from (`_cli_store`), as `ctproxy task new` reaches it
+        store = open_store(_cli_store(args, state), state)
+    except StoreError as exc:
+        print(f"ctproxy context checkpoint: {exc}", file=sys.stderr)
+        return 1
     try:
-        pending = mark_checkpoint(conn, args.session, args.task, args.agent, "cli", config)
+        pending = mark_checkpoint(store, args.session, args.task, args.agent, "cli", config)
     except CheckpointTargetError as exc:
         print(f"ctproxy context checkpoint: {exc.message}", file=sys.stderr)
         return 1
+    except StoreError as exc:
+        print(f"ctproxy context checkpoint: {exc}", file=sys.stderr)
+        return 1
     finally:
-        conn.close()
+        store.close()
     print(f"checkpoint pending for {pending.address} in task {pending.task_id}: its next request runs the "
           "checkpoint turn and starts a new window")
     return 0

@@ -163,6 +163,8 @@ def _bootstrap_summary(raw: Any) -> str:
 
 
 def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    if getattr(conn, "dialect", "sqlite") != "sqlite":
+        return True  # the PostgreSQL store's schema has every table (its migrations)
     return conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (name,)).fetchone() is not None
 
 
@@ -198,15 +200,19 @@ def _labels(conn: sqlite3.Connection, task_ids: list[str]) -> dict[str, str]:
 
 def list_tasks(conn: sqlite3.Connection, limit: int | None = None, task_id: str | None = None) -> list[TaskView]:
     """Tasks, newest first (by their last activity), each with its agents, sessions and windows."""
+    # (the SQL both stores speak: the last activity is the greatest of three, taken here, then the order and limit)
     where, args = ("WHERE t.task_id = ?", [task_id]) if task_id else ("", [])
-    sql = ("SELECT t.task_id, t.origin, t.created_at, max(t.created_at, coalesce(max(s.created_at), 0), "
+    sql = ("SELECT t.task_id, t.origin, t.created_at, coalesce(max(s.created_at), 0) AS s_last, "
            "coalesce((SELECT max(r.created_at) FROM journal_responses r JOIN journal_sessions s2 "
-           "ON s2.session_key = r.session_key WHERE s2.task_id = t.task_id), 0)) AS last "
+           "ON s2.session_key = r.session_key WHERE s2.task_id = t.task_id), 0) AS r_last "
            f"FROM journal_tasks t LEFT JOIN journal_sessions s ON s.task_id = t.task_id {where} "
-           "GROUP BY t.task_id ORDER BY last DESC, t.task_id")
+           "GROUP BY t.task_id, t.origin, t.created_at")
+    rows = [{"task_id": r["task_id"], "origin": r["origin"], "created_at": r["created_at"],
+             "last": max(r["created_at"], r["s_last"], r["r_last"])} for r in conn.execute(sql, args)]
+    rows.sort(key=lambda r: r["task_id"])
+    rows.sort(key=lambda r: r["last"], reverse=True)
     if limit is not None:
-        sql += f" LIMIT {int(limit)}"
-    rows = conn.execute(sql, args).fetchall()
+        rows = rows[:int(limit)]
     ids = [r["task_id"] for r in rows]
     if not ids:
         return []

@@ -18,7 +18,7 @@ import pytest
 from proxy.notes import NoteError, NotePathError
 from proxy.state import StateDir
 from proxy.store.embedded import EmbeddedStore
-from proxy.store.interface import NotesBackend, RolloverBackend, Store, UsageBackend
+from proxy.store.interface import CompactionBackend, NotesBackend, RolloverBackend, Store, UsageBackend
 from tests.support.postgres import private_server, unavailable
 
 _COUNT = itertools.count()
@@ -62,6 +62,7 @@ def test_both_stores_hold_the_interface(open_store):
     assert isinstance(store.notes("task1"), NotesBackend)
     assert isinstance(store.rollovers, RolloverBackend)
     assert isinstance(store.usage, UsageBackend)
+    assert isinstance(store.compaction(), CompactionBackend)
 
 
 def test_notes_write_read_append(open_store):
@@ -175,6 +176,66 @@ def test_usage_keeps_the_newest_answer_and_estimates(open_store):
     newest = usage.for_agent("t", "/root")
     assert newest is not None and (newest.session_key, newest.output_tokens, newest.total_tokens) == ("s2", 0, None)
     assert usage.for_agent("other-task", "/root") is None and usage.for_agent("t", "/root/helper") is None
+
+
+# ------------------------------------------------------------------------------------------------ compaction
+def test_compaction_records_per_session(open_store):
+    rec = open_store().compaction()
+    assert rec.session_state("s1") is None
+    rec.record_compacted("s1", 40)  # alone: the count at the last compaction is known, nothing forwarded yet
+    got = rec.session_state("s1")
+    assert got is not None and (got.last.checkpoint_id, got.last.client_items, got.last.sent_bytes) == (None, 0, 0)
+    assert (got.force_compact, got.failed_items, got.compacted_items) == (False, None, 40)
+    rec.record_forwarded("s1", "cp_1", 42, 9000)
+    rec.mark_force_compact("s1")
+    rec.mark_failed("s1", 42)
+    got = rec.session_state("s1")
+    assert got is not None and (got.last.checkpoint_id, got.last.client_items, got.last.sent_bytes) == \
+        ("cp_1", 42, 9000)  # a forced compaction and a failure keep what was forwarded
+    assert (got.force_compact, got.failed_items, got.compacted_items) == (True, 42, 40)
+    rec.record_forwarded("s1", None, 43, 9100)  # a new request clears the forced compaction
+    got = rec.session_state("s1")
+    assert got is not None and (got.last.checkpoint_id, got.last.client_items, got.force_compact) == \
+        (None, 43, False)
+    assert got.failed_items == 42
+    rec.mark_force_compact("s2")  # a session seen first by its forced compaction
+    got = rec.session_state("s2")
+    assert got is not None and (got.force_compact, got.last.client_items, got.compacted_items) == (True, 0, None)
+
+
+def test_compaction_events_and_learned_windows(open_store):
+    rec = open_store().compaction()
+    assert rec.events() == [] and rec.learned_window("gpt-5", "https://api/v1/responses") is None
+    for i in range(5):
+        rec.record_event("s1" if i % 2 == 0 else "s2", "compaction", "remote", f"r{i}", f"cp_{i}")
+    rec.record_event("s1", "recovery", "recovered")
+    got = rec.events("s1")
+    assert [(e.kind, e.outcome, e.reason, e.checkpoint_id) for e in got] == [
+        ("compaction", "remote", "r0", "cp_0"), ("compaction", "remote", "r2", "cp_2"),
+        ("compaction", "remote", "r4", "cp_4"), ("recovery", "recovered", None, None)]  # oldest first
+    assert all(e.session_key == "s1" and e.at > 0 for e in got)
+    assert [e.reason for e in rec.events(limit=3)] == ["r3", "r4", None]  # the newest 3 of all sessions
+    assert [e.checkpoint_id for e in rec.events("s2", limit=1)] == ["cp_3"]
+    rec.learn_window("gpt-5", "https://api/v1/responses", 120_000)
+    rec.learn_window("gpt-5", "https://api/v1/responses", 150_000)  # larger: the smallest seen is kept
+    assert rec.learned_window("gpt-5", "https://api/v1/responses") == 120_000
+    rec.learn_window("gpt-5", "https://api/v1/responses", 100_000)
+    assert rec.learned_window("gpt-5", "https://api/v1/responses") == 100_000
+    assert rec.learned_window("gpt-5", "https://other/v1/responses") is None
+
+
+def test_compaction_records_written_through_a_are_read_through_b(open_store):
+    a, b = open_store(), open_store()
+    a.compaction().record_forwarded("s1", "cp_a", 10, 500)
+    a.compaction().record_compacted("s1", 8)
+    a.compaction().record_event("s1", "compaction", "fallback", "threshold", "cp_a")
+    a.compaction().learn_window("m", "e", 5000)
+    got = b.compaction().session_state("s1")
+    assert got is not None and (got.last.checkpoint_id, got.compacted_items) == ("cp_a", 8)
+    assert [e.checkpoint_id for e in b.compaction().events("s1")] == ["cp_a"]
+    assert b.compaction().learned_window("m", "e") == 5000
+    b.compaction().mark_force_compact("s1")
+    assert a.compaction().session_state("s1").force_compact  # type: ignore[union-attr]
 
 
 # ------------------------------------------------------------------------------------------------ two instances

@@ -58,6 +58,17 @@ def _embedded_state(root: Path) -> StateDir:
 
     record_estimate(conn, "f:conv", task, "/root", "gpt-5", 1234)
     conn.close()
+    from proxy.store.embedded import EmbeddedStore
+
+    embedded = EmbeddedStore(state)  # compaction's records, one row or more in each of its tables
+    rec = embedded.compaction()
+    rec.record_forwarded("f:conv", "cp_copied", 4, 2048)
+    rec.mark_failed("f:conv", 4)
+    rec.record_compacted("f:conv", 3)
+    rec.record_event("f:conv", "compaction", "fallback", "threshold", "cp_copied")
+    rec.record_event("f:conv", "recovery", "recovered", "remote", "cp_copied")
+    rec.learn_window("gpt-5", "https://api.example/v1/responses", 96_000)
+    embedded.close()
     notes = NotesStore(state.subdir("notes"), task)
     notes.write("/root", "checkpoint.md", "checkpoint: half done\n")
     notes.write("/root", "deep/dir/plan.md", "step 1\nstep 2 — ünïcode\n")
@@ -149,6 +160,16 @@ def test_store_migrate_copies_everything_and_search_works_there(pg, tmp_path):
         assert len(served.item_ids_for_session("f:conv")) == 6
         assert served.events("f:conv")[-1]["kind"] == "after_copy"
         assert served.window_of("f:conv").window_id == "w2"
+        # Compaction's records came along, and go on: events numbered after the copied ones.
+        rec = store.compaction()
+        got = rec.session_state("f:conv")
+        assert got is not None and (got.last.checkpoint_id, got.last.client_items, got.last.sent_bytes,
+                                    got.failed_items, got.compacted_items) == ("cp_copied", 4, 2048, 4, 3)
+        assert rec.learned_window("gpt-5", "https://api.example/v1/responses") == 96_000
+        rec.record_event("f:conv", "compaction", "remote", "after_copy", "cp_next")
+        assert [(e.kind, e.outcome, e.checkpoint_id) for e in rec.events("f:conv")] == [
+            ("compaction", "fallback", "cp_copied"), ("recovery", "recovered", "cp_copied"),
+            ("compaction", "remote", "cp_next")]
     finally:
         served.close()
         store.close()

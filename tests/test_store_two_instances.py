@@ -4,8 +4,13 @@ the real CLI, proxies and tool servers, against the Responses emulator (ADR 0013
 - a note written through A's tool server is read through B's (and no note file exists on either disk);
 - `new_context` marked through A rolls over B's next request for the agent (B forwards the new window's bootstrap;
   B runs `--workers 2`, each worker on its own store);
+- a manual checkpoint asked of A (`POST /v1/context/checkpoint` on A's tool server) is taken by B's next request
+  for the agent: B runs the checkpoint turn and forwards in window w2;
 - `kill -9` of A loses nothing A committed (its note is read through B), and B goes on serving;
 - a stateless conversation whose turns alternate between A and B is one session (the journal is the store's);
+- the window an upstream showed A (an overflow A recovered) makes B compact a new conversation before it
+  overflows (compaction's records are the store's);
+- `ctproxy tasks` and `ctproxy show` on B's state directory read the store's journal: turns through A and B;
 - `ctproxy task new` on A's state directory registers the task in the store, so B knows it too;
 - an unreachable store stops `ctproxy up` with what to do, nothing left running; the password of a URL is never
   shown (log, run.json, status); `ctproxy status` names the store and says whether it is reachable.
@@ -20,6 +25,7 @@ import asyncio
 import itertools
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -177,6 +183,46 @@ async def test_new_context_through_a_rolls_over_bs_next_request(emulator, proxy_
     assert after["details"]["pending_rollover"] is None, after
 
 
+async def test_a_checkpoint_asked_of_a_runs_on_bs_next_request(emulator, proxy_factory, tmp_path: Path,
+                                                                  db_url: str):
+    a, b = await two_instances(proxy_factory, emulator, tmp_path, db_url)
+    ia, ib = await joined(a, b, emulator, new_task(a.state_dir))
+    emulator.script(Text("first answer"),
+                    FunctionCall("notes_write_file", {"path": "cp.md", "text": "checkpoint written through B"},
+                                 call_id="c_cp"),
+                    Text("resumed in w2"))
+    history: list[dict[str, Any]] = [{"role": "user", "content": "do the work in window one"}]
+    first = await ib.create(history)  # the agent's conversation runs through B
+    history += [o.model_dump(mode="json", exclude_none=True) for o in first.output]
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{a.tools_url}/v1/context/checkpoint", json={"task": ia.task, "agent": "/root"},
+            headers=ia.headers) as r:  # asked of A
+        marked = await r.json()
+        assert r.status == 200, marked
+    assert marked["pending_rollover"] == "checkpoint" and marked["window_id"] == "w1", marked
+    _, remaining = await ib.tool("get_context_remaining", {})
+    assert remaining["details"]["pending_rollover"] == "checkpoint", remaining
+    seen = len(emulator.responses_requests)
+    history.append({"role": "user", "content": "continue"})
+    resp = await ib.create(history)
+    assert resp.output_text == "resumed in w2"
+    turn, forwarded = emulator.responses_requests[seen:]
+    assert (turn.json or {}).get("tool_choice") == {"type": "function", "name": "notes_write_file"}  # the turn
+    texts = [text_of(i) for i in forwarded.input_items if i.get("role") == "developer"]
+    assert any("context window w2" in t for t in texts), texts
+    _, read = await ia.tool("notes_read_file", {"path": "cp.md"})  # the turn's note, in the store
+    assert "checkpoint written through B" in read["text"]
+    _, after = await ia.tool("get_context_remaining", {})  # taken once, by B
+    assert after["details"]["pending_rollover"] is None, after
+    no_note_files(a, b)
+    # `ctproxy context checkpoint` on A's state directory marks in the store A serves from (its run.json's), too.
+    out = cli("context", "checkpoint", "--task", ia.task, "--state-dir", str(a.state_dir))
+    assert out.returncode == 0, out.stderr
+    assert "checkpoint pending for /root" in out.stdout
+    _, remaining = await ib.tool("get_context_remaining", {})
+    assert remaining["details"]["pending_rollover"] == "checkpoint", remaining
+
+
 async def test_kill_9_of_a_loses_nothing_committed_and_b_serves_on(emulator, proxy_factory, tmp_path: Path,
                                                                    db_url: str):
     a, b = await two_instances(proxy_factory, emulator, tmp_path, db_url)
@@ -218,6 +264,78 @@ async def test_a_stateless_conversation_alternating_between_a_and_b_is_one_sessi
         assert f"marker-{n}-of-three" in body["text"], (n, body)
     _, windows = await ib.tool("history_list_windows", {})
     assert "w1" in windows["text"] and "w2" not in windows["text"], windows
+
+
+async def test_a_window_learned_through_a_makes_b_compact_before_it_overflows(proxy_factory, tmp_path: Path,
+                                                                             db_url: str):
+    import psycopg
+
+    from tests.emulator import Emulator
+
+    limit, message = 60_000, "m" * 3_000  # the upstream's real window (bytes), far below the model table's
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(
+            {"remote_compaction": {"enabled": True}, "model_windows": {"gpt-test*": 128_000}}))
+    async with Emulator(context_limit_bytes=limit) as emu:
+        a, b = await two_instances(proxy_factory, emu, tmp_path, db_url)
+
+        async def create(inst: ProxyProcess, items: list[dict[str, Any]]) -> Any:
+            async with openai.AsyncOpenAI(base_url=inst.url + "/v1", api_key="sk-test-store", max_retries=0) as c:
+                return await c.responses.create(model="gpt-test-1", store=False, input=items)
+
+        # Just above the real window: A overflows, compacts, retries smaller, and learns about 63 KB / 4 tokens.
+        answer = await create(a, [{"role": "user", "content": f"{i}: {message}"} for i in range(21)])
+        assert answer.output_text.startswith("You said: 20: mmm")  # A recovered the overflow
+        assert [r.status for r in emu.responses_requests] == [400, 200]
+        with psycopg.connect(db_url) as conn:
+            (learned,), = conn.execute("SELECT window_tokens FROM compaction_windows WHERE model = 'gpt-test-1'")
+            assert 0 < learned <= 66_000 // 4
+            events = [tuple(r) for r in conn.execute("SELECT kind, outcome FROM compaction_events ORDER BY id")]
+            assert ("recovery", "recovered") in events and ("compaction", "remote") in events, events
+        for p in (a, b):  # nothing of compaction's in either state directory's database
+            conn_l = sqlite3.connect(p.state_dir / "ctproxy.db")
+            try:
+                tables = {r[0] for r in conn_l.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                for table in ("compaction_windows", "compaction_events", "compaction_sessions"):
+                    if table in tables:
+                        assert conn_l.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0, (p, table)
+            finally:
+                conn_l.close()
+        # B never saw an overflow: the window A learned makes it compact a new conversation (about 58 KB, under
+        # the real window but above the learned window's threshold) before it forwards it.
+        emu.reset()
+        answer = await create(b, [{"role": "user", "content": f"other {i}: {message}"} for i in range(19)])
+        assert answer.output_text.startswith("You said: other 18")
+        assert [r.status for r in emu.responses_requests] == [200]
+        assert [r.route for r in emu.requests] == ["compact", "responses"], [(r.route, r.status) for r in emu.requests]
+
+
+async def test_tasks_and_show_read_the_stores_journal(emulator, proxy_factory, tmp_path: Path, db_url: str):
+    a, b = await two_instances(proxy_factory, emulator, tmp_path, db_url)
+    ia, _ = await joined(a, b, emulator, new_task(a.state_dir))
+    task: dict[str, Any] = {}
+    for _ in range(100):  # the journal's writers commit in the background
+        out = cli("tasks", "--json", "--state-dir", str(b.state_dir))  # B's run.json names the store
+        assert out.returncode == 0, out.stderr
+        task = next((t for t in json.loads(out.stdout) if t["task_id"] == ia.task), {})
+        if task and task["items"] >= 4:
+            break
+        await asyncio.sleep(0.1)
+    assert [ag["address"] for ag in task["agents"]] == ["/root"], task
+    assert task["sessions"] >= 1 and task["items"] >= 4, task  # the turns through A and through B
+    shown = cli("show", ia.task, "--state-dir", str(b.state_dir))
+    assert shown.returncode == 0, shown.stderr
+    assert "hello through A" in shown.stdout and "hello through B" in shown.stdout, shown.stdout
+    listed = json.loads(cli("show", ia.task, "--json", "--state-dir", str(a.state_dir)).stdout)
+    item = next(i for entry in listed for i in entry["item_list"] if "hello through B" in i["preview"])
+    one = cli("show", "x", "--item", item["item_id"], "--json", "--state-dir", str(a.state_dir))
+    assert one.returncode == 0, one.stderr
+    assert json.loads(one.stdout)["raw"]["content"] == "hello through B"
+    prefix = cli("show", ia.task[:12], "--state-dir", str(a.state_dir))  # a unique prefix resolves
+    assert prefix.returncode == 0 and "hello through A" in prefix.stdout, prefix.stderr
+    embedded = cli("tasks", "--json", "--store", "embedded", "--state-dir", str(b.state_dir))
+    assert embedded.returncode == 0 and ia.task not in embedded.stdout  # B's own database has none of it
 
 
 async def test_an_unreachable_store_stops_up_with_what_to_do(tmp_path: Path, pg: PrivateServer):

@@ -27,7 +27,6 @@ from pydantic import BaseModel, ConfigDict
 from proxy import usage as usage_store
 from proxy.context import rollover
 from proxy.context.checkpoint import CheckpointTargetError, mark_checkpoint
-from proxy.db import connect
 from proxy.journal.query import HistoryReader
 from proxy.store.interface import Store
 from tools_server.history.shared import Readers, caller_of
@@ -195,15 +194,10 @@ def add_context_routes(app: web.Application, services_of: Callable[[web.Applicat
         if extra:
             return _error(400, "invalid_arguments", f"unknown field {sorted(extra)[0]!r}")
         services = services_of(request.app)
-        db = services.state.db_path
 
-        def run() -> rollover.Pending:
-            conn = connect(db)
-            try:
-                return mark_checkpoint(conn, body.get("session"), body.get("task"), body.get("agent"), "rest",
-                                       services.config)
-            finally:
-                conn.close()
+        def run() -> rollover.Pending:  # through the process's store: its journal, its rollovers
+            return mark_checkpoint(services.state_store(), body.get("session"), body.get("task"), body.get("agent"),
+                                   "rest", services.config)
 
         try:
             pending = await asyncio.to_thread(run)

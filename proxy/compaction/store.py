@@ -15,6 +15,7 @@ import dataclasses
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +30,7 @@ from proxy.journal.journal import window_from_row
 from proxy.journal.migrate import checkpoint_bootstrap
 from proxy.transforms.compaction import CompactionRecord
 
-register_schema(
-    "compaction",
-    """
+SCHEMA = """
     CREATE TABLE IF NOT EXISTS compaction_sessions (
         session_key TEXT PRIMARY KEY,
         checkpoint_id TEXT,
@@ -66,8 +65,8 @@ register_schema(
         updated_at REAL NOT NULL,
         PRIMARY KEY (model, endpoint)
     );
-    """,
-)
+    """
+register_schema("compaction", SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -261,6 +260,51 @@ def events(conn: sqlite3.Connection, session_key: str | None = None, limit: int 
                             (session_key, limit)).fetchall()
     return [Event(r["session_key"], r["at"], r["kind"], r["outcome"], r["reason"], r["checkpoint_id"])
             for r in reversed(rows)]
+
+
+class SqliteCompaction:
+    """The embedded store's `CompactionBackend` (proxy/store/interface.py): the statements above on a SQLite
+    connection. The proxy binds one to its database thread's connection for each write or read (`on(conn)`), so
+    its writes stay in that thread's batched transaction as before; the embedded store gives it its per-thread
+    connections (`EmbeddedStore.compaction()`)."""
+
+    kind = "embedded"
+
+    def __init__(self, conn: Callable[[], sqlite3.Connection]):
+        self._conn = conn
+
+    @staticmethod
+    def on(conn: sqlite3.Connection) -> SqliteCompaction:
+        return SqliteCompaction(lambda: conn)
+
+    def session_state(self, session_key: str) -> SessionRecord | None:
+        return session_state(self._conn(), session_key)
+
+    def record_forwarded(self, session_key: str, checkpoint_id: str | None, client_items: int,
+                         sent_bytes: int) -> None:
+        record_forwarded(self._conn(), session_key, checkpoint_id, client_items, sent_bytes)
+
+    def mark_force_compact(self, session_key: str) -> None:
+        mark_force_compact(self._conn(), session_key)
+
+    def mark_failed(self, session_key: str, client_items: int) -> None:
+        mark_failed(self._conn(), session_key, client_items)
+
+    def record_compacted(self, session_key: str, client_items: int) -> None:
+        record_compacted(self._conn(), session_key, client_items)
+
+    def record_event(self, session_key: str, kind: str, outcome: str, reason: str | None = None,
+                     checkpoint_id: str | None = None) -> None:
+        record_event(self._conn(), session_key, kind, outcome, reason, checkpoint_id)
+
+    def events(self, session_key: str | None = None, limit: int = 200) -> list[Event]:
+        return events(self._conn(), session_key, limit)
+
+    def learn_window(self, model: str, endpoint: str, window_tokens: int) -> None:
+        learn_window(self._conn(), model, endpoint, window_tokens)
+
+    def learned_window(self, model: str, endpoint: str) -> int | None:
+        return learned_window(self._conn(), model, endpoint)
 
 
 class SessionMemo:

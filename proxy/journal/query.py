@@ -287,11 +287,13 @@ def bridged_counts(conn: sqlite3.Connection, keys: list[str]) -> dict[str, Bridg
         return {}
     marks = ",".join("?" * len(keys))
     ours = ",".join("?" * len(BRIDGE_NAMESPACES))
-    bridged = f"(type = 'mcp_call' AND tool_namespace IN ({ours}))"
-    sql = ("SELECT session_key, sum(b), sum(b AND NOT coalesce(prev, 0)), count(DISTINCT CASE WHEN b THEN "
+    # (0/1, not booleans: the SQL both stores speak; proxy/store/pgview.py reads it on PostgreSQL)
+    bridged = f"(CASE WHEN type = 'mcp_call' AND tool_namespace IN ({ours}) THEN 1 ELSE 0 END)"
+    sql = ("SELECT session_key, sum(b), sum(CASE WHEN b = 1 AND coalesce(prev, 0) = 0 THEN 1 ELSE 0 END), "
+           "count(DISTINCT CASE WHEN b = 1 THEN "
            f"response_id END) FROM (SELECT session_key, response_id, {bridged} "
            f"AS b, lag({bridged}) OVER (PARTITION BY session_key, response_id "
-           f"ORDER BY seq) AS prev FROM journal_items WHERE origin = 'output' AND session_key IN ({marks})) "
+           f"ORDER BY seq) AS prev FROM journal_items WHERE origin = 'output' AND session_key IN ({marks})) q "
            "GROUP BY session_key HAVING sum(b) > 0")
     return {r[0]: BridgedCounts(int(r[1]), int(r[2]), int(r[3]))
             for r in conn.execute(sql, [*BRIDGE_NAMESPACES, *BRIDGE_NAMESPACES, *keys])}

@@ -2,10 +2,11 @@
 (WAL mode) and its note files, exactly as ctproxy has always kept them.
 
 Notes are `proxy.notes.store.NotesStore` (real files under a cross-process file lock); pending rollovers are the
-`context_rollovers` table through `proxy.context.rollover`'s functions and usage the `usage` / `usage_estimates`
-tables through `proxy.usage`'s, on one connection per thread (SQLite connections are cheap, and a thread that holds
-its own never waits for another's statement). A mark also moves the rollover stamp file, so a proxy process that
-trusts its "nothing pending" sees it at once.
+`context_rollovers` table through `proxy.context.rollover`'s functions, usage the `usage` / `usage_estimates`
+tables through `proxy.usage`'s and compaction's records its tables through `proxy.compaction.store`'s, on one
+connection per thread (SQLite connections are cheap, and a thread that holds its own never waits for another's
+statement). A mark also moves the rollover stamp file, so a proxy process that trusts its "nothing pending" sees
+it at once.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 from pathlib import Path
 
 from proxy import usage as usage_sql
+from proxy.compaction import store as compaction_sql
 from proxy.context import rollover
 from proxy.context.pending import KINDS, Kind, Pending
 from proxy.db import connect
@@ -38,7 +40,8 @@ class _Connections:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = connect(self._path)
-            rollover.ensure(conn)  # (a connection opened before the module registered its schema)
+            rollover.ensure(conn)  # (a connection opened before the modules registered their schemas)
+            conn.executescript(compaction_sql.SCHEMA)
             self._local.conn = conn
             with self._lock:
                 self._all.append(conn)
@@ -99,6 +102,7 @@ class EmbeddedStore:
         self._conns = _Connections(state.db_path)
         self._rollovers = EmbeddedRollovers(self._conns)
         self._usage = EmbeddedUsage(self._conns)
+        self._compaction = compaction_sql.SqliteCompaction(self._conns.get)
         self._journal: SqliteJournal | None = None
         self._journal_lock = threading.Lock()
 
@@ -119,6 +123,11 @@ class EmbeddedStore:
             if self._journal is None:
                 self._journal = SqliteJournal(self.state.db_path)
             return self._journal
+
+    def compaction(self) -> compaction_sql.SqliteCompaction:
+        """Compaction's records in the state's database (the proxy's own writes bind the same statements to its
+        database thread's connection: `SqliteCompaction.on`)."""
+        return self._compaction
 
     def close(self) -> None:
         self._conns.close()

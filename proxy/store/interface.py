@@ -6,10 +6,10 @@ machine or several share. The interface is synchronous: the state is used from t
 the proxy's database thread, the tool server's executors, the CLI) as much as from event loops, which reach it
 through their own thread hop, as they reach SQLite today.
 
-Served through it: notes, pending rollovers, usage and the journal (tasks, agents, sessions, windows, items,
-branches, events, responses and response-id aliases, with the history tools' reader). The compaction records are
-the next part (ADR 0013, "Order of the rest"); until they are behind this interface, each instance keeps its own
-(ADR 0013, "Wiring").
+Served through it: notes, pending rollovers, usage, the journal (tasks, agents, sessions, windows, items,
+branches, events, responses and response-id aliases, with the history tools' reader) and compaction's records
+(per session: what went up last, a forced compaction, the items at the last compaction; compaction and recovery
+events; the windows learned from upstreams).
 
 Errors are the embedded store's, word for word, whichever implementation raises them: `NoteError` for what the
 model got wrong about a note (it sees the message), `NotePathError` for a bad path or task id.
@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
+from proxy.compaction.store import Event as CompactionEvent
+from proxy.compaction.store import SessionRecord
 from proxy.context.pending import KINDS, Kind, Pending
 from proxy.journal.model import Window
 from proxy.journal.ops import Op, PutWindow
@@ -164,6 +166,42 @@ class JournalBackend(Protocol):
 
 
 @runtime_checkable
+class CompactionBackend(Protocol):
+    """Compaction's own records (proxy/compaction/store.py): per session what the last request forwarded, a
+    pending forced compaction, a failed remote attempt and the agent items at the last compaction; the
+    compaction / recovery / projection events; the effective window an upstream showed per model and endpoint.
+
+    Contract (both implementations, tests/test_store_interface.py):
+    - `record_forwarded` replaces the session's last request and clears a forced compaction;
+      `mark_force_compact` and `mark_failed` keep what was forwarded; `session_state` is None for a session
+      nothing was recorded for, and carries `compacted_items` once `record_compacted` ran (even alone);
+    - `events` are oldest first, the newest `limit` of them, per session or over all sessions;
+    - `learn_window` keeps the smallest window seen for (model, endpoint)."""
+
+    kind: StoreKind
+
+    def session_state(self, session_key: str) -> SessionRecord | None: ...
+
+    def record_forwarded(self, session_key: str, checkpoint_id: str | None, client_items: int,
+                         sent_bytes: int) -> None: ...
+
+    def mark_force_compact(self, session_key: str) -> None: ...
+
+    def mark_failed(self, session_key: str, client_items: int) -> None: ...
+
+    def record_compacted(self, session_key: str, client_items: int) -> None: ...
+
+    def record_event(self, session_key: str, kind: str, outcome: str, reason: str | None = None,
+                     checkpoint_id: str | None = None) -> None: ...
+
+    def events(self, session_key: str | None = None, limit: int = 200) -> list[CompactionEvent]: ...
+
+    def learn_window(self, model: str, endpoint: str, window_tokens: int) -> None: ...
+
+    def learned_window(self, model: str, endpoint: str) -> int | None: ...
+
+
+@runtime_checkable
 class Store(Protocol):
     """One state store: the parts above, opened once per process and closed at its end."""
 
@@ -181,6 +219,10 @@ class Store(Protocol):
 
     def journal(self) -> JournalBackend:
         """The journal's backend (one per store: the process's journal and history readers share it)."""
+        ...
+
+    def compaction(self) -> CompactionBackend:
+        """Compaction's records (one per store)."""
         ...
 
     def close(self) -> None: ...

@@ -16,6 +16,9 @@ words.
 
 Usage: `usage` and `usage_estimates` (migration 2), proxy/usage.py's statements.
 
+Compaction's records: `compaction_sessions`, `compaction_progress`, `compaction_events` (ids from migration 3's
+sequence) and `compaction_windows`, proxy/compaction/store.py's statements (migration 4 indexes the events).
+
 Rollovers: `context_rollovers`, with the same statements as SQLite's (`ON CONFLICT … DO UPDATE … RETURNING`,
 `DELETE … RETURNING`): taking a mark is one statement, so of two instances at most one gets it.
 """
@@ -27,6 +30,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from proxy.compaction.decision import LastRequest
+from proxy.compaction.store import Event, SessionRecord
 from proxy.context.pending import KINDS, Kind, Pending
 from proxy.journal.addresses import address_hash
 from proxy.notes.paths import check_rel, check_task_id, is_valid_rel, quoted
@@ -251,6 +256,94 @@ class PgUsage:
         return Usage(row[0], row[1], row[2], row[3], int(row[4]), 0, None, None, float(row[5]))
 
 
+class PgCompaction:
+    """Compaction's records, with proxy/compaction/store.py's statements (`at` / `updated_at` the caller's clock,
+    as there: the events of one session order by their id, from one sequence)."""
+
+    kind: StoreKind = "postgresql"
+
+    def __init__(self, pool: Any):
+        self.pool = pool
+
+    def session_state(self, session_key: str) -> SessionRecord | None:
+        with _connection(self.pool) as conn:
+            row = conn.execute(
+                "SELECT s.checkpoint_id, s.client_items, s.sent_bytes, s.force_compact, s.failed_items,"
+                " p.compacted_items FROM (SELECT %s::text AS k) q"
+                " LEFT JOIN compaction_sessions s ON s.session_key = q.k"
+                " LEFT JOIN compaction_progress p ON p.session_key = q.k", (session_key,)).fetchone()
+        cp_id, client_items, sent, force, failed, done = row
+        done = None if done is None else int(done)
+        if client_items is None:
+            return None if done is None else SessionRecord(LastRequest(None, 0, 0), False, None, done)
+        return SessionRecord(LastRequest(cp_id, int(client_items), int(sent)), bool(force),
+                             None if failed is None else int(failed), done)
+
+    def record_forwarded(self, session_key: str, checkpoint_id: str | None, client_items: int,
+                         sent_bytes: int) -> None:
+        with _connection(self.pool) as conn:
+            conn.execute(
+                "INSERT INTO compaction_sessions(session_key, checkpoint_id, client_items, sent_bytes, force_compact,"
+                " updated_at) VALUES (%s, %s, %s, %s, 0, %s) ON CONFLICT (session_key) DO UPDATE SET"
+                " checkpoint_id = excluded.checkpoint_id, client_items = excluded.client_items,"
+                " sent_bytes = excluded.sent_bytes, force_compact = 0, updated_at = excluded.updated_at",
+                (session_key, checkpoint_id, client_items, sent_bytes, time.time()))
+
+    def mark_force_compact(self, session_key: str) -> None:
+        with _connection(self.pool) as conn:
+            conn.execute(
+                "INSERT INTO compaction_sessions(session_key, checkpoint_id, client_items, sent_bytes, force_compact,"
+                " updated_at) VALUES (%s, NULL, 0, 0, 1, %s) ON CONFLICT (session_key) DO UPDATE SET"
+                " force_compact = 1, updated_at = excluded.updated_at", (session_key, time.time()))
+
+    def mark_failed(self, session_key: str, client_items: int) -> None:
+        with _connection(self.pool) as conn:
+            conn.execute(
+                "INSERT INTO compaction_sessions(session_key, checkpoint_id, client_items, sent_bytes, failed_items,"
+                " updated_at) VALUES (%s, NULL, 0, 0, %s, %s) ON CONFLICT (session_key) DO UPDATE SET"
+                " failed_items = excluded.failed_items, updated_at = excluded.updated_at",
+                (session_key, client_items, time.time()))
+
+    def record_compacted(self, session_key: str, client_items: int) -> None:
+        with _connection(self.pool) as conn:
+            conn.execute(
+                "INSERT INTO compaction_progress(session_key, compacted_items, updated_at) VALUES (%s, %s, %s)"
+                " ON CONFLICT (session_key) DO UPDATE SET compacted_items = excluded.compacted_items,"
+                " updated_at = excluded.updated_at", (session_key, client_items, time.time()))
+
+    def record_event(self, session_key: str, kind: str, outcome: str, reason: str | None = None,
+                     checkpoint_id: str | None = None) -> None:
+        with _connection(self.pool) as conn:
+            conn.execute("INSERT INTO compaction_events(session_key, at, kind, outcome, reason, checkpoint_id)"
+                         " VALUES (%s, %s, %s, %s, %s, %s)",
+                         (session_key, time.time(), kind, outcome, reason, checkpoint_id))
+
+    def events(self, session_key: str | None = None, limit: int = 200) -> list[Event]:
+        cols = "session_key, at, kind, outcome, reason, checkpoint_id"
+        with _connection(self.pool) as conn:
+            if session_key is None:
+                rows = conn.execute(f"SELECT {cols} FROM compaction_events ORDER BY id DESC LIMIT %s",
+                                    (limit,)).fetchall()
+            else:
+                rows = conn.execute(f"SELECT {cols} FROM compaction_events WHERE session_key = %s"
+                                    " ORDER BY id DESC LIMIT %s", (session_key, limit)).fetchall()
+        return [Event(k, float(at), kind, outcome, reason, cp) for k, at, kind, outcome, reason, cp in reversed(rows)]
+
+    def learn_window(self, model: str, endpoint: str, window_tokens: int) -> None:
+        with _connection(self.pool) as conn:
+            conn.execute(
+                "INSERT INTO compaction_windows(model, endpoint, window_tokens, updated_at) VALUES (%s, %s, %s, %s)"
+                " ON CONFLICT (model, endpoint) DO UPDATE SET"
+                " window_tokens = least(compaction_windows.window_tokens, excluded.window_tokens),"
+                " updated_at = excluded.updated_at", (model, endpoint, window_tokens, time.time()))
+
+    def learned_window(self, model: str, endpoint: str) -> int | None:
+        with _connection(self.pool) as conn:
+            row = conn.execute("SELECT window_tokens FROM compaction_windows WHERE model = %s AND endpoint = %s",
+                               (model, endpoint)).fetchone()
+        return int(row[0]) if row is not None else None
+
+
 class PostgresStore:
     """A PostgreSQL database as ctproxy's store: `PostgresStore.open(url)` connects, migrates and pools."""
 
@@ -260,6 +353,7 @@ class PostgresStore:
         self.pool = pool
         self._rollovers = PgRollovers(pool)
         self._usage = PgUsage(pool)
+        self._compaction = PgCompaction(pool)
         self._journal: PgJournal | None = None
 
     @classmethod
@@ -303,6 +397,9 @@ class PostgresStore:
         if self._journal is None:
             self._journal = PgJournal(self.pool)
         return self._journal
+
+    def compaction(self) -> PgCompaction:
+        return self._compaction
 
     def close(self) -> None:
         self.pool.close()

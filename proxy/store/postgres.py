@@ -109,7 +109,13 @@ V3 = "\n".join(
     f"SELECT setval('{table}_{col}_seq', coalesce((SELECT max({col}) FROM {table}), 0) + 1, false);"
     for table, col in SEQUENCES)
 
-MIGRATIONS: tuple[tuple[int, str], ...] = ((1, V1), (2, V2), (3, V3))
+# 4: compaction's records served from PostgreSQL (proxy/store/pg.py, PgCompaction): a session's events by id,
+# as the embedded store's index reads them (`ctproxy tasks`, the session view).
+V4 = """
+CREATE INDEX IF NOT EXISTS compaction_events_by_session ON compaction_events(session_key, id);
+"""
+
+MIGRATIONS: tuple[tuple[int, str], ...] = ((1, V1), (2, V2), (3, V3), (4, V4))
 
 # The embedded tables copied, in an order that keeps references ahead of what refers to them.
 TABLES: tuple[str, ...] = (

@@ -4,10 +4,12 @@ its threshold and overflow recovery give the one compaction path (`service.compa
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from proxy import dbworker, debuglog, runtime
 from proxy.compaction import journal_link, store
+from proxy.compaction.bookkeeping import records_on, shared_records, write_op
 from proxy.compaction.decision import choose_boundary
 from proxy.compaction.eligibility import remote_blocked
 from proxy.compaction.fingerprint import compatible
@@ -21,6 +23,24 @@ from proxy.windows import opening, service
 
 def db_of(rt: runtime.Runtime) -> dbworker.DBWorker:
     return dbworker.shared(rt.services, rt.state.db_path)
+
+
+def write(rt: runtime.Runtime, fn: Callable[[Any], Any], latest: Hashable | None = None) -> None:
+    """A write of compaction's records (`fn` is given the `CompactionBackend`) on the database thread: in its
+    batched transaction on the embedded store, through the store's backend on another (`--store`); coalesced
+    with earlier writes under the same `latest` key."""
+    op = write_op(shared_records(rt.state_store()), fn)
+    db = db_of(rt)
+    if latest is not None:
+        db.put_latest(latest, op)
+    else:
+        db.submit(op)
+
+
+async def read(rt: runtime.Runtime, db: dbworker.DBWorker, fn: Callable[[Any], Any]) -> Any:
+    """A read of compaction's records on the database thread (after the writes pending there)."""
+    shared = shared_records(rt.state_store())
+    return await db.run(lambda conn: fn(records_on(shared, conn)))
 
 
 def project(rt: runtime.Runtime, payload: dict[str, Any], cp: Checkpoint | None, info: FlowInfo, enabled: bool,
@@ -53,7 +73,7 @@ async def learned_window(rt: runtime.Runtime, db: dbworker.DBWorker, model: str,
     cache = rt.services.compaction_windows
     k = (model, endpoint)
     if k not in cache:
-        cache[k] = await db.run(lambda conn: store.learned_window(conn, model, endpoint))
+        cache[k] = await read(rt, db, lambda rec: rec.learned_window(model, endpoint))
     return cache[k]
 
 def learn(rt: runtime.Runtime, info: FlowInfo, tokens: int) -> None:
@@ -68,7 +88,7 @@ def learn(rt: runtime.Runtime, info: FlowInfo, tokens: int) -> None:
     cache[(model, endpoint)] = tokens if old is None else min(old, tokens)
     if info.window is None or tokens < info.window:
         info.window = tokens
-    db_of(rt).submit(lambda conn: store.learn_window(conn, model, endpoint, tokens))
+    write(rt, lambda rec: rec.learn_window(model, endpoint, tokens))
     debuglog.event("overflow_recovery", phase="window", outcome="learned", window=cache[(model, endpoint)])
 
 def blocked(info: FlowInfo, rt: runtime.Runtime) -> str | None:
@@ -102,7 +122,7 @@ async def compact(rt: runtime.Runtime, info: FlowInfo, request_payload: dict[str
 def event(rt: runtime.Runtime, info: FlowInfo, kind: str, outcome: str, reason: str | None,
            cp_id: str | None) -> None:
     key = info.session_key
-    db_of(rt).submit(lambda conn: store.record_event(conn, key, kind, outcome, reason, cp_id))
+    write(rt, lambda rec: rec.record_event(key, kind, outcome, reason, cp_id))
     journal_link.record_event(info.windows, kind, {"outcome": outcome, "reason": reason, "checkpoint_id": cp_id})
     debuglog.event("remote_compaction", phase=kind, outcome=outcome, reason=reason, checkpoint=cp_id)
     if kind == "recovery":  # every outcome of an overflow recovery, made a compaction or not
@@ -116,7 +136,7 @@ def record_forwarded(rt: runtime.Runtime, info: FlowInfo, sess: store.SessionRec
     never over the items, which would live until its batch), and compaction's memo of it."""
     key = info.session_key
     cp_id = info.checkpoint.id if info.checkpoint else None
-    db_of(rt).put_latest(("forwarded", key), lambda conn: store.record_forwarded(conn, key, cp_id, n_items, sent))
+    write(rt, lambda rec: rec.record_forwarded(key, cp_id, n_items, sent), latest=("forwarded", key))
     memo = service.session_memo(rt)
     if compacted:  # a compaction wrote more than record_forwarded does: read it back next time
         memo.forget(key)

@@ -11,7 +11,6 @@ import orjson
 from mitmproxy import http
 
 from proxy import debuglog, runtime
-from proxy.compaction import store
 from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.overflow import CODE, response_error_code
 from proxy.flowstate import state_of
@@ -118,8 +117,7 @@ async def recover(rt: runtime.Runtime, flow: http.HTTPFlow, info: FlowInfo) -> b
     # What the upstream really answered is the retry: the next estimate calibrates against it.
     key, n, cp_id = info.session_key, len(info.client_items), cp.id
     service.session_memo(rt).forget(key)
-    compacting.db_of(rt).put_latest(("forwarded", key),
-                            lambda conn: store.record_forwarded(conn, key, cp_id, n, retry_bytes))
+    compacting.write(rt, lambda rec: rec.record_forwarded(key, cp_id, n, retry_bytes), latest=("forwarded", key))
     flow.response = new
     retap(flow, new)
     return True
@@ -131,5 +129,5 @@ def missed(rt: runtime.Runtime, info: FlowInfo) -> None:
     request compacts instead."""
     key = info.session_key
     service.session_memo(rt).forget(key)
-    compacting.db_of(rt).submit(lambda conn: store.mark_force_compact(conn, key))
+    compacting.write(rt, lambda rec: rec.mark_force_compact(key))
     compacting.event(rt, info, "recovery", "missed", "streamed", None)

@@ -21,12 +21,13 @@ from typing import Any
 
 from proxy import dbworker, routes, runtime
 from proxy.compaction import journal_link
-from proxy.compaction.bookkeeping import record_compaction
+from proxy.compaction.bookkeeping import record_compaction, shared_records
 from proxy.compaction.engine import Plan, compact, http_caller, retained_budget
 from proxy.compaction.fingerprint import Fingerprint
 from proxy.compaction.remote import Target
 from proxy.compaction.store import Checkpoint, SessionMemo
 from proxy.journal import Journal, Window, journal_for
+from proxy.store.interface import CompactionBackend
 from proxy.toolclient import ToolClient
 from proxy.upstream import UpstreamTurns
 
@@ -54,7 +55,9 @@ def upstream_turns(rt: runtime.Runtime) -> UpstreamTurns:
 def session_memo(rt: runtime.Runtime) -> SessionMemo:
     memo = rt.services.compaction_memo
     if memo is None:
-        memo = rt.services.compaction_memo = SessionMemo()
+        # Another instance on a shared store writes the same sessions: the memo then trusts nothing (ADR 0013).
+        shared = True if shared_records(rt.state_store()) is not None else None
+        memo = rt.services.compaction_memo = SessionMemo(shared=shared)
     return memo
 
 
@@ -70,13 +73,14 @@ class WindowDeps:
     tools: ToolClient | None = field(default=None, repr=False)  # the tool server, where one is known
     memo: SessionMemo | None = field(default=None, repr=False)  # compaction's per-session memo
     compaction_timeout: float = 60.0  # remote_compaction.timeout_seconds
+    records: CompactionBackend | None = field(default=None, repr=False)  # the store's (None: embedded, on `db`)
 
 
 def deps_of(rt: runtime.Runtime, route: routes.Route, credentials_allowed: bool, journal: Journal | None,
             tools: ToolClient | None = None) -> WindowDeps:
     return WindowDeps(upstream_turns(rt), route, credentials_allowed, journal_of(rt, journal),
                       dbworker.shared(rt.services, rt.state.db_path), tools, session_memo(rt),
-                      rt.config.remote_compaction.timeout_seconds)
+                      rt.config.remote_compaction.timeout_seconds, shared_records(rt.state_store()))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,7 +124,7 @@ async def compact_and_open(deps: WindowDeps, order: CompactionOrder) -> Checkpoi
             log.error("windows: the window was not journaled (%s)", type(exc).__name__)
     try:
         await record_compaction(deps.db, deps.memo, order.session_key, order.windows, cp, len(order.items),
-                                order.boundary, remote_tried=order.remote_blocked is None)
+                                order.boundary, remote_tried=order.remote_blocked is None, records=deps.records)
     except Exception:  # compaction's records are bookkeeping: the window is open
         log.warning("windows: a compaction's records were not written")
     return cp
