@@ -296,17 +296,18 @@ async def test_the_checkpoint_turn_goes_over_http_and_leaves_the_sockets_chain_t
                                "context": {"reminder_ratio": 0.4, "hard_ratio": 0.5}}))
     async with Emulator() as emu, aiohttp.ClientSession() as http:
         agent = await start(emu, proxy_factory, ["--config", str(cfg)])
-        emu.script(Text("a"), Text("b"),
+        # The session's first request fills the window (no usage yet, so no trigger); the next one's estimate (that
+        # usage plus its new items, ADR 0011 decision 11) is over the hard ratio, so its checkpoint turn runs first.
+        emu.script(Text("a"),
                    FunctionCall("notes_write_file", {"path": "checkpoint.md", "text": "half done"}, call_id="c_ck"),
                    Text("resumed"), Text("chained"))
         headers = {**BETA, "x-ctp-task": agent.task, "x-ctp-agent": "/root"}
         history: list[dict[str, Any]] = []
         async with http.ws_connect(agent.proxy.url + "/v1/responses", headers=headers) as ws:
-            for said in ("small start", BIG):
-                history += user(said)
-                got = events(await turn(ws, {"model": "gpt-4.1", "store": False, "input": history, "tools": TOOLS}))
-                assert got[-1]["type"] == "response.completed", got[-1]
-                history += got[-1]["response"]["output"]
+            history += user(BIG)
+            got = events(await turn(ws, {"model": "gpt-4.1", "store": False, "input": history, "tools": TOOLS}))
+            assert got[-1]["type"] == "response.completed", got[-1]
+            history += got[-1]["response"]["output"]
             history += user("go on")
             third = events(await turn(ws, {"model": "gpt-4.1", "store": False, "input": history, "tools": TOOLS}))
             assert third[-1]["type"] == "response.completed", third[-1]
@@ -321,7 +322,7 @@ async def test_the_checkpoint_turn_goes_over_http_and_leaves_the_sockets_chain_t
         assert len(turns) == 1 and turns[0].transport == "http" and turns[0].status == 200, \
             [(r.transport, r.status) for r in reqs]
         assert "x-ctproxy-ws" not in {k.lower() for k, _ in turns[0].headers}, "the key never leaves ctproxy"
-        assert [r.transport for r in reqs if not is_turn(r)] == ["ws"] * 4
+        assert [r.transport for r in reqs if not is_turn(r)] == ["ws"] * 3
         assert all(r.status == 200 for r in reqs)
         notes = list((agent.proxy.state_dir / "notes").rglob("checkpoint.md"))
         assert len(notes) == 1 and notes[0].read_text() == "half done", "the checkpoint turn's write ran"
