@@ -192,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     mig = ssub.add_parser("migrate", help="copy this state directory's database and notes into an empty "
                           "PostgreSQL database (its schema created or brought up to date first)",
                           description="Copies the embedded state into PostgreSQL in one transaction. "
-                          "`ctproxy up --store URL` then serves notes, pending rollovers and usage from it "
-                          "(docs/adr/0013-one-store-interface.md).")
+                          "`ctproxy up --store URL` then serves the journal, notes, pending rollovers, usage and "
+                          "compaction records from it (docs/adr/0013-one-store-interface.md).")
     _common(mig)
     mig.add_argument("--to", required=True, metavar="URL", help="postgresql://USER@HOST:PORT/DB")
     ctxp = sub.add_parser("context", help="context windows: mark a manual checkpoint")
