@@ -376,6 +376,7 @@ async def test_status_names_the_store_without_its_password(emulator, proxy_facto
                                                                   "source": "store.url"}
     status = cli("status", "--state-dir", str(state))
     assert f"store:     {public} (from store.url)  reachable" in status.stdout, status.stdout
+    assert "the dashboard shows this instance's own state directory only" in status.stdout
     assert "ignored-pw" not in status.stdout
     st = json.loads(cli("status", "--json", "--state-dir", str(state)).stdout)
     assert st["store"]["reachable"] is True and st["store"]["url"] == public
