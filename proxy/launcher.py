@@ -402,10 +402,7 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime,
             print(f"ctproxy up: {record.getMessage().splitlines()[0]}", file=sys.stderr)
         print(f"ctproxy up: the proxy could not start on {opts.listen_host}:{opts.listen_port}; "
               "if the port is taken, choose another with --listen HOST:PORT", file=sys.stderr)
-        if not task.done():
-            await proxyserver.servers.update([])
-            master.shutdown()
-        await task
+        await _shut_down(master, task)
         tmp.cleanup()
         return 1
     upstream_desc = "(regular mode: HTTPS proxy)" if opts.mode == "regular" else rt.upstream.describe()
@@ -425,16 +422,7 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime,
               flush=True)
         if ready is not None:
             ready.set()
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        code = 0
-        if not task.done():
-            await proxyserver.servers.update([])
-            master.shutdown()
-            await task
-        else:
-            code = 1
-        stopper.cancel()
+        code = await _serve_until_stopped(master, task, stop)
         tmp.cleanup()
         return code
     announce(opts, state, rt, tools, scheme_url, upstream_desc, _websocket_info(chain, master.options, rt.config))
@@ -443,16 +431,7 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime,
     if ready is not None:
         ready.set()
 
-    stopper = asyncio.create_task(stop.wait())
-    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    code = 0
-    if not task.done():
-        await proxyserver.servers.update([])  # actually closes the listening sockets
-        master.shutdown()
-        await task
-    else:
-        code = 1
-    stopper.cancel()
+    code = await _serve_until_stopped(master, task, stop)
     tmp.cleanup()
     from proxy.status import RUN_FILE
 
@@ -460,6 +439,27 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime,
         (state.root / RUN_FILE).unlink()
     print("ctproxy stopped", flush=True)
     return code
+
+
+async def _shut_down(master, task: asyncio.Task[None]) -> None:
+    """Stop mitmproxy's master if it still runs, and wait for it."""
+    if not task.done():
+        await master.addons.get("proxyserver").servers.update([])  # actually closes the listening sockets
+        master.shutdown()
+    await task
+
+
+async def _serve_until_stopped(master, task: asyncio.Task[None], stop: asyncio.Event) -> int:
+    """Serve until `stop` is set (0) or mitmproxy's master ends by itself (1), then shut it down."""
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return 1
+        await _shut_down(master, task)
+        return 0
+    finally:
+        stopper.cancel()
 
 
 def announce(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tools: ToolServerProcess | RemoteTools | None,
