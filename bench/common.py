@@ -11,7 +11,8 @@ Processes (each in its own OS process, so client, upstream and proxy never share
 Statistics: `summarize(samples)` → `Stats` (n, median, p99, mean, min, max; seconds), `ratio(a, b)`,
 `paired_difference(a, b)` → `Paired` (median of per-round differences, 95 % interval, verdict).
 Order: `await round_robin(targets, rounds, fn)` interleaves targets per round, in a new seeded order each round.
-Output: `print_table(headers, rows)`, `write_result(name, data)` → `bench/results/<name>.json`.
+Output: `print_table(headers, rows)`, `write_result(name, data)` → `bench/results/<name>.json`, and the
+run appended to `<name>.history.jsonl`.
 
 Profiling: with `CTP_BENCH_PROFILE=DIR` in the environment, every `ctproxy up` started here runs under
 cProfile and writes `DIR/ctproxy-<port>.prof` when it stops (read it with `python -m pstats`).
@@ -277,8 +278,29 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 
 
 def write_result(name: str, data: Mapping[str, Any]) -> Path:
-    """Write `bench/results/<name>.json` (git-ignored) and return its path."""
+    """Write `bench/results/<name>.json` (git-ignored; the latest run) and return its path.
+
+    Every run is also appended as one line to `<name>.history.jsonl`, stamped with the time and the commit, so
+    a later run does not erase the figures of an earlier one.
+    """
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)  # a run interrupted while writing leaves the previous result whole
+    stamp = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": _commit()}
+    with (RESULTS / f"{name}.history.jsonl").open("a") as history:
+        history.write(json.dumps({**stamp, "result": data}, sort_keys=False) + "\n")
     return path
+
+
+def _commit() -> str | None:
+    """The checkout's commit (with `+dirty` when it has uncommitted changes), or None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
