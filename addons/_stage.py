@@ -12,6 +12,9 @@ Binding also pushes the settings that code below the stages reads on every reque
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+from collections.abc import Awaitable
 from typing import Any
 
 from proxy import flowbody, httpstream, mitm_typecheck, runtime
@@ -50,3 +53,33 @@ class Stage:
 
     def bound(self, rt: runtime.Runtime) -> None:
         """Called after each (re)binding: a stage that caches something derived from the runtime resets it."""
+
+
+_closing: set[asyncio.Task[Any]] = set()  # closes in flight, kept until done (the loop holds tasks weakly)
+
+
+def close_later(closing: Awaitable[Any] | None) -> None:
+    """Finish a dropped object's close (its connections, its shared database thread) without blocking `bound()`.
+
+    On the running loop it becomes a task; with no loop (a unit test rebinding outside one) nothing was opened
+    on a loop either, so the coroutine is closed unawaited rather than left to warn."""
+    if closing is None:
+        return
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        if inspect.iscoroutine(closing):
+            closing.close()
+        return
+    task = loop.create_task(_quietly(closing))
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+async def _quietly(closing: Awaitable[Any]) -> None:
+    try:
+        await closing
+    except Exception:  # a close that fails leaves nothing to recover; the new object is already in use
+        import logging
+
+        logging.getLogger("ctproxy").debug("stage: closing a dropped object failed", exc_info=True)

@@ -25,7 +25,7 @@ from typing import Any
 from mitmproxy import ctx, http
 
 from addons._flow import window_request
-from addons._stage import Stage
+from addons._stage import Stage, close_later
 from proxy import runtime
 from proxy.flowbody import commit_if_alone
 from proxy.windows.request import WindowRequest
@@ -42,7 +42,11 @@ class Context(Stage):
             loader.add_option("ctp_tools_url", str, "", "the tool server's URL (set by `ctproxy up`)")
 
     def bound(self, rt: runtime.Runtime) -> None:
-        self._roads = None
+        roads = self._roads
+        if roads is None or roads.rt is rt:
+            return  # the same runtime (an unrelated option changed): its roads stay
+        self._roads = None  # another runtime: new roads on next use; the old ones close (tool client, database thread)
+        close_later(roads.close())
 
     def roads(self) -> ContextRoads:
         if self._roads is None:

@@ -23,7 +23,7 @@ import os
 from mitmproxy import ctx, http
 
 from addons._flow import credential_offer, destination_route, header_map, header_pairs, is_reverse
-from addons._stage import Stage
+from addons._stage import Stage, close_later
 from proxy import routes
 from proxy.bridge.server import PATH_PREFIX as BRIDGE_PREFIX
 from proxy.errors import ProxyError
@@ -64,9 +64,10 @@ class Guard(Stage):
     _relay: CredentialRelay | None = None
 
     def bound(self, rt) -> None:
-        # another state directory (token) or tool server: made again on next use (the old one's connection
-        # pool is left to the garbage collector: rebinding happens on option changes, not per request)
-        self._relay = None
+        # another state directory (token) or tool server: made again on next use; the old one's hand-overs in
+        # flight finish and its connections close
+        relay, self._relay = self._relay, None
+        close_later(relay.close() if relay is not None else None)
 
     def relay(self) -> CredentialRelay | None:
         if self._relay is None:
