@@ -165,6 +165,36 @@ def test_a_window_claimed_on_a_taken_ordinal_takes_the_next(instance):
     assert backend.stamp("s1") == ("B", 2)
 
 
+def test_a_moved_claim_rebuilds_a_bootstrap_that_names_the_window(instance):
+    _, store = instance()
+    backend = store.journal()
+    ops = [EnsureTask("t1", "session", 1.0), EnsureAgent("t1", "/root", 1.0),
+           EnsureSession("s1", "t1", "/root", None, 1.0)]
+    backend.create_session(ops, PutWindow("t1", "/root", "w1", 1, "s1", None, "start", {}, 1.0), "A")
+    claimed = backend.claim_window(PutWindow("t1", "/root", "w1", 1, "s1", None, "notes", {"names": "w1"}, 2.0), "B",
+                                   lambda op: op._replace(bootstrap={"names": op.window_id}))
+    assert (claimed.window_id, claimed.bootstrap) == ("w2", {"names": "w2"})
+    assert [(w.window_id, w.bootstrap) for w in backend.windows("s1")] == [("w1", {}), ("w2", {"names": "w2"})]
+
+
+def test_a_window_whose_ordinal_another_instance_took_names_the_id_it_got(instance, monkeypatch):
+    """The peek and the claim are two steps: when another instance opens a window of the same agent in between,
+    the claim moves to the next ordinal, and the notes bootstrap (which names the window and the one it follows)
+    is built again for the id it got, in the journal and in the store."""
+    (a, store_a), (b, _) = instance(shared=True), instance(shared=True)
+    if not store_a.journal().claims_windows:
+        pytest.skip("the embedded store opens windows in its writer's batch, not by a claim")
+    task = a.create_task()
+    history: list[dict] = []
+    _turn(a, "f:one", task, history, 0)
+    _turn(b, "f:two", task, [], 1, question="another conversation of the same agent")
+    stale = a.backend.max_ordinal(task, "/root") - 1  # what A read just before B's window landed
+    monkeypatch.setattr(a.backend, "max_ordinal", lambda *_: stale)
+    w = a.start_window("f:one", None, "notes", lambda prev, wid: {"names": wid, "follows": prev.window_id})
+    assert w.window_id == window_id(stale + 2) and w.bootstrap == {"names": w.window_id, "follows": "w1"}
+    assert {x.window_id: x.bootstrap for x in b.windows("f:one")}[w.window_id] == w.bootstrap
+
+
 def test_two_instances_alternating_turns_make_one_session_in_order(instance):
     """The key property of a shared store: turns of one stateless conversation land on A, B, A, … and the
     journal holds one session with each item once, in order; a response id recorded through A resolves through B."""

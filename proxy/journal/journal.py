@@ -431,14 +431,17 @@ class Journal:
     def _new_window(self, session_key: str, task_id: str, address: str, boundary: str | None,
                     strategy: Strategy, bootstrap: dict[str, Any], boundary_pos: int | None = None,
                     boundary_hash: str | None = None, reason: str | None = None,
-                    opaque: bytes | None = None) -> Window:
+                    opaque: bytes | None = None,
+                    named: Callable[[str], dict[str, Any]] | None = None) -> Window:
+        """`named(window_id)`: the bootstrap again for another id, when it names its window's own id."""
         ordinal = self._next_ordinal(task_id, address)
         w = Window(window_id(ordinal), ordinal, session_key, task_id, address, boundary, strategy, bootstrap,
                    time.time(), boundary_pos, boundary_hash, reason, opaque)
         if self.backend.claims_windows:
             # Opened now: INSERT … ON CONFLICT DO NOTHING on its key, the next ordinal when another instance took
-            # this one (ADR 0013).
-            claimed = self.backend.claim_window(_put_window(w), self.writer_id)
+            # this one (ADR 0013), and then a bootstrap that names the id is built again for the id it gets.
+            renamed = (lambda op: op._replace(bootstrap=named(op.window_id))) if named is not None else None
+            claimed = self.backend.claim_window(_put_window(w), self.writer_id, renamed)
             self._ordinals[(task_id, address)] = claimed.ordinal
             return _window_of(claimed)
         self._submit([_put_window(w)])
@@ -485,11 +488,16 @@ class Journal:
                 carried = tuple(i for i in follows if i and self._position(st, i) is not None)
             else:
                 carried = tuple(e.item_id for e in st.entries[at + 1:]) if at is not None else ()
+            named = None
             if callable(bootstrap):
-                prev = st.window
-                bootstrap = bootstrap(prev, window_id(self._peek_ordinal(st.task_id, st.address)))
+                build, prev = bootstrap, st.window
+
+                def named(wid: str) -> dict[str, Any]:
+                    return dict(build(prev, wid))
+
+                bootstrap = named(window_id(self._peek_ordinal(st.task_id, st.address)))
             st.window = self._new_window(session_key, st.task_id, st.address, boundary_item_id, strategy,
-                                         dict(bootstrap), boundary_pos, boundary_hash, reason, opaque)
+                                         dict(bootstrap), boundary_pos, boundary_hash, reason, opaque, named)
             if carried:
                 self._submit([FileItems(session_key, carried, st.window.window_id)])
             self.record_event(session_key, "window", {"window_id": st.window.window_id, "strategy": strategy,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,10 @@ def connect_retrying(path: Path, attempts: int = 40) -> sqlite3.Connection:
     raise AssertionError("unreachable")
 
 
-def _claim(conn: sqlite3.Connection, op: PutWindow, stamp: str | None) -> PutWindow:
-    bootstrap = orjson.dumps(op.bootstrap).decode()
+def _claim(conn: sqlite3.Connection, op: PutWindow, stamp: str | None,
+           renamed: Callable[[PutWindow], PutWindow] | None = None) -> PutWindow:
     while True:
+        bootstrap = orjson.dumps(op.bootstrap).decode()
         cur = conn.execute(
             "INSERT OR IGNORE INTO journal_windows(task_id, address, window_id, ordinal, session_key,"
             " boundary_item_id, strategy, bootstrap, created_at, boundary_pos, boundary_hash, reason, opaque)"
@@ -53,6 +54,8 @@ def _claim(conn: sqlite3.Connection, op: PutWindow, stamp: str | None) -> PutWin
         if cur.rowcount == 1:
             break
         op = op._replace(ordinal=op.ordinal + 1, window_id=window_id(op.ordinal + 1))
+        if renamed is not None:
+            op = renamed(op)  # a bootstrap that names its window's id names the id it gets
     if stamp is not None:
         conn.execute("INSERT INTO journal_session_stamps(session_key, writer, n) VALUES (?,?,1)"
                      " ON CONFLICT(session_key) DO UPDATE SET writer=excluded.writer, n=n+1", (op.session_key, stamp))
@@ -149,14 +152,15 @@ class SqliteJournal:
             self._write_conn.close()
             self._write_conn = None
 
-    def claim_window(self, op: PutWindow, stamp: str | None = None) -> PutWindow:
+    def claim_window(self, op: PutWindow, stamp: str | None = None,
+                     renamed: Callable[[PutWindow], PutWindow] | None = None) -> PutWindow:
         """Open the window now, in a transaction of its own: INSERT OR IGNORE on its key, and when another
-        writer holds that ordinal, the next one. The window as opened (its ordinal may have moved)."""
+        writer holds that ordinal, the next one (made again by `renamed`, when given). The window as opened."""
         conn = self._writer_for_claims()
         with self._lock:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                op = _claim(conn, op, stamp)
+                op = _claim(conn, op, stamp, renamed)
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")

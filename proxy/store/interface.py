@@ -17,7 +17,7 @@ model got wrong about a note (it sees the message), `NotePathError` for a bad pa
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 from proxy.compaction.store import Event as CompactionEvent
@@ -129,7 +129,8 @@ class JournalBackend(Protocol):
 
     def close_writer(self) -> None: ...
 
-    def claim_window(self, op: PutWindow, stamp: str | None = None) -> PutWindow: ...
+    def claim_window(self, op: PutWindow, stamp: str | None = None,
+                     renamed: Callable[[PutWindow], PutWindow] | None = None) -> PutWindow: ...
 
     def create_session(self, ops: Sequence[Op], window: PutWindow, stamp: str | None = None) -> PutWindow | None: ...
 

@@ -22,7 +22,7 @@ verified against the text and its segments (proxy/journal/excerpt.find_matches),
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -266,9 +266,12 @@ def _stamp(conn: Any, keys: set[str], stamp: str) -> None:
                      " n = journal_session_stamps.n + 1", (key, stamp))
 
 
-def _claim(conn: Any, op: PutWindow, stamp: str | None) -> PutWindow:
+def _claim(conn: Any, op: PutWindow, stamp: str | None,
+           renamed: Callable[[PutWindow], PutWindow] | None = None) -> PutWindow:
     while not _insert_window(conn, op):
         op = op._replace(ordinal=op.ordinal + 1, window_id=window_id(op.ordinal + 1))
+        if renamed is not None:
+            op = renamed(op)  # a bootstrap that names its window's id names the id it gets
     if stamp is not None:
         _stamp(conn, {op.session_key}, stamp)
     return op
@@ -418,10 +421,11 @@ class PgJournal:
                 _stamp(conn, ctx.touched, stamp)
         return ctx.items
 
-    def claim_window(self, op: PutWindow, stamp: str | None = None) -> PutWindow:
+    def claim_window(self, op: PutWindow, stamp: str | None = None,
+                     renamed: Callable[[PutWindow], PutWindow] | None = None) -> PutWindow:
         with _connection(self.pool) as conn, conn.transaction():
             _lock_sessions(conn, {op.session_key})
-            return _claim(conn, op, stamp)
+            return _claim(conn, op, stamp, renamed)
 
     def create_session(self, ops: Sequence[Op], window: PutWindow, stamp: str | None = None) -> PutWindow | None:
         *ensure, session = ops
