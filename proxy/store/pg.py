@@ -40,6 +40,7 @@ from proxy.store import postgres
 from proxy.store.interface import StoreKind
 from proxy.store.pg_journal import PgJournal
 from proxy.store.pgconn import connection as _connection
+from proxy.store.pgview import PgViewConnection
 from proxy.store.postgres import StoreError
 from proxy.usage import Usage
 
@@ -400,6 +401,10 @@ class PostgresStore:
 
     def compaction(self) -> PgCompaction:
         return self._compaction
+
+    def view(self) -> PgViewConnection:
+        """A read-only pooled connection for the views people read (proxy/store/pgview.py; closed by the caller)."""
+        return PgViewConnection(self.pool)
 
     def close(self) -> None:
         self.pool.close()
