@@ -261,6 +261,24 @@ def test_the_view_reads_what_the_journal_of_another_instance_wrote(open_store):
         view.close()
 
 
+def test_a_view_gives_its_connection_back_as_it_came(pg):
+    """The dashboard's view runs on the tool server's own pool: the connection it used writes again afterwards."""
+    if (why := unavailable()) is not None:
+        pytest.skip(why)
+    from proxy.store.pg import PostgresStore
+
+    store = PostgresStore.open(pg.fresh_database(f"iface{next(_COUNT)}"), max_size=1)  # one connection: the same
+    try:
+        view = store.view()
+        assert view.execute("SELECT count(*) FROM journal_tasks").fetchone()[0] == 0
+        view.close()
+        store.notes("task1").write("/root", "after-view.md", "written on the view's connection")
+        store.rollovers.mark("task1", "/root")
+        assert store.notes("task1").read("/root", "after-view.md") == "written on the view's connection"
+    finally:
+        store.close()
+
+
 # ------------------------------------------------------------------------------------------------ two instances
 def test_a_note_written_through_a_is_read_through_b(open_store):
     a, b = open_store(), open_store()

@@ -481,3 +481,49 @@ async def test_a_sub_agent_joined_through_a_is_known_to_bs_codex_routes(emulator
         assert r.status == 200 and answer.get("ok") is True, answer
     _, read = await Instance(a, task, "/root/worker").tool("notes_read_file", {"path": "codex.md"})
     assert "written by the worker through B's Codex route" in read["text"], read
+
+
+async def _store_round_trips(proc: ProxyProcess) -> int:
+    """The proxy's round trips to the store on the request path (`ctproxy_store_round_trips_total{path="request"}`,
+    proxy/store/pgconn.py), once two reads in a row agree (the answer's last writes are awaited by the proxy)."""
+    token = (proc.state_dir / "token").read_text().strip()
+    last = None
+    async with aiohttp.ClientSession() as http:
+        for _ in range(100):
+            async with http.get(proc.tools_url + "/metrics", headers={"Authorization": f"Bearer {token}"}) as r:
+                text = await r.text()
+            lines = [ln for ln in text.splitlines() if ln.startswith('ctproxy_store_round_trips_total{path="request"}')]
+            assert lines, text[-2000:]
+            now = sum(int(float(ln.rsplit(" ", 1)[1])) for ln in lines)
+            if now == last:
+                return now
+            last = now
+            await asyncio.sleep(0.3)
+    raise AssertionError("the store's round-trip count never settled")
+
+
+async def test_a_known_sessions_request_costs_few_store_round_trips(emulator, proxy_factory, tmp_path: Path,
+                                                                    db_url: str):
+    """Per request of a known session on PostgreSQL, the request path (the proxy's stages, the usage of the answer)
+    waits for at most a few round trips: the stored usage is read once per request, not once per stage that asks
+    (proxy/usage.py), and a statement alone is one round trip, not BEGIN + statement + COMMIT
+    (proxy/store/pgconn.py). The journal's writer commits off the request path and is not counted here."""
+    proc = await proxy_factory(upstream=emulator.url, state_dir=tmp_path / "a", extra_args=["--store", db_url])
+    inst = Instance(proc, new_task(proc.state_dir))
+    warm, turns = 2, 6
+    emulator.script(*[Text(f"answer {n}") for n in range(warm + turns)])
+    history: list[dict[str, Any]] = []
+
+    async def turn(n: int) -> None:
+        history.append({"role": "user", "content": f"turn {n}"})
+        resp = await inst.create(list(history))
+        history.extend(o.model_dump(mode="json", exclude_none=True) for o in resp.output)
+
+    for n in range(warm):  # the session exists, its first usage is stored
+        await turn(n)
+    before = await _store_round_trips(proc)
+    for n in range(warm, warm + turns):
+        await turn(n)
+    per_request = (await _store_round_trips(proc) - before) / turns
+    print(f"store round trips per request (request path): {per_request:.2f}")
+    assert per_request <= 9, per_request  # 33 before session 14: 4 usage reads, BEGIN + COMMIT around each

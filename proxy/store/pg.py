@@ -36,7 +36,7 @@ from proxy.context.pending import KINDS, Kind, Pending
 from proxy.journal.addresses import address_hash
 from proxy.notes.paths import check_rel, check_task_id, is_valid_rel, quoted
 from proxy.notes.store import LOCK_TIMEOUT, NOTE_MAX_BYTES, NoteError, NoteInfo, WriteResult, encode_note
-from proxy.store import postgres
+from proxy.store import pgconn, postgres
 from proxy.store.interface import StoreKind
 from proxy.store.pg_journal import PgJournal
 from proxy.store.pgconn import connection as _connection
@@ -374,7 +374,8 @@ class PostgresStore:
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
                 conn.commit()
-        pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout, open=False)
+        pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
+                              connection_class=pgconn.counting_classes()[0], configure=pgconn.configure)
         try:
             pool.open(wait=True, timeout=timeout)
         except Exception as exc:
