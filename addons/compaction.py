@@ -59,6 +59,10 @@ def _snapshot(records: Any, conn: sqlite3.Connection, key: str, cache: usage.Usa
     the usage cache into the request's memo, so the stages after this one do not read it again)."""
     if records is None:  # the embedded store: both on the database thread's connection
         return records_on(None, conn).session_state(key), usage.last_usage_for_session(conn, key)
+    both = getattr(records, "session_state_and_usage", None)  # PostgreSQL: the two in one round trip
+    if both is not None and cache.backend is not None:
+        state, memo[key] = both(key)
+        return state, memo[key]
     state = records.session_state(key)
     try:
         memo[key] = cache.stored(key)

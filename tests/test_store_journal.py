@@ -127,6 +127,9 @@ def test_a_sessions_items_in_order_its_windows_aliases_and_events(instance):
     assert j.flush()
     assert backend.session_for_response("resp_extra") == backend.session_for_response("resp_1") == "f:one"
     assert backend.session_for_response("resp_nothing") is None
+    assert backend.sessions_for_responses(["resp_nothing", "resp_1", "resp_extra"]) == {
+        "resp_1": "f:one", "resp_extra": "f:one"}  # several in one query: those found
+    assert backend.sessions_for_responses([]) == {}
     assert backend.response_tail("resp_2") == branch[-1]
     assert [e["kind"] for e in j.events("f:one")][-1] == "window"
 

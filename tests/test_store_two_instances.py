@@ -526,4 +526,4 @@ async def test_a_known_sessions_request_costs_few_store_round_trips(emulator, pr
         await turn(n)
     per_request = (await _store_round_trips(proc) - before) / turns
     print(f"store round trips per request (request path): {per_request:.2f}")
-    assert per_request <= 9, per_request  # 33 before session 14: 4 usage reads, BEGIN + COMMIT around each
+    assert per_request <= 7, per_request  # 33 before session 14: 4 usage reads, BEGIN + COMMIT around each

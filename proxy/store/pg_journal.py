@@ -499,6 +499,11 @@ class PgJournal:
         row = self._one("SELECT session_key FROM journal_aliases WHERE response_id=%s", (response_id,))
         return row[0] if row is not None else None
 
+    def sessions_for_responses(self, response_ids: Sequence[str]) -> dict[str, str]:
+        rows = self._rows("SELECT response_id, session_key FROM journal_aliases WHERE response_id = ANY(%s)",
+                          (list(response_ids),)) if response_ids else []
+        return {r[0]: r[1] for r in rows}
+
     def response_tail(self, response_id: str) -> str | None:
         row = self._one("SELECT tail_item_id FROM journal_responses WHERE response_id=%s", (response_id,))
         return row[0] if row is not None else None
