@@ -42,7 +42,7 @@ from proxy.compaction.flowinfo import FlowInfo
 from proxy.compaction.overflow import CODE, response_error_code
 from proxy.compaction.remote import compaction_target
 from proxy.flowbody import responses_body
-from proxy.flowstate import Settling, state_of
+from proxy.flowstate import Settling, state_of, usage_memo
 from proxy.sse import ResponseTap
 from proxy.transforms.items import client_compacts, input_items
 from proxy.windows import budget, compacting, recovery, service, sizing
@@ -53,9 +53,22 @@ def _stateful(payload: dict[str, Any]) -> bool:
     return bool(payload.get("previous_response_id")) or payload.get("conversation") is not None
 
 
-def _snapshot(rec: Any, conn: sqlite3.Connection,
-              key: str) -> tuple[store.SessionRecord | None, usage.Usage | None]:
-    return rec.session_state(key), usage.last_usage_for_session(conn, key)
+def _snapshot(records: Any, conn: sqlite3.Connection, key: str, cache: usage.UsageCache,
+              memo: dict[str, Any]) -> tuple[store.SessionRecord | None, usage.Usage | None]:
+    """On the database thread: the session's compaction record and its stored usage (on a shared store read through
+    the usage cache into the request's memo, so the stages after this one do not read it again)."""
+    if records is None:  # the embedded store: both on the database thread's connection
+        return records_on(None, conn).session_state(key), usage.last_usage_for_session(conn, key)
+    both = getattr(records, "session_state_and_usage", None)  # PostgreSQL: the two in one round trip
+    if both is not None and cache.backend is not None:
+        state, memo[key] = both(key)
+        return state, memo[key]
+    state = records.session_state(key)
+    try:
+        memo[key] = cache.stored(key)
+    except Exception:  # the store unreachable: what this process knows is the answer (UsageCache.get)
+        return state, None
+    return state, memo[key]
 
 
 def _memo(rt: runtime.Runtime) -> store.SessionMemo:
@@ -115,14 +128,16 @@ class Compaction(Stage):
         db = self._db(rt)
         key = ident.session_key
         sess = _memo(rt).get(key)
+        st = state_of(flow)
+        memo = usage_memo(st)  # the stored usage is read once for the request, whichever stage asks first
         if sess is not None:  # this process wrote the session's last state: no database round trip
-            last_usage = rt.services.usage.get(key)
+            last_usage = rt.services.usage.get(key, memo)
         else:
             records = shared_records(rt.state_store())  # the store's compaction records (None: embedded, on conn)
-            sess, last_usage = await db.run(lambda conn: _snapshot(records_on(records, conn), conn, key))
-            last_usage = usage.newest(last_usage, rt.services.usage.get(key))
+            cache = rt.services.usage
+            sess, last_usage = await db.run(lambda conn: _snapshot(records, conn, key, cache, memo))
+            last_usage = usage.newest(last_usage, cache.get(key, memo))
         headers = header_map(flow)
-        st = state_of(flow)
         mark = st.journal_mark
         # The checkpoint in effect is the journal session's current window (the journal caches it).
         windows = journal_link.window_session(service.journal_of(rt, st.journal), mark, ident,

@@ -22,7 +22,7 @@ from addons._stage import Stage
 from proxy import dbworker, debuglog, runtime, usage
 from proxy.errors import ProxyError
 from proxy.flowbody import commit_if_alone, responses_body
-from proxy.flowstate import state_of
+from proxy.flowstate import state_of, usage_memo
 from proxy.transforms.web_search import (
     SWITCH_HEADER,
     SWITCH_VALUES,
@@ -70,7 +70,7 @@ class WebSearch(Stage):
         if cfg.enabled and cfg.backend in ("auto", "native") and route.eligible:
             ident = session_of(flow, rt.services.response_aliases)
             if ident is not None:
-                cached = rt.services.usage.get(ident.session_key)
+                cached = rt.services.usage.get(ident.session_key, usage_memo(state_of(flow)))
                 if cached is not None:  # this process saw the session's last answer: no database trip
                     last_input = cached.input_tokens
                 else:

@@ -37,7 +37,8 @@ against ctproxy (the embedded store), and measures notes append latency on both 
 Written: bench/results/proxy.json. `--profile DIR` runs ctproxy under cProfile (DIR/ctproxy-<port>.prof);
 `--variant LABEL='--disable web_search'` adds more ctproxy columns, to attribute cost to features; an ARGS
 that starts with `@DIR` runs the checkout in DIR (e.g. a `git worktree` of an earlier commit): before/after
-in one run, `--variant before='@/tmp/before'`.
+in one run, `--variant before='@/tmp/before'`. With `--store-pg`, `{store-pg}` in a variant's ARGS is a fresh
+database of the private server: `--variant 'pg-before=@/tmp/before --store {store-pg}' --pair store-pg-pg-before`.
 """
 
 from __future__ import annotations
@@ -784,6 +785,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--store-pg: {why}")
         server = PrivateServer(Path(tempfile.mkdtemp(prefix="ctproxy-pg-"))).start()
         variants[STORE_PG] = ["--store", server.fresh_database("bench_proxy")]
+        for n, (label, vargs) in enumerate(list(variants.items())):  # '{store-pg}' in a variant: a database of its own
+            if "{store-pg}" in vargs:
+                variants[label] = [server.fresh_database(f"bench_v{n}") if a == "{store-pg}" else a for a in vargs]
     try:
         result = asyncio.run(run(QUICK if args.quick else FULL, only, variants,
                                  stream_baseline=not args.no_stream_baseline, pairs=pairs))  # type: ignore[arg-type]

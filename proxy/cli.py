@@ -478,21 +478,15 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def _view_db(args: argparse.Namespace, command: str) -> tuple[Any, Callable[[], None]]:
-    """The journal `ctproxy tasks` / `ctproxy show` read, and how to let it go: the state directory's database, or
-    with a PostgreSQL store (`_cli_store`) a read-only connection of that store (proxy/store/pgview.py)."""
-    from proxy import sessionview
+    """The journal `ctproxy tasks` / `ctproxy show` read, and how to let it go: the view of the store the proxies
+    serve from (`_cli_store`; `Store.view()`): the state directory's database, or a read-only connection of a
+    PostgreSQL store (proxy/store/pgview.py)."""
     from proxy.store.choice import open_store
 
     state = _state(args)
-    choice = _cli_store(args, state)
-    if choice.url is None:
-        conn = sessionview.open_db(state)
-        return conn, conn.close
-    from proxy.store.pgview import PgViewConnection
-
-    store = open_store(choice, state)
+    store = open_store(_cli_store(args, state), state)
     try:
-        view = PgViewConnection(store.pool)  # type: ignore[attr-defined]
+        view = store.view()
     except Exception:
         store.close()
         raise

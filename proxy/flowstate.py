@@ -74,6 +74,7 @@ class FlowState:
     web_search: str | None = None  # web_search: why it did (or did not) inject the tool
     bridge_offered: int = 0  # bridge: how many tools it added to this request (the request log names the bridge)
     context_usage: ContextUsage | None = None  # bridge: the last round's usage of a bridged turn (see ContextUsage)
+    stored_usage: dict[str, Any] | None = None  # usage: the stored usage read for this request (UsageCache.get's memo)
     gc_hold: Any = None  # flowbody: a proxy.gcpause.Hold while this flow's big parsed body is in flight
     context_rollover: ContextRollover | None = None  # context: a bridged new_context's rollover, mid-turn
     # context: the request's journal mark taken again after the checkpoint turn journaled its write before the
@@ -115,6 +116,13 @@ def release(flow: Any) -> None:
     st = flow.__dict__.get(_ATTR)
     if st is not None and st.settling is None:  # a held answer is still being decided: nothing is over
         st.release()
+
+
+def usage_memo(st: FlowState) -> dict[str, Any]:
+    """This request's memo of the stored usage (`proxy.usage.UsageCache.get`): one read per request."""
+    if st.stored_usage is None:
+        st.stored_usage = {}
+    return st.stored_usage
 
 
 def state_of(flow: Any) -> FlowState:

@@ -134,6 +134,14 @@ class _RequestStats:
         for labels, n in sorted(nbytes.items()):
             fam.add_metric(list(labels), n)
         yield fam
+        from proxy.store.pgconn import round_trips  # (no database driver imported: the counts are plain ints)
+
+        fam = CounterMetricFamily("ctproxy_store_round_trips", "Round trips to a PostgreSQL store, by the thread "
+                                  "that waited (journal: the journal's writer, off the request path; request: "
+                                  "every other)", labels=["path"])
+        for path, n in sorted(round_trips().items()):
+            fam.add_metric([path], n)
+        yield fam
 
 
 class ProxyMetrics:

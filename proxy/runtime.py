@@ -55,7 +55,9 @@ class Services:
     bridge: BridgeService | None = None  # bridge: its loopback endpoint, tool-server client and memory
     compaction_memo: SessionMemo | None = None  # compaction: what this process last wrote per session
     compaction_key: bytes | None = None  # compaction: the per-installation account HMAC key
-    compaction_windows: dict[tuple[str, str], int | None] = field(default_factory=dict)  # compaction: learned
+    # compaction: the windows learned from upstreams, (model, endpoint) → (window or None, when it was read:
+    # time.monotonic()); read again from the store after LEARNED_WINDOW_FRESH_S (proxy/windows/compacting.py)
+    compaction_windows: dict[tuple[str, str], tuple[int | None, float]] = field(default_factory=dict)
     store: Store | None = None  # the state store (proxy/store/interface.py): notes read at a window's opening
     store_choice: StoreChoice | None = None  # which store `ctproxy up` chose (None: the embedded default)
 

@@ -148,10 +148,17 @@ def _conversation_key(lower: Mapping[str, str], payload: Mapping[str, Any], agen
     # journal (no aliases) nothing tells conversations apart, and the start is kept as before.
     if response_aliases is None:
         return start, "fingerprint"
-    found = response_aliases.get(continuation_alias(start, model_item))
+    cont, claim = continuation_alias(start, model_item), CLAIM_PREFIX + start
+    lookup = getattr(response_aliases, "lookup", None)  # the journal's: both keys in one query (a shared store)
+    if lookup is not None:
+        got = lookup((cont, claim))
+        found, claimed = got.get(cont), claim in got
+    else:
+        found = response_aliases.get(cont)
+        claimed = found is None and claim in response_aliases
     if found is not None:
         return found, "fingerprint"
-    if CLAIM_PREFIX + start not in response_aliases:
+    if not claimed:
         return start, "fingerprint"
     return f"{start}{FORK_SEP}{_h(model_item)[:16]}", "fingerprint"
 

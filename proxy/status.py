@@ -395,8 +395,6 @@ def store_line(run: dict | None, reachable: tuple[bool, str] | None) -> str | No
     if reachable is not None:
         ok, why = reachable
         line += "  reachable" if ok else f"  NOT reachable: {why}"
-    if info.get("kind") == "postgresql":  # not behind the store yet (ADR 0013): say so where the store is named
-        line += "  (the dashboard shows this instance's own state directory only)"
     return line
 
 

@@ -184,18 +184,29 @@ class UsageCache:
         while len(self._items) > self._capacity:
             self._items.popitem(last=False)
 
-    def get(self, session_key: str) -> Usage | None:
+    def get(self, session_key: str, memo: dict[str, Usage | None] | None = None) -> Usage | None:
+        """The session's newest usage: this process's, or the stored one when newer (a shared store, or another
+        worker's). `memo` is one request's (`proxy.flowstate.FlowState.stored_usage`): the stored usage is read at
+        most once per request, however many stages ask; what this process put since is always seen (`put`)."""
         mine = self._items.get(session_key)
-        if self.backend is not None:
-            try:
-                return newest(mine, self.backend.for_session(session_key))
-            except Exception:  # the store unreachable (StoreError): what this process knows is the answer
-                return mine
-        if self._db_path is None:
+        if self.backend is None and self._db_path is None:
             return mine
-        return newest(mine, self._stored(session_key))
+        if memo is not None and session_key in memo:
+            return newest(mine, memo[session_key])
+        try:
+            stored = self.stored(session_key)
+        except Exception:  # the store unreachable (StoreError): what this process knows is the answer
+            return mine
+        if memo is not None:
+            memo[session_key] = stored
+        return newest(mine, stored)
 
-
+    def stored(self, session_key: str) -> Usage | None:
+        """The session's stored usage (one indexed read), whatever this process holds: a shared store's
+        `for_session`, or in a worker the state database's row."""
+        if self.backend is not None:
+            return self.backend.for_session(session_key)
+        return self._stored(session_key) if self._db_path is not None else None
 
 
 def newest(a: Usage | None, b: Usage | None) -> Usage | None:

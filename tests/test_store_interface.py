@@ -238,6 +238,47 @@ def test_compaction_records_written_through_a_are_read_through_b(open_store):
     assert a.compaction().session_state("s1").force_compact  # type: ignore[union-attr]
 
 
+def test_the_view_reads_what_the_journal_of_another_instance_wrote(open_store):
+    """`Store.view()` (the dashboard's API, `ctproxy tasks` / `show`, `tasks_report`) on both stores: what was
+    journaled and recorded through A is listed through B's view, by position and by column name."""
+    import time
+
+    from proxy import sessionview
+    from proxy.config import Config
+    from proxy.journal.ops import EnsureTask
+
+    a, b = open_store(), open_store()
+    a.journal().apply([EnsureTask("task_view1", "cli", time.time())])
+    a.compaction().record_event("s_view", "compaction", "remote", "threshold", "cp_v")
+    view = b.view()
+    try:
+        tasks = sessionview.list_tasks(view)
+        assert [t.task_id for t in tasks] == ["task_view1"] and tasks[0].origin == "cli"
+        assert sessionview.resolve(view, "task_vi") == ("task", "task_view1")
+        plot = sessionview.session_plot(view, "s_view", Config())
+        assert [m.label for m in plot.markers] == ["compaction remote"]
+    finally:
+        view.close()
+
+
+def test_a_view_gives_its_connection_back_as_it_came(pg):
+    """The dashboard's view runs on the tool server's own pool: the connection it used writes again afterwards."""
+    if (why := unavailable()) is not None:
+        pytest.skip(why)
+    from proxy.store.pg import PostgresStore
+
+    store = PostgresStore.open(pg.fresh_database(f"iface{next(_COUNT)}"), max_size=1)  # one connection: the same
+    try:
+        view = store.view()
+        assert view.execute("SELECT count(*) FROM journal_tasks").fetchone()[0] == 0
+        view.close()
+        store.notes("task1").write("/root", "after-view.md", "written on the view's connection")
+        store.rollovers.mark("task1", "/root")
+        assert store.notes("task1").read("/root", "after-view.md") == "written on the view's connection"
+    finally:
+        store.close()
+
+
 # ------------------------------------------------------------------------------------------------ two instances
 def test_a_note_written_through_a_is_read_through_b(open_store):
     a, b = open_store(), open_store()

@@ -127,6 +127,9 @@ def test_a_sessions_items_in_order_its_windows_aliases_and_events(instance):
     assert j.flush()
     assert backend.session_for_response("resp_extra") == backend.session_for_response("resp_1") == "f:one"
     assert backend.session_for_response("resp_nothing") is None
+    assert backend.sessions_for_responses(["resp_nothing", "resp_1", "resp_extra"]) == {
+        "resp_1": "f:one", "resp_extra": "f:one"}  # several in one query: those found
+    assert backend.sessions_for_responses([]) == {}
     assert backend.response_tail("resp_2") == branch[-1]
     assert [e["kind"] for e in j.events("f:one")][-1] == "window"
 
@@ -247,3 +250,44 @@ async def test_the_history_tools_read_the_journal_of_the_tool_servers_store(inst
     assert not listed.is_error and "answer 1" in listed.text
     unknown = await tools["history_search_contents"].call({"query": "needle"}, CallContext(services, task="t_none"))
     assert unknown.is_error
+
+
+def test_history_search_takes_every_road_and_finds_what_a_plain_scan_finds(instance, monkeypatch):
+    """The PostgreSQL reader walks the newest items in chunks and continues by the trigram index when that is
+    cheaper (proxy/store/pg_journal.py, `_candidates`): with a chunk of 8 items, a literal frequent among the newest
+    (walk), one rare and old (trigram), one whose words are common but which is absent (walks on), one with no
+    trigram (keyset pages) all find exactly what scanning every item finds, newest or oldest first, at any limit."""
+    from bench.bench_store import _register
+    from bench.bench_store import _turn as ops_of_turn
+    from proxy.store import pg_journal
+
+    _, store = instance()
+    if store.kind != "postgresql":
+        pytest.skip("the roads are the PostgreSQL reader's (the embedded one's FTS5 is tested above)")
+    monkeypatch.setattr(pg_journal, "WALK_ROWS", 8)
+    monkeypatch.setattr(pg_journal, "_TRIGRAM_FIXED", 0)  # (at 300 items the index's fixed cost would never pay)
+    roads: list[str] = []
+    trigram = pg_journal.PgHistoryReader._trigram
+    monkeypatch.setattr(pg_journal.PgHistoryReader, "_trigram",
+                        lambda self, *a: roads.append("trigram") or trigram(self, *a))
+    backend = store.journal()
+    stamp = "t"
+    texts: list[str] = []
+    ops = _register("s:roads", "t_roads")
+    for n in range(150):
+        pair = (f"the river and the stone #{2 * n}" + (" needle-Xq9" if n % 37 == 5 else ""),
+                f"river stone answer #{2 * n + 1}" if n >= 130 else f"stone then river #{2 * n + 1}")
+        texts += pair
+        ops += ops_of_turn("s:roads", n, 2 * n, pair)
+    backend.apply(ops, stamp)
+    reader = backend.history()
+    for query in ("river stone", "needle-Xq9", "river stonx", "#1", "Xq", "stone #29"):
+        roads.clear()
+        found = [t for t in texts if query in t]
+        for recent_first in (True, False):
+            expected = found[::-1] if recent_first else found
+            for limit in (3, 50):
+                hits, more = reader.search("t_roads", "/root", query, ItemFilter(), limit, recent_first)
+                assert [h.row.text for h in hits] == expected[:limit], (query, recent_first, limit)
+                assert more == (len(expected) > limit), (query, recent_first, limit)
+        assert bool(roads) == (query in ("needle-Xq9", "river stonx")), (query, roads)  # rare: the trigram index

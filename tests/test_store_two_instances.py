@@ -9,7 +9,10 @@ the real CLI, proxies and tool servers, against the Responses emulator (ADR 0013
 - `kill -9` of A loses nothing A committed (its note is read through B), and B goes on serving;
 - a stateless conversation whose turns alternate between A and B is one session (the journal is the store's);
 - the window an upstream showed A (an overflow A recovered) makes B compact a new conversation before it
-  overflows (compaction's records are the store's);
+  overflows (compaction's records are the store's), though B had served that model before (no restart);
+- B's dashboard API lists the task, session and items journaled through A; `tasks_report` on B's state directory
+  with the store reads them too;
+- a sub-agent that joined through A is known to B's Codex backend routes (`current_agent_name`);
 - `ctproxy tasks` and `ctproxy show` on B's state directory read the store's journal: turns through A and B;
 - `ctproxy task new` on A's state directory registers the task in the store, so B knows it too;
 - an unreachable store stops `ctproxy up` with what to do, nothing left running; the password of a URL is never
@@ -284,6 +287,10 @@ async def test_a_window_learned_through_a_makes_b_compact_before_it_overflows(pr
             async with openai.AsyncOpenAI(base_url=inst.url + "/v1", api_key="sk-test-store", max_retries=0) as c:
                 return await c.responses.create(model="gpt-test-1", store=False, input=items)
 
+        # B serves the model and endpoint first: it has read "no window learned" for them (and keeps that only
+        # for LEARNED_WINDOW_FRESH_S, not for its life).
+        await create(b, [{"role": "user", "content": "a small first request through B"}])
+        emu.reset()
         # Just above the real window: A overflows, compacts, retries smaller, and learns about 63 KB / 4 tokens.
         answer = await create(a, [{"role": "user", "content": f"{i}: {message}"} for i in range(21)])
         assert answer.output_text.startswith("You said: 20: mmm")  # A recovered the overflow
@@ -303,7 +310,11 @@ async def test_a_window_learned_through_a_makes_b_compact_before_it_overflows(pr
             finally:
                 conn_l.close()
         # B never saw an overflow: the window A learned makes it compact a new conversation (about 58 KB, under
-        # the real window but above the learned window's threshold) before it forwards it.
+        # the real window but above the learned window's threshold) before it forwards it, without a restart:
+        # once what B read before is older than the documented freshness, B reads the store's again.
+        from proxy.windows.compacting import LEARNED_WINDOW_FRESH_S
+
+        await asyncio.sleep(LEARNED_WINDOW_FRESH_S + 0.5)  # (past the bound, never racing it)
         emu.reset()
         answer = await create(b, [{"role": "user", "content": f"other {i}: {message}"} for i in range(19)])
         assert answer.output_text.startswith("You said: other 18")
@@ -376,7 +387,7 @@ async def test_status_names_the_store_without_its_password(emulator, proxy_facto
                                                                   "source": "store.url"}
     status = cli("status", "--state-dir", str(state))
     assert f"store:     {public} (from store.url)  reachable" in status.stdout, status.stdout
-    assert "the dashboard shows this instance's own state directory only" in status.stdout
+    assert "dashboard" not in status.stdout.split("store:", 1)[1].splitlines()[0]  # the dashboard is the store's
     assert "ignored-pw" not in status.stdout
     st = json.loads(cli("status", "--json", "--state-dir", str(state)).stdout)
     assert st["store"]["reachable"] is True and st["store"]["url"] == public
@@ -394,3 +405,125 @@ async def test_status_names_the_store_without_its_password(emulator, proxy_facto
         conn.execute(f"DROP DATABASE {db_url.rsplit('/', 1)[1]} WITH (FORCE)")
     down = cli("status", "--state-dir", str(state))
     assert "NOT reachable" in down.stdout and "ignored-pw" not in down.stdout, down.stdout
+
+
+async def test_bs_dashboard_api_shows_what_was_journaled_through_a(emulator, proxy_factory, tmp_path: Path,
+                                                                  db_url: str):
+    from proxy.journal.cli_views import tasks_report
+    from proxy.state import StateDir
+    from proxy.store.pg import PostgresStore
+
+    a, b = await two_instances(proxy_factory, emulator, tmp_path, db_url)
+    ia = Instance(a, new_task(a.state_dir))
+    emulator.script(Text("answered through A"))
+    await ia.create([{"role": "user", "content": "dashboard-marker said through A only"}])
+    token_b = (b.state_dir / "token").read_text().strip()
+    hdrs = {"Authorization": f"Bearer {token_b}"}
+    async with aiohttp.ClientSession() as http:
+
+        async def api(path: str) -> Any:
+            async with http.get(f"{b.tools_url}/ui/api/{path}", headers=hdrs) as r:
+                assert r.status == 200, await r.text()
+                return await r.json()
+
+        task: dict[str, Any] = {}
+        for _ in range(100):  # the journal's writer commits in the background
+            task = next((t for t in (await api("tasks"))["data"] if t["task_id"] == ia.task), {})
+            if task and task["items"] >= 2:
+                break
+            await asyncio.sleep(0.1)
+        assert task and task["items"] >= 2, task  # the user's message and the answer, journaled through A
+        assert [ag["address"] for ag in task["agents"]] == ["/root"], task
+        key = task["agents"][0]["sessions"][0]["session_key"]
+        session = await api(f"sessions/{key}")
+        previews = [i["preview"] for i in session["items"]]
+        assert "dashboard-marker said through A only" in previews and "answered through A" in previews, previews
+        item = next(i for i in session["items"] if i["preview"].startswith("dashboard-marker"))
+        raw = await api(f"items/{item['item_id']}")
+        assert raw["raw"]["content"] == "dashboard-marker said through A only", raw
+    # B's own state directory's database has none of it; the report through the store has it.
+    embedded = cli("tasks", "--json", "--store", "embedded", "--state-dir", str(b.state_dir))
+    assert embedded.returncode == 0 and ia.task not in embedded.stdout
+    store = PostgresStore.open(db_url)
+    try:
+        report = tasks_report(StateDir.open(b.state_dir), store)
+    finally:
+        store.close()
+    assert f"task {ia.task}" in report and f"session {key}" in report, report
+
+
+async def test_a_sub_agent_joined_through_a_is_known_to_bs_codex_routes(emulator, proxy_factory, tmp_path: Path,
+                                                                       db_url: str):
+    import psycopg
+
+    a, b = await two_instances(proxy_factory, emulator, tmp_path, db_url)
+    task = new_task(a.state_dir)
+    emulator.script(Text("root here"), Text("worker here"))
+    await Instance(a, task).create([{"role": "user", "content": "the root's turn through A"}])
+    await Instance(a, task, "/root/worker").create([{"role": "user", "content": "the worker's turn through A"}])
+    for _ in range(200):  # the journal's writer commits in the background
+        with psycopg.connect(db_url) as conn:
+            if conn.execute("SELECT 1 FROM journal_agents WHERE task_id = %s AND address = '/root/worker'",
+                            (task,)).fetchone():
+                break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the store's journal never registered /root/worker")
+    # A Codex call to B's backend route, as the worker (Codex's context names it; no x-ctp-agent): B resolves the
+    # worker through the store's journal, so the note is the worker's.
+    token_b = (b.state_dir / "token").read_text().strip()
+    body = {"path": "codex.md", "text": "written by the worker through B's Codex route\n",
+            "context": {"session_id": "codex-session-two-instances", "current_agent_name": "/root/worker"}}
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{b.tools_url}/v1/alpha/notes/v2/write_file", json=body,
+            headers={"Authorization": f"Bearer {token_b}", "x-ctp-task": task}) as r:
+        answer = await r.json(content_type=None)
+        assert r.status == 200 and answer.get("ok") is True, answer
+    _, read = await Instance(a, task, "/root/worker").tool("notes_read_file", {"path": "codex.md"})
+    assert "written by the worker through B's Codex route" in read["text"], read
+
+
+async def _store_round_trips(proc: ProxyProcess) -> int:
+    """The proxy's round trips to the store on the request path (`ctproxy_store_round_trips_total{path="request"}`,
+    proxy/store/pgconn.py), once two reads in a row agree (the answer's last writes are awaited by the proxy)."""
+    token = (proc.state_dir / "token").read_text().strip()
+    last = None
+    async with aiohttp.ClientSession() as http:
+        for _ in range(100):
+            async with http.get(proc.tools_url + "/metrics", headers={"Authorization": f"Bearer {token}"}) as r:
+                text = await r.text()
+            lines = [ln for ln in text.splitlines() if ln.startswith('ctproxy_store_round_trips_total{path="request"}')]
+            assert lines, text[-2000:]
+            now = sum(int(float(ln.rsplit(" ", 1)[1])) for ln in lines)
+            if now == last:
+                return now
+            last = now
+            await asyncio.sleep(0.3)
+    raise AssertionError("the store's round-trip count never settled")
+
+
+async def test_a_known_sessions_request_costs_few_store_round_trips(emulator, proxy_factory, tmp_path: Path,
+                                                                    db_url: str):
+    """Per request of a known session on PostgreSQL, the request path (the proxy's stages, the usage of the answer)
+    waits for at most a few round trips: the stored usage is read once per request, not once per stage that asks
+    (proxy/usage.py), and a statement alone is one round trip, not BEGIN + statement + COMMIT
+    (proxy/store/pgconn.py). The journal's writer commits off the request path and is not counted here."""
+    proc = await proxy_factory(upstream=emulator.url, state_dir=tmp_path / "a", extra_args=["--store", db_url])
+    inst = Instance(proc, new_task(proc.state_dir))
+    warm, turns = 2, 6
+    emulator.script(*[Text(f"answer {n}") for n in range(warm + turns)])
+    history: list[dict[str, Any]] = []
+
+    async def turn(n: int) -> None:
+        history.append({"role": "user", "content": f"turn {n}"})
+        resp = await inst.create(list(history))
+        history.extend(o.model_dump(mode="json", exclude_none=True) for o in resp.output)
+
+    for n in range(warm):  # the session exists, its first usage is stored
+        await turn(n)
+    before = await _store_round_trips(proc)
+    for n in range(warm, warm + turns):
+        await turn(n)
+    per_request = (await _store_round_trips(proc) - before) / turns
+    print(f"store round trips per request (request path): {per_request:.2f}")
+    assert per_request <= 7, per_request  # 33 before session 14: 4 usage reads, BEGIN + COMMIT around each

@@ -34,10 +34,8 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from proxy.db import connect
 from proxy.journal.addresses import ROOT, AddressError, resolve_address
 from proxy.journal.identity import JoinError, resolve_identity
-from proxy.journal.query import HistoryReader
 from proxy.session import AGENT_HEADER, TASK_HEADER, resolve_session
 from tools_server.registry import Services, ToolError, ToolResult, describe_validation
 from tools_server.service import ToolService
@@ -131,14 +129,10 @@ def answer(result: ToolResult, policy: TruncationPolicy | None) -> dict[str, Any
 
 
 def _registered(services: Services) -> Callable[[str, str], bool]:
+    """Whether the agent is registered in the task: in the store's journal (`Services.state_store()`), so an agent
+    that joined through another instance on a shared store is known here too."""
     def registered(task: str, address: str) -> bool:
-        if not services.state.db_path.exists():
-            return False
-        conn = connect(services.state.db_path)
-        try:
-            return HistoryReader(conn).agent_exists(task, address)
-        finally:
-            conn.close()
+        return services.state_store().journal().history().agent_exists(task, address)
 
     return registered
 

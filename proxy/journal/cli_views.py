@@ -10,7 +10,7 @@ from proxy.journal import schema as _schema  # noqa: F401  (registers the tables
 from proxy.journal.identity import new_task_id
 from proxy.journal.ops import EnsureTask
 from proxy.state import StateDir
-from proxy.store.interface import JournalBackend
+from proxy.store.interface import JournalBackend, Store
 
 
 def _when(ts: float) -> str:
@@ -33,9 +33,11 @@ def new_task(state: StateDir, journal: JournalBackend | None = None) -> str:
         conn.close()
 
 
-def tasks_report(state: StateDir) -> str:
-    """Tasks, their agents and sessions, each session's windows with item counts, and its events."""
-    conn = connect(state.db_path)
+def tasks_report(state: StateDir, store: Store | None = None) -> str:
+    """Tasks, their agents and sessions, each session's windows with item counts, and its events: read from
+    `store`'s view (`Store.view()`: a shared store's, whichever instance journaled them), else from the state
+    directory's database."""
+    conn = store.view() if store is not None else connect(state.db_path)
     try:
         tasks = conn.execute("SELECT task_id, origin, created_at FROM journal_tasks ORDER BY created_at").fetchall()
         if not tasks:

@@ -119,6 +119,13 @@ class AliasView(Mapping[str, str]):
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self._j.session_for_response(key) is not None
 
+    def lookup(self, keys: Sequence[str]) -> dict[str, str]:
+        """Several keys at once, those found, in one query for those this process does not know. Keys in order of
+        precedence: when this process knows the first, it answers alone (the caller needs nothing after it)."""
+        if keys and (hit := self._j._aliases.get(keys[0])) is not None:
+            return {keys[0]: hit}
+        return self._j.sessions_for_responses(keys)
+
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._j._aliases))
 
@@ -570,6 +577,25 @@ class Journal:
         with self._lock:
             self._remember(self._aliases, response_id, session_key, CACHED_ALIASES)
         self._submit([PutAlias(response_id, session_key, time.time())])
+
+    def sessions_for_responses(self, response_ids: Sequence[str]) -> dict[str, str]:
+        """`session_for_response` of each id, those found: what this process knows without a query, the rest in
+        one query (a backend without the batched read asks one by one)."""
+        found = {k: v for k in response_ids if (v := self._aliases.get(k)) is not None}
+        missing = [k for k in response_ids if k not in found]
+        if not missing:
+            return found
+        many = getattr(self.backend, "sessions_for_responses", None)
+        if many is None:
+            for k in missing:
+                if (v := self.session_for_response(k)) is not None:
+                    found[k] = v
+            return found
+        with self._lock:
+            got = many(missing)
+            for k, v in got.items():
+                self._remember(self._aliases, k, v, CACHED_ALIASES)
+        return found | got
 
     def session_for_response(self, response_id: str) -> str | None:
         hit = self._aliases.get(response_id)  # a dict read: no lock to wait for on the request path

@@ -267,6 +267,13 @@ class SqliteJournal:
                                      (response_id,)).fetchone()
         return row[0] if row is not None else None
 
+    def sessions_for_responses(self, response_ids: Sequence[str]) -> dict[str, str]:
+        marks = ",".join("?" * len(response_ids))
+        with self._lock:
+            rows = self._read.execute(f"SELECT response_id, session_key FROM journal_aliases WHERE response_id IN"
+                                      f" ({marks})", list(response_ids)).fetchall() if response_ids else []
+        return {r[0]: r[1] for r in rows}
+
     def response_tail(self, response_id: str) -> str | None:
         with self._lock:
             row = self._read.execute("SELECT tail_item_id FROM journal_responses WHERE response_id=?",

@@ -129,6 +129,10 @@ class EmbeddedStore:
         database thread's connection: `SqliteCompaction.on`)."""
         return self._compaction
 
+    def view(self) -> sqlite3.Connection:
+        """A connection on the state's database for the views people read (closed by the caller)."""
+        return connect(self.state.db_path)
+
     def close(self) -> None:
         self._conns.close()
         with self._journal_lock:

@@ -9,7 +9,8 @@ through their own thread hop, as they reach SQLite today.
 Served through it: notes, pending rollovers, usage, the journal (tasks, agents, sessions, windows, items,
 branches, events, responses and response-id aliases, with the history tools' reader) and compaction's records
 (per session: what went up last, a forced compaction, the items at the last compaction; compaction and recovery
-events; the windows learned from upstreams).
+events; the windows learned from upstreams), and the read-only view the dashboard, `ctproxy tasks` and `ctproxy
+show` read (`view()`).
 
 Errors are the embedded store's, word for word, whichever implementation raises them: `NoteError` for what the
 model got wrong about a note (it sees the message), `NotePathError` for a bad path or task id.
@@ -18,7 +19,7 @@ model got wrong about a note (it sees the message), `NotePathError` for a bad pa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from proxy.compaction.store import Event as CompactionEvent
 from proxy.compaction.store import SessionRecord
@@ -159,6 +160,10 @@ class JournalBackend(Protocol):
 
     def session_for_response(self, response_id: str) -> str | None: ...
 
+    def sessions_for_responses(self, response_ids: Sequence[str]) -> dict[str, str]:
+        """`session_for_response` of several ids in one query: those found (the stateless path's two lookups)."""
+        ...
+
     def response_tail(self, response_id: str) -> str | None: ...
 
     def events(self, session_key: str) -> list[tuple[str, str, float]]: ...
@@ -203,6 +208,18 @@ class CompactionBackend(Protocol):
 
 
 @runtime_checkable
+class ViewConnection(Protocol):
+    """A read-only connection for the views people read (proxy/sessionview.py: `ctproxy tasks`, `ctproxy show`,
+    the dashboard's API; proxy/journal/cli_views.py's report), sqlite3-shaped: `execute(sql, params)` with `?`
+    placeholders in the SQL both stores speak, rows by position and by column name; `close` gives it back.
+    A PostgreSQL view says so in `dialect = "postgresql"` (sqlite3 has none: SQLite)."""
+
+    def execute(self, sql: str, params: Sequence = ...) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
 class Store(Protocol):
     """One state store: the parts above, opened once per process and closed at its end."""
 
@@ -224,6 +241,11 @@ class Store(Protocol):
 
     def compaction(self) -> CompactionBackend:
         """Compaction's records (one per store)."""
+        ...
+
+    def view(self) -> ViewConnection:
+        """A read-only connection on the journal and compaction's records for the views people read (the dashboard
+        of any instance, `ctproxy tasks` / `show`): the store's, so every instance on it shows the same state."""
         ...
 
     def close(self) -> None: ...

@@ -36,10 +36,11 @@ from proxy.context.pending import KINDS, Kind, Pending
 from proxy.journal.addresses import address_hash
 from proxy.notes.paths import check_rel, check_task_id, is_valid_rel, quoted
 from proxy.notes.store import LOCK_TIMEOUT, NOTE_MAX_BYTES, NoteError, NoteInfo, WriteResult, encode_note
-from proxy.store import postgres
+from proxy.store import pgconn, postgres
 from proxy.store.interface import StoreKind
 from proxy.store.pg_journal import PgJournal
 from proxy.store.pgconn import connection as _connection
+from proxy.store.pgview import PgViewConnection
 from proxy.store.postgres import StoreError
 from proxy.usage import Usage
 
@@ -266,12 +267,23 @@ class PgCompaction:
         self.pool = pool
 
     def session_state(self, session_key: str) -> SessionRecord | None:
+        return self.session_state_and_usage(session_key)[0]
+
+    def session_state_and_usage(self, session_key: str) -> tuple[SessionRecord | None, Usage | None]:
+        """`session_state` and the session's stored usage (`PgUsage.for_session`) in one round trip: what the
+        compaction stage reads for a request of a session this process did not write last (addons/compaction.py)."""
+        u = ", ".join(f"u.{c}" for c in _USAGE_COLUMNS.split(", "))
         with _connection(self.pool) as conn:
             row = conn.execute(
                 "SELECT s.checkpoint_id, s.client_items, s.sent_bytes, s.force_compact, s.failed_items,"
-                " p.compacted_items FROM (SELECT %s::text AS k) q"
+                f" p.compacted_items, {u} FROM (SELECT %s::text AS k) q"
                 " LEFT JOIN compaction_sessions s ON s.session_key = q.k"
-                " LEFT JOIN compaction_progress p ON p.session_key = q.k", (session_key,)).fetchone()
+                " LEFT JOIN compaction_progress p ON p.session_key = q.k"
+                " LEFT JOIN usage u ON u.session_key = q.k", (session_key,)).fetchone()
+        return self._record(row[:6]), _usage(row[6:]) if row[6] is not None else None
+
+    @staticmethod
+    def _record(row: Any) -> SessionRecord | None:
         cp_id, client_items, sent, force, failed, done = row
         done = None if done is None else int(done)
         if client_items is None:
@@ -373,7 +385,8 @@ class PostgresStore:
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATE_LOCK,))
                 conn.commit()
-        pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout, open=False)
+        pool = ConnectionPool(url, min_size=min_size, max_size=max_size, timeout=timeout, open=False,
+                              connection_class=pgconn.counting_classes()[0], configure=pgconn.configure)
         try:
             pool.open(wait=True, timeout=timeout)
         except Exception as exc:
@@ -400,6 +413,10 @@ class PostgresStore:
 
     def compaction(self) -> PgCompaction:
         return self._compaction
+
+    def view(self) -> PgViewConnection:
+        """A read-only pooled connection for the views people read (proxy/store/pgview.py; closed by the caller)."""
+        return PgViewConnection(self.pool)
 
     def close(self) -> None:
         self.pool.close()

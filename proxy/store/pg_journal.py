@@ -22,6 +22,7 @@ verified against the text and its segments (proxy/journal/excerpt.find_matches),
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -58,6 +59,25 @@ def _dumps(value: object) -> str:
 def _session_lock_key(session_key: str) -> int:
     digest = hashlib.sha256(b"journal\x00" + session_key.encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
+
+
+WALK_ROWS = 1024  # history search: the first chunk of newest items walked (_candidates)
+_WORDS = re.compile(r"[A-Za-z0-9]{3,}")  # the words of a literal pg_trgm looks up (three letters or digits or more)
+_TRIGRAM_ROW_COST = 2.0  # a row the trigram bitmap rechecks, against a row walked (they read and test the same text)
+_TRIGRAM_FIXED = 2000  # the trigram path's fixed cost in rows walked (its posting lists, a sort, a transaction)
+
+
+def _like_any(word: str) -> str:
+    return "%" + word.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _prefer_trigram(hits: int, walked: int, cand: int, left: int, want: int = 64) -> bool:
+    """After a chunk that did not fill a page: whether the trigram index is cheaper than walking on, from what the
+    chunk showed. Walking on reads about `want / hit rate` more items (all `left` for a literal not seen); the
+    trigram bitmap rechecks the rows that hold the literal's words (`cand / walked` of the `left` items)."""
+    walk = left if hits == 0 else min(left, want * walked / hits)
+    trigram = _TRIGRAM_FIXED + _TRIGRAM_ROW_COST * left * cand / walked
+    return trigram < walk
 
 
 def _dict_rows() -> Any:
@@ -365,22 +385,97 @@ class PgHistoryReader(HistoryReader):
     def _candidates(self, keys: list[str], query: str, where: str, params: list[Any],
                     recent_first: bool) -> Iterator[Any]:
         # (`where` comes from HistoryReader.search, in SQLite's placeholders)
-        # Pages in journal order, each after the last (keyset): the caller verifies candidates as they come and
-        # stops at its limit, so a frequent literal reads one page, not every match. (A LIMIT lets the planner
-        # weigh the trigram index against walking `seq`; a server-side cursor without one walks `seq`.)
+        # The caller verifies candidates as they come and stops at its limit. Which plan is cheap depends on how
+        # often the literal occurs, which the planner cannot know (a LIKE '%…%' is estimated by its length alone):
+        # walking the newest items finds a frequent literal in a page or two and reads every item for a rare one;
+        # the trigram index finds a rare one at once, but its bitmap holds every row that has the literal's
+        # trigrams, and rechecks them all, when its words are common. So the data decides (ADR 0013, "History
+        # search"): walk the newest items in chunks (WALK_ROWS, growing), counting in each chunk the literal's
+        # hits and the rows the trigram index would hand over (`_prefer_trigram`); continue by the trigram index
+        # (its bitmap, the only plan allowed there) in keyset pages once that is the cheaper road.
         pattern = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        where = where.replace("?", "%s")
+        order, before = ("DESC", "<") if recent_first else ("ASC", ">")
+        words = [w.lower() for w in _WORDS.findall(query)]
+        if not words:  # nothing the trigram index could look up: walk, in keyset pages
+            yield from self._pages(keys, pattern, where, params, order, before)
+            return
+        approx = [_like_any(w) for w in words]
+        after, page, chunk = None, 64, WALK_ROWS
+        while True:
+            rows, walked, edge, cand, first = self._walk(keys, pattern, where, params, order, after, page, chunk,
+                                                         approx)
+            yield from rows
+            if len(rows) == page:  # (the caller wants more: the walk goes on after the last one)
+                after, page = rows[-1]["seq"], min(page * 4, 4096)
+                continue
+            if walked < chunk:
+                return  # the walk read every item there is
+            after = edge
+            left = abs(edge - first) if first is not None else 0
+            if _prefer_trigram(len(rows), walked, cand, left):
+                break
+            chunk = min(chunk * 4, 65536)
+        cond = f"i.session_key = ANY(%s) AND i.text LIKE %s AND {_ON_BRANCH} AND {where}"
+        page = 64
+        while True:
+            rows = self._trigram(
+                f"WITH c AS MATERIALIZED (SELECT seq FROM journal_items WHERE text LIKE %s)"
+                f" SELECT {_ITEM_COLS}, i.text, i.segments FROM c JOIN journal_items i ON i.seq = c.seq"
+                f" WHERE {cond} AND i.seq {before} %s ORDER BY i.seq {order} LIMIT %s",
+                [pattern, keys, pattern, *params, after, page])
+            yield from rows
+            if len(rows) < page:
+                return
+            after, page = rows[-1]["seq"], min(page * 4, 4096)
+
+    def _pages(self, keys: list[str], pattern: str, where: str, params: list[Any], order: str,
+               before: str) -> Iterator[Any]:
+        """Matching items in journal order, a keyset page at a time, each after the last."""
         base = (f"SELECT {_ITEM_COLS}, i.text, i.segments FROM journal_items i"
-                f" WHERE i.session_key = ANY(%s) AND i.text LIKE %s AND {_ON_BRANCH} AND {where.replace('?', '%s')}")
-        order = "DESC" if recent_first else "ASC"
+                f" WHERE i.session_key = ANY(%s) AND i.text LIKE %s AND {_ON_BRANCH} AND {where}")
         after, page = None, 64
         while True:
-            keyset = "" if after is None else f" AND i.seq {'<' if recent_first else '>'} %s"
+            keyset = "" if after is None else f" AND i.seq {before} %s"
             rows = self._all(f"{base}{keyset} ORDER BY i.seq {order} LIMIT %s",
                              [keys, pattern, *params, *(() if after is None else (after,)), page])
             yield from rows
             if len(rows) < page:
                 return
             after, page = rows[-1]["seq"], min(page * 4, 4096)
+
+    def _walk(self, keys: list[str], pattern: str, where: str, params: list[Any], order: str, after: int | None,
+              page: int, chunk: int, approx: list[str]) -> tuple[list[Any], int, int, int, int | None]:
+        """The next `chunk` items of the sessions after `after`, newest (`DESC`) or oldest first, and the first `page`
+        of them that match: (those rows in order, how many items were walked, the seq of the last one walked, how
+        many of them hold every word of the literal in any case (what the trigram index would hand over), the seq
+        of the sessions' last item that way). A full page is one query that stops at it; the chunk's figures are
+        read only when the page is not full."""
+        edge, before = ("min", "<") if order == "DESC" else ("max", ">")
+        keyset = "" if after is None else f" AND i.seq {before} %s"
+        walk = (f"SELECT * FROM journal_items i WHERE i.session_key = ANY(%s){keyset} ORDER BY i.seq {order}"
+                f" LIMIT %s")
+        walk_args = [keys, *(() if after is None else (after,)), chunk]
+        rows = self._all(f"SELECT {_ITEM_COLS}, i.text, i.segments FROM ({walk}) i WHERE i.text LIKE %s"
+                         f" AND {_ON_BRANCH} AND {where} ORDER BY i.seq {order} LIMIT %s",
+                         [*walk_args, pattern, *params, page])
+        if len(rows) == page:
+            return rows, chunk, rows[-1]["seq"], 0, None
+        cand = " AND ".join(["lower(i.text) LIKE %s"] * len(approx)) or "false"
+        stats = self._all(
+            f"SELECT count(*) AS walked, {edge}(i.seq) AS edge, count(*) FILTER (WHERE {cand}) AS cand,"
+            f" (SELECT {edge}(x.seq) FROM journal_items x WHERE x.session_key = ANY(%s)) AS first FROM ({walk}) i",
+            [*approx, keys, *walk_args])[0]
+        return rows, int(stats["walked"]), stats["edge"], int(stats["cand"]), stats["first"]
+
+    def _trigram(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """`sql` with the trigram index's bitmap as the only way to find the literal's rows (no sequential scan):
+        one round trip (pipelined)."""
+        with _connection(self.pool) as conn, conn.pipeline(), conn.transaction():
+            conn.execute("SET LOCAL enable_seqscan = off")
+            with conn.cursor(row_factory=_dict_rows()) as cur:
+                cur.execute(sql, params)
+                return cur.fetchall()
 
 
 class PgJournal:
@@ -502,6 +597,11 @@ class PgJournal:
     def session_for_response(self, response_id: str) -> str | None:
         row = self._one("SELECT session_key FROM journal_aliases WHERE response_id=%s", (response_id,))
         return row[0] if row is not None else None
+
+    def sessions_for_responses(self, response_ids: Sequence[str]) -> dict[str, str]:
+        rows = self._rows("SELECT response_id, session_key FROM journal_aliases WHERE response_id = ANY(%s)",
+                          (list(response_ids),)) if response_ids else []
+        return {r[0]: r[1] for r in rows}
 
     def response_tail(self, response_id: str) -> str | None:
         row = self._one("SELECT tail_item_id FROM journal_responses WHERE response_id=%s", (response_id,))

@@ -1,13 +1,83 @@
-"""A pooled PostgreSQL connection for the store's parts (proxy/store/pg.py, proxy/store/pg_journal.py)."""
+"""A pooled PostgreSQL connection for the store's parts (proxy/store/pg.py, proxy/store/pg_journal.py), and the count
+of the round trips this process made to the store.
+
+Every pooled connection is a `CountingConnection` in autocommit mode: a statement alone is one round trip (no
+`BEGIN` before it, no `COMMIT` after it); what must be atomic says so with `conn.transaction()`. The count
+(`round_trips()`) is kept by the thread that waited: the journal's writer thread (`journal`: off the request path)
+and every other thread (`request`: the proxy's database thread, the event loop, the tool server's executors). It is
+`ctproxy_store_round_trips_total` in /metrics; tests/test_store_round_trips.py reads it per request."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from proxy.store import postgres
 from proxy.store.postgres import StoreError
+
+_counts = {"request": 0, "journal": 0}
+_count_lock = threading.Lock()
+JOURNAL_THREAD = "ctproxy-journal"  # proxy/journal/writer.py's thread name
+
+
+def count_round_trip() -> None:
+    path = "journal" if threading.current_thread().name.startswith(JOURNAL_THREAD) else "request"
+    with _count_lock:
+        _counts[path] += 1
+
+
+def round_trips() -> dict[str, int]:
+    """The round trips this process made to a PostgreSQL store so far, by path (`request`, `journal`)."""
+    with _count_lock:
+        return dict(_counts)
+
+
+_classes: tuple[Any, Any] | None = None
+
+
+def counting_classes() -> tuple[Any, Any]:
+    """(connection class, cursor class) that count each round trip: a statement outside a pipeline, a
+    transaction command psycopg sends (`BEGIN`, `COMMIT`, `ROLLBACK`), a whole pipeline."""
+    global _classes
+    if _classes is not None:
+        return _classes
+    psycopg = postgres._psycopg()
+
+    class CountingCursor(psycopg.Cursor):  # type: ignore[misc, name-defined]
+        def execute(self, *args: Any, **kwargs: Any) -> Any:
+            if self._conn._pipeline is None:
+                count_round_trip()
+            return super().execute(*args, **kwargs)
+
+        def executemany(self, *args: Any, **kwargs: Any) -> Any:
+            if self._conn._pipeline is None:
+                count_round_trip()  # (psycopg pipelines an executemany where the server can)
+            return super().executemany(*args, **kwargs)
+
+    class CountingConnection(psycopg.Connection):  # type: ignore[misc, name-defined]
+        def _exec_command(self, command: Any, *args: Any, **kwargs: Any) -> Any:
+            if self._pipeline is None:
+                count_round_trip()
+            return super()._exec_command(command, *args, **kwargs)
+
+        @contextmanager
+        def pipeline(self) -> Iterator[Any]:
+            outer = self._pipeline is None
+            with super().pipeline() as p:
+                yield p
+            if outer:
+                count_round_trip()
+
+    _classes = (CountingConnection, CountingCursor)
+    return _classes
+
+
+def configure(conn: Any) -> None:
+    """The pool's `configure`: autocommit (one round trip a statement) and counted cursors."""
+    conn.autocommit = True
+    conn.cursor_factory = counting_classes()[1]
 
 
 @contextmanager

@@ -53,6 +53,10 @@ class PgViewConnection:
             self._conn = self._ctx.__enter__()
         except Exception as exc:
             raise StoreError(f"the PostgreSQL store cannot be used: {str(exc).strip().splitlines()[0]}") from None
+        # One read-only transaction for the view's life; the pooled connection is given back as it came (autocommit,
+        # not read-only: proxy/store/pgconn.py), or the next writer on it would be refused.
+        self._was = (self._conn.autocommit, self._conn.read_only)
+        self._conn.autocommit = False
         self._conn.read_only = True
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
@@ -63,5 +67,9 @@ class PgViewConnection:
         return Cursor([Row(names, r) for r in cur.fetchall()])
 
     def close(self) -> None:
-        self._conn.rollback()
-        self._ctx.__exit__(None, None, None)
+        try:
+            self._conn.rollback()
+            self._conn.read_only = self._was[1]
+            self._conn.autocommit = self._was[0]
+        finally:
+            self._ctx.__exit__(None, None, None)

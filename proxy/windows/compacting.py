@@ -4,6 +4,7 @@ its threshold and overflow recovery give the one compaction path (`service.compa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -69,12 +70,28 @@ def project(rt: runtime.Runtime, payload: dict[str, Any], cp: Checkpoint | None,
     return projected
 
 
+# How long a window learned from an upstream (per model and endpoint) is trusted as this process read it. Another
+# process or instance on the same store may learn a smaller one: it is read again from the store after this many
+# seconds, so a window learned anywhere is applied by every instance's requests from then on, without a restart.
+# One read per model and endpoint per period: nothing per request.
+LEARNED_WINDOW_FRESH_S = 2.0
+
+
 async def learned_window(rt: runtime.Runtime, db: dbworker.DBWorker, model: str, endpoint: str) -> int | None:
+    """The smallest window an upstream showed for (model, endpoint), this process's or the store's (any instance's:
+    read again after LEARNED_WINDOW_FRESH_S)."""
     cache = rt.services.compaction_windows
     k = (model, endpoint)
-    if k not in cache:
-        cache[k] = await read(rt, db, lambda rec: rec.learned_window(model, endpoint))
-    return cache[k]
+    hit = cache.get(k)
+    now = time.monotonic()
+    if hit is not None and now - hit[1] < LEARNED_WINDOW_FRESH_S:
+        return hit[0]
+    stored = await read(rt, db, lambda rec: rec.learned_window(model, endpoint))
+    mine = cache.get(k, (None, 0.0))[0]  # (one this process learned meanwhile: its write may still be queued)
+    value = stored if mine is None else mine if stored is None else min(stored, mine)
+    cache[k] = (value, now)
+    return value
+
 
 def learn(rt: runtime.Runtime, info: FlowInfo, tokens: int) -> None:
     """The upstream answered context_length_exceeded at `tokens` (estimated): remember it per model
@@ -84,12 +101,12 @@ def learn(rt: runtime.Runtime, info: FlowInfo, tokens: int) -> None:
     if not model or not endpoint or tokens <= 0:
         return
     cache = rt.services.compaction_windows
-    old = cache.get((model, endpoint))
-    cache[(model, endpoint)] = tokens if old is None else min(old, tokens)
+    old, read_at = cache.get((model, endpoint), (None, 0.0))
+    cache[(model, endpoint)] = (tokens if old is None else min(old, tokens), read_at)
     if info.window is None or tokens < info.window:
         info.window = tokens
     write(rt, lambda rec: rec.learn_window(model, endpoint, tokens))
-    debuglog.event("overflow_recovery", phase="window", outcome="learned", window=cache[(model, endpoint)])
+    debuglog.event("overflow_recovery", phase="window", outcome="learned", window=cache[(model, endpoint)][0])
 
 def blocked(info: FlowInfo, rt: runtime.Runtime) -> str | None:
     # the one rule (proxy/compaction/eligibility.py), shared with the context stage's hard trigger

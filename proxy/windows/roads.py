@@ -21,6 +21,7 @@ from proxy.compaction import journal_link
 from proxy.context import checkpoint_turn as ckturn
 from proxy.context.decorate import decorate
 from proxy.context.rollover import RolloverStore
+from proxy.flowstate import usage_memo
 from proxy.journal import Window
 from proxy.toolclient import ToolClient
 from proxy.transforms.items import input_items
@@ -279,7 +280,7 @@ class ContextRoads:
         """A session's first request: its budget is an estimate of this request (proxy/windows/budget.py)."""
         rt = self.rt
         key = r.session_key
-        if key is None or rt.services.usage.get(key) is not None:
+        if key is None or rt.services.usage.get(key, usage_memo(r.state)) is not None:
             return
         source = r.body.source_bytes if out is r.body.view else None
         budget.first_estimate(rt.services, rt.state.db_path, key, ws.task_id, ws.address, r.state.window, out, source)
@@ -288,7 +289,7 @@ class ContextRoads:
                      decided: WindowDecision | None = None) -> tuple[int, int] | None:
         rt = self.rt
         key = r.session_key
-        u = rt.services.usage.get(key) if key is not None else None
+        u = rt.services.usage.get(key, usage_memo(r.state)) if key is not None else None
         if u is None:
             return None
         return hard_trigger.usage_ratio(u, payload.get("model"), rt.config.model_windows, ratio,

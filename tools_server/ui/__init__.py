@@ -160,7 +160,7 @@ async def _db(request: web.Request, fn: Callable[[Any], Any]) -> Any:
     services = request.app[SERVICES_KEY]
 
     def run() -> Any:
-        conn = sessionview.open_db(services.state)
+        conn = services.state_store().view()  # the store's: every instance on a shared store shows the same state
         try:
             return fn(conn)
         finally:
