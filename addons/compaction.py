@@ -43,6 +43,7 @@ from proxy.compaction.overflow import CODE, response_error_code
 from proxy.compaction.remote import compaction_target
 from proxy.flowbody import responses_body
 from proxy.flowstate import Settling, state_of
+from proxy.session import minted_for
 from proxy.sse import ResponseTap
 from proxy.transforms.items import client_compacts, input_items
 from proxy.windows import budget, compacting, recovery, service, sizing
@@ -115,14 +116,17 @@ class Compaction(Stage):
         db = self._db(rt)
         key = ident.session_key
         sess = _memo(rt).get(key)
-        if sess is not None:  # this process wrote the session's last state: no database round trip
+        st = state_of(flow)
+        # No database round trip when this process wrote the session's last state, or when the session is one
+        # this request opens (nothing was recorded for it anywhere).
+        if sess is not None or minted_for(key, flow.id):
             last_usage = rt.services.usage.get(key)
         else:
             records = shared_records(rt.state_store())  # the store's compaction records (None: embedded, on conn)
             sess, last_usage = await db.run(lambda conn: _snapshot(records_on(records, conn), conn, key))
             last_usage = usage.newest(last_usage, rt.services.usage.get(key))
+            st.last_usage = (last_usage,)  # the later stages of this request read it here, not again
         headers = header_map(flow)
-        st = state_of(flow)
         mark = st.journal_mark
         # The checkpoint in effect is the journal session's current window (the journal caches it).
         windows = journal_link.window_session(service.journal_of(rt, st.journal), mark, ident,

@@ -23,6 +23,7 @@ from proxy import dbworker, debuglog, runtime, usage
 from proxy.errors import ProxyError
 from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of
+from proxy.session import minted_for
 from proxy.transforms.web_search import (
     SWITCH_HEADER,
     SWITCH_VALUES,
@@ -71,8 +72,13 @@ class WebSearch(Stage):
             ident = session_of(flow, rt.services.response_aliases)
             if ident is not None:
                 cached = rt.services.usage.get(ident.session_key)
+                read = state_of(flow).last_usage  # (compaction read the database for this request already)
                 if cached is not None:  # this process saw the session's last answer: no database trip
                     last_input = cached.input_tokens
+                elif read is not None:
+                    last_input = read[0].input_tokens if read[0] is not None else None
+                elif minted_for(ident.session_key, flow.id):  # a session this request opens: no usage yet
+                    last_input = None
                 else:
                     last_input = await _worker(rt).run(lambda conn: _last_input(conn, ident.session_key))
         # only `tools`, `tool_choice`, `include` and leading `additional_tools` items are read: a big input is

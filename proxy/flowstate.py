@@ -66,6 +66,9 @@ class FlowState:
     journal_mark: RequestMark | None = None  # history: the journal's ids of this request's items
     agent_identity: tuple[str, str] | None = None  # history: (task, agent address) as the journal resolved it
     compaction: FlowInfo | None = None  # compaction: its own record of this request (for its response hooks)
+    # compaction: the session's last usage as it read it from the database for this request, in a 1-tuple
+    # (None: not read); web search takes it from here instead of a second round trip
+    last_usage: tuple[Any] | None = None
     # the window service: the request's one window decision, made once by compaction's request hook; a later step
     # that changes the window stores a new one derived from it (dataclasses.replace), never edits it (ADR 0011)
     window: WindowDecision | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 
 from proxy.db import connect
@@ -102,4 +103,45 @@ async def test_a_failing_write_does_not_lose_the_read(tmp_path: Path) -> None:
 
     worker.put_latest("x", broken)
     assert await worker.run(_rows) == {}
+    worker.close()
+
+
+async def test_settled_waits_for_every_write_put_and_is_none_once_they_are_committed(tmp_path: Path) -> None:
+    """What an answer's end waits for (`budget.committed`): None only when nothing put is left uncommitted, so
+    that another connection (another process, in real life) reads every write once it returns."""
+    db = tmp_path / "t.db"
+    _table(db)
+    worker = DBWorker(db, batch_interval=60.0)  # the batch timer never fires during the test
+    reader = connect(db)
+    assert worker.settled() is None  # nothing was ever put
+    worker.put_latest("a", _put("a", 1))
+    pending = worker.settled()
+    assert pending is not None  # a write is pending: there is something to wait for
+    await pending
+    assert _rows(reader) == {"a": 1}
+    assert worker.settled() is None
+    reader.close()
+    worker.close()
+
+
+async def test_flush_now_starts_the_commit_and_settled_then_waits_for_that_job_only(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    _table(db)
+    worker = DBWorker(db, batch_interval=60.0)
+    reader = connect(db)
+    gate = threading.Event()
+    worker.submit(lambda _conn: gate.wait(30))  # the thread is busy: the flushed batch queues behind this job
+    worker.put_latest("a", _put("a", 2))
+    worker.flush_now()  # handed to the thread now, not `batch_interval` later
+    waiting = worker.settled()
+    assert waiting is not None  # handed over, not committed yet: the answer's end would still wait
+    assert _rows(reader) == {}
+    gate.set()
+    await waiting
+    assert _rows(reader) == {"a": 2}
+    assert worker.settled() is None  # committed: an answer ending now does not even hand a job to the thread
+    for _ in range(3):  # reads do not leave the worker unsettled once they are done
+        assert await worker.run(_rows) == {"a": 2}
+    assert worker.settled() is None
+    reader.close()
     worker.close()
