@@ -97,15 +97,19 @@ class DBWorker:
             self._last = self._pool.submit(self._apply, writes, None)
 
     def flush_now(self) -> None:
-        """Hand the pending writes to the thread now rather than `batch_interval` later: a caller about to wait
-        for them (an answer whose end waits for its usage, `settled`) starts their commit early."""
-        self._flush_pending()
+        """Hand the pending writes to the thread now rather than `batch_interval` later, when it is idle: a caller
+        about to wait for them (an answer whose end waits for its usage, `settled`) starts their commit early.
+        While the thread is busy they stay pending and go with the next job, so a burst of answers ending
+        together still shares one commit."""
+        last = self._last
+        if last is None or last.done():
+            self._flush_pending()
 
     def settled(self) -> Awaitable[None] | None:
         """None when every write put so far is committed (none pending, the thread's last job done): nothing to
         wait for, not even a hand-off to the thread. Else an awaitable done once they are."""
-        if self._pending:
-            return self.run(_nothing)
+        if self._pending:  # taken now: an answer ending in the same loop turn waits for this job, not a new one
+            self._last = self._pool.submit(self._apply, self._take_pending(), None)
         last = self._last
         if last is None or last.done():
             return None
@@ -133,10 +137,6 @@ class DBWorker:
 
         self._pool.submit(_close)
         self._pool.shutdown(wait=True)
-
-
-def _nothing(_conn: sqlite3.Connection) -> None:
-    return None
 
 
 async def _finished(job: Future[Any]) -> None:

@@ -124,24 +124,37 @@ async def test_settled_waits_for_every_write_put_and_is_none_once_they_are_commi
     worker.close()
 
 
-async def test_flush_now_starts_the_commit_and_settled_then_waits_for_that_job_only(tmp_path: Path) -> None:
+async def test_flush_now_starts_the_commit_on_an_idle_thread_and_a_busy_one_gathers_the_burst(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
     _table(db)
     worker = DBWorker(db, batch_interval=60.0)
     reader = connect(db)
+    worker.put_latest("a", _put("a", 1))
+    worker.flush_now()  # the thread is idle: handed over now, not `batch_interval` later
+    assert not worker._pending
+    for _ in range(500):
+        if worker.settled() is None:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.settled() is None  # committed: an answer ending now does not even hand a job to the thread
+    assert _rows(reader) == {"a": 1}
+
     gate = threading.Event()
-    worker.submit(lambda _conn: gate.wait(30))  # the thread is busy: the flushed batch queues behind this job
-    worker.put_latest("a", _put("a", 2))
-    worker.flush_now()  # handed to the thread now, not `batch_interval` later
+    worker.submit(lambda _conn: gate.wait(30))  # the thread is busy
+    worker.put_latest("b", _put("b", 2))
+    worker.flush_now()
+    worker.put_latest("c", _put("c", 3))
+    worker.flush_now()
+    assert len(worker._pending) == 2  # kept for one job together, behind the busy one
     waiting = worker.settled()
-    assert waiting is not None  # handed over, not committed yet: the answer's end would still wait
-    assert _rows(reader) == {}
+    assert waiting is not None and not worker._pending  # the end of an answer takes them both to the thread
+    assert worker.settled() is not None  # handed over, not committed yet: a second answer's end waits too
     gate.set()
     await waiting
-    assert _rows(reader) == {"a": 2}
-    assert worker.settled() is None  # committed: an answer ending now does not even hand a job to the thread
+    assert _rows(reader) == {"a": 1, "b": 2, "c": 3}
+    assert worker.settled() is None
     for _ in range(3):  # reads do not leave the worker unsettled once they are done
-        assert await worker.run(_rows) == {"a": 2}
+        assert await worker.run(_rows) == {"a": 1, "b": 2, "c": 3}
     assert worker.settled() is None
     reader.close()
     worker.close()
