@@ -43,6 +43,7 @@ from proxy.compaction.overflow import CODE, response_error_code
 from proxy.compaction.remote import compaction_target
 from proxy.flowbody import responses_body
 from proxy.flowstate import Settling, state_of, usage_memo
+from proxy.session import minted_for
 from proxy.sse import ResponseTap
 from proxy.transforms.items import client_compacts, input_items
 from proxy.windows import budget, compacting, recovery, service, sizing
@@ -55,10 +56,11 @@ def _stateful(payload: dict[str, Any]) -> bool:
 
 def _snapshot(records: Any, conn: sqlite3.Connection, key: str, cache: usage.UsageCache,
               memo: dict[str, Any]) -> tuple[store.SessionRecord | None, usage.Usage | None]:
-    """On the database thread: the session's compaction record and its stored usage (on a shared store read through
-    the usage cache into the request's memo, so the stages after this one do not read it again)."""
+    """On the database thread: the session's compaction record and its stored usage, kept in the request's memo
+    (`FlowState.stored_usage`) so the stages after this one do not read it again."""
     if records is None:  # the embedded store: both on the database thread's connection
-        return records_on(None, conn).session_state(key), usage.last_usage_for_session(conn, key)
+        memo[key] = usage.last_usage_for_session(conn, key)
+        return records_on(None, conn).session_state(key), memo[key]
     both = getattr(records, "session_state_and_usage", None)  # PostgreSQL: the two in one round trip
     if both is not None and cache.backend is not None:
         state, memo[key] = both(key)
@@ -130,7 +132,10 @@ class Compaction(Stage):
         sess = _memo(rt).get(key)
         st = state_of(flow)
         memo = usage_memo(st)  # the stored usage is read once for the request, whichever stage asks first
-        if sess is not None:  # this process wrote the session's last state: no database round trip
+        minted = minted_for(key, flow.id)  # a session this request opens: nothing was recorded for it anywhere
+        if minted:
+            memo.setdefault(key, None)
+        if sess is not None or minted:  # no database round trip: this process wrote the session's last state
             last_usage = rt.services.usage.get(key, memo)
         else:
             records = shared_records(rt.state_store())  # the store's compaction records (None: embedded, on conn)

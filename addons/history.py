@@ -179,7 +179,14 @@ class History(Stage):
         # Read-your-writes: once the proxy has answered a session's first request, every tool and CLI call
         # (other processes) sees its task, agent and session; the answer ends once they are committed.
         mark, j = mark_of(flow), st.journal
-        if mark is None or not isinstance(j, Journal) or mark.state is None or mark.state.registered is None:
+        if mark is None or not isinstance(j, Journal) or mark.state is None:
+            return None
+        ev = mark.state.registered
+        if ev is None:
+            return None
+        if ev.is_set():  # committed already (the writer drained while the answer streamed): no thread hop
+            if mark.state.registered is ev:
+                mark.state.registered = None
             return None
         return asyncio.to_thread(j.wait_registered, mark.state)
 

@@ -61,15 +61,19 @@ class Tap(Stage):
         tap = state_of(flow).tap
         if typ in TERMINAL_EVENTS and isinstance(tap, ResponseTap):
             try:
-                self._record_usage(flow, tap)
+                if self._record_usage(flow, tap):
+                    # The answer ends once this usage is committed (`response`): the commit starts now, while the
+                    # last bytes are passed on, so that by then it is usually done and the end need not wait.
+                    budget.commit_now(dbworker.shared(self.rt.services, self.rt.state.db_path))
             except Exception as exc:  # observing must never break the stream
                 log.error("tap: usage not recorded (%s)", type(exc).__name__)
 
     def response(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         if not self._read(flow):
             return None
-        # the answer ends (its last bytes, mitmproxy's end of message) once its usage is committed
-        return budget.committed(dbworker.shared(self.rt.services, self.rt.state.db_path))
+        # the answer ends (its last bytes, mitmproxy's end of message) once its usage is committed; None when
+        # it is already (its commit started at the terminal event)
+        return dbworker.shared(self.rt.services, self.rt.state.db_path).settled()
 
     def _read(self, flow: http.HTTPFlow) -> bool:
         """Read the final answer and record its usage; whether usage was recorded for it."""
@@ -106,17 +110,18 @@ class Tap(Stage):
         if isinstance(tap, ResponseTap) and not tap.completed:
             tap.incomplete = True  # upstream broke off mid-stream; the client saw a disconnect
 
-    def _record_usage(self, flow: http.HTTPFlow, tap: ResponseTap) -> None:
+    def _record_usage(self, flow: http.HTTPFlow, tap: ResponseTap) -> bool:
+        """Record the answer's usage once; whether this call recorded it."""
         if tap.usage_recorded or not tap.usage or not is_responses_create(flow):
-            return
+            return False
         rt = self.rt
         if not _usage_wanted(rt.config):
-            return  # nobody reads usage: do not even resolve the session (that parses the request body)
+            return False  # nobody reads usage: do not even resolve the session (that parses the request body)
         if state_of(flow).settling is not None:
-            return  # not final yet; `response` records it once the answer is settled
+            return False  # not final yet; `response` records it once the answer is settled
         ident = session_of(flow, rt.services.response_aliases)
         if ident is None:
-            return
+            return False
         task, agent = ident.task, ident.agent
         rec = state_of(flow).agent_identity  # set by the journal when it knows (task, agent)
         if isinstance(rec, tuple) and len(rec) == 2:
@@ -128,6 +133,7 @@ class Tap(Stage):
         # Coalesced: only the session's newest usage matters, and a burst of answers shares one commit; the
         # `response` hook waits for that commit before the answer ends (read-your-writes).
         budget.record(rt.services, rt.state.db_path, ident.session_key, task, agent, model, used, rid)
+        return True
 
     def done(self) -> None:
         dbworker.close_shared(self.rt.services)

@@ -23,6 +23,7 @@ from proxy import dbworker, debuglog, runtime, usage
 from proxy.errors import ProxyError
 from proxy.flowbody import commit_if_alone, responses_body
 from proxy.flowstate import state_of, usage_memo
+from proxy.session import minted_for
 from proxy.transforms.web_search import (
     SWITCH_HEADER,
     SWITCH_VALUES,
@@ -70,11 +71,17 @@ class WebSearch(Stage):
         if cfg.enabled and cfg.backend in ("auto", "native") and route.eligible:
             ident = session_of(flow, rt.services.response_aliases)
             if ident is not None:
-                cached = rt.services.usage.get(ident.session_key, usage_memo(state_of(flow)))
+                key = ident.session_key
+                memo = usage_memo(state_of(flow))  # (compaction read the stored usage for this request already)
+                if minted_for(key, flow.id):
+                    memo.setdefault(key, None)  # a session this request opens: no usage anywhere yet
+                cached = rt.services.usage.get(key, memo)
                 if cached is not None:  # this process saw the session's last answer: no database trip
                     last_input = cached.input_tokens
+                elif key in memo:  # read for this request (or none to read): no second round trip
+                    last_input = memo[key].input_tokens if memo[key] is not None else None
                 else:
-                    last_input = await _worker(rt).run(lambda conn: _last_input(conn, ident.session_key))
+                    last_input = await _worker(rt).run(lambda conn: _last_input(conn, key))
         # only `tools`, `tool_choice`, `include` and leading `additional_tools` items are read: a big input is
         # not built
         payload = body.view

@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable, Hashable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +40,7 @@ class DBWorker:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctproxy-db")
         self._conn: sqlite3.Connection | None = None
         self._pending: dict[Hashable, Write] = {}
+        self._last: Future[Any] | None = None  # the last job handed to the thread (jobs run in order)
         self._closed = False
 
     # ---- in the worker thread -----------------------------------------------------------------------
@@ -93,15 +94,34 @@ class DBWorker:
     def _flush_pending(self) -> None:
         writes = self._take_pending()
         if writes:
-            self._pool.submit(self._apply, writes, None)
+            self._last = self._pool.submit(self._apply, writes, None)
+
+    def flush_now(self) -> None:
+        """Hand the pending writes to the thread now rather than `batch_interval` later, when it is idle: a caller
+        about to wait for them (an answer whose end waits for its usage, `settled`) starts their commit early.
+        While the thread is busy they stay pending and go with the next job, so a burst of answers ending
+        together still shares one commit."""
+        last = self._last
+        if last is None or last.done():
+            self._flush_pending()
+
+    def settled(self) -> Awaitable[None] | None:
+        """None when every write put so far is committed (none pending, the thread's last job done): nothing to
+        wait for, not even a hand-off to the thread. Else an awaitable done once they are."""
+        if self._pending:  # taken now: an answer ending in the same loop turn waits for this job, not a new one
+            self._last = self._pool.submit(self._apply, self._take_pending(), None)
+        last = self._last
+        if last is None or last.done():
+            return None
+        return _finished(last)
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._apply, self._take_pending(), fn)  # type: ignore[return-value]
+        job = self._last = self._pool.submit(self._apply, self._take_pending(), fn)
+        return await asyncio.wrap_future(job)  # type: ignore[return-value]
 
     def submit(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
         """Fire and forget (errors are swallowed by the future; use `run` to observe them)."""
-        self._pool.submit(self._apply, self._take_pending(), fn)
+        self._last = self._pool.submit(self._apply, self._take_pending(), fn)
 
     def close(self) -> None:
         """Commit what is pending, close the connection, stop the thread."""
@@ -117,6 +137,14 @@ class DBWorker:
 
         self._pool.submit(_close)
         self._pool.shutdown(wait=True)
+
+
+async def _finished(job: Future[Any]) -> None:
+    """Wait for a job of the thread: its writes are committed when it is done (its own result is not ours)."""
+    try:
+        await asyncio.wrap_future(job)
+    except Exception:  # a job's reader failed: its caller sees that; the writes before it were applied
+        pass
 
 
 def shared(services: Any, path: Path) -> DBWorker:

@@ -163,6 +163,13 @@ def _conversation_key(lower: Mapping[str, str], payload: Mapping[str, Any], agen
     return f"{start}{FORK_SEP}{_h(model_item)[:16]}", "fingerprint"
 
 
+def minted_for(session_key: str, fresh: str) -> bool:
+    """Whether `session_key` is the one `resolve_session(..., fresh=fresh)` mints for a first turn under a start
+    an earlier conversation claimed (`f:<start>~n<fresh>`): a session that request opens, so nothing (no usage,
+    no compaction record, no journal row) was recorded for it before, in any process."""
+    return session_key.endswith(FORK_SEP + NEW_MARK + _h(fresh)[:16])
+
+
 def resolve_session(headers: Mapping[str, str], payload: Mapping[str, Any] | None,
                     response_aliases: Mapping[str, str] | None = None, fresh: str | None = None) -> SessionIdentity:
     """Resolve the session key from, in order: x-ctp headers, Codex session headers,

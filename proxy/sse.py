@@ -135,6 +135,10 @@ class _Decompressor:
         else:
             raise ValueError(f"unsupported content-encoding {encoding!r}")
 
+    @property
+    def identity(self) -> bool:
+        return self._fn is None
+
     def __call__(self, chunk: bytes) -> bytes:
         return self._fn(chunk) if self._fn else chunk
 
@@ -241,9 +245,27 @@ class StreamTap:
             self._decompress: _Decompressor | None = _Decompressor(content_encoding)
         except ValueError:
             self._decompress = None  # unknown encoding: pass through, observe nothing
+        # no content encoding: a chunk is the event bytes themselves (the fast path of `__call__`)
+        self._plain = self._decompress is not None and self._decompress.identity
 
     def __call__(self, chunk: bytes) -> bytes:
         self.nbytes += len(chunk)
+        if self._plain and chunk[-2:] == b"\n\n" and chunk[:7] == b"event: ":
+            # The usual chunk of a stream: one whole event the tap only counts (a text delta), nothing of an
+            # earlier chunk pending, no encoding. Counted here, as `_dispatch` would count it, without a decoder
+            # pass (most of a stream is such chunks). Anything else takes the general path below.
+            nl = chunk.find(b"\n")
+            name = chunk[7:nl]
+            if (name not in _PARSED_NAMES and chunk[nl + 1:nl + 7] == b"data: "
+                    and chunk.find(b"\n", nl + 1) == len(chunk) - 2 and b"\r" not in chunk
+                    and chunk[nl + 7:-2] != b"[DONE]"):
+                dec = self._decoder
+                if not (dec._buf or dec._data or dec._pending_cr):
+                    tap = self.tap
+                    tap.events += 1
+                    if name in _FIRST_OUTPUT_NAMES:
+                        tap.first_output_seen = True
+                    return chunk
         if self._decompress is not None:
             try:
                 if chunk:
@@ -252,6 +274,7 @@ class StreamTap:
                     self._dispatch(self._decoder.close_raw())
             except Exception:  # observing must never break the stream
                 self._decompress = None
+                self._plain = False
         if not chunk:
             self.finish()
         return chunk

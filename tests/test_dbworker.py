@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 
 from proxy.db import connect
@@ -102,4 +103,58 @@ async def test_a_failing_write_does_not_lose_the_read(tmp_path: Path) -> None:
 
     worker.put_latest("x", broken)
     assert await worker.run(_rows) == {}
+    worker.close()
+
+
+async def test_settled_waits_for_every_write_put_and_is_none_once_they_are_committed(tmp_path: Path) -> None:
+    """What an answer's end waits for (`budget.committed`): None only when nothing put is left uncommitted, so
+    that another connection (another process, in real life) reads every write once it returns."""
+    db = tmp_path / "t.db"
+    _table(db)
+    worker = DBWorker(db, batch_interval=60.0)  # the batch timer never fires during the test
+    reader = connect(db)
+    assert worker.settled() is None  # nothing was ever put
+    worker.put_latest("a", _put("a", 1))
+    pending = worker.settled()
+    assert pending is not None  # a write is pending: there is something to wait for
+    await pending
+    assert _rows(reader) == {"a": 1}
+    assert worker.settled() is None
+    reader.close()
+    worker.close()
+
+
+async def test_flush_now_starts_the_commit_on_an_idle_thread_and_a_busy_one_gathers_the_burst(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    _table(db)
+    worker = DBWorker(db, batch_interval=60.0)
+    reader = connect(db)
+    worker.put_latest("a", _put("a", 1))
+    worker.flush_now()  # the thread is idle: handed over now, not `batch_interval` later
+    assert not worker._pending
+    for _ in range(500):
+        if worker.settled() is None:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.settled() is None  # committed: an answer ending now does not even hand a job to the thread
+    assert _rows(reader) == {"a": 1}
+
+    gate = threading.Event()
+    worker.submit(lambda _conn: gate.wait(30))  # the thread is busy
+    worker.put_latest("b", _put("b", 2))
+    worker.flush_now()
+    worker.put_latest("c", _put("c", 3))
+    worker.flush_now()
+    assert len(worker._pending) == 2  # kept for one job together, behind the busy one
+    waiting = worker.settled()
+    assert waiting is not None and not worker._pending  # the end of an answer takes them both to the thread
+    assert worker.settled() is not None  # handed over, not committed yet: a second answer's end waits too
+    gate.set()
+    await waiting
+    assert _rows(reader) == {"a": 1, "b": 2, "c": 3}
+    assert worker.settled() is None
+    for _ in range(3):  # reads do not leave the worker unsettled once they are done
+        assert await worker.run(_rows) == {"a": 1, "b": 2, "c": 3}
+    assert worker.settled() is None
+    reader.close()
     worker.close()

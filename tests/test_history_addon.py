@@ -239,3 +239,62 @@ async def test_a_held_answer_is_journaled_once_it_is_settled_and_as_it_ends(rt):
         j = rt.services.journal
         assert j.session_for_response("resp_retry") == mark.session_key
         assert j.session_for_response("resp_first") is None
+
+
+async def test_the_usage_commit_starts_at_the_terminal_event_and_the_answer_ends_once_it_is_committed(rt):
+    """The answer's end (its `response` hooks, then mitmproxy's end of message) waits until its usage is
+    committed, so another process reads it once the agent has the answer. The commit starts as the terminal
+    event passes, so by the end there is usually nothing left to wait for, not even a hand-off to the thread."""
+    from proxy import usage
+    from proxy.db import connect
+    from proxy.dbworker import shared
+
+    chain = [Session(), Tap(), History()]
+    with taddons.context(*chain):
+        flow = make_flow({"model": "gpt-5", "input": "count my tokens", "stream": True})
+        await run_request(chain, flow)
+        flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+        for a in chain:
+            if hasattr(a, "responseheaders"):
+                a.responseheaders(flow)
+        stream = flow.response.stream
+        events = sse_events([output_msg("hey", 1)], "resp_u")
+        for chunk in events:
+            stream(chunk)
+        db = shared(rt.services, rt.state.db_path)
+        assert not db._pending  # handed to the database thread as the terminal event passed, not a batch later
+        waiting = db.settled()
+        if waiting is not None:
+            await waiting
+        stream(b"")
+        flow.response.content = None
+        tap = next(a for a in chain if isinstance(a, Tap))
+        assert tap.response(flow) is None  # committed already: the answer's end does not wait
+        for a in chain:
+            if hasattr(a, "response") and not isinstance(a, Tap):
+                await settled(a.response(flow))
+        key = mark_of(flow).session_key
+        reader = connect(rt.state.db_path)
+        try:
+            seen = usage.last_usage_for_session(reader, key)
+        finally:
+            reader.close()
+        assert seen is not None and seen.input_tokens == 5 and seen.response_id == "resp_u"
+
+
+async def test_a_buffered_answer_ends_only_once_its_usage_is_committed(rt):
+    from proxy import usage
+    from proxy.db import connect
+
+    chain = [Session(), Tap(), History()]
+    with taddons.context(*chain):
+        flow = make_flow({"model": "gpt-5", "input": "count these tokens"})
+        await run_request(chain, flow)
+        flow.response = json_response([output_msg("ok", 1)], "resp_j")
+        await run_response(chain, flow)  # every hook awaited, as mitmproxy does before it sends the answer
+        reader = connect(rt.state.db_path)
+        try:
+            seen = usage.last_usage_for_session(reader, mark_of(flow).session_key)
+        finally:
+            reader.close()
+        assert seen is not None and seen.response_id == "resp_j"

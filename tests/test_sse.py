@@ -130,3 +130,60 @@ def test_listeners_hear_parsed_events_not_deltas():
     stream(encode_event({"type": "response.completed", "response": {"id": "r", "usage": {"total_tokens": 3}}}))
     stream(b"")
     assert heard == ["response.completed"] and tap.events == 2 and tap.first_output_seen and tap.completed
+
+
+def _general_only(tap: ResponseTap) -> StreamTap:
+    st = StreamTap(tap)
+    st._plain = False  # every chunk through the decoder: what the fast path must agree with
+    return st
+
+
+def _delta(i: int, text: str) -> bytes:
+    return encode_event({"type": "response.output_text.delta", "sequence_number": i, "delta": text,
+                         "item_id": "msg_1", "output_index": 0, "content_index": 0})
+
+
+@given(st.lists(st.integers(min_value=1, max_value=4000), max_size=12), st.booleans())
+def test_the_one_event_fast_path_observes_what_the_decoder_does(cuts, crlf):
+    """A chunk that is one whole counted-only event skips the decoder; the tap must see the same stream either
+    way, however the stream is cut into chunks (a cut mid-event leaves the decoder holding bytes: the next
+    whole-looking chunk must not be taken on the fast path then)."""
+    created = {"id": "resp_f", "model": "gpt-5", "status": "in_progress", "output": []}
+    frames = [encode_event({"type": "response.created", "sequence_number": 0, "response": created}),
+              b"event: response.output_item.added\ndata: {\"type\":\"response.output_item.added\",\"item\":{}}\n\n",
+              *[_delta(i, f"w{i} ") for i in range(1, 30)],
+              b"event: response.output_text.delta\ndata: [DONE]\n\n",  # a sentinel under a delta's name: not counted
+              b": a comment\n\n",
+              encode_event({"type": "response.output_item.done", "sequence_number": 31,
+                            "item": {"type": "message", "id": "msg_1"}}),
+              encode_event({"type": "response.completed", "sequence_number": 32,
+                            "response": {**created, "status": "completed",
+                                         "usage": {"input_tokens": 3, "output_tokens": 30}}})]
+    if crlf:
+        frames = [f.replace(b"\n", b"\r\n") for f in frames]
+    raw = b"".join(frames)
+    ends = {sum(len(f) for f in frames[:k + 1]) for k in range(len(frames))}  # each frame a chunk, as upstreams send
+    points = sorted(({c % len(raw) for c in cuts} | ends) - {0, len(raw)})
+    pieces = [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
+    results = []
+    for make in (StreamTap, _general_only):
+        tap = ResponseTap()
+        stream = make(tap)
+        for chunk in pieces:
+            assert stream(chunk) == chunk
+        stream(b"")
+        results.append((tap.events, tap.first_output_seen, tap.completed, tap.incomplete, tap.items, tap.usage,
+                        tap.response_id, tap.last_sequence, stream.nbytes))
+    assert results[0] == results[1]
+    assert results[0][0] == 33 and results[0][2]  # every event but the sentinel and the comment, and the end
+
+
+def test_a_gzip_stream_never_takes_the_fast_path():
+    tap = ResponseTap()
+    stream = StreamTap(tap, "gzip")
+    assert not stream._plain
+    comp = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+    body = comp.compress(_delta(1, "x") + _delta(2, "y")) + comp.flush()
+    stream(body)
+    stream(b"")
+    assert tap.events == 2 and tap.first_output_seen

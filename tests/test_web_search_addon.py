@@ -207,3 +207,97 @@ def test_replay_of_recorded_flow_shows_injection(capsys, tmp_path):
     assert '+      "type": "web_search"' in out
     assert f'+    "{SOURCES_INCLUDE}"' in out
     assert "sk-recorded" not in out  # credentials are never printed
+
+
+def _claimed_start(payload: dict) -> dict[str, str]:
+    """Response aliases in which an earlier conversation claimed `payload`'s start: a first turn under it opens
+    a session of its own, minted from its flow's id."""
+    from proxy.session import CLAIM_PREFIX
+
+    start = resolve_session({}, payload).session_key
+    return {CLAIM_PREFIX + start: start}
+
+
+def test_a_minted_key_is_recognised_only_for_the_request_that_minted_it():
+    from proxy.session import minted_for
+
+    payload = {"model": "gpt-5", "input": "hello again"}
+    aliases = _claimed_start(payload)
+    minted = resolve_session({}, payload, aliases, fresh="flow-1").session_key
+    assert minted_for(minted, "flow-1")
+    assert not minted_for(minted, "flow-2")  # a later request that reaches it (its next turn) did not mint it
+    assert not minted_for(resolve_session({}, payload, aliases).session_key, "flow-1")  # no fresh value: the start
+    assert not minted_for(resolve_session({}, payload, {}, fresh="flow-1").session_key, "flow-1")  # unclaimed start
+
+
+async def test_no_database_read_for_a_session_this_request_opens_or_one_compaction_read(rt, monkeypatch):
+    from proxy.dbworker import DBWorker
+
+    built = rt()
+    reads: list[object] = []
+    real_run = DBWorker.run
+
+    def counting(self, fn):
+        reads.append(fn)
+        return real_run(self, fn)
+
+    monkeypatch.setattr(DBWorker, "run", counting)
+    payload = {"model": "gpt-5", "input": "hello again"}
+    built.services.response_aliases = _claimed_start(payload)
+    flow = make_flow(body=payload)
+    await run(WebSearch(), flow)
+    assert sent(flow)["tools"] == [{"type": "web_search"}]
+    assert reads == []  # a minted session: nothing was recorded for it, so nothing is read
+
+    # Another session this process has no usage for, whose usage compaction read for this request already: it is
+    # taken from the flow, not read again (130k tokens in it: the 128k skip applies, with no row in the database).
+    other = make_flow(body={"model": "gpt-5", "input": "a long one"})
+    other_key = resolve_session({}, {"model": "gpt-5", "input": "a long one"}).session_key
+    state_of(other).stored_usage = {other_key: usage.make_usage("k", None, None, "gpt-5", {"input_tokens": 130_000},
+                                                               "resp_1")}
+    await run(WebSearch(), other)
+    assert reads == []
+    assert state_of(other).web_search == "input_tokens"
+
+    # Neither: the database is read, as before.
+    third = make_flow(body={"model": "gpt-5", "input": "a third one"})
+    await run(WebSearch(), third)
+    assert len(reads) == 1
+
+
+async def test_the_usage_compaction_read_for_the_request_is_the_one_web_search_uses(rt, monkeypatch):
+    from addons.compaction import Compaction
+    from addons.history import History
+    from addons.session import Session
+    from addons.tap import Tap
+    from proxy.dbworker import DBWorker
+
+    built = rt()
+    payload = {"model": "gpt-5", "input": [{"role": "user", "content": "a session another process served"}]}
+    ident = resolve_session({}, payload)
+    conn = connect(built.state.db_path)
+    usage.record_usage(conn, ident.session_key, None, None, "gpt-5", {"input_tokens": 130_000, "output_tokens": 5},
+                       "resp_1")  # its last answer, recorded elsewhere: not in this process's memo
+    conn.close()
+    reads: list[object] = []
+    real_run = DBWorker.run
+
+    def counting(self, fn):
+        reads.append(fn)
+        return real_run(self, fn)
+
+    monkeypatch.setattr(DBWorker, "run", counting)
+    chain = [Session(), Tap(), History(), Compaction(), WebSearch()]
+    with taddons.context(*chain):
+        flow = make_flow(body=payload)
+        for stage in chain[:-1]:
+            if hasattr(stage, "request") and (pending := stage.request(flow)) is not None:
+                await pending
+        read = (state_of(flow).stored_usage or {}).get(ident.session_key)
+        assert read is not None and read.input_tokens == 130_000  # compaction read the session's usage
+        before = len(reads)
+        await chain[-1].request(flow)
+        assert len(reads) == before  # web search took it from the flow: no second round trip
+        assert state_of(flow).web_search == "input_tokens"  # and decided on it (the 128k skip)
+        if built.services.journal is not None:
+            built.services.journal.flush()

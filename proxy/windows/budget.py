@@ -9,7 +9,6 @@ answer's usage, never the one before."""
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -91,13 +90,17 @@ def first_estimate(services: Any, db_path: Path, session_key: str, task: str | N
         log.warning("context: a first request's estimate was not recorded")
 
 
-def _nothing(_conn: sqlite3.Connection) -> None:
-    return None
-
-
 async def committed(db: dbworker.DBWorker) -> None:
     """Wait until every write recorded so far (this answer's usage among them) is committed."""
-    await db.run(_nothing)
+    pending = db.settled()
+    if pending is not None:
+        await pending
+
+
+def commit_now(db: dbworker.DBWorker) -> None:
+    """An answer's usage was just recorded and the answer ends once it is committed (`committed`): start that
+    commit now, while the answer's last bytes are still being passed on, rather than a batch interval later."""
+    db.flush_now()
 
 
 TURN_KEY = "ctp_turn"  # in a journaled answer's usage: what a bridged turn of several rounds cost
