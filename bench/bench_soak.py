@@ -19,10 +19,14 @@
        `--warmup`) through `ctproxy up --workers 2` (`--workers N`); every `--sample-every` seconds the RSS of each
        worker (pids from the state directory's run.json, as `ctproxy status` shows them) and of the supervisor.
        Printed per process: RSS after the warm-up, at the middle, at the end and after the idle pause, its growth
-       after warm-up and slope per minute, and the requests, errors and worker restarts.
+       after warm-up and slope per minute, and the requests, errors and worker restarts; and whether it is flat:
+       its growth over the last half of the measured time (median of the last three samples against the median of
+       the three around the middle) within `--flat-mb` (2 MB). The caches that fill while sessions come and go
+       are bounded (docs/adr/0012-proxy-workers.md lists them): a longer soak shows them reach their bound.
 
   mem  issue 32 point 4: the RSS growth of one 100,000-item (≈5 MB) request and of `--mem-streams` (2) distinct
-       streaming sessions of that size, each once the proxy is idle, and after `--mem-idle` seconds without traffic.
+       streaming sessions of that size, each once the proxy is idle, and after `--mem-idle` seconds without traffic;
+       whether that last growth is within `--mem-tolerance` MB ("nothing after").
 
   stall  an upstream that goes silent (`--stalls` times mid-stream after 4 events, and as many times
        before sending headers) behind ctproxy with `timeouts.stream_idle_seconds` = `--idle-timeout`:
@@ -187,13 +191,15 @@ async def soak_workers(svc: Service, state: Path, clients: int, seconds: float, 
         if not measured:
             continue
         mid = measured[len(measured) // 2][1]
+        around_mid = [m for _, m in measured[max(0, len(measured) // 2 - 1):len(measured) // 2 + 2]]
+        last_half = statistics.median(m for _, m in measured[-3:]) - statistics.median(around_mid)
         out["processes"][name] = {
             "pids": sorted(pids_seen[name]), "rss_first": round(points[0][1], 1),
             "rss_after_warmup": round(measured[0][1], 1), "rss_middle": round(mid, 1),
             "rss_end": round(measured[-1][1], 1), "rss_after_idle": round(points[-1][1], 1),
             "growth_after_warmup": round(measured[-1][1] - measured[0][1], 1),
             "slope_mb_per_min": round(_slope(measured) * 60, 2) if len(measured) > 2 else float("nan"),
-            "samples": len(measured)}
+            "growth_last_half": round(last_half, 1), "samples": len(measured)}
     return out
 
 
@@ -336,9 +342,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             svc.stop()
             procs_ = res["processes"]
             keys = ["pids", "rss_after_warmup", "rss_middle", "rss_end", "rss_after_idle", "growth_after_warmup",
-                    "slope_mb_per_min", "samples"]
-            print_table(["rss (MB)", *procs_], [[k, *(r[k] for r in procs_.values())] for k in keys])
-            print(f"requests {res['requests']}, errors {res['errors']}")
+                    "slope_mb_per_min", "growth_last_half", "samples"]
+            for r in procs_.values():
+                r["flat"] = "yes" if abs(r["growth_last_half"]) <= args.flat_mb else "NO"
+            print_table(["rss (MB)", *procs_], [[k, *(r[k] for r in procs_.values())] for k in [*keys, "flat"]])
+            print(f"requests {res['requests']}, errors {res['errors']}; flat = growth over the last half of the "
+                  f"{args.seconds:.0f} s within ±{args.flat_mb} MB")
         if "big" in args.only:
             svc = procs.ctproxy(emu.url, with_tools=False)
             print(f"big: {args.rounds} × one {args.items:,}-item request, a tiny request every 50 ms …", flush=True)
@@ -358,9 +367,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"mem: one {args.items:,}-item request, then {args.mem_streams} such streaming sessions …",
                   flush=True)
             res = out["mem"] = await mem(svc, args.items, args.mem_idle, args.mem_streams)
+            res["nothing_after"] = res["rss_growth_after_idle_mb"] <= args.mem_tolerance
             print_table(["mem", "body MB", "RSS growth MB (settled)"],
                         [[r["request"], r["body_mb"], r["rss_growth_mb"]] for r in res["requests"]]
                         + [[f"after {args.mem_idle:.0f} s idle", "", res["rss_growth_after_idle_mb"]]])
+            print(f"after idle within {args.mem_tolerance} MB of the baseline: "
+                  f"{'yes' if res['nothing_after'] else 'NO'}")
             svc.stop()
         if "stall" in args.only:
             print(f"stall: {2 * args.stalls} stalled answers, idle timeout {args.idle_timeout} s …", flush=True)
@@ -385,6 +397,10 @@ def main() -> None:
     parser.add_argument("--mem-streams", type=int, default=2,
                         help="mem: distinct streaming sessions after the JSON one")
     parser.add_argument("--mem-idle", type=float, default=45.0, help="mem: idle seconds before the last RSS sample")
+    parser.add_argument("--mem-tolerance", type=float, default=10.0,
+                        help="mem: RSS over the idle baseline (MB) that still counts as nothing left after")
+    parser.add_argument("--flat-mb", type=float, default=2.0,
+                        help="workers: growth (MB) over the last half of the soak that still counts as flat")
     parser.add_argument("--stalls", type=int, default=5, help="stalled answers of each kind")
     parser.add_argument("--idle-timeout", type=float, default=2.0, help="timeouts.stream_idle_seconds for stall")
     parser.add_argument("--clients", type=int, default=50)

@@ -37,7 +37,7 @@ import fastsimdjson
 import orjson
 from mitmproxy import http
 
-from proxy import errors, gcpause, rawheaders
+from proxy import errors, gcpause, memory, rawheaders
 from proxy.addonlookup import find_addon
 from proxy.errors import CtproxyError
 from proxy.flowstate import state_of
@@ -320,11 +320,17 @@ def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
     if st.gc_hold is None:  # before the parse: its allocations must not start a collection (proxy/gcpause.py)
         st.gc_hold = gcpause.hold_for(st, len(content or b""))
     content = content or b""
+    lazy = None
     try:
         lazy = _parse_lazy(content) if len(content) >= BIG_INPUT_BYTES else None
         value = fastsimdjson.loads(content) if lazy is None else lazy[0]
     except (ValueError, RecursionError):  # JSONDecodeError, invalid UTF-8; a nesting json's fallback cannot read
         return None
+    finally:
+        if len(content) >= memory.BIG_BYTES:
+            # simdjson keeps its parser sized for the biggest body it read: released once this body's document
+            # is gone (the lazy list holds it), and the heap trimmed (proxy/memory.py)
+            memory.note_big_parse(lazy[0].get("input") if lazy is not None else None, len(content))
     if not isinstance(value, dict):
         return None
     st.body = ResponsesBody(value, source_bytes=len(content), source=content, parsed_input=value.get("input"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import time
 from pathlib import Path
 
@@ -77,3 +79,63 @@ def test_keep_free_heap_is_set_where_glibc_is():
     assert memory.keep_free_heap() is memory.available()
     if memory.available():
         assert memory.trim_now()
+
+
+def _malloced_bytes() -> int:
+    """Bytes of live malloc'd blocks that glibc gave their own mmap (mallinfo2's hblkhd): simdjson's parser buffers
+    for a big document are such blocks."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                         "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    fn = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2
+    fn.restype = MallInfo2
+    info = fn()
+    return info.uordblks + info.hblkhd
+
+
+def _has_mallinfo2() -> bool:
+    try:
+        return memory.available() and hasattr(ctypes.CDLL(ctypes.util.find_library("c")), "mallinfo2")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_mallinfo2(), reason="needs glibc's mallinfo2 to see the parser's blocks")
+async def test_a_big_bodys_parser_is_released_once_its_flow_is_done():
+    """Issue 32 point 4: a 100,000-item request may cost what its body costs while in flight, and nothing after.
+    simdjson keeps its parser (tape, strings, index: ≈10× the document) sized for the biggest body it read; before
+    session 14 that stayed for the life of the process (≈88 MB after one 6 MB request)."""
+    import asyncio
+    import weakref
+
+    import orjson
+    from mitmproxy.test import tflow, tutils
+
+    from proxy import flowstate
+    from proxy.flowbody import responses_body
+    from proxy.transforms.lazyitems import LazyItems
+
+    raw = orjson.dumps({"model": "gpt-5", "input": [
+        {"type": "message", "role": "user" if i % 2 == 0 else "assistant", "content": f"item {i}"}
+        for i in range(100_000)]})
+    req = tutils.treq(method=b"POST", scheme=b"https", host="api.openai.com", port=443, path=b"/v1/responses",
+                      content=raw, headers=((b"content-type", b"application/json"),))
+    flow = tflow.tflow(req=req)
+    memory.release_parser()
+    before = _malloced_bytes()
+    body = responses_body(flow)
+    assert body is not None and isinstance(body.view["input"], LazyItems)
+    items = weakref.ref(body.view["input"])
+    held = _malloced_bytes() - before
+    assert held > 30 << 20, f"the parse held only {held >> 20} MB: the test shows nothing"
+    del body
+    flowstate.release(flow)  # the exchange is over
+    assert items() is None, "the flow's parsed body outlived its flow"
+    deadline = asyncio.get_running_loop().time() + 60
+    while _malloced_bytes() - before > held // 4 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)  # the release runs on this loop, the trim on a timer thread
+    left = _malloced_bytes() - before
+    assert left <= held // 4, f"{left >> 20} MB of the parse's {held >> 20} MB stayed after the flow"

@@ -46,7 +46,8 @@ class LazyItems:
     not by inheritance: `isinstance(x, LazyItems)`, asked of every input list by every stage, then runs in C
     (through an ABC it cost 0.3 µs a call); the mixins a Sequence would inherit are written out below."""
 
-    __slots__ = ("_all", "_array", "_built", "_n", "end", "source", "start")
+    # __weakref__: proxy/memory.note_big_parse learns when the document of a big body is gone
+    __slots__ = ("__weakref__", "_all", "_array", "_built", "_n", "end", "source", "start")
 
     def __init__(self, array: fastsimdjson.Array, source: bytes, start: int, end: int):
         self._array: fastsimdjson.Array | None = array
