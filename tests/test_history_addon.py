@@ -126,16 +126,22 @@ async def test_joining_a_task_with_an_agent_name(rt):
         assert orjson.loads(bad.response.content)["error"]["code"] == "invalid_agent"
 
 
+async def _streaming(chain: list, text: str):
+    """A streamed request through the chain's request hooks, answered with SSE headers: the flow and the stream
+    callable the chain set on its response."""
+    flow = make_flow({"model": "gpt-5", "input": text, "stream": True})
+    await run_request(chain, flow)
+    flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+    for a in chain:
+        if hasattr(a, "responseheaders"):
+            a.responseheaders(flow)
+    return flow, flow.response.stream
+
+
 async def test_streamed_output_is_enqueued_before_the_last_event_is_forwarded(rt):
     chain = [Session(), Tap(), History()]
     with taddons.context(*chain):
-        flow = make_flow({"model": "gpt-5", "input": "hi", "stream": True})
-        await run_request(chain, flow)
-        flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
-        for a in chain:
-            if hasattr(a, "responseheaders"):
-                a.responseheaders(flow)
-        stream = flow.response.stream
+        flow, stream = await _streaming(chain, "hi")
         assert callable(stream)
         events = sse_events([{"type": "reasoning", "id": "rs_1", "summary": []}, output_msg("hey", 1)], "resp_s")
         mark = mark_of(flow)
@@ -251,13 +257,7 @@ async def test_the_usage_commit_starts_at_the_terminal_event_and_the_answer_ends
 
     chain = [Session(), Tap(), History()]
     with taddons.context(*chain):
-        flow = make_flow({"model": "gpt-5", "input": "count my tokens", "stream": True})
-        await run_request(chain, flow)
-        flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
-        for a in chain:
-            if hasattr(a, "responseheaders"):
-                a.responseheaders(flow)
-        stream = flow.response.stream
+        flow, stream = await _streaming(chain, "count my tokens")
         events = sse_events([output_msg("hey", 1)], "resp_u")
         for chunk in events:
             stream(chunk)

@@ -230,10 +230,10 @@ def test_a_minted_key_is_recognised_only_for_the_request_that_minted_it():
     assert not minted_for(resolve_session({}, payload, {}, fresh="flow-1").session_key, "flow-1")  # unclaimed start
 
 
-async def test_no_database_read_for_a_session_this_request_opens_or_one_compaction_read(rt, monkeypatch):
+def _count_database_reads(monkeypatch) -> list[object]:
+    """Every job handed to a database thread from now on, in order (the round trips a request makes)."""
     from proxy.dbworker import DBWorker
 
-    built = rt()
     reads: list[object] = []
     real_run = DBWorker.run
 
@@ -242,6 +242,12 @@ async def test_no_database_read_for_a_session_this_request_opens_or_one_compacti
         return real_run(self, fn)
 
     monkeypatch.setattr(DBWorker, "run", counting)
+    return reads
+
+
+async def test_no_database_read_for_a_session_this_request_opens_or_one_compaction_read(rt, monkeypatch):
+    built = rt()
+    reads = _count_database_reads(monkeypatch)
     payload = {"model": "gpt-5", "input": "hello again"}
     built.services.response_aliases = _claimed_start(payload)
     flow = make_flow(body=payload)
@@ -270,7 +276,6 @@ async def test_the_usage_compaction_read_for_the_request_is_the_one_web_search_u
     from addons.history import History
     from addons.session import Session
     from addons.tap import Tap
-    from proxy.dbworker import DBWorker
 
     built = rt()
     payload = {"model": "gpt-5", "input": [{"role": "user", "content": "a session another process served"}]}
@@ -279,14 +284,7 @@ async def test_the_usage_compaction_read_for_the_request_is_the_one_web_search_u
     usage.record_usage(conn, ident.session_key, None, None, "gpt-5", {"input_tokens": 130_000, "output_tokens": 5},
                        "resp_1")  # its last answer, recorded elsewhere: not in this process's memo
     conn.close()
-    reads: list[object] = []
-    real_run = DBWorker.run
-
-    def counting(self, fn):
-        reads.append(fn)
-        return real_run(self, fn)
-
-    monkeypatch.setattr(DBWorker, "run", counting)
+    reads = _count_database_reads(monkeypatch)
     chain = [Session(), Tap(), History(), Compaction(), WebSearch()]
     with taddons.context(*chain):
         flow = make_flow(body=payload)
