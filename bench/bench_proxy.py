@@ -764,17 +764,33 @@ def parse_variants(specs: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def split_pair(spec: str, labels: set[str]) -> tuple[str, str]:
+    """`--pair A-B` into its two columns. Labels may hold hyphens themselves (`pass-through`, `store-pg`), so the
+    split is at the one hyphen that leaves a column (or a `PREFIX*` group of variants) on each side."""
+    def known(side: str) -> bool:
+        if side.endswith("*"):
+            return any(x.startswith(side[:-1]) and x not in FIXED_COLUMNS for x in labels)
+        return side in labels
+
+    splits = [(spec[:i], spec[i + 1:]) for i, ch in enumerate(spec) if ch == "-"]
+    fits = [(a, b) for a, b in splits if known(a) and known(b)]
+    if len(fits) != 1:
+        ways = " or ".join(f"{a} | {b}" for a, b in fits)
+        why = f"one way only (it splits {ways})" if fits else "two columns"
+        raise SystemExit(f"--pair {spec!r}: wants A-B, {why}; the columns: {', '.join(sorted(labels))}")
+    return fits[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.profile:
         os.environ[PROFILE_ENV] = str(args.profile.resolve())
     only = {s.strip() for s in args.only.split(",") if s.strip()}
-    pairs = [tuple(p.split("-", 1)) for p in args.pair]
-    if any(len(p) != 2 or not all(p) for p in pairs):
-        raise SystemExit("--pair wants A-B, two column labels")
     variants = parse_variants(args.variant)
     if args.workers is not None:
         variants[f"{WORKERS_PREFIX}{args.workers}"] = ["--workers", str(args.workers)]
+    labels = {*FIXED_COLUMNS, *variants, *([STORE_PG] if args.store_pg else [])}
+    pairs = [split_pair(p, labels) for p in args.pair]
     server = None
     if args.store_pg:
         import tempfile

@@ -42,3 +42,19 @@ def test_a_group_of_columns_is_only_variants_never_a_baseline_with_the_same_firs
     times = {"bare": [1.0, 1.0], "bare-stream": [1.0, 1.0], "b1": [3.0, 5.0], "b2": [5.0, 7.0], "ctproxy": [9.0, 9.0]}
     assert _column(times, "b*") == [4.0, 6.0]
     assert _column(times, "c*") is None and _column(times, "b1") == [3.0, 5.0]
+
+
+def test_a_pair_splits_at_the_hyphen_that_leaves_a_column_on_each_side() -> None:
+    import pytest
+
+    from bench.bench_proxy import FIXED_COLUMNS, STORE_PG, split_pair
+
+    labels = {*FIXED_COLUMNS, STORE_PG, "pg-before", "h1", "h2"}
+    assert split_pair(f"{STORE_PG}-pg-before", labels) == (STORE_PG, "pg-before")
+    assert split_pair("pass-through-ctproxy", labels) == ("pass-through", "ctproxy")
+    assert split_pair("h*-bare-stream", labels) == ("h*", "bare-stream")
+    for bad in ("ctproxy-nothing", "ctproxy", "b*-ctproxy"):  # unknown column, no hyphen, a group of no variant
+        with pytest.raises(SystemExit, match="the columns:"):
+            split_pair(bad, labels)
+    with pytest.raises(SystemExit, match="one way only"):  # "a-b | c" and "a | b-c" both name two columns
+        split_pair("a-b-c", {"a", "a-b", "b-c", "c"})
