@@ -10,7 +10,8 @@ temporary state directory, PostgreSQL a private server started here (tests/suppo
    session's advisory lock).
 2. History search over `--items` (100,000) journaled items of one agent: `history().search` (the history tools'
    reader: candidates from FTS5 trigram / pg_trgm, each verified against the text), newest first, limit 50, for a
-   rare literal (10 items), a frequent one (stops at the limit), an absent one and a 2-character one.
+   rare literal (10 items), a frequent one (stops at the limit), an absent one and two 2-character ones (a frequent
+   and a rare one: pg_trgm has no trigram to look up for either).
 
     .venv/bin/python bench/bench_store.py [--items 100000] [--turns 300] [--runs 20]
 
@@ -183,11 +184,11 @@ def main() -> None:
         print(f"filling {args.items} items: embedded {fills['embedded']:.1f} s, postgresql {fills['postgresql']:.1f} s")
         print(f"history search over {args.items} items (one agent), newest first, limit 50, median of {args.runs}:")
         for label, query in (("rare", "needle-Xq9"), ("frequent", "river stone"), ("absent", "no-such-words"),
-                             ("short", "ta")):
+                             ("short", "ta"), ("short rare", "Xq")):
             res = {name: time_search(store, tasks[name], query, args.runs) for name, store in stores.items()}
             (e, ne), (p, np_) = res["embedded"], res["postgresql"]
             assert ne == np_, (label, ne, np_)
-            print(f"  {label:9s} {query!r:16s} hits {ne:3d}   embedded {e * 1e3:7.2f} ms   postgresql "
+            print(f"  {label:10s} {query!r:16s} hits {ne:3d}   embedded {e * 1e3:7.2f} ms   postgresql "
                   f"{p * 1e3:7.2f} ms   ratio pg/embedded {p / e:6.2f}   {'<' if p < 0.05 else '>='} 50 ms")
     finally:
         for store in stores.values():
