@@ -78,13 +78,35 @@ def release_parser() -> None:
     parser_releases += 1
 
 
+collections = 0  # how many full collections the trim ran (tests)
+
+
+def collect_free_lists() -> bool:
+    """A full collection of the cyclic collector: it also empties the interpreter's free lists (tuples, lists,
+    dicts, floats… kept for reuse when freed), whose blocks are the last ones a big request freed, spread
+    over the arenas it made. Skipped (False) while a big body is in flight: the collector is held off for it
+    (proxy/gcpause.py) and would walk its whole tree; the next trim collects."""
+    global collections
+    import gc
+
+    from proxy import gcpause
+
+    if gcpause.paused():
+        return False
+    gc.collect()
+    collections += 1
+    return True
+
+
 def _release_parser_on(loop: asyncio.AbstractEventLoop) -> None:
-    """Run `release_parser` on `loop`'s thread and wait (a bounded time) until it ran."""
+    """Run `release_parser`, then `collect_free_lists`, on `loop`'s thread and wait (a bounded time) until
+    they ran."""
     done = threading.Event()
 
     def run() -> None:
         try:
             release_parser()
+            collect_free_lists()
         except Exception as exc:
             log.error("memory: parser release failed (%s)", type(exc).__name__)
         finally:
@@ -105,6 +127,8 @@ def _fire() -> None:
         loop = _parse_loop
         if loop is not None and loop.is_running():
             _release_parser_on(loop)  # before the trim: the parser's blocks are what the trim hands back
+        else:
+            collect_free_lists()
         trim_now()
     except Exception as exc:  # never let housekeeping take anything down
         log.error("memory: trim failed (%s)", type(exc).__name__)
