@@ -15,6 +15,26 @@ blocks was back at the idle baseline), but ≈88 MB of live malloc'd blocks, eac
 has read, for good). So the trim releases that parser first (`fastsimdjson.release()`), on the thread that parsed:
 the event loop's (`note_big_parse`). A parse after the release costs what a parse on a warm parser costs
 (measured, 5.9 MB: 9.5 against 8.7 ms; 1.3 MB: the same).
+
+What stays after that is pymalloc's (session 15, bench/memprobe.py inside `ctproxy up`, `bench_soak --only mem
+--mem-streams 3`, once idle): the live bytes are the baseline's, but in 71-77 arenas of 1 MiB instead of 43. An
+arena goes back to the OS only when every block in it is free, and the ones a big request made kept a few blocks
+each. Two kinds:
+- the interpreter's free lists: 3,904 tuples with refcount 0 (kept for reuse, up to 2,000 of each length: the
+  last ones the big request freed), the only blocks of four arenas. The trim now runs a full collection first
+  (`collect_free_lists`), which empties them; it walks every object made since start-up (≈18 ms per cached
+  100,000-item journal session), so it waits until the big bodies have stopped for a `TRIM_DELAY`, and skips
+  while gcpause holds the collector off for a body in flight;
+- the per-request bookkeeping made while the big request's objects were alive: after the collection, 168 blocks
+  (9 KB) kept 28 arenas (1,780 touched pools, ≈28 MB). Every small allocation goes to the pool at the head of its
+  size class's list, and during a big request's peak that is one of the peak's pools, so whatever is made then
+  and kept lands among the per-item objects: the telemetry feed's records (29 blocks in 8 arenas), the usage
+  cache (21 in 10), the rollover memo (15 in 8), compaction's session memo (10 in 7), the journal writer's
+  counters, response aliases and bounded sets, the metrics' latency lists, sqlite3's cursor weakrefs, the
+  DBWorker's last future, lru caches (docs/adr/0012-proxy-workers.md has the table). Moving them is not possible
+  (a copy is made where the same list head points); what would end it is a peak that is not pymalloc's (the
+  journal's per-item work: one second into a streamed 100,000-item request, 443,000 str, 198,000 dicts and their
+  tables and 94,000 int, 69 MB, in the arenas made since the baseline) — not done here.
 """
 
 from __future__ import annotations
