@@ -52,6 +52,49 @@ def _rss_kb() -> int:
     return -1
 
 
+def _status_kb() -> dict[str, int]:
+    """RssAnon, RssFile, RssShmem (KB) of /proc/self/status."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
+            out[line.split(":")[0]] = int(line.split()[1])
+    return out
+
+
+def _anon_vmas() -> list[dict[str, Any]]:
+    """The anonymous read-write mappings with their resident KB (/proc/self/smaps), biggest first."""
+    out: list[dict[str, Any]] = []
+    cur: dict[str, Any] | None = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        parts = line.split()
+        if "-" in parts[0] and len(parts) >= 5:
+            cur = None
+            if parts[1].startswith("rw") and (len(parts) == 5 or parts[5] in ("[heap]", "[stack]")):
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                cur = {"lo": lo, "kb": (hi - lo) >> 10, "name": parts[5] if len(parts) > 5 else ""}
+                out.append(cur)
+        elif cur is not None and parts[0] == "Rss:":
+            cur["rss_kb"] = int(parts[1])
+    return sorted(out, key=lambda v: -v.get("rss_kb", 0))
+
+
+def _mallinfo() -> dict[str, int]:
+    """glibc's mallinfo2 (bytes): what malloc holds outside pymalloc's arenas; {} without glibc."""
+    import ctypes.util
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2
+    except (OSError, AttributeError, TypeError):
+        return {}
+    fn.restype = MallInfo2
+    info = fn()
+    return {n: getattr(info, n) for n in ("arena", "hblkhd", "uordblks", "fordblks", "keepcost")}
+
+
 def _mallocstats() -> dict[str, int]:
     """The totals `sys._debugmallocstats()` prints (to fd 2, from C)."""
     with tempfile.TemporaryFile() as tmp:
@@ -278,7 +321,10 @@ def report(tag: str, base: dict[str, Any] | None) -> dict[str, Any]:
                           if flat[k + 3] and used[flat[k + 1]] < sparse_at * capacity))
     snaps_raw = [ctypes.string_at(flat[k], POOL) for k in snap_at]
     stats = _mallocstats()
+    status, mallinfo, vmas = _status_kb(), _mallinfo(), _anon_vmas()
     pools = _pools(flat)
+    for v in vmas:  # how many pymalloc pools each mapping holds
+        v["pools"] = sum(1 for p in pools if v["lo"] <= p[0] < v["lo"] + (v["kb"] << 10))
     arenas: dict[int, dict[str, Any]] = {}
     for addr, idx, szidx, count, _nextoffset, _freeblock in pools:
         a = arenas.setdefault(idx, {"first_pool": addr, "pools": 0, "used_pools": 0, "blocks": 0, "bytes": 0})
@@ -288,7 +334,8 @@ def report(tag: str, base: dict[str, Any] | None) -> dict[str, Any]:
             a["used_pools"] += 1
             a["blocks"] += count
             a["bytes"] += count * (szidx + 1) * ALIGN
-    out: dict[str, Any] = {"tag": tag, "pid": os.getpid(), "rss_kb": rss, "mallocstats": stats,
+    out: dict[str, Any] = {"tag": tag, "pid": os.getpid(), "rss_kb": rss, "status_kb": status,
+                           "mallinfo2": mallinfo, "anon_mappings": vmas[:40], "mallocstats": stats,
                            "arenas_seen": len(arenas), "pools_seen": len(pools),
                            "used_bytes": sum(a["bytes"] for a in arenas.values()),
                            "arena_first_pools": sorted(a["first_pool"] for a in arenas.values())}
