@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import statistics
 import sys
 import time
@@ -290,7 +291,19 @@ async def stall(procs: Processes, stalls: int, idle_timeout: float) -> dict[str,
             **{f"{k} agent got": sorted(v) for k, v in got.items()}}
 
 
-async def mem(svc: Service, items: int, idle: float, streams: int = 2) -> dict[str, Any]:
+async def _probe(pid: int, probe: Path | None, tag: str) -> dict[str, Any] | None:
+    """Ask bench/memprobe.py inside the proxy for its report `tag` (`--mem-probe`); None without a probe."""
+    if probe is None:
+        return None
+    (probe / "cmd").write_text(tag)
+    os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 600
+    while not (probe / f"{tag}.done").exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    return orjson.loads((probe / f"{tag}.json").read_bytes())
+
+
+async def mem(svc: Service, items: int, idle: float, streams: int = 2, probe: Path | None = None) -> dict[str, Any]:
     """Issue 32, point 4: one ~5 MB request of `items` items (JSON answer), then `streams` distinct streaming
     sessions of that size, one after the other (growth that stays would add up session after session). The proxy's
     RSS over its idle baseline right after each, and once it has been idle for `idle` seconds
@@ -301,6 +314,7 @@ async def mem(svc: Service, items: int, idle: float, streams: int = 2) -> dict[s
         await _tiny(http, url)
         await wait_idle(pid)
         base = rss_mb(pid)
+        await _probe(pid, probe, "base")
         for tag, stream in [("json", False), *((f"stream-{n + 1}", True) for n in range(streams))]:
             inp = [{"type": "message", "role": "user" if i % 2 == 0 else "assistant", "content": f"{tag} item {i}"}
                    for i in range(items)]
@@ -315,7 +329,11 @@ async def mem(svc: Service, items: int, idle: float, streams: int = 2) -> dict[s
                          "rss_growth_mb": round(rss_mb(pid) - base, 1)})
         await asyncio.sleep(idle)
         after = round(rss_mb(pid) - base, 1)
-    return {"rss_base_mb": round(base, 1), "requests": rows, "idle_s": idle, "rss_growth_after_idle_mb": after}
+        report = await _probe(pid, probe, "after")
+    out = {"rss_base_mb": round(base, 1), "requests": rows, "idle_s": idle, "rss_growth_after_idle_mb": after}
+    if report is not None:
+        out["probe"] = {k: report.get(k) for k in ("arenas_seen", "sparse_arenas", "sparse_blocks", "used_bytes")}
+    return out
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -363,16 +381,27 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 ["proxy idle (journal settled) after s", res["settled_after_s"]],
                 ["proxy RSS when idle MB", res["rss_after"]]])
         if "mem" in args.only:
+            probe = None
+            if args.mem_probe:  # bench/memprobe.py loaded into the proxy (bench/memprobe_site/sitecustomize.py)
+                probe = Path(args.mem_probe).resolve()
+                probe.mkdir(parents=True, exist_ok=True)
+                for old in probe.glob("*.done"):
+                    old.unlink()
+                site = Path(__file__).resolve().parent / "memprobe_site"
+                procs.env = {**procs.env, "CTP_MEMPROBE": str(probe),
+                             "PYTHONPATH": f"{procs.env['PYTHONPATH']}{os.pathsep}{site}"}
             svc = procs.ctproxy(emu.url, with_tools=False)
             print(f"mem: one {args.items:,}-item request, then {args.mem_streams} such streaming sessions …",
                   flush=True)
-            res = out["mem"] = await mem(svc, args.items, args.mem_idle, args.mem_streams)
+            res = out["mem"] = await mem(svc, args.items, args.mem_idle, args.mem_streams, probe)
             res["nothing_after"] = res["rss_growth_after_idle_mb"] <= args.mem_tolerance
             print_table(["mem", "body MB", "RSS growth MB (settled)"],
                         [[r["request"], r["body_mb"], r["rss_growth_mb"]] for r in res["requests"]]
                         + [[f"after {args.mem_idle:.0f} s idle", "", res["rss_growth_after_idle_mb"]]])
             print(f"after idle within {args.mem_tolerance} MB of the baseline: "
                   f"{'yes' if res['nothing_after'] else 'NO'}")
+            if probe is not None:
+                print(f"probe (after idle): {res['probe']}; reports in {probe}")
             svc.stop()
         if "stall" in args.only:
             print(f"stall: {2 * args.stalls} stalled answers, idle timeout {args.idle_timeout} s …", flush=True)
@@ -397,6 +426,8 @@ def main() -> None:
     parser.add_argument("--mem-streams", type=int, default=2,
                         help="mem: distinct streaming sessions after the JSON one")
     parser.add_argument("--mem-idle", type=float, default=45.0, help="mem: idle seconds before the last RSS sample")
+    parser.add_argument("--mem-probe", metavar="DIR",
+                        help="mem: load bench/memprobe.py into the proxy; its reports (base, after) go to DIR")
     parser.add_argument("--mem-tolerance", type=float, default=10.0,
                         help="mem: RSS over the idle baseline (MB) that still counts as nothing left after")
     parser.add_argument("--flat-mb", type=float, default=2.0,

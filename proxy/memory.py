@@ -15,6 +15,26 @@ blocks was back at the idle baseline), but ≈88 MB of live malloc'd blocks, eac
 has read, for good). So the trim releases that parser first (`fastsimdjson.release()`), on the thread that parsed:
 the event loop's (`note_big_parse`). A parse after the release costs what a parse on a warm parser costs
 (measured, 5.9 MB: 9.5 against 8.7 ms; 1.3 MB: the same).
+
+What stays after that is pymalloc's (session 15, bench/memprobe.py inside `ctproxy up`, `bench_soak --only mem
+--mem-streams 3`, once idle): the live bytes are the baseline's, but in 71-77 arenas of 1 MiB instead of 43. An
+arena goes back to the OS only when every block in it is free, and the ones a big request made kept a few blocks
+each. Two kinds:
+- the interpreter's free lists: 3,904 tuples with refcount 0 (kept for reuse, up to 2,000 of each length: the
+  last ones the big request freed), the only blocks of four arenas. The trim now runs a full collection first
+  (`collect_free_lists`), which empties them; it walks every object made since start-up (≈18 ms per cached
+  100,000-item journal session), so it waits until the big bodies have stopped for a `TRIM_DELAY`, and skips
+  while gcpause holds the collector off for a body in flight;
+- the per-request bookkeeping made while the big request's objects were alive: after the collection, 168 blocks
+  (9 KB) kept 28 arenas (1,780 touched pools, ≈28 MB). Every small allocation goes to the pool at the head of its
+  size class's list, and during a big request's peak that is one of the peak's pools, so whatever is made then
+  and kept lands among the per-item objects: the telemetry feed's records (29 blocks in 8 arenas), the usage
+  cache (21 in 10), the rollover memo (15 in 8), compaction's session memo (10 in 7), the journal writer's
+  counters, response aliases and bounded sets, the metrics' latency lists, sqlite3's cursor weakrefs, the
+  DBWorker's last future, lru caches (docs/adr/0012-proxy-workers.md has the table). Moving them is not possible
+  (a copy is made where the same list head points); what would end it is a peak that is not pymalloc's (the
+  journal's per-item work: one second into a streamed 100,000-item request, 443,000 str, 198,000 dicts and their
+  tables and 94,000 int, 69 MB, in the arenas made since the baseline) — not done here.
 """
 
 from __future__ import annotations
@@ -49,6 +69,7 @@ def _load_trim() -> Callable[[int], int] | None:
 _trim = _load_trim()
 _lock = threading.Lock()
 _timer: threading.Timer | None = None
+_again = False  # big work was noted while the pending trim waited (big bodies keep coming)
 trims = 0  # how many trims ran (tests, status)
 parser_releases = 0  # how many times simdjson's parser was released (tests)
 _parse_loop: asyncio.AbstractEventLoop | None = None  # the loop whose thread parsed a big body (its parser is there)
@@ -78,13 +99,36 @@ def release_parser() -> None:
     parser_releases += 1
 
 
-def _release_parser_on(loop: asyncio.AbstractEventLoop) -> None:
-    """Run `release_parser` on `loop`'s thread and wait (a bounded time) until it ran."""
+collections = 0  # how many full collections the trim ran (tests)
+
+
+def collect_free_lists() -> bool:
+    """A full collection of the cyclic collector: it also empties the interpreter's free lists (tuples, lists,
+    dicts, floats… kept for reuse when freed), whose blocks are the last ones a big request freed, spread
+    over the arenas it made. Skipped (False) while a big body is in flight: the collector is held off for it
+    (proxy/gcpause.py) and would walk its whole tree; the next trim collects."""
+    global collections
+    import gc
+
+    from proxy import gcpause
+
+    if gcpause.paused():
+        return False
+    gc.collect()
+    collections += 1
+    return True
+
+
+def _release_parser_on(loop: asyncio.AbstractEventLoop, collect: bool) -> None:
+    """Run `release_parser`, then (`collect`) `collect_free_lists`, on `loop`'s thread and wait (a bounded
+    time) until they ran."""
     done = threading.Event()
 
     def run() -> None:
         try:
             release_parser()
+            if collect:
+                collect_free_lists()
         except Exception as exc:
             log.error("memory: parser release failed (%s)", type(exc).__name__)
         finally:
@@ -98,16 +142,24 @@ def _release_parser_on(loop: asyncio.AbstractEventLoop) -> None:
 
 
 def _fire() -> None:
-    global _timer
+    global _timer, _again
     with _lock:
         _timer = None
+        busy, _again = _again, False
     try:
+        # The full collection walks every object made since start-up (the journal's cached sessions: ≈18 ms
+        # per 100,000 items), on the event loop: while big bodies keep coming it waits for the first quiet
+        # `TRIM_DELAY` (the free lists matter once the big work has stopped, and one collection empties them).
         loop = _parse_loop
         if loop is not None and loop.is_running():
-            _release_parser_on(loop)  # before the trim: the parser's blocks are what the trim hands back
+            _release_parser_on(loop, not busy)  # before the trim: the parser's blocks are what the trim hands back
+        elif not busy:
+            collect_free_lists()
         trim_now()
     except Exception as exc:  # never let housekeeping take anything down
         log.error("memory: trim failed (%s)", type(exc).__name__)
+    if busy:
+        note_big_work(BIG_BYTES)  # look again once the big bodies have stopped
 
 
 def note_big_parse(owner: Any, nbytes: int) -> None:
@@ -130,11 +182,12 @@ def note_big_parse(owner: Any, nbytes: int) -> None:
 
 def note_big_work(nbytes: int, delay: float = TRIM_DELAY) -> None:
     """A body of `nbytes` is being handled: once it is gone, trim (at most one trim pending at a time)."""
-    global _timer
+    global _timer, _again
     if (_trim is None and _parse_loop is None) or nbytes < BIG_BYTES:
         return
     with _lock:
         if _timer is not None:
+            _again = True  # more big work while a trim is pending: that trim hands pages back, collects later
             return
         _timer = threading.Timer(delay, _fire)
         _timer.daemon = True

@@ -139,3 +139,70 @@ async def test_a_big_bodys_parser_is_released_once_its_flow_is_done():
         await asyncio.sleep(0.02)  # the release runs on this loop, the trim on a timer thread
     left = _malloced_bytes() - before
     assert left <= held // 4, f"{left >> 20} MB of the parse's {held >> 20} MB stayed after the flow"
+
+
+def _pymalloc_arenas() -> int:
+    """pymalloc's arenas in use now (`sys._debugmallocstats`, written by C to fd 2)."""
+    import os
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        for line in tmp.read().decode().splitlines():
+            if line.startswith("# arenas allocated current"):
+                return int(line.rpartition("=")[2].replace(",", ""))
+    raise AssertionError("no arena count in sys._debugmallocstats()")
+
+
+@pytest.mark.skipif(not memory.available(), reason="the trim runs where glibc is")
+def test_the_trim_empties_the_free_lists_that_pin_a_big_requests_arenas():
+    """Issue 32 point 4 (session 15, bench/memprobe.py inside `ctproxy up`): after big requests, thousands of
+    tuples sat in the interpreter's free list (kept for reuse when freed, up to 2,000 of each length), each in
+    a different arena of the request's peak, and an arena goes back to the OS only when all of it is free. The
+    trim after big work runs a full collection, which empties the free lists."""
+    import gc
+    import random
+
+    gc.collect()
+    base = _pymalloc_arenas()
+    rows = [(i, -i) for i in range(1_000, 400_000)]  # ≈25 MB of 2-tuples and ints: ≈25 arenas of 1 MiB
+    random.Random(32).shuffle(rows)  # freed in this order: the first 2,000 freed land in every arena
+    grown = _pymalloc_arenas() - base
+    del rows
+    pinned = _pymalloc_arenas() - base
+    assert grown >= 15 and pinned >= grown // 2, (grown, pinned)  # else the test shows nothing
+    before = memory.collections
+    memory.note_big_work(memory.BIG_BYTES, delay=0.01)  # (a trim still pending from another test collects later)
+    deadline = time.monotonic() + 60
+    while memory.collections == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert memory.collections > before
+    left = _pymalloc_arenas() - base
+    assert left <= 3, f"{left} of the {grown} arenas stayed after the trim ({pinned} before it)"
+
+
+@pytest.mark.skipif(not memory.available(), reason="the trim runs where glibc is")
+def test_the_collection_waits_until_big_bodies_stop_coming(monkeypatch):
+    """The full collection walks what the journal caches (≈18 ms per 100,000-item session): a trim that saw
+    more big work noted while it waited hands pages back without it, and looks again a moment later."""
+    deadline = time.monotonic() + 60
+    while memory._timer is not None and time.monotonic() < deadline:  # what other tests left pending
+        time.sleep(0.01)
+    collections = memory.collections
+    seen: list[int] = []  # full collections so far, as each trim saw them
+    trim = memory.trim_now
+    monkeypatch.setattr(memory, "trim_now", lambda: (seen.append(memory.collections - collections), trim())[1])
+    memory.note_big_work(memory.BIG_BYTES, delay=0.05)
+    memory.note_big_work(memory.BIG_BYTES)  # a second big body while the trim waits
+    while len(seen) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen[:2] == [0, 1]  # the first trim (busy) did not collect, the next one (quiet since) did
