@@ -27,7 +27,7 @@ from proxy import runtime
 from proxy.flowbody import responses_body
 from proxy.flowstate import state_of
 from proxy.journal import JoinError, Journal, RequestMark, journal_for
-from proxy.session import SessionIdentity, resolve_session
+from proxy.session import SessionIdentity, minted_for, resolve_session
 from proxy.sse import ResponseTap, SSEDecoder
 from proxy.windows.budget import turn_cost
 
@@ -144,7 +144,8 @@ class History(Stage):
             return
         raw = body.client_input() if body.is_client_input(payload.get("input")) else None  # (not copied here)
         try:
-            mark = j.begin_request(key, task_id, address, ident.source, payload, raw)  # aligned off the request path
+            mark = j.begin_request(key, task_id, address, ident.source, payload, raw,  # aligned off the request path
+                                   minted=minted_for(key, flow.id))
         except Exception as exc:  # the journal is a record: it never fails a request
             log.error("history: request not journaled (%s)", type(exc).__name__)
             return
