@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 
 import orjson
@@ -343,3 +344,27 @@ async def test_a_session_its_request_opens_is_not_read_from_the_database(rt, mon
         assert [w.window_id for w in j.windows(key)] == ["w1"]
         assert j.task_exists(mark.task_id) and j.agent_exists(mark.task_id, mark.address)
         assert len(j.item_ids_for_session(key)) == 2
+
+
+async def test_a_registration_not_committed_at_the_terminal_event_starts_its_commit_there(rt):
+    """The answer's end waits for the session's registration (read-your-writes). A stream that ends before the
+    writer's next drain would start that commit only at the answer's end, after a hop to a thread; it starts as
+    the terminal event passes instead, so the end usually finds it done."""
+    from addons.history import journal
+
+    chain = [Session(), Tap(), History()]
+    with taddons.context(*chain):
+        j = journal(rt)
+        j.writer.batch_interval = 60.0  # no drain by itself, nor by a loop timer, within this test
+        flow, stream = await _streaming(chain, "a short stream")
+        registered = mark_of(flow).state.registered
+        assert registered is not None and not registered.is_set()
+        events = sse_events([output_msg("done", 1)], "resp_short")
+        for chunk in events[:-1]:
+            stream(chunk)
+        assert not registered.is_set()
+        stream(events[-1])  # the terminal event
+        assert await asyncio.to_thread(registered.wait, 30)  # committed without the answer's end asking
+        stream(b"")
+        await run_response(chain, flow)
+        assert j.session_for_response("resp_short") == mark_of(flow).session_key

@@ -731,6 +731,15 @@ class Journal:
             record_fingerprint_claim(self, mark.session_key, mark.state.source, items, opened=mark.minted)
         self._backlog.append(PendingResponse(mark, snapshot, None, response_id, model, status, usage, error,
                                              incomplete, time.time()))
+        registered = mark.state.registered if mark.state is not None else None
+        if registered is not None and not registered.is_set():
+            # The answer ends only once the session's registration is committed (History.response): it is not
+            # yet (a short stream ended before the writer's next drain), so that commit starts now, while the
+            # answer's last bytes are passed on, rather than from the answer's end after a hop to a thread. The
+            # drain takes everything pending, so a loop timer set earlier has nothing left to ring for.
+            self._ring_due = False
+            self.writer.ring()
+            return
         self._after_append()
 
     def _after_append(self) -> None:
