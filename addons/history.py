@@ -3,8 +3,9 @@
 `request`: resolves the task/agent/session (joining a task named by `x-ctp-task`; an unknown task
 is answered here with a 400 and never forwarded), snapshots the input and leaves a `RequestMark` in
 `state_of(flow).journal_mark`; the journal aligns it with the session's branch when its writer
-next drains (rung by a loop timer one interval later), or first when the mark's ids or the session
-are read (proxy/journal/backlog.py).
+next drains (rung by a loop timer one interval later, or at the answer's terminal event while the session's
+registration is not committed yet), or first when the mark's ids or the session are read
+(proxy/journal/backlog.py).
 The answer is handed over when the stream's terminal event passes through the tap (before its bytes
 reach the client), or in `response` / `error` otherwise: its response id resolves to the session at
 once, and its items join the branch before the session's next request is aligned. Nothing here
