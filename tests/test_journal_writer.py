@@ -315,25 +315,3 @@ def test_a_barrier_is_released_only_once_what_precedes_it_is_committed(db: Path)
         assert ev.is_set()
     finally:
         w.close()
-
-
-async def test_a_new_session_handed_over_on_an_event_loop_does_not_wake_the_writer(tmp_path: Path):
-    """A new session's registration (and an answer's alias) handed over on the event loop leave the writer asleep:
-    the loop timer rings it, as for the backlog. Woken at the hand-over, it gathered for one interval and drained
-    in the middle of the exchange being forwarded (a wake-up it then took a second time)."""
-    state = StateDir.open(tmp_path / "state")
-    j = Journal(state, JournalWriter(state.db_path, batch_interval=60.0, index_delay=3600))
-    try:
-        assert await _await(lambda: j.writer._parked)
-        before = j.writer.stats.wakeups
-        key, task, addr = j.resolve(SessionIdentity("f:new", "fingerprint", None, None), {}, {})
-        mark = j.begin_request(key, task, addr, "fingerprint", {"input": "hi"})  # task, agent, session, window
-        j.alias_response("resp_new", key)
-        assert j.writer.stats.wakeups == before and j.writer._parked
-        assert j._ring_due and j.writer.pending > 0  # the loop timer will ring it
-        assert j.flush()
-        assert mark.state.registered.is_set()
-        assert [w.window_id for w in j.windows(key)] == ["w1"]
-        assert j.session_for_response("resp_new") == key
-    finally:
-        j.close()

@@ -203,17 +203,7 @@ class Journal:
                 self.backend.close()
 
     def _submit(self, ops: Sequence[Op], since: float | None = None) -> None:
-        """Hand ops to the writer. On the event loop (a new session's registration, an answer's claim) the writer
-        is rung by the loop timer, as for the backlog (`_ring_soon`): woken at the hand-over, it would wake again
-        to gather for one interval and drain in the middle of the exchange being forwarded. Elsewhere (the writer
-        thread settling the backlog, a script, a tool's thread) a sleeping writer wakes and gathers, as ever."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            self.writer.submit_many(ops, since)
-            return
-        self.writer.submit_many(ops, since, wake=False)
-        self._ring_soon()
+        self.writer.submit_many(ops, since)
 
     # ------------------------------------------------------------------ tasks and agents
     def create_task(self) -> str:
@@ -757,11 +747,6 @@ class Journal:
             # The writer is not keeping up (a stalled database): do the work here, where the writer's
             # bounded queue makes the request path wait, then drop, as it always did.
             self.settle()
-        self._ring_soon()
-
-    def _ring_soon(self) -> None:
-        """Have the writer take what was handed over: one interval from now by a loop timer on the event loop,
-        else by waking it (it gathers for an interval)."""
         interval = self.writer.batch_interval
         if self._ring_due:
             if time.monotonic() - self._ring_due_at > 2 * interval:

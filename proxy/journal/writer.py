@@ -124,10 +124,9 @@ class JournalWriter:
     def submit(self, op: Op) -> None:
         self.submit_many((op,))
 
-    def submit_many(self, ops: Sequence[Op], since: float | None = None, wake: bool = True) -> None:
-        """Enqueue ops as one unit (committed in one transaction); wakes the writer only if it sleeps (and `wake`:
-        the caller has the writer rung otherwise, by a loop timer). `since` (time.monotonic) is when the request
-        path handed over what they record, if earlier than now."""
+    def submit_many(self, ops: Sequence[Op], since: float | None = None) -> None:
+        """Enqueue ops as one unit (committed in one transaction); wakes the writer only if it sleeps. `since`
+        (time.monotonic) is when the request path handed over what they record, if earlier than now."""
         if not ops:
             return
         if self._closed:
@@ -141,8 +140,7 @@ class JournalWriter:
                 return
             self._pending.append((time.monotonic() if since is None else since, tuple(ops)))
             self._submitted += len(ops)
-        if wake:
-            self.wake_if_parked()
+        self.wake_if_parked()
 
     def feed(self, settle: Callable[[], None], waiting: Callable[[], bool]) -> None:
         """Run `settle` (which submits ops) before each drain; `waiting()` says it has work."""
