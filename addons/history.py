@@ -3,8 +3,9 @@
 `request`: resolves the task/agent/session (joining a task named by `x-ctp-task`; an unknown task
 is answered here with a 400 and never forwarded), snapshots the input and leaves a `RequestMark` in
 `state_of(flow).journal_mark`; the journal aligns it with the session's branch when its writer
-next drains (rung by a loop timer one interval later), or first when the mark's ids or the session
-are read (proxy/journal/backlog.py).
+next drains (rung by a loop timer one interval later, or at the answer's terminal event while the session's
+registration is not committed yet), or first when the mark's ids or the session are read
+(proxy/journal/backlog.py).
 The answer is handed over when the stream's terminal event passes through the tap (before its bytes
 reach the client), or in `response` / `error` otherwise: its response id resolves to the session at
 once, and its items join the branch before the session's next request is aligned. Nothing here
@@ -27,7 +28,7 @@ from proxy import runtime
 from proxy.flowbody import responses_body
 from proxy.flowstate import state_of
 from proxy.journal import JoinError, Journal, RequestMark, journal_for
-from proxy.session import SessionIdentity, resolve_session
+from proxy.session import SessionIdentity, minted_for, resolve_session
 from proxy.sse import ResponseTap, SSEDecoder
 from proxy.windows.budget import turn_cost
 
@@ -144,7 +145,8 @@ class History(Stage):
             return
         raw = body.client_input() if body.is_client_input(payload.get("input")) else None  # (not copied here)
         try:
-            mark = j.begin_request(key, task_id, address, ident.source, payload, raw)  # aligned off the request path
+            mark = j.begin_request(key, task_id, address, ident.source, payload, raw,  # aligned off the request path
+                                   minted=minted_for(key, flow.id))
         except Exception as exc:  # the journal is a record: it never fails a request
             log.error("history: request not journaled (%s)", type(exc).__name__)
             return

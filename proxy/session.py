@@ -202,7 +202,19 @@ class _Aliases(Protocol):
     def alias_response(self, response_id: str, session_key: str) -> None: ...
 
 
-def record_fingerprint_claim(journal: _Aliases, session_key: str, source: str | None, items: Any) -> None:
-    """Called by the journal with a request's input and with its answer's output (see `fingerprint_claim`)."""
-    for key, value in fingerprint_claim(session_key, source, items, journal.aliases.__contains__):
+def record_fingerprint_claim(journal: _Aliases, session_key: str, source: str | None, items: Any,
+                             opened: bool = False) -> None:
+    """Called by the journal with a request's input and with its answer's output (see `fingerprint_claim`).
+    `opened`: the items are the answer to the request that minted the session (`minted_for`): nothing claimed
+    it before, in any process, so its claim is not looked up (a database read at the answer's terminal event,
+    on the event loop, before the last bytes go on)."""
+    known = journal.aliases.__contains__
+    if opened:
+        claim = CLAIM_PREFIX + session_key
+        contains = known
+
+        def known(key: str) -> bool:
+            return key != claim and contains(key)
+
+    for key, value in fingerprint_claim(session_key, source, items, known):
         journal.alias_response(key, value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 
 import orjson
@@ -298,3 +299,72 @@ async def test_a_buffered_answer_ends_only_once_its_usage_is_committed(rt):
         finally:
             reader.close()
         assert seen is not None and seen.response_id == "resp_j"
+
+
+async def test_a_session_its_request_opens_is_not_read_from_the_database(rt, monkeypatch):
+    """A second conversation under an answered start is minted by its first request (`proxy.session.minted_for`):
+    nothing of it, its task or its claim can be in the database, in any process. Its request hooks and its stream up
+    to and through the terminal event (the answer's claim is recorded there) read nothing when its answer is word for
+    word the first conversation's (whose continuation this process knows; a new answer's continuation is still
+    looked up: another process may hold it); what it writes is all there once committed."""
+    chain = [Session(), Tap(), History()]
+    with taddons.context(*chain):
+        first, stream = await _streaming(chain, "the same start")
+        for chunk in sse_events([output_msg("first answer", 1)], "resp_first"):
+            stream(chunk)
+        stream(b"")
+        await run_response(chain, first)
+        j = rt.services.journal
+        assert j.flush()
+
+        reads: list[str] = []
+        for name in ("session", "branch", "latest_window", "max_ordinal", "session_for_response",
+                     "sessions_for_responses", "task_exists", "agent_exists", "stamp", "response_tail"):
+            real = getattr(j.backend, name)
+
+            def counted(*args, _name=name, _real=real):
+                reads.append(_name)
+                return _real(*args)
+
+            monkeypatch.setattr(j.backend, name, counted)
+        second, stream = await _streaming(chain, "the same start")
+        mark = mark_of(second)
+        assert mark.session_key != mark_of(first).session_key and mark.minted
+        for chunk in sse_events([output_msg("first answer", 2)], "resp_second"):
+            stream(chunk)
+        assert mark.response_done
+        assert reads == []
+        stream(b"")
+        await run_response(chain, second)
+        monkeypatch.undo()
+        assert j.flush()
+        key = mark.session_key
+        assert j.session_for_response("fclaim:" + key) == key  # its answer claimed it
+        assert j.session_for_response("resp_second") == key
+        assert [w.window_id for w in j.windows(key)] == ["w1"]
+        assert j.task_exists(mark.task_id) and j.agent_exists(mark.task_id, mark.address)
+        assert len(j.item_ids_for_session(key)) == 2
+
+
+async def test_a_registration_not_committed_at_the_terminal_event_starts_its_commit_there(rt):
+    """The answer's end waits for the session's registration (read-your-writes). A stream that ends before the
+    writer's next drain would start that commit only at the answer's end, after a hop to a thread; it starts as
+    the terminal event passes instead, so the end usually finds it done."""
+    from addons.history import journal
+
+    chain = [Session(), Tap(), History()]
+    with taddons.context(*chain):
+        j = journal(rt)
+        j.writer.batch_interval = 60.0  # no drain by itself, nor by a loop timer, within this test
+        flow, stream = await _streaming(chain, "a short stream")
+        registered = mark_of(flow).state.registered
+        assert registered is not None and not registered.is_set()
+        events = sse_events([output_msg("done", 1)], "resp_short")
+        for chunk in events[:-1]:
+            stream(chunk)
+        assert not registered.is_set()
+        stream(events[-1])  # the terminal event
+        assert await asyncio.to_thread(registered.wait, 30)  # committed without the answer's end asking
+        stream(b"")
+        await run_response(chain, flow)
+        assert j.session_for_response("resp_short") == mark_of(flow).session_key

@@ -139,3 +139,62 @@ def test_known_tasks_and_agents_are_bounded_and_still_found_after_being_forgotte
         assert j.agent_exists(tasks[0], "/root")
     finally:
         j.close()
+
+
+class _Walks(dict):
+    """The journal's session cache, counting walks over every cached session."""
+
+    walks = 0
+
+    def values(self):
+        type(self).walks += 1
+        return super().values()
+
+    def items(self):
+        type(self).walks += 1
+        return super().items()
+
+
+def _full_count(j: Journal) -> int:
+    resends = sum(len(r.whole) + 16 * len(r.ids) for _, r in list(j._resends.values()))
+    return resends + journal_mod.ENTRY_BYTES * sum(len(st.entries) for st in dict.values(j._sessions))
+
+
+def test_the_cache_bound_is_checked_without_walking_every_session(tmp_path, monkeypatch):
+    """The bound on what the caches hold is checked on every request and answer (on the request path, and by the
+    writer): the count is kept as sessions come, grow, are rewritten, dropped and let go, not summed each time."""
+    monkeypatch.setattr(journal_mod, "CACHED_SESSIONS", 6)
+    j = Journal(StateDir.open(tmp_path / "state"), big_entries=40, release_after=0.0)
+    try:
+        walked = _Walks()
+        j._sessions = walked  # (an OrderedDict's move_to_end / popitem(last=False) are used: give them back)
+        walked.move_to_end = lambda key: walked.__setitem__(key, walked.pop(key))
+        walked.popitem = lambda last=True: (k := next(iter(walked)), walked.pop(k))
+        task = j.create_task()
+        for n in range(10):
+            key = f"s{n}"
+            st = j._session(key, task, "/root", None)
+            for turn in range(3):  # a new session, a longer resend, then an edit that rewrites the branch
+                items = _conversation(5 + 10 * turn, f"{n} ") if turn < 2 else _conversation(3, f"edit {n} ")
+                mark = j.begin_request(st.key, st.task_id, st.address, None, {"input": items})
+                j.settle()
+                j.end_response(mark, [{"type": "message", "role": "assistant", "content": [
+                    {"type": "output_text", "text": f"answer {n} {turn}"}]}], response_id=f"r{n}-{turn}",
+                    model="m", status="completed", usage=None, error=None, incomplete=False)
+                j.settle()
+                assert j.cached_bytes() == _full_count(j)
+        assert _Walks.walks == 0
+        assert len(j._sessions) == 6  # older sessions dropped from the cache, counted out
+        j.cache_bytes = journal_mod.ENTRY_BYTES * 20  # over the budget: sessions and resends go
+        j._bound_caches(keep="s9")
+        assert j.cached_bytes() == _full_count(j)
+        assert j.cached_bytes() <= j.cache_bytes or list(j._sessions) == ["s9"]
+        j.cache_bytes = 1 << 30
+        big = j._session("big", task, "/root", None)
+        mark = j.begin_request(big.key, big.task_id, big.address, None, {"input": _conversation(50, "big ")})
+        j.settle()
+        assert j.cached_bytes() == _full_count(j)
+        j._release_idle()  # idle past `release_after`: let go, counted out
+        assert "big" not in j._sessions and j.cached_bytes() == _full_count(j)
+    finally:
+        j.close()

@@ -298,7 +298,8 @@ def _conversation(rng, j: Journal, key: str, fast: bool) -> list[tuple[list[str]
         if action != "retry" or not history:
             history.append(_msg("user", f"q{turn}"))
         if not fast:
-            j._resends.clear()
+            for k in list(j._resends):
+                j._resend_drop(k)
         mark = j.ingest_request(s, {"input": list(history)})
         outputs = [{"type": "reasoning", "summary": [{"type": "summary_text", "text": f"r{turn}"}]},
                    _out(f"a{turn}", turn)]

@@ -262,3 +262,56 @@ def test_a_mark_read_while_another_thread_journals_its_entry_waits_for_it(tmp_pa
     finally:
         go.set()
         j.close()
+
+
+def test_barriers_in_a_drain_do_not_split_its_transaction(db: Path):
+    """Every new session leaves a barrier (its registration's); a burst of them went out as one transaction per
+    session. A barrier is released with the commit that takes its ops, and what follows it goes in the same one."""
+
+    class Recording(backend_mod.SqliteJournal):
+        def __init__(self, path: Path):
+            super().__init__(path)
+            self.batches: list[tuple[list[str], list[bool]]] = []
+
+        def apply(self, ops, stamp=None):
+            self.batches.append(([op.task_id for op in ops], [ev.is_set() for ev in events]))
+            return super().apply(ops, stamp)
+
+    events: list[threading.Event] = []
+    backend = Recording(db)
+    backend.open()
+    w = JournalWriter(backend, batch_interval=30.0)  # a burst gathers: only the flush below ends it
+    try:
+        for i in range(5):
+            w.submit_many([EnsureTask(f"task_{i}", "session", float(i))])
+            events.append(w.barrier())
+        w.submit(EnsureTask("task_after", "session", 9.0))
+        assert w.flush(timeout=30)
+        assert backend.batches == [([*(f"task_{i}" for i in range(5)), "task_after"], [False] * 5)]
+        assert all(ev.is_set() for ev in events)
+        assert sorted(_tasks(db)) == sorted([*(f"task_{i}" for i in range(5)), "task_after"])
+    finally:
+        w.close()
+
+
+def test_a_barrier_is_released_only_once_what_precedes_it_is_committed(db: Path):
+    """A batch cut at `batch_size` releases the barriers before the cut with its commit, not earlier."""
+    seen: list[tuple[list[str], bool]] = []
+
+    class Recording(backend_mod.SqliteJournal):
+        def apply(self, ops, stamp=None):
+            seen.append(([op.task_id for op in ops], ev.is_set()))
+            return super().apply(ops, stamp)
+
+    backend = Recording(db)
+    backend.open()
+    w = JournalWriter(backend, batch_size=2, batch_interval=30.0)
+    try:
+        w.submit_many([EnsureTask("a", "session", 0.0), EnsureTask("b", "session", 0.0)])
+        ev = w.barrier()
+        w.submit_many([EnsureTask("c", "session", 1.0)])
+        assert w.flush(timeout=30)
+        assert seen == [(["a", "b"], False), (["c"], True)]
+        assert ev.is_set()
+    finally:
+        w.close()

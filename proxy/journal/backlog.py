@@ -38,6 +38,7 @@ class RequestMark:
         "_window_id",
         "address",
         "failed",
+        "minted",
         "response_done",
         "session_key",
         "state",
@@ -51,6 +52,7 @@ class RequestMark:
         self.address = address
         self.response_done = False
         self.failed = False  # the request could not be journaled; neither is its answer
+        self.minted = False  # this request opened the session (proxy.session.minted_for): nothing was recorded of it
         self.state = state
         self._settle = settle
         self._done = False

@@ -40,7 +40,7 @@ from proxy.journal.branch import (
     resend_rest,
 )
 from proxy.journal.canonical import canonical_hash, chain_id, fingerprint, input_items, item_type, session_root
-from proxy.journal.identity import new_task_id, resolve_identity
+from proxy.journal.identity import auto_task_id, new_task_id, resolve_identity
 from proxy.journal.model import FILED_AFTER_KEY, SessionState, Strategy, Window, window_id
 from proxy.journal.ops import (
     EnsureAgent,
@@ -162,6 +162,10 @@ class Journal:
         # never waits behind the writer thread settling a big request under `_lock` (issue 10.3).
         self._cache_lock = threading.Lock()
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
+        # The branch positions the cached sessions hold, kept as they change (`_cache_put`, `_cache_pop`,
+        # `_set_entries`, all under `_lock`): the cache's bound is checked on every request and answer, and
+        # summing 512 sessions each time cost ≈60 µs a check, one on the request path, one on the writer's.
+        self._cached_entries = 0
         # Sessions dropped from the cache whose writes may not be committed yet: reading them back from the
         # database before then would see an old branch, so until the writer's barrier is passed the dropped
         # state itself is taken back.
@@ -174,6 +178,7 @@ class Journal:
         self._aliases: OrderedDict[str, str] = OrderedDict()
         self._tails: OrderedDict[str, str | None] = OrderedDict()  # response id → its last item id
         self._resends: OrderedDict[str, tuple[int, Resend]] = OrderedDict()  # session → (generation, last input)
+        self._resend_bytes = 0  # what `_resends` holds (`_resend_bytes_of` each), kept as it changes (_cache_lock)
         self._backlog: deque[Pending] = deque()  # see backlog.py
         self._settling = False
         self._ring_due = False  # a loop timer will ring the writer (see _after_append)
@@ -238,24 +243,28 @@ class Journal:
         return self._session(session_key, task_id, address, source)
 
     def _session(self, session_key: str, task_id: str | None = None, address: str | None = None,
-                 source: str | None = None) -> SessionState:
-        """The cached state of a session as it is (the backlog not settled)."""
+                 source: str | None = None, fresh: bool = False) -> SessionState:
+        """The cached state of a session as it is (the backlog not settled). `fresh`: the caller's request minted
+        the session, and its task with it (`begin_request`): nothing of either is in the database to read."""
         with self._lock:
             st = self._sessions.get(session_key)
             if st is not None:
                 self._sessions.move_to_end(session_key)
                 st.used_at = time.monotonic()
                 return st
-            dropped = self._dropped.pop(session_key, None)
-            st = dropped[0] if dropped is not None and not dropped[1].is_set() else self._load(session_key)
+            if fresh and task_id is not None and address is not None:
+                st = self._create(session_key, task_id, address, source, fresh=True)
+            else:
+                dropped = self._dropped.pop(session_key, None)
+                st = dropped[0] if dropped is not None and not dropped[1].is_set() else self._load(session_key)
             if st is None:
                 if task_id is None or address is None:
                     raise KeyError(f"unknown session {session_key!r}")
                 st = self._create(session_key, task_id, address, source)
             st.used_at = time.monotonic()
-            self._sessions[session_key] = st
+            self._cache_put(session_key, st)
             while len(self._sessions) > CACHED_SESSIONS:
-                self._drop(*self._sessions.popitem(last=False))
+                self._drop(*self._cache_pop())
             self._bound_caches(keep=session_key)
             return st
 
@@ -279,10 +288,10 @@ class Journal:
             n = _common_prefix(mine, theirs)
             changed = False
             if n == len(mine) and len(theirs) > len(mine):
-                st.entries = theirs
+                self._set_entries(st, theirs)
                 changed = True
             elif n < len(mine) and n < len(theirs):
-                st.entries = theirs
+                self._set_entries(st, theirs)
                 st.generation += 1  # rewritten: the resend fast path no longer holds
                 changed = True
             if loaded.window.ordinal > st.window.ordinal:
@@ -320,9 +329,8 @@ class Journal:
                     due = self.release_after - idle
                     next_due = due if next_due is None else min(next_due, due)
                     continue
-                self._sessions.pop(key, None)
-                with self._cache_lock:
-                    self._resends.pop(key, None)
+                self._cache_pop(key)
+                self._resend_drop(key)
                 self._drop(key, st)
                 self.released += 1
                 released = True
@@ -344,9 +352,50 @@ class Journal:
 
     def cached_bytes(self) -> int:
         """What the session and resend caches hold, estimated: the branch positions and the kept inputs."""
+        return self._resend_bytes + ENTRY_BYTES * self._cached_entries
+
+    def _resend_keep(self, key: str, resend: tuple[int, Resend]) -> None:
+        """Keep a session's last input for the byte-prefix fast path (the least recently kept beyond
+        CACHED_RESENDS go)."""
         with self._cache_lock:
-            resends = sum(len(r.whole) + 16 * len(r.ids) for _, r in self._resends.values())
-        return resends + ENTRY_BYTES * sum(len(st.entries) for st in list(self._sessions.values()))
+            old = self._resends.pop(key, None)
+            if old is not None:
+                self._resend_bytes -= _resend_bytes_of(old[1])
+            self._resends[key] = resend
+            self._resend_bytes += _resend_bytes_of(resend[1])
+            while len(self._resends) > CACHED_RESENDS:
+                self._resend_bytes -= _resend_bytes_of(self._resends.popitem(last=False)[1][1])
+
+    def _resend_drop(self, key: str) -> tuple[int, Resend] | None:
+        with self._cache_lock:
+            old = self._resends.pop(key, None)
+            if old is not None:
+                self._resend_bytes -= _resend_bytes_of(old[1])
+            return old
+
+    def _cache_put(self, key: str, st: SessionState) -> None:
+        """Cache a session's state (under `_lock`), counting its branch positions."""
+        old = self._sessions.get(key)
+        if old is not None:
+            self._cached_entries -= len(old.entries)
+        self._sessions[key] = st
+        self._cached_entries += len(st.entries)
+
+    def _cache_pop(self, key: str | None = None) -> tuple[str, SessionState]:
+        """Take a session out of the cache (under `_lock`): `key`'s (KeyError when absent), or the least
+        recently used."""
+        if key is None:
+            key, st = self._sessions.popitem(last=False)
+        else:
+            st = self._sessions.pop(key)
+        self._cached_entries -= len(st.entries)
+        return key, st
+
+    def _set_entries(self, st: SessionState, entries: list[Entry]) -> None:
+        """A session's new branch (under `_lock`); the count follows when the state is the cached one."""
+        if self._sessions.get(st.key) is st:
+            self._cached_entries += len(entries) - len(st.entries)
+        st.entries = entries
 
     def _bound_caches(self, keep: str | None = None) -> None:
         """Drop least recently used resends, then sessions, until the caches fit `cache_bytes` (a dropped
@@ -357,17 +406,16 @@ class Journal:
         over = self.cached_bytes() - self.cache_bytes
         if over <= 0:
             return
-        with self._cache_lock:
-            for key in list(self._resends):
-                if over <= 0:
-                    break
-                if key != keep:
-                    _, r = self._resends.pop(key)
-                    over -= len(r.whole) + 16 * len(r.ids)
+        for key in list(self._resends):
+            if over <= 0:
+                break
+            if key != keep and (old := self._resend_drop(key)) is not None:
+                over -= _resend_bytes_of(old[1])
         for key in list(self._sessions):
             if over <= 0:
                 break
-            if key != keep and (st := self._sessions.pop(key, None)) is not None:
+            if key != keep and key in self._sessions:
+                _, st = self._cache_pop(key)
                 self._drop(key, st)
                 over -= ENTRY_BYTES * len(st.entries)
 
@@ -384,7 +432,10 @@ class Journal:
             window = self._new_window(session_key, task_id, address, None, "start", {})
         return SessionState(session_key, task_id, address, source, entries, window)
 
-    def _create(self, session_key: str, task_id: str, address: str, source: str | None) -> SessionState:
+    def _create(self, session_key: str, task_id: str, address: str, source: str | None,
+                fresh: bool = False) -> SessionState:
+        """Register a new session (and its task and agent when not known); `fresh`: its task is new too, so its
+        agent has no window yet (the first window's ordinal is not read from the database)."""
         now = time.time()
         ops: list[Op] = []
         if task_id not in self._tasks:
@@ -397,7 +448,7 @@ class Journal:
         if self.backend.claims_windows:
             # A store other instances write: the session and its first window are registered now, in one
             # transaction, so an instance that sees the session sees its window (the database is the lock).
-            ordinal = self._peek_ordinal(task_id, address)
+            ordinal = self._peek_ordinal(task_id, address, fresh)
             w = Window(window_id(ordinal), ordinal, session_key, task_id, address, None, "start", {}, now)
             claimed = self.backend.create_session(ops, _put_window(w), self.writer_id)
             if claimed is None:  # another instance registered it first
@@ -408,7 +459,7 @@ class Journal:
             self._ordinals[(task_id, address)] = claimed.ordinal
             return SessionState(session_key, task_id, address, source, [], _window_of(claimed))
         self._submit(ops)
-        window = self._new_window(session_key, task_id, address, None, "start", {})
+        window = self._new_window(session_key, task_id, address, None, "start", {}, fresh=fresh)
         return SessionState(session_key, task_id, address, source, [], window, registered=self.writer.barrier())
 
     def wait_registered(self, st: SessionState, timeout: float = 10.0) -> bool:
@@ -424,24 +475,28 @@ class Journal:
             st.registered = None
         return done
 
-    def _peek_ordinal(self, task_id: str, address: str) -> int:
-        """The ordinal the agent's next window gets (under the journal's lock: `_next_ordinal` follows)."""
+    def _peek_ordinal(self, task_id: str, address: str, fresh: bool = False) -> int:
+        """The ordinal the agent's next window gets (under the journal's lock: `_next_ordinal` follows).
+        `fresh`: a task this process minted just now, which no process has opened a window of."""
         key = (task_id, address)
-        if key not in self._ordinals or self.shared:  # shared: another process may have opened one since
+        if fresh:
+            self._ordinals.setdefault(key, 0)
+        elif key not in self._ordinals or self.shared:  # shared: another process may have opened one since
             self._ordinals[key] = max(self.backend.max_ordinal(task_id, address), self._ordinals.get(key, 0))
         return self._ordinals[key] + 1
 
-    def _next_ordinal(self, task_id: str, address: str) -> int:
-        self._ordinals[(task_id, address)] = self._peek_ordinal(task_id, address)
+    def _next_ordinal(self, task_id: str, address: str, fresh: bool = False) -> int:
+        self._ordinals[(task_id, address)] = self._peek_ordinal(task_id, address, fresh)
         return self._ordinals[(task_id, address)]
 
     def _new_window(self, session_key: str, task_id: str, address: str, boundary: str | None,
                     strategy: Strategy, bootstrap: dict[str, Any], boundary_pos: int | None = None,
                     boundary_hash: str | None = None, reason: str | None = None,
                     opaque: bytes | None = None,
-                    named: Callable[[str], dict[str, Any]] | None = None) -> Window:
-        """`named(window_id)`: the bootstrap again for another id, when it names its window's own id."""
-        ordinal = self._next_ordinal(task_id, address)
+                    named: Callable[[str], dict[str, Any]] | None = None, fresh: bool = False) -> Window:
+        """`named(window_id)`: the bootstrap again for another id, when it names its window's own id. `fresh`:
+        see `_create`."""
+        ordinal = self._next_ordinal(task_id, address, fresh)
         w = Window(window_id(ordinal), ordinal, session_key, task_id, address, boundary, strategy, bootstrap,
                    time.time(), boundary_pos, boundary_hash, reason, opaque)
         if self.backend.claims_windows:
@@ -625,21 +680,28 @@ class Journal:
 
     # ------------------------------------------------------------------ ingest
     def begin_request(self, session_key: str, task_id: str, address: str, source: str | None,
-                      payload: Mapping[str, Any], input_bytes: bytes | memoryview | None = None) -> RequestMark:
+                      payload: Mapping[str, Any], input_bytes: bytes | memoryview | None = None,
+                      minted: bool = False) -> RequestMark:
         """The request path: snapshot the input and leave its alignment to the writer's next drain (or to
         the first reader of the session). The mark's ids and kind settle the backlog when read.
         `input_bytes`: the client's own bytes of the input list, when the caller has them (a big body): the
-        resend prefix is compared on them, and the writer need not serialize the items again."""
+        resend prefix is compared on them, and the writer need not serialize the items again.
+        `minted`: this request opened the session (`proxy.session.minted_for`), so nothing was recorded of it
+        in any process: it is not looked up in the database, nor (a task of its own, `auto_task_id`) its
+        agent's windows, nor its answer's claim (`end_response`)."""
         items = input_items(payload)
         st = self._sessions.get(session_key)  # cached: no need to wait for `_lock` (the writer may hold it)
+        fresh = False
         if st is None:
+            fresh = minted and task_id == auto_task_id(session_key)
             with self._lock:
-                st = self._session(session_key, task_id, address, source)
+                st = self._session(session_key, task_id, address, source, fresh=fresh)
         else:
             st.used_at = time.monotonic()
             if self.shared:
                 self.refresh(st)
         mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
+        mark.minted = fresh
         record_fingerprint_claim(self, st.key, st.source, items)  # issue 13 defect 5 (proxy/session.py)
         # The items themselves, serialized by the writer when it gets to them (`PendingRequest.serialized`):
         # every stage after this one makes new lists and dicts and never changes the client's (ADR 0006).
@@ -666,9 +728,18 @@ class Journal:
         if response_id:  # a next request naming it (previous_response_id) finds its session at once
             self._remember(self._aliases, response_id, mark.session_key, CACHED_ALIASES)
         if mark.state is not None:  # issue 13 defect 5 (proxy/session.py)
-            record_fingerprint_claim(self, mark.session_key, mark.state.source, items)
+            record_fingerprint_claim(self, mark.session_key, mark.state.source, items, opened=mark.minted)
         self._backlog.append(PendingResponse(mark, snapshot, None, response_id, model, status, usage, error,
                                              incomplete, time.time()))
+        registered = mark.state.registered if mark.state is not None else None
+        if registered is not None and not registered.is_set():
+            # The answer ends only once the session's registration is committed (History.response): it is not
+            # yet (a short stream ended before the writer's next drain), so that commit starts now, while the
+            # answer's last bytes are passed on, rather than from the answer's end after a hop to a thread. The
+            # drain takes everything pending, so a loop timer set earlier has nothing left to ring for.
+            self._ring_due = False
+            self.writer.ring()
+            return
         self._after_append()
 
     def _after_append(self) -> None:
@@ -837,12 +908,12 @@ class Journal:
         ids = [*alignment.head_ids, *rest_ids]
         if keep < len(st.entries):
             st.generation += 1
-        st.entries = branch
+        self._set_entries(st, branch)
         if len(p.serialized()) <= RESEND_MAX_BYTES and p.previous_response_id is None:
-            self._remember(self._resends, st.key, (st.generation, Resend(
-                p.serialized(), tuple(ids), (*alignment.head_positions, *rest_pos), len(branch))), CACHED_RESENDS)
+            self._resend_keep(st.key, (st.generation, Resend(
+                p.serialized(), tuple(ids), (*alignment.head_positions, *rest_pos), len(branch))))
         else:
-            self._resends.pop(st.key, None)
+            self._resend_drop(st.key)
         self._submit(ops + ops_branch, p.queued_at)
         self._bound_caches(keep=st.key)
         memory.note_big_work(len(p.serialized()))  # a big input's objects are garbage soon: hand the pages back
@@ -920,7 +991,7 @@ class Journal:
                 ops.append(SetBranch(st.key, keep, tuple(e.item_id for e in branch[keep:]),
                                      st.entries[-1].item_id, len(st.entries), "concurrent"))
                 st.generation += 1
-            st.entries = branch
+            self._set_entries(st, branch)
         tail = branch[-1].item_id if branch else None
         ops.append(PutResponse(rid, st.key, p.model, p.status, p.usage, p.error, tail, len(entries), p.incomplete,
                                p.created_at))
@@ -935,6 +1006,11 @@ class Journal:
 def _previous_response(payload: Mapping[str, Any]) -> str | None:
     prev = payload.get("previous_response_id")
     return prev if isinstance(prev, str) and prev else None
+
+
+def _resend_bytes_of(r: Resend) -> int:
+    """What a kept input costs the cache: its bytes and its ids."""
+    return len(r.whole) + 16 * len(r.ids)
 
 
 def _common_prefix(a: Sequence[Entry], b: Sequence[Entry]) -> int:

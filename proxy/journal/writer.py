@@ -270,30 +270,43 @@ class JournalWriter:
 
     def _drain(self) -> bool:
         """Commit everything pending, in transactions of at most `batch_size` ops (whole units);
-        release markers once what precedes them is committed. True when told to stop."""
+        release markers once what precedes them is committed. True when told to stop.
+
+        A marker does not end the transaction it falls in: it is released with the next commit, which takes
+        what follows it too. Every new session leaves one (its registration's barrier), and a burst of them
+        (bench_proxy d: 50 streams at once) was committed as one transaction per session, each writing its own
+        pages to the WAL, where one transaction writes the pages they share once."""
         self.stats.drains += 1
         batch: list[Op] = []
         first_at = 0.0
+        released: list[threading.Event] = []  # markers whose ops are in `batch` (or committed already)
         while self._pending:
             entry = self._pending.popleft()
             if isinstance(entry, _Marker):
+                if not entry.stop:
+                    released.append(entry.done)
+                    continue
                 if batch:
                     self._commit(batch, first_at)
-                    batch = []
+                for done in released:
+                    done.set()
                 entry.done.set()
-                if entry.stop:
-                    return True
-                continue
+                return True
             at, ops = entry
             if batch and len(batch) + len(ops) > self.batch_size:
                 self._commit(batch, first_at)
                 batch = []
+                for done in released:
+                    done.set()
+                released.clear()
             if not batch:
                 first_at = at
             batch.extend(ops)
             self._taken += len(ops)
         if batch:
             self._commit(batch, first_at)
+        for done in released:
+            done.set()
         if self._taken - self._trim_mark >= BIG_DRAIN_OPS:
             self._trim_mark = self._taken
             memory.note_big_work(memory.BIG_BYTES)  # a big drain's ops are garbage now: hand the pages back
