@@ -104,6 +104,44 @@ class BoundedSet[T]:
             self._items.popitem(last=False)
 
 
+class OrdinalCache:
+    """(task, agent) → the highest window ordinal this process opened or read, bounded like the other caches (one
+    entry a task: without a bound, every conversation an agent opened without a task header stayed for good).
+
+    An entry let go may name a window the writer has not committed yet; reading the database back then would give
+    an older ordinal, and the next window a taken id. So it waits aside, with a writer barrier, until that commit
+    (the journal's `_dropped` sessions do the same), and a lookup meanwhile takes it back."""
+
+    def __init__(self, capacity: int, barrier: Callable[[], threading.Event]):
+        self._live: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._aside: OrderedDict[tuple[str, str], tuple[int, threading.Event]] = OrderedDict()
+        self._capacity = capacity
+        self._barrier = barrier
+
+    def __len__(self) -> int:
+        return len(self._live) + len(self._aside)
+
+    def get(self, key: tuple[str, str]) -> int | None:
+        value = self._live.get(key)
+        if value is not None:
+            self._live.move_to_end(key)
+            return value
+        aside = self._aside.pop(key, None)
+        if aside is None:
+            return None
+        self.set(key, aside[0])
+        return aside[0]
+
+    def set(self, key: tuple[str, str], value: int) -> None:
+        self._live[key] = value
+        self._live.move_to_end(key)
+        if len(self._live) > self._capacity:
+            old, ordinal = self._live.popitem(last=False)
+            self._aside[old] = (ordinal, self._barrier())
+        while self._aside and next(iter(self._aside.values()))[1].is_set():  # barriers pass in order
+            self._aside.popitem(last=False)
+
+
 class AliasView(Mapping[str, str]):
     """response id → session key, for `resolve_session(..., response_aliases)`."""
 
@@ -174,7 +212,7 @@ class Journal:
         # are INSERT OR IGNORE), bounded like the other caches so a stream of new sessions cannot grow them.
         self._tasks: BoundedSet[str] = BoundedSet(CACHED_KNOWN)
         self._agents: BoundedSet[tuple[str, str]] = BoundedSet(CACHED_KNOWN)
-        self._ordinals: dict[tuple[str, str], int] = {}
+        self._ordinals = OrdinalCache(CACHED_KNOWN, self.writer.barrier)
         self._aliases: OrderedDict[str, str] = OrderedDict()
         self._tails: OrderedDict[str, str | None] = OrderedDict()  # response id → its last item id
         self._resends: OrderedDict[str, tuple[int, Resend]] = OrderedDict()  # session → (generation, last input)
@@ -456,7 +494,7 @@ class Journal:
                 if loaded is not None:
                     return loaded
                 raise KeyError(f"session {session_key!r} registered elsewhere and not found")
-            self._ordinals[(task_id, address)] = claimed.ordinal
+            self._ordinals.set((task_id, address), claimed.ordinal)
             return SessionState(session_key, task_id, address, source, [], _window_of(claimed))
         self._submit(ops)
         window = self._new_window(session_key, task_id, address, None, "start", {}, fresh=fresh)
@@ -479,15 +517,19 @@ class Journal:
         """The ordinal the agent's next window gets (under the journal's lock: `_next_ordinal` follows).
         `fresh`: a task this process minted just now, which no process has opened a window of."""
         key = (task_id, address)
-        if fresh:
-            self._ordinals.setdefault(key, 0)
-        elif key not in self._ordinals or self.shared:  # shared: another process may have opened one since
-            self._ordinals[key] = max(self.backend.max_ordinal(task_id, address), self._ordinals.get(key, 0))
-        return self._ordinals[key] + 1
+        known = self._ordinals.get(key)
+        if fresh and known is None:
+            known = 0
+            self._ordinals.set(key, known)
+        elif not fresh and (known is None or self.shared):  # shared: another process may have opened one since
+            known = max(self.backend.max_ordinal(task_id, address), known or 0)
+            self._ordinals.set(key, known)
+        return known + 1
 
     def _next_ordinal(self, task_id: str, address: str, fresh: bool = False) -> int:
-        self._ordinals[(task_id, address)] = self._peek_ordinal(task_id, address, fresh)
-        return self._ordinals[(task_id, address)]
+        ordinal = self._peek_ordinal(task_id, address, fresh)
+        self._ordinals.set((task_id, address), ordinal)
+        return ordinal
 
     def _new_window(self, session_key: str, task_id: str, address: str, boundary: str | None,
                     strategy: Strategy, bootstrap: dict[str, Any], boundary_pos: int | None = None,
@@ -504,7 +546,7 @@ class Journal:
             # this one (ADR 0013), and then a bootstrap that names the id is built again for the id it gets.
             renamed = (lambda op: op._replace(bootstrap=named(op.window_id))) if named is not None else None
             claimed = self.backend.claim_window(_put_window(w), self.writer_id, renamed)
-            self._ordinals[(task_id, address)] = claimed.ordinal
+            self._ordinals.set((task_id, address), claimed.ordinal)
             return _window_of(claimed)
         self._submit([_put_window(w)])
         return w
