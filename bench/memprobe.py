@@ -95,7 +95,7 @@ def _mallinfo() -> dict[str, int]:
     return {n: getattr(info, n) for n in ("arena", "hblkhd", "uordblks", "fordblks", "keepcost")}
 
 
-def _mallocstats() -> dict[str, int]:
+def mallocstats() -> dict[str, int]:
     """The totals `sys._debugmallocstats()` prints (to fd 2, from C)."""
     with tempfile.TemporaryFile() as tmp:
         sys.stderr.flush()
@@ -320,7 +320,7 @@ def report(tag: str, base: dict[str, Any] | None) -> dict[str, Any]:
     snap_at = array("Q", (k for k in range(0, len(flat), 6)
                           if flat[k + 3] and used[flat[k + 1]] < sparse_at * capacity))
     snaps_raw = [ctypes.string_at(flat[k], POOL) for k in snap_at]
-    stats = _mallocstats()
+    stats = mallocstats()
     status, mallinfo, vmas = _status_kb(), _mallinfo(), _anon_vmas()
     pools = _pools(flat)
     for v in vmas:  # how many pymalloc pools each mapping holds

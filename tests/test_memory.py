@@ -142,25 +142,10 @@ async def test_a_big_bodys_parser_is_released_once_its_flow_is_done():
 
 
 def _pymalloc_arenas() -> int:
-    """pymalloc's arenas in use now (`sys._debugmallocstats`, written by C to fd 2)."""
-    import os
-    import sys
-    import tempfile
+    """pymalloc's arenas in use now (`sys._debugmallocstats`, as the bench's probe reads it)."""
+    from bench.memprobe import mallocstats
 
-    with tempfile.TemporaryFile() as tmp:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        try:
-            os.dup2(tmp.fileno(), 2)
-            sys._debugmallocstats()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        tmp.seek(0)
-        for line in tmp.read().decode().splitlines():
-            if line.startswith("# arenas allocated current"):
-                return int(line.rpartition("=")[2].replace(",", ""))
-    raise AssertionError("no arena count in sys._debugmallocstats()")
+    return mallocstats()["arenas allocated current"]
 
 
 @pytest.mark.skipif(not memory.available(), reason="the trim runs where glibc is")
