@@ -14,7 +14,7 @@ from mitmproxy import http
 
 from addons._flow import destination_route, is_reverse
 from addons._stage import Stage
-from proxy import httpstream, routes
+from proxy import httpstream, routes, sendbatch
 from proxy.flowstate import state_of
 
 
@@ -33,6 +33,7 @@ class Routing(Stage):
     def load(self, loader) -> None:
         super().load(loader)
         httpstream.install()  # JSON errors and upstream timeouts, also under a plain mitmdump
+        sendbatch.install()  # one send per connection and loop turn
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:

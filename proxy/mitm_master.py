@@ -28,9 +28,10 @@ def build_master(options: Any, with_termlog: bool) -> Any:
     from mitmproxy import addons as mitm_addons
     from mitmproxy.master import Master
 
-    from proxy import httpstream
+    from proxy import httpstream, sendbatch
 
     httpstream.install()  # JSON errors and upstream timeouts (proxy/httpstream.py)
+    sendbatch.install()  # one send per connection and loop turn (proxy/sendbatch.py)
     master = Master(options, with_termlog=with_termlog)
     kept = [a for a in mitm_addons.default_addons() if _name(a) in KEPT]
     master.addons.add(*kept)  # no KeepServing: ctproxy runs until it is stopped, replay or not
