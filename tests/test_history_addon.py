@@ -368,3 +368,33 @@ async def test_a_registration_not_committed_at_the_terminal_event_starts_its_com
         stream(b"")
         await run_response(chain, flow)
         assert j.session_for_response("resp_short") == mark_of(flow).session_key
+
+
+async def test_a_session_its_request_opens_has_no_pending_rollover_to_look_up(rt, monkeypatch):
+    """The context stage asks whether a rollover is pending for every stateless request of a known session. A
+    session (and its task) that this very request opened (`RequestMark.minted`) cannot have one: no agent knew its
+    task to mark it. So its request reads nothing for it; the first conversation's next turn still asks."""
+    from addons.context import Context
+    from proxy.context.rollover import RolloverStore
+
+    asked: list[tuple[str, str]] = []
+    real = RolloverStore._maybe_pending
+
+    def counted(self, task_id, address):
+        asked.append((task_id, address))
+        return real(self, task_id, address)
+
+    monkeypatch.setattr(RolloverStore, "_maybe_pending", counted)
+    chain = [Session(), Tap(), History(), Context()]
+    with taddons.context(*chain):
+        first, stream = await _streaming(chain, "the same start")
+        assert not mark_of(first).minted and asked == [(mark_of(first).task_id, mark_of(first).address)]
+        for chunk in sse_events([output_msg("first answer", 1)], "resp_first"):
+            stream(chunk)
+        stream(b"")
+        await run_response(chain, first)
+        asked.clear()
+
+        second, _ = await _streaming(chain, "the same start")
+        assert mark_of(second).minted and mark_of(second).session_key != mark_of(first).session_key
+        assert asked == []

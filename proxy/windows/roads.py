@@ -77,6 +77,8 @@ class ContextRoads:
 
     def _may_be_pending(self, ws: WS) -> bool:
         """A rollover may be pending for the session (the stamp says so without the database thread)."""
+        if ws.mark is not None and ws.mark.minted:
+            return False  # a session and task this request opened: no agent could mark anything for them yet
         try:
             return self.store().may_be_pending(ws.task_id, ws.address)
         except Exception:  # the state database is a record here: never a reason to fail the request
