@@ -77,11 +77,20 @@ async def wait_idle(pid: int, limit: float = 180.0) -> float:
     return time.monotonic() - start
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def reset_peak(pid: int) -> bool:
+    """Start the kernel's RSS high-water mark (VmHWM) afresh (Linux ≥ 4.0; False where it may not be written)."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 async def _stream_once(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> str:
@@ -320,12 +329,14 @@ async def mem(svc: Service, items: int, idle: float, streams: int = 2, probe: Pa
                    for i in range(items)]
             body = orjson.dumps({"model": "gpt-5", "input": inp, "stream": stream})
             del inp
+            peak_known = reset_peak(pid)  # the growth while the request is in flight, not only what settles
             async with http.post(url + "/v1/responses", data=body, headers={
                     "content-type": "application/json", "authorization": "Bearer sk-bench"}) as resp:
                 await resp.read()
                 resp.raise_for_status()
             await wait_idle(pid)
             rows.append({"request": tag, "body_mb": round(len(body) / 2**20, 2),
+                         "peak_growth_mb": round(rss_mb(pid, "VmHWM") - base, 1) if peak_known else None,
                          "rss_growth_mb": round(rss_mb(pid) - base, 1)})
         await asyncio.sleep(idle)
         after = round(rss_mb(pid) - base, 1)
@@ -395,9 +406,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                   flush=True)
             res = out["mem"] = await mem(svc, args.items, args.mem_idle, args.mem_streams, probe)
             res["nothing_after"] = res["rss_growth_after_idle_mb"] <= args.mem_tolerance
-            print_table(["mem", "body MB", "RSS growth MB (settled)"],
-                        [[r["request"], r["body_mb"], r["rss_growth_mb"]] for r in res["requests"]]
-                        + [[f"after {args.mem_idle:.0f} s idle", "", res["rss_growth_after_idle_mb"]]])
+            print_table(["mem", "body MB", "RSS growth MB (peak in flight)", "RSS growth MB (settled)"],
+                        [[r["request"], r["body_mb"], r["peak_growth_mb"], r["rss_growth_mb"]]
+                         for r in res["requests"]]
+                        + [[f"after {args.mem_idle:.0f} s idle", "", "", res["rss_growth_after_idle_mb"]]])
             print(f"after idle within {args.mem_tolerance} MB of the baseline: "
                   f"{'yes' if res['nothing_after'] else 'NO'}")
             if probe is not None:

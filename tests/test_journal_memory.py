@@ -88,3 +88,26 @@ def test_a_small_or_busy_session_stays_cached(tmp_path: Path):
         assert {"f:small", "f:busy"} <= set(j._sessions)
     finally:
         j.close()
+
+
+def test_a_big_request_in_flight_costs_about_what_its_items_do(tmp_path: Path):
+    """The journal holds each new item's JSON until the writer commits it. orjson's own bytes keep its writer's
+    buffer (4 KiB for an item of 40 bytes), so 12,000 held items took 48 MB in flight; right-sized
+    (proxy/jsonbytes.py) the whole turn's work peaks at a few hundred bytes an item."""
+    j = Journal(StateDir.open(tmp_path / "state"), big_entries=5_000, release_after=3600)
+    tracemalloc.start()
+    try:
+        task = j.create_task()
+        _turn(j, "f:warm", task, [_msg("user", "warm up")], 0)
+        assert j.flush()
+        inp = [_msg("user" if i % 2 == 0 else "assistant", f"item {i}") for i in range(ITEMS)]
+        gc.collect()
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        _turn(j, "f:big", task, inp, 1)
+        assert j.flush()
+        peak = tracemalloc.get_traced_memory()[1] - before
+        assert peak < 1500 * ITEMS, f"{peak / ITEMS:.0f} bytes an item at the peak"
+    finally:
+        tracemalloc.stop()
+        j.close()

@@ -12,9 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from proxy.errors import UpstreamError
+from proxy.jsonbytes import dumps_kept
 from proxy.transforms.items import COMPACTION_ITEM_TYPES, approx_tokens_for_bytes, item_bytes
 
 TRIGGER = {"type": "compaction_trigger"}
@@ -169,7 +168,7 @@ def parse_v1(status: int, body: Any) -> RemoteResult:
 
 
 def _item_bytes(item: dict[str, Any]) -> bytes:
-    return orjson.dumps(item)
+    return dumps_kept(item)  # kept with the compaction record (proxy/jsonbytes.py)
 
 
 def _category(code: Any) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import orjson
+from proxy.jsonbytes import dumps_kept
 
 if TYPE_CHECKING:
     from proxy.journal.branch import Entry
@@ -140,7 +140,7 @@ class PendingRequest:
         request path. Two threads may both make it; the bytes are the same."""
         whole = self.whole
         if whole is None:
-            whole = self.whole = orjson.dumps(self.items)
+            whole = self.whole = dumps_kept(self.items)  # kept as the session's last input
         elif isinstance(whole, memoryview):
             whole = self.whole = bytes(whole)
         return whole

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from proxy.journal.canonical import COMPACTION_TYPES, SKIPPABLE_TYPES, canonical_hash, fingerprint, item_type
+from proxy.jsonbytes import dumps_kept
 
 
 @dataclass(slots=True)
@@ -35,7 +36,7 @@ class Entry:
     item_id: str
     canon: str
     type: str
-    fp: tuple[int, int] | None = None  # fingerprint of the form the client last sent
+    fp: int | None = None  # fingerprint of the form the client last sent
 
     @property
     def skippable(self) -> bool:
@@ -56,10 +57,10 @@ class InputView:
     def raw(self, k: int) -> bytes:
         v = self._raw[k]
         if v is None:
-            v = self._raw[k] = orjson.dumps(self.items[k])
+            v = self._raw[k] = dumps_kept(self.items[k])  # held until written (proxy/jsonbytes.py)
         return v
 
-    def fp(self, k: int) -> tuple[int, int]:
+    def fp(self, k: int) -> int:
         return fingerprint(self.raw(k))
 
     def canon(self, k: int) -> str:
@@ -75,7 +76,7 @@ class Alignment:
     matched: list[int | None]  # per input item after the head: branch position it is, or None if new
     keep: int  # the new branch keeps entries[:keep]
     new_from: int  # input items from this index on are new
-    fp_updates: list[tuple[int, tuple[int, int]]] = field(default_factory=list)
+    fp_updates: list[tuple[int, int]] = field(default_factory=list)
     # The fast path resolves a head of input items at once (ids and positions, no per-item work).
     head_ids: tuple[str, ...] = ()
     head_positions: tuple[int, ...] = ()
@@ -85,7 +86,7 @@ class Alignment:
         return self.kind in ("prefix", "diverged")
 
 
-def _same(entry: Entry, view: InputView, k: int, fp_updates: list[tuple[int, tuple[int, int]]], j: int) -> bool:
+def _same(entry: Entry, view: InputView, k: int, fp_updates: list[tuple[int, int]], j: int) -> bool:
     fp = view.fp(k)
     if entry.fp is not None and entry.fp == fp:
         return True
@@ -102,14 +103,14 @@ class _Walk:
     end_j: int
     reached_end: bool
     consumed_all: bool
-    fp_updates: list[tuple[int, tuple[int, int]]]
+    fp_updates: list[tuple[int, int]]
 
 
 def _walk(entries: Sequence[Entry], view: InputView, start: int) -> _Walk:
     n, m = len(entries), len(view)
     j, k = start, 0
     matched: list[tuple[int, int]] = []
-    updates: list[tuple[int, tuple[int, int]]] = []
+    updates: list[tuple[int, int]] = []
     while k < m and j < n:
         if _same(entries[j], view, k, updates, j):
             matched.append((k, j))

@@ -48,12 +48,22 @@ SKIPPABLE_TYPES = frozenset({"reasoning", "web_search_call", "file_search_call",
 COMPACTION_TYPES = frozenset({"compaction", "compaction_summary", "context_compaction"})
 
 
+# One str object per known type name: a branch keeps each item's type for as long as its session is cached, and
+# orjson.loads makes a new str for every value it reads (100,000 items: 100,000 copies of "message").
+_TYPE_NAMES = {t: t for t in (*SKIPPABLE_TYPES, *COMPACTION_TYPES, "message", "function_call", "function_call_output",
+                               "custom_tool_call", "custom_tool_call_output", "local_shell_call",
+                               "local_shell_call_output", "shell_call", "shell_call_output", "apply_patch_call",
+                               "apply_patch_call_output", "computer_call", "computer_call_output", "item_reference",
+                               "mcp_approval_request", "mcp_approval_response", "tool_search_call",
+                               "tool_search_output")}
+
+
 def item_type(item: Any) -> str:
     """The item's type; an EasyInputMessage (`{role, content}`) is a message."""
     if isinstance(item, dict):
         typ = item.get("type")
         if isinstance(typ, str):
-            return typ
+            return _TYPE_NAMES.get(typ, typ)
         if "role" in item:
             return "message"
     return "unknown"
@@ -162,6 +172,7 @@ def legacy_chain_hash(items: Sequence[Any], n: int) -> str | None:
     return LEGACY_PREFIX + prev.hex()
 
 
-def fingerprint(raw: bytes) -> tuple[int, int]:
-    """A cheap in-process fingerprint of an item's bytes exactly as sent (fast path for resends)."""
-    return (len(raw), hash(raw))
+def fingerprint(raw: bytes) -> int:
+    """A cheap in-process fingerprint of an item's bytes exactly as sent (fast path for resends): its length and
+    its 64-bit hash in one int (one object per branch entry, where a (length, hash) tuple was three)."""
+    return len(raw) << 64 | hash(raw) & 0xFFFF_FFFF_FFFF_FFFF

@@ -59,6 +59,7 @@ from proxy.journal.sqlite_backend import SqliteJournal
 from proxy.journal.sqlite_backend import connect_retrying as connect_retrying  # (re-exported)
 from proxy.journal.sqlite_backend import window_from_row as window_from_row  # (re-exported)
 from proxy.journal.writer import JournalBackendLike, JournalWriter
+from proxy.jsonbytes import dumps_kept
 from proxy.session import SessionIdentity, record_fingerprint_claim
 from proxy.state import StateDir
 from proxy.transforms.lazyitems import LazyItems, as_list
@@ -816,7 +817,7 @@ class Journal:
             self.refresh(st)
         with self._lock:
             mark = RequestMark(st.key, st.task_id, st.address, st, self.settle)
-            self._backlog.append(PendingRequest(mark, orjson.dumps(items), _previous_response(payload), items))
+            self._backlog.append(PendingRequest(mark, dumps_kept(items), _previous_response(payload), items))
             self.settle()
         return mark
 
@@ -1012,7 +1013,7 @@ class Journal:
         after = w.bootstrap.get(FILED_AFTER_KEY) if isinstance(w.bootstrap, dict) and w.ordinal > 1 else None
         filed_in = window_id(w.ordinal - 1) if isinstance(after, str) else w.window_id
         for item in items:
-            raw = orjson.dumps(item)
+            raw = dumps_kept(item)  # held until written (proxy/jsonbytes.py)
             canon = canonical_hash(item)
             item_id = chain_id(parent, canon)
             # The fingerprint of the form received: a client resending it unchanged needs no hashing.

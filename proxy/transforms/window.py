@@ -44,7 +44,7 @@ class WindowProjection:
 # hashing every item again (≈14 ms); the journal's resend fast path uses the same fingerprint. A cache of
 # facts: the answer is the same with or without it.
 VERIFIED_BOUNDARIES = 1024
-_verified: OrderedDict[tuple[str, str, int], tuple[int, int]] = OrderedDict()
+_verified: OrderedDict[tuple[str, str, int], int] = OrderedDict()
 
 
 def boundary_matches(items: Sequence[Any], proj: WindowProjection) -> bool:
