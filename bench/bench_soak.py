@@ -401,7 +401,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 site = Path(__file__).resolve().parent / "memprobe_site"
                 procs.env = {**procs.env, "CTP_MEMPROBE": str(probe),
                              "PYTHONPATH": f"{procs.env['PYTHONPATH']}{os.pathsep}{site}"}
-            svc = procs.ctproxy(emu.url, with_tools=False)
+            svc = procs.ctproxy(emu.url, extra_args=[a for name in args.mem_disable for a in ("--disable", name)],
+                                with_tools=False)
             print(f"mem: one {args.items:,}-item request, then {args.mem_streams} such streaming sessions …",
                   flush=True)
             res = out["mem"] = await mem(svc, args.items, args.mem_idle, args.mem_streams, probe)
@@ -440,6 +441,8 @@ def main() -> None:
     parser.add_argument("--mem-idle", type=float, default=45.0, help="mem: idle seconds before the last RSS sample")
     parser.add_argument("--mem-probe", metavar="DIR",
                         help="mem: load bench/memprobe.py into the proxy; its reports (base, after) go to DIR")
+    parser.add_argument("--mem-disable", action="append", default=[], metavar="NAME",
+                        help="mem: `ctproxy up --disable NAME` (repeatable), to see what a capability leaves behind")
     parser.add_argument("--mem-tolerance", type=float, default=10.0,
                         help="mem: RSS over the idle baseline (MB) that still counts as nothing left after")
     parser.add_argument("--flat-mb", type=float, default=2.0,

@@ -39,13 +39,16 @@ def small_prepare(monkeypatch):
 def test_hashing_a_big_input_happens_outside_the_journal_lock(tmp_path, small_prepare, monkeypatch):
     j = Journal(StateDir.open(tmp_path / "state"))
     held: list[bool] = []
-    real = branch_mod.canonical_hash
 
-    def spy(item):
-        held.append(j._lock._is_owned())  # RLock: owned by the calling thread?
-        return real(item)
+    def spying(real):
+        def spy(item):
+            held.append(j._lock._is_owned())  # RLock: owned by the calling thread?
+            return real(item)
+        return spy
 
-    monkeypatch.setattr(branch_mod, "canonical_hash", spy)
+    # InputView hashes with canonical_hash, a big input's ColumnView with canonical_digest
+    monkeypatch.setattr(branch_mod, "canonical_hash", spying(branch_mod.canonical_hash))
+    monkeypatch.setattr(branch_mod, "canonical_digest", spying(branch_mod.canonical_digest))
     try:
         task = j.create_task()
         st = j.session("sess", task, "/root", None)

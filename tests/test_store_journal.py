@@ -291,3 +291,32 @@ def test_history_search_takes_every_road_and_finds_what_a_plain_scan_finds(insta
                 assert [h.row.text for h in hits] == expected[:limit], (query, recent_first, limit)
                 assert more == (len(expected) > limit), (query, recent_first, limit)
         assert bool(roads) == (query in ("needle-Xq9", "river stonx")), (query, roads)  # rare: the trigram index
+
+
+def test_a_big_input_is_written_from_its_buffers_with_the_same_ids_and_json(instance, monkeypatch):
+    """A big input's items go to the store as PutItems ops read from one ColumnView (proxy/journal/branch.py):
+    the ids of the one hash chain, the branch and the stored JSON the per-item path gives, on both stores."""
+    import orjson
+
+    import proxy.journal.journal as journal_mod
+    from proxy.journal.canonical import chain_ids, session_root
+
+    inp = [_msg("user" if i % 2 == 0 else "assistant", f"item {i} é") for i in range(1200)]
+    inp[7] = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    body = orjson.dumps(inp)
+    written: list[int] = []
+    real = journal_mod._put_items
+    monkeypatch.setattr(journal_mod, "_put_items", lambda *a: written.append(1) or real(*a))
+    monkeypatch.setattr(journal_mod, "PUT_ITEMS_CHUNK", 500)  # three ops, the last one short
+    j, store = instance()
+    task = j.create_task()
+    for key, least in (("f:per-item", 1 << 40), ("f:big", 1024)):
+        monkeypatch.setattr(journal_mod, "PREPARE_MIN_BYTES", least)
+        st = j.session(key, task, "/root", "fingerprint")
+        mark = j.begin_request(st.key, st.task_id, st.address, "fingerprint", {"input": inp}, body)
+        ids = list(mark.input_ids)
+        assert j.flush()
+        assert ids == chain_ids(inp, session_root(key))
+        assert [row[0] for row in store.journal().branch(key)] == ids
+        assert j.raw_items(ids) == inp
+        assert len(written) == (key == "f:big")

@@ -125,6 +125,11 @@ def canonical_hash(item: Any) -> str:
     return sha256(data).hexdigest()
 
 
+def canonical_digest(item: Any) -> bytes:
+    """`canonical_hash` as its 32 bytes (`canonical_digest(x).hex() == canonical_hash(x)`)."""
+    return sha256(orjson.dumps(canonical_item(item), option=orjson.OPT_SORT_KEYS)).digest()
+
+
 def session_root(session_key: str) -> str:
     return "root:" + session_key
 

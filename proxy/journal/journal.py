@@ -19,10 +19,12 @@ import logging
 import secrets
 import threading
 import time
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import fastsimdjson
 import orjson
 
 from proxy import memory, workerid
@@ -31,6 +33,7 @@ from proxy.journal.answers import ANSWERED_CALL_TYPES
 from proxy.journal.backlog import Pending, PendingRequest, PendingResponse, Prepared, RequestMark
 from proxy.journal.branch import (
     Alignment,
+    ColumnView,
     Entry,
     InputView,
     Resend,
@@ -51,6 +54,7 @@ from proxy.journal.ops import (
     PutAlias,
     PutEvent,
     PutItem,
+    PutItems,
     PutResponse,
     PutWindow,
     SetBranch,
@@ -62,7 +66,7 @@ from proxy.journal.writer import JournalBackendLike, JournalWriter
 from proxy.jsonbytes import dumps_kept
 from proxy.session import SessionIdentity, record_fingerprint_claim
 from proxy.state import StateDir
-from proxy.transforms.lazyitems import LazyItems, as_list
+from proxy.transforms.lazyitems import LazyItems, as_list, plain
 
 log = logging.getLogger("ctproxy.journal")
 
@@ -84,6 +88,7 @@ PREPARE_MIN_BYTES = 256 << 10
 # kept that for good (up to history.cache_mb). The next request of a released session reads it back once.
 BIG_SESSION_ENTRIES = 10_000
 IDLE_RELEASE_SECONDS = 30.0
+PUT_ITEMS_CHUNK = 512  # a big input's new items per write op (PutItems)
 
 
 class BoundedSet[T]:
@@ -887,14 +892,18 @@ class Journal:
         rest = None
         if resend is not None and resend[0] == st.generation:
             rest = resend_rest(p.serialized(), resend[1], p.items)
+        view: InputView | ColumnView
         if rest is None:
-            resend, rest = None, (p.items if p.items is not None else orjson.loads(p.serialized()))
-        view = InputView(rest)
-        hash_all = not st.entries  # all new: every item is hashed; else fingerprints decide most of them
-        for k in range(len(view)):
-            view.raw(k)
-            if hash_all:
-                view.canon(k)
+            # The whole input is aligned item by item: its per-item work goes to flat buffers, one item at a time
+            # (ColumnView, proxy/journal/branch.py), not to a list of built items and their hashes.
+            resend, view = None, _column_view(p)
+        else:
+            view = InputView(rest)
+            hash_all = not st.entries  # all new: every item is hashed; else fingerprints decide most of them
+            for k in range(len(view)):
+                view.raw(k)
+                if hash_all:
+                    view.canon(k)
         p.prepared = Prepared(resend, len(resend[1].ids) if resend is not None else 0, view)
 
     def _align(self, p: PendingRequest) -> None:
@@ -944,7 +953,9 @@ class Journal:
         branch = (st.entries + new_entries) if keep == len(st.entries) else st.entries[:keep] + new_entries
         ops_branch = self._branch_ops(st, branch, keep, alignment.kind)
         rest_ids = [st.entries[j].item_id if j is not None else "" for j in alignment.matched]
-        rest_pos = [j if j is not None else -1 for j in alignment.matched]
+        # Positions in an array, not a tuple of ints: a big input's last input is kept (Resend) with one position
+        # per item, and an int object each was 100,000 small objects for as long as it is kept.
+        rest_pos = array("q", [j if j is not None else -1 for j in alignment.matched])
         for k, e in zip(range(alignment.new_from, n), new_entries, strict=True):
             rest_ids[k - head] = e.item_id
             rest_pos[k - head] = keep + k - alignment.new_from
@@ -953,8 +964,9 @@ class Journal:
             st.generation += 1
         self._set_entries(st, branch)
         if len(p.serialized()) <= RESEND_MAX_BYTES and p.previous_response_id is None:
-            self._resend_keep(st.key, (st.generation, Resend(
-                p.serialized(), tuple(ids), (*alignment.head_positions, *rest_pos), len(branch))))
+            positions = array("q", alignment.head_positions)
+            positions.extend(rest_pos)
+            self._resend_keep(st.key, (st.generation, Resend(p.serialized(), tuple(ids), positions, len(branch))))
         else:
             self._resend_drop(st.key)
         self._submit(ops + ops_branch, p.queued_at)
@@ -966,16 +978,27 @@ class Journal:
         if len(branch) >= self.big_entries:
             self._schedule_release(self.release_after)
 
-    def _new_items(self, st: SessionState, alignment: Alignment, view: InputView, head: int, origin: str,
-                   response_id: str | None) -> tuple[list[Entry], list[Op]]:
+    def _new_items(self, st: SessionState, alignment: Alignment, view: InputView | ColumnView, head: int,
+                   origin: str, response_id: str | None) -> tuple[list[Entry], list[Op]]:
         parent = st.entries[alignment.keep - 1].item_id if alignment.keep else session_root(st.key)
         now = time.time()
         entries: list[Entry] = []
+        first = alignment.new_from - head
+        if isinstance(view, ColumnView):
+            # A big input: its items are written from the view's buffers, PUT_ITEMS_CHUNK to an op, rather than
+            # as an op (and a JSON copy) per item waiting in the writer's queue.
+            first_parent = None if parent.startswith("root:") else parent
+            for k in range(first, len(view)):
+                canon = view.canon(k)
+                parent = chain_id(parent, canon)
+                entries.append(Entry(parent, canon, view.type(k), view.fp(k)))
+            return entries, _put_items(st.key, st.window.window_id, first_parent, entries, view, first, origin,
+                                       response_id, now)
         ops: list[Op] = []
-        for k in range(alignment.new_from - head, len(view)):
+        for k in range(first, len(view)):
             canon = view.canon(k)
             item_id = chain_id(parent, canon)
-            entries.append(Entry(item_id, canon, item_type(view.items[k]), view.fp(k)))
+            entries.append(Entry(item_id, canon, view.type(k), view.fp(k)))
             ops.append(PutItem(item_id, st.key, None if parent.startswith("root:") else parent,
                                st.window.window_id, origin, view.raw(k), canon, response_id, now))
             parent = item_id
@@ -1044,6 +1067,39 @@ class Journal:
             ops.append(PutAlias(p.response_id, st.key, p.created_at))
         self._submit(ops, p.queued_at)
         p.ids = [e.item_id for e in entries]
+
+
+def _column_view(p: PendingRequest) -> ColumnView:
+    """The ColumnView of a request's whole input: from its items when the request path kept them, else parsed
+    lazily from its bytes (simdjson: the document is indexed, and each item is built only as it is reached)."""
+    if p.items is not None:
+        return ColumnView(p.items)
+    whole = p.serialized()
+    view = ColumnView(_each_item(whole))
+    if len(whole) >= memory.BIG_BYTES:
+        memory.release_parser()  # this thread's parser is sized for that document: let it go (it is gone)
+    return view
+
+
+def _each_item(whole: bytes) -> Iterator[Any]:
+    doc = fastsimdjson.parse(whole)
+    if not isinstance(doc, fastsimdjson.Array):
+        raise TypeError("the input is not a list")
+    for k in range(len(doc)):
+        yield plain(doc[k])
+
+
+def _put_items(session_key: str, window_id: str, parent: str | None, entries: Sequence[Entry], view: ColumnView,
+               first: int, origin: str, response_id: str | None, now: float) -> list[Op]:
+    """The writes of `entries` (new, one after another; `parent`: the first one's, None at the session's root),
+    whose JSON is `view`'s from item `first` on: one PutItems op per PUT_ITEMS_CHUNK of them."""
+    ops: list[Op] = []
+    for i in range(0, len(entries), PUT_ITEMS_CHUNK):
+        chunk = entries[i:i + PUT_ITEMS_CHUNK]
+        ops.append(PutItems(session_key, parent if i == 0 else entries[i - 1].item_id, window_id, origin,
+                            tuple(e.item_id for e in chunk), tuple(e.canon for e in chunk), view, first + i,
+                            response_id, now))
+    return ops
 
 
 def _previous_response(payload: Mapping[str, Any]) -> str | None:

@@ -7,7 +7,8 @@ from a cold cache that way).
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple, Protocol
 
 
 class EnsureTask(NamedTuple):
@@ -58,6 +59,35 @@ class PutItem(NamedTuple):
     created_at: float
 
 
+class ItemBytes(Protocol):
+    """Where a PutItems op reads its items' JSON (proxy.journal.branch.ColumnView)."""
+
+    def raw(self, k: int) -> bytes: ...
+
+
+class PutItems(NamedTuple):
+    """New items one after another (a big input's): written as the `PutItem`s `each()` makes, one at a time, so a
+    100,000-item request is neither 100,000 ops nor 100,000 JSON copies waiting in the writer's queue."""
+
+    session_key: str
+    parent_id: str | None  # the first item's
+    window_id: str
+    origin: str
+    item_ids: tuple[str, ...]
+    canons: tuple[str, ...]
+    source: ItemBytes  # item k's JSON is source.raw(start + k)
+    start: int
+    response_id: str | None
+    created_at: float
+
+    def each(self) -> Iterator[PutItem]:
+        parent = self.parent_id
+        for k, item_id in enumerate(self.item_ids):
+            yield PutItem(item_id, self.session_key, parent, self.window_id, self.origin,
+                          self.source.raw(self.start + k), self.canons[k], self.response_id, self.created_at)
+            parent = item_id
+
+
 class SetBranch(NamedTuple):
     """Replace the session's branch manifest from `from_pos` on with `ids`."""
 
@@ -104,5 +134,5 @@ class FileItems(NamedTuple):
     window_id: str
 
 
-Op = (EnsureTask | EnsureAgent | EnsureSession | PutWindow | PutItem | SetBranch | PutResponse | PutAlias | PutEvent
-      | FileItems)
+Op = (EnsureTask | EnsureAgent | EnsureSession | PutWindow | PutItem | PutItems | SetBranch | PutResponse | PutAlias
+      | PutEvent | FileItems)

@@ -24,6 +24,7 @@ from proxy.journal.ops import (
     PutAlias,
     PutEvent,
     PutItem,
+    PutItems,
     PutResponse,
     PutWindow,
     SetBranch,
@@ -213,6 +214,9 @@ def apply_op(conn: sqlite3.Connection, ctx: BatchContext, op: Op) -> None:
     match op:
         case PutItem():
             put_item(conn, ctx, op)
+        case PutItems():
+            for one in op.each():
+                put_item(conn, ctx, one)
         case SetBranch():
             set_branch(conn, ctx, op)
         case EnsureTask():

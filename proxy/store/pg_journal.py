@@ -40,6 +40,7 @@ from proxy.journal.ops import (
     PutAlias,
     PutEvent,
     PutItem,
+    PutItems,
     PutResponse,
     PutWindow,
     SetBranch,
@@ -233,6 +234,9 @@ def _apply_op(conn: Any, ctx: BatchContext, op: Op) -> None:
     match op:
         case PutItem():
             _put_item(conn, ctx, op)
+        case PutItems():
+            for one in op.each():
+                _put_item(conn, ctx, one)
         case SetBranch():
             _set_branch(conn, ctx, op)
         case EnsureTask():
