@@ -114,11 +114,21 @@ async def test_settled_waits_for_every_write_put_and_is_none_once_they_are_commi
     worker = DBWorker(db, batch_interval=60.0)  # the batch timer never fires during the test
     reader = connect(db)
     assert worker.settled() is None  # nothing was ever put
+    gate = threading.Event()
+    worker.submit(lambda _conn: gate.wait(30))  # the thread is busy: the write below cannot be committed yet
     worker.put_latest("a", _put("a", 1))
     pending = worker.settled()
     assert pending is not None  # a write is pending: there is something to wait for
+    gate.set()
     await pending
     assert _rows(reader) == {"a": 1}
+    assert worker.settled() is None
+    # On an idle thread the write may be committed before `settled` returns: then None is the truth (CI saw it).
+    worker.put_latest("b", _put("b", 2))
+    pending = worker.settled()
+    if pending is not None:
+        await pending
+    assert _rows(reader) == {"a": 1, "b": 2}
     assert worker.settled() is None
     reader.close()
     worker.close()
