@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from proxy.jsonbytes import dumps_kept
 
 if TYPE_CHECKING:
-    from proxy.journal.branch import Entry
+    from proxy.journal.branch import Branch
     from proxy.journal.model import SessionState
 
 
@@ -60,10 +60,10 @@ class RequestMark:
         self._input_ids: list[str] = []
         self._kind = "pending"
         self._tail: str | None = None
-        self._branch: list[Entry] = []
+        self._branch: Branch | None = None
 
     def resolve(self, window_id: str, input_ids: list[str], kind: str, tail: str | None,
-                branch: list[Entry]) -> None:
+                branch: Branch) -> None:
         self._window_id, self._input_ids, self._kind, self._tail, self._branch = (window_id, input_ids, kind,
                                                                                    tail, branch)
         self._done = True
@@ -115,7 +115,7 @@ class RequestMark:
         return self._tail
 
     @property
-    def branch(self) -> list[Entry]:
+    def branch(self) -> Branch | None:
         self._wait()
         return self._branch
 

@@ -19,8 +19,9 @@ previous request's input, so only the rest is compared item by item (same result
 
 from __future__ import annotations
 
+import operator
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from proxy.journal.canonical import (
     canonical_hash,
     fingerprint,
     item_type,
+    type_name,
 )
 from proxy.jsonbytes import dumps_kept
 
@@ -49,6 +51,123 @@ class Entry:
     @property
     def skippable(self) -> bool:
         return self.type in SKIPPABLE_TYPES
+
+
+_FP_MASK = 0xFFFF_FFFF_FFFF_FFFF
+
+
+def _digest(canon: str) -> bytes | None:
+    """A canonical hash's 32 bytes; None for a string that is not one (64 lowercase hex digits)."""
+    if len(canon) != 64:
+        return None
+    try:
+        digest = bytes.fromhex(canon)
+    except ValueError:
+        return None
+    return digest if digest.hex() == canon else None
+
+
+class Branch:
+    """A session's branch, position by position, in columns: the item ids (the strings the journal hands out), the
+    canonical hashes as 32-byte digests one after another, the fingerprints in two arrays, the type names (shared).
+
+    A cached 100,000-item session held an Entry, its canonical hash as text and its fingerprint as objects of
+    their own per position (≈27 MB of small objects, alive together for as long as the session is cached, and
+    freed together): pymalloc's arenas, where whatever else was allocated meanwhile stays (proxy/memory.py).
+    Here a position costs its id's string and ≈60 bytes in a few buffers. Reading a position gives an `Entry`
+    made for the reader (a copy: `set_fp` changes a fingerprint); a slice or a sum is a new Branch."""
+
+    __slots__ = ("_canons", "_fp_hash", "_fp_len", "_ids", "_odd", "_types")
+
+    def __init__(self, ids: list[str] | None = None, canons: bytes = b"", types: list[str] | None = None,
+                 fp_len: array | None = None, fp_hash: array | None = None, odd: dict[int, str] | None = None):
+        self._ids: list[str] = [] if ids is None else ids
+        self._canons = canons  # 32 bytes a position
+        self._types: list[str] = [] if types is None else types
+        self._fp_len = array("q") if fp_len is None else fp_len  # the fingerprinted bytes' length; -1: none
+        self._fp_hash = array("Q") if fp_hash is None else fp_hash
+        self._odd = odd  # position → a canonical hash that is not a digest's hex (none is, in practice)
+
+    @classmethod
+    def of(cls, entries: Iterable[Entry]) -> Branch:
+        ids: list[str] = []
+        types: list[str] = []
+        canons = bytearray()
+        fp_len, fp_hash = array("q"), array("Q")
+        odd: dict[int, str] | None = None
+        for k, e in enumerate(entries):
+            ids.append(e.item_id)
+            types.append(type_name(e.type))
+            digest = _digest(e.canon)
+            if digest is None:
+                odd = {} if odd is None else odd
+                odd[k] = e.canon
+                digest = bytes(32)
+            canons += digest
+            fp_len.append(-1 if e.fp is None else e.fp >> 64)
+            fp_hash.append(0 if e.fp is None else e.fp & _FP_MASK)
+        return cls(ids, bytes(canons), types, fp_len, fp_hash, odd)
+
+    @property
+    def ids(self) -> list[str]:
+        """The item ids, in order (the branch's own list: not to be changed)."""
+        return self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __bool__(self) -> bool:
+        return bool(self._ids)
+
+    def item_id(self, k: int) -> str:
+        return self._ids[k]
+
+    def canon(self, k: int) -> str:
+        if self._odd is not None and (odd := self._odd.get(k)) is not None:
+            return odd
+        return self._canons[32 * k:32 * k + 32].hex()
+
+    def fp(self, k: int) -> int | None:
+        n = self._fp_len[k]
+        return None if n < 0 else n << 64 | self._fp_hash[k]
+
+    def set_fp(self, k: int, fp: int) -> None:
+        self._fp_len[k], self._fp_hash[k] = fp >> 64, fp & _FP_MASK
+
+    def __getitem__(self, index: Any) -> Any:
+        n = len(self._ids)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            if step != 1:
+                return [self[k] for k in range(start, stop, step)]
+            stop = max(start, stop)
+            odd = None
+            if self._odd is not None:
+                odd = {k - start: c for k, c in self._odd.items() if start <= k < stop} or None
+            return Branch(self._ids[start:stop], self._canons[32 * start:32 * stop], self._types[start:stop],
+                          self._fp_len[start:stop], self._fp_hash[start:stop], odd)
+        k = operator.index(index)
+        if k < 0:
+            k += n
+        if not 0 <= k < n:
+            raise IndexError("branch position out of range")
+        return Entry(self._ids[k], self.canon(k), self._types[k], self.fp(k))
+
+    def __iter__(self) -> Iterator[Entry]:
+        return (self[k] for k in range(len(self._ids)))
+
+    def __add__(self, other: Any) -> Branch:
+        if not isinstance(other, Branch):
+            other = Branch.of(other)
+        odd = None
+        if self._odd is not None or other._odd is not None:
+            n = len(self._ids)
+            odd = {**(self._odd or {}), **{k + n: c for k, c in (other._odd or {}).items()}}
+        return Branch(self._ids + other._ids, self._canons + other._canons, self._types + other._types,
+                      self._fp_len + other._fp_len, self._fp_hash + other._fp_hash, odd)
+
+    def __repr__(self) -> str:
+        return f"<Branch of {len(self._ids)}>"
 
 
 class InputView:
@@ -135,6 +254,12 @@ class ColumnView:
 
     def type(self, k: int) -> str:
         return self._types[k]
+
+    def branch(self, first: int, ids: list[str]) -> Branch:
+        """The branch positions of items `first`… (their ids chained by the caller), from the view's buffers."""
+        n = len(self._ends)
+        lengths = array("q", (end - start for start, end in map(self._span, range(first, n))))
+        return Branch(ids, self._digests[32 * first:32 * n], self._types[first:], lengths, self._fps[first:])
 
 
 @dataclass

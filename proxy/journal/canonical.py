@@ -58,6 +58,11 @@ _TYPE_NAMES = {t: t for t in (*SKIPPABLE_TYPES, *COMPACTION_TYPES, "message", "f
                                "tool_search_output")}
 
 
+def type_name(typ: str) -> str:
+    """The one str object of a known type name (`typ` itself for another)."""
+    return _TYPE_NAMES.get(typ, typ)
+
+
 def item_type(item: Any) -> str:
     """The item's type; an EasyInputMessage (`{role, content}`) is a message."""
     if isinstance(item, dict):

@@ -33,6 +33,7 @@ from proxy.journal.answers import ANSWERED_CALL_TYPES
 from proxy.journal.backlog import Pending, PendingRequest, PendingResponse, Prepared, RequestMark
 from proxy.journal.branch import (
     Alignment,
+    Branch,
     ColumnView,
     Entry,
     InputView,
@@ -72,9 +73,10 @@ log = logging.getLogger("ctproxy.journal")
 
 CACHED_SESSIONS = 512
 DEFAULT_CACHE_BYTES = 128 << 20  # config history.cache_mb: what the cached sessions and resends may hold
-# What one cached branch position costs in memory (item id, canonical hash, fingerprint, the Entry, the
-# list slot): measured with tracemalloc on 100k-item sessions (≈310 bytes), rounded up.
-ENTRY_BYTES = 320
+# What one cached branch position costs in memory (its item id's string and the Branch's columns: list slots, the
+# digest, the fingerprint, the type's slot): measured with tracemalloc on 100k-item sessions, ≈92 bytes from a big
+# input's view and up to ≈124 from entries; rounded up. (As an Entry with its strings and ints: ≈310.)
+ENTRY_BYTES = 128
 CACHED_ALIASES = 20_000
 CACHED_KNOWN = 20_000  # task ids and (task, agent) pairs known to exist
 CACHED_RESENDS = 64  # sessions whose last input is kept for the byte-prefix fast path
@@ -435,7 +437,7 @@ class Journal:
         self._cached_entries -= len(st.entries)
         return key, st
 
-    def _set_entries(self, st: SessionState, entries: list[Entry]) -> None:
+    def _set_entries(self, st: SessionState, entries: Branch) -> None:
         """A session's new branch (under `_lock`); the count follows when the state is the cached one."""
         if self._sessions.get(st.key) is st:
             self._cached_entries += len(entries) - len(st.entries)
@@ -468,7 +470,7 @@ class Journal:
         if row is None:
             return None
         task_id, address, source = row
-        entries = [Entry(*r) for r in self.backend.branch(session_key)]
+        entries = Branch.of(Entry(*r) for r in self.backend.branch(session_key))
         window = self.backend.latest_window(session_key)
         self._tasks.add(task_id)
         self._agents.add((task_id, address))
@@ -501,10 +503,11 @@ class Journal:
                     return loaded
                 raise KeyError(f"session {session_key!r} registered elsewhere and not found")
             self._ordinals.set((task_id, address), claimed.ordinal)
-            return SessionState(session_key, task_id, address, source, [], _window_of(claimed))
+            return SessionState(session_key, task_id, address, source, Branch(), _window_of(claimed))
         self._submit(ops)
         window = self._new_window(session_key, task_id, address, None, "start", {}, fresh=fresh)
-        return SessionState(session_key, task_id, address, source, [], window, registered=self.writer.barrier())
+        return SessionState(session_key, task_id, address, source, Branch(), window,
+                            registered=self.writer.barrier())
 
     def wait_registered(self, st: SessionState, timeout: float = 10.0) -> bool:
         """Block until the session's registration (task, agent, session, first window) and any window the
@@ -597,7 +600,7 @@ class Journal:
             if follows is not None:
                 carried = tuple(i for i in follows if i and self._position(st, i) is not None)
             else:
-                carried = tuple(e.item_id for e in st.entries[at + 1:]) if at is not None else ()
+                carried = tuple(st.entries.ids[at + 1:]) if at is not None else ()
             named = None
             if callable(bootstrap):
                 build, prev = bootstrap, st.window
@@ -632,12 +635,12 @@ class Journal:
     def item_ids_for_session(self, session_key: str) -> list[str]:
         """The current branch, oldest first: the session's item hash chain."""
         with self._lock:
-            return [e.item_id for e in self.session(session_key).entries]
+            return list(self.session(session_key).entries.ids)
 
     def chain_head(self, session_key: str) -> str | None:
         with self._lock:
-            entries = self.session(session_key).entries
-            return entries[-1].item_id if entries else None
+            ids = self.session(session_key).entries.ids
+            return ids[-1] if ids else None
 
     def branch_position(self, session_key: str, item_id: str) -> int | None:
         with self._lock:
@@ -645,8 +648,9 @@ class Journal:
 
     @staticmethod
     def _position(st: SessionState, item_id: str) -> int | None:
-        for pos in range(len(st.entries) - 1, -1, -1):
-            if st.entries[pos].item_id == item_id:
+        ids = st.entries.ids
+        for pos in range(len(ids) - 1, -1, -1):
+            if ids[pos] == item_id:
                 return pos
         return None
 
@@ -943,21 +947,22 @@ class Journal:
         n = head + len(rest)
         for j, fp in alignment.fp_updates:
             if j < len(st.entries):
-                st.entries[j].fp = fp
+                st.entries.set_fp(j, fp)
         if alignment.kind == "compaction":
-            tip = st.entries[-1].item_id if st.entries else None
+            tip = st.entries.ids[-1] if st.entries else None
             st.window = self._new_window(st.key, st.task_id, st.address, tip, "client_compaction",
                                          {"reason": "the client sent a new compaction item"})
         new_entries, ops = self._new_items(st, alignment, view, head, "input", None)
         keep = alignment.keep
         branch = (st.entries + new_entries) if keep == len(st.entries) else st.entries[:keep] + new_entries
         ops_branch = self._branch_ops(st, branch, keep, alignment.kind)
-        rest_ids = [st.entries[j].item_id if j is not None else "" for j in alignment.matched]
+        old_ids = st.entries.ids
+        rest_ids = [old_ids[j] if j is not None else "" for j in alignment.matched]
         # Positions in an array, not a tuple of ints: a big input's last input is kept (Resend) with one position
         # per item, and an int object each was 100,000 small objects for as long as it is kept.
         rest_pos = array("q", [j if j is not None else -1 for j in alignment.matched])
-        for k, e in zip(range(alignment.new_from, n), new_entries, strict=True):
-            rest_ids[k - head] = e.item_id
+        for k, new_id in zip(range(alignment.new_from, n), new_entries.ids, strict=True):
+            rest_ids[k - head] = new_id
             rest_pos[k - head] = keep + k - alignment.new_from
         ids = [*alignment.head_ids, *rest_ids]
         if keep < len(st.entries):
@@ -974,26 +979,26 @@ class Journal:
         memory.note_big_work(len(p.serialized()))  # a big input's objects are garbage soon: hand the pages back
         if alignment.kind in ("diverged", "prefix"):
             self.record_event(st.key, "branch", {"kind": alignment.kind, "kept": keep})
-        p.mark.resolve(st.window.window_id, ids, alignment.kind, branch[-1].item_id if branch else None, branch)
+        p.mark.resolve(st.window.window_id, ids, alignment.kind, branch.ids[-1] if branch else None, branch)
         if len(branch) >= self.big_entries:
             self._schedule_release(self.release_after)
 
     def _new_items(self, st: SessionState, alignment: Alignment, view: InputView | ColumnView, head: int,
-                   origin: str, response_id: str | None) -> tuple[list[Entry], list[Op]]:
-        parent = st.entries[alignment.keep - 1].item_id if alignment.keep else session_root(st.key)
+                   origin: str, response_id: str | None) -> tuple[Branch, list[Op]]:
+        parent = st.entries.ids[alignment.keep - 1] if alignment.keep else session_root(st.key)
         now = time.time()
-        entries: list[Entry] = []
         first = alignment.new_from - head
         if isinstance(view, ColumnView):
-            # A big input: its items are written from the view's buffers, PUT_ITEMS_CHUNK to an op, rather than
-            # as an op (and a JSON copy) per item waiting in the writer's queue.
+            # A big input: its positions are made from the view's buffers, and its items written from them,
+            # PUT_ITEMS_CHUNK to an op, rather than as an Entry, a PutItem and a JSON copy per item.
             first_parent = None if parent.startswith("root:") else parent
+            ids: list[str] = []
             for k in range(first, len(view)):
-                canon = view.canon(k)
-                parent = chain_id(parent, canon)
-                entries.append(Entry(parent, canon, view.type(k), view.fp(k)))
-            return entries, _put_items(st.key, st.window.window_id, first_parent, entries, view, first, origin,
-                                       response_id, now)
+                parent = chain_id(parent, view.canon(k))
+                ids.append(parent)
+            return view.branch(first, ids), _put_items(st.key, st.window.window_id, first_parent, ids, view, first,
+                                                       origin, response_id, now)
+        entries: list[Entry] = []
         ops: list[Op] = []
         for k in range(first, len(view)):
             canon = view.canon(k)
@@ -1002,17 +1007,16 @@ class Journal:
             ops.append(PutItem(item_id, st.key, None if parent.startswith("root:") else parent,
                                st.window.window_id, origin, view.raw(k), canon, response_id, now))
             parent = item_id
-        return entries, ops
+        return Branch.of(entries), ops
 
-    def _branch_ops(self, st: SessionState, branch: list[Entry], keep: int, reason: str) -> list[Op]:
+    def _branch_ops(self, st: SessionState, branch: Branch, keep: int, reason: str) -> list[Op]:
         old = st.entries
         if keep >= len(old):
             if len(branch) == len(old):
                 return []
-            return [SetBranch(st.key, len(old), tuple(e.item_id for e in branch[len(old):]))]
+            return [SetBranch(st.key, len(old), tuple(branch.ids[len(old):]))]
         # The old branch stops being current from `keep` on: archive its head, rewrite the manifest.
-        return [SetBranch(st.key, keep, tuple(e.item_id for e in branch[keep:]), old[-1].item_id, len(old),
-                          reason)]
+        return [SetBranch(st.key, keep, tuple(branch.ids[keep:]), old.ids[-1], len(old), reason)]
 
     def _tail_position(self, st: SessionState, response_id: str) -> int | None:
         tail = self._tails.get(response_id)
@@ -1027,8 +1031,8 @@ class Journal:
         st = mark.state or self._session(mark.session_key)
         rid = p.response_id or "local_" + secrets.token_hex(8)
         items = p.items if p.items is not None else orjson.loads(p.snapshot or b"[]")
-        base = mark.branch
-        parent = base[-1].item_id if base else session_root(st.key)
+        base = mark.branch if mark.branch is not None else Branch()
+        parent = base.ids[-1] if base else session_root(st.key)
         entries: list[Entry] = []
         ops: list[Op] = []
         # A window opened during this answer (a bridged mid-turn rollover): what came before it stays in the old one.
@@ -1052,13 +1056,13 @@ class Journal:
         if entries:
             keep = _common_prefix(st.entries, base)
             if keep >= len(st.entries):
-                ops.append(SetBranch(st.key, keep, tuple(e.item_id for e in branch[keep:])))
+                ops.append(SetBranch(st.key, keep, tuple(branch.ids[keep:])))
             else:  # another request of this session moved the branch meanwhile: latest wins
-                ops.append(SetBranch(st.key, keep, tuple(e.item_id for e in branch[keep:]),
-                                     st.entries[-1].item_id, len(st.entries), "concurrent"))
+                ops.append(SetBranch(st.key, keep, tuple(branch.ids[keep:]), st.entries.ids[-1], len(st.entries),
+                                     "concurrent"))
                 st.generation += 1
             self._set_entries(st, branch)
-        tail = branch[-1].item_id if branch else None
+        tail = branch.ids[-1] if branch else None
         ops.append(PutResponse(rid, st.key, p.model, p.status, p.usage, p.error, tail, len(entries), p.incomplete,
                                p.created_at))
         self._remember(self._tails, rid, tail, CACHED_ALIASES)
@@ -1089,17 +1093,13 @@ def _each_item(whole: bytes) -> Iterator[Any]:
         yield plain(doc[k])
 
 
-def _put_items(session_key: str, window_id: str, parent: str | None, entries: Sequence[Entry], view: ColumnView,
-               first: int, origin: str, response_id: str | None, now: float) -> list[Op]:
-    """The writes of `entries` (new, one after another; `parent`: the first one's, None at the session's root),
-    whose JSON is `view`'s from item `first` on: one PutItems op per PUT_ITEMS_CHUNK of them."""
-    ops: list[Op] = []
-    for i in range(0, len(entries), PUT_ITEMS_CHUNK):
-        chunk = entries[i:i + PUT_ITEMS_CHUNK]
-        ops.append(PutItems(session_key, parent if i == 0 else entries[i - 1].item_id, window_id, origin,
-                            tuple(e.item_id for e in chunk), tuple(e.canon for e in chunk), view, first + i,
-                            response_id, now))
-    return ops
+def _put_items(session_key: str, window_id: str, parent: str | None, ids: list[str], view: ColumnView, first: int,
+               origin: str, response_id: str | None, now: float) -> list[Op]:
+    """The writes of new items `ids` (one after another; `parent`: the first one's, None at the session's root),
+    whose JSON and canonical hashes are `view`'s from item `first` on: one PutItems op per PUT_ITEMS_CHUNK."""
+    return [PutItems(session_key, parent if i == 0 else ids[i - 1], window_id, origin,
+                     tuple(ids[i:i + PUT_ITEMS_CHUNK]), view, first + i, response_id, now)
+            for i in range(0, len(ids), PUT_ITEMS_CHUNK)]
 
 
 def _previous_response(payload: Mapping[str, Any]) -> str | None:
@@ -1112,12 +1112,13 @@ def _resend_bytes_of(r: Resend) -> int:
     return len(r.whole) + 16 * len(r.ids)
 
 
-def _common_prefix(a: Sequence[Entry], b: Sequence[Entry]) -> int:
+def _common_prefix(a: Branch, b: Branch) -> int:
     if a is b:
         return len(a)
-    n = min(len(a), len(b))
+    x, y = a.ids, b.ids
+    n = min(len(x), len(y))
     i = 0
-    while i < n and a[i].item_id == b[i].item_id:
+    while i < n and x[i] == y[i]:
         i += 1
     return i
 

@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from proxy.journal.branch import Entry
+from proxy.journal.branch import Branch
 
 # How a window was made (the one definition; ADR 0011). `start`: a session's first window; `client_compaction`:
 # the client sent its own compaction item; `notes`: seed 000's checkpoint note and bootstrap; `remote` / `fallback`:
@@ -52,7 +52,7 @@ class SessionState:
     task_id: str
     address: str
     source: str | None
-    entries: list[Entry]
+    entries: Branch
     window: Window
     generation: int = 0  # bumped whenever the branch is rewritten (not merely appended to)
     # set once what the request path wrote for the session (its task, agent and session rows, a window it

@@ -59,10 +59,12 @@ class PutItem(NamedTuple):
     created_at: float
 
 
-class ItemBytes(Protocol):
-    """Where a PutItems op reads its items' JSON (proxy.journal.branch.ColumnView)."""
+class ItemSource(Protocol):
+    """Where a PutItems op reads its items' JSON and canonical hashes (proxy.journal.branch.ColumnView)."""
 
     def raw(self, k: int) -> bytes: ...
+
+    def canon(self, k: int) -> str: ...
 
 
 class PutItems(NamedTuple):
@@ -74,8 +76,7 @@ class PutItems(NamedTuple):
     window_id: str
     origin: str
     item_ids: tuple[str, ...]
-    canons: tuple[str, ...]
-    source: ItemBytes  # item k's JSON is source.raw(start + k)
+    source: ItemSource  # item k's JSON is source.raw(start + k), its canonical hash source.canon(start + k)
     start: int
     response_id: str | None
     created_at: float
@@ -84,7 +85,8 @@ class PutItems(NamedTuple):
         parent = self.parent_id
         for k, item_id in enumerate(self.item_ids):
             yield PutItem(item_id, self.session_key, parent, self.window_id, self.origin,
-                          self.source.raw(self.start + k), self.canons[k], self.response_id, self.created_at)
+                          self.source.raw(self.start + k), self.source.canon(self.start + k), self.response_id,
+                          self.created_at)
             parent = item_id
 
 

@@ -48,7 +48,15 @@ class BatchContext:
         self.calls: dict[tuple[str, str], tuple[str | None, str | None]] = {}
         self.items = 0  # items inserted
         self.placed: dict[str, tuple[str, bool]] = {}  # item id → (window, hidden or control), this batch
+        self._places: dict[tuple[str, bool], tuple[str, bool]] = {}  # each (window, hidden) once
         self.appends: dict[str, SetBranch] = {}  # session → its branch appends, merged (see set_branch)
+
+    def place(self, item_id: str, window_id: str, hidden: bool) -> None:
+        """Note where an item of this batch went. One tuple per (window, hidden), shared by the items: a batch of a
+        100,000-item request held a tuple each for as long as its commit took (the writer's share of what a big
+        request left in pymalloc's arenas, proxy/memory.py)."""
+        where = (window_id, hidden)
+        self.placed[item_id] = self._places.setdefault(where, where)
 
 
 def _call_tool(conn: sqlite3.Connection, ctx: BatchContext, session_key: str,
@@ -91,7 +99,7 @@ def put_item(conn: sqlite3.Connection, ctx: BatchContext, op: PutItem) -> bool:
         return False
     conn.execute("INSERT INTO journal_raw(seq, raw) VALUES (?, ?)", (cur.lastrowid, op.raw))
     ctx.items += 1  # for the full-text index, added in bulk later (index_text)
-    ctx.placed[op.item_id] = (op.window_id, bool(control or hidden))
+    ctx.place(op.item_id, op.window_id, bool(control or hidden))
     return True
 
 
@@ -144,9 +152,10 @@ def write_branch(conn: sqlite3.Connection, ctx: BatchContext, op: SetBranch) -> 
     removed = [r[0] for r in conn.execute("DELETE FROM journal_branch WHERE session_key=? AND pos>=?"
                                           " RETURNING item_id", (op.session_key, op.from_pos))]
     _count(conn, op.session_key, _groups(conn, ctx, removed, cached=False), -1)
+    # Rows made as SQLite takes them: a 100,000-item branch as a list was as many tuples and ints at once.
     conn.executemany(
         "INSERT OR REPLACE INTO journal_branch(session_key, item_id, pos) VALUES (?,?,?)",
-        [(op.session_key, item_id, op.from_pos + i) for i, item_id in enumerate(op.ids)],
+        ((op.session_key, item_id, op.from_pos + i) for i, item_id in enumerate(op.ids)),
     )
     _count(conn, op.session_key, _groups(conn, ctx, op.ids, cached=True), +1)
 
@@ -207,7 +216,7 @@ def file_items(conn: sqlite3.Connection, ctx: BatchContext, op: FileItems) -> No
     _count(conn, op.session_key, _groups(conn, ctx, ids, cached=False), +1)
     for item_id in ids:
         if item_id in ctx.placed:
-            ctx.placed[item_id] = (op.window_id, ctx.placed[item_id][1])
+            ctx.place(item_id, op.window_id, ctx.placed[item_id][1])
 
 
 def apply_op(conn: sqlite3.Connection, ctx: BatchContext, op: Op) -> None:

@@ -125,7 +125,7 @@ def _put_item(conn: Any, ctx: BatchContext, op: PutItem) -> None:
     if row is None:
         return
     ctx.items += 1
-    ctx.placed[op.item_id] = (op.window_id, bool(control or hidden))
+    ctx.place(op.item_id, op.window_id, bool(control or hidden))
 
 
 def _count(conn: Any, session_key: str, rows: Sequence[tuple[str, bool, int]], sign: int) -> None:
@@ -217,7 +217,7 @@ def _file_items(conn: Any, ctx: BatchContext, op: FileItems) -> None:
     _count(conn, op.session_key, _groups(conn, ctx, ids, cached=False), +1)
     for item_id in ids:
         if item_id in ctx.placed:
-            ctx.placed[item_id] = (op.window_id, ctx.placed[item_id][1])
+            ctx.place(item_id, op.window_id, ctx.placed[item_id][1])
 
 
 def _insert_window(conn: Any, op: PutWindow) -> bool:
