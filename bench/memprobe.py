@@ -442,10 +442,40 @@ def _run(d: Path) -> None:
     (d / f"{tag}.done").write_text("")
 
 
+def _watch_peaks(d: Path, step_mb: float) -> None:
+    """`CTP_MEMPROBE_PEAK=MB` (with `CTP_MEMPROBE_TRACE`): each time the traced memory climbs `MB` over the last
+    snapshot's level, write `DIR/peak-K.txt`: the small blocks (pymalloc's, ≤ 512 bytes) alive then, by where they
+    were allocated, biggest first — what a big request's peak holds in pymalloc's arenas."""
+    import tracemalloc
+
+    level, k = tracemalloc.get_traced_memory()[0] + step_mb * 1e6, 0
+    while True:
+        time.sleep(0.02)
+        now = tracemalloc.get_traced_memory()[0]
+        if now < level:
+            continue
+        snap = tracemalloc.take_snapshot()
+        small = collections.Counter()
+        count = collections.Counter()
+        for tr in snap.traces._traces:
+            if tr[1] <= 512:
+                small[tr[2]] += tr[1]
+                count[tr[2]] += 1
+        lines = [f"traced {now / 1e6:.1f} MB; small blocks {sum(small.values()) / 1e6:.1f} MB"]
+        for tb, size in small.most_common(25):
+            frames = " < ".join(f"{f[0].rsplit('/', 2)[-1]}:{f[1]}" for f in tb)
+            lines.append(f"{size / 1e6:8.2f} MB {count[tb]:8d}  {frames}")
+        (d / f"peak-{k}.txt").write_text("\n".join(lines) + "\n")
+        k += 1
+        level = tracemalloc.get_traced_memory()[0] + step_mb * 1e6
+
+
 def install() -> None:
     d = os.environ.get("CTP_MEMPROBE")
     if not d or threading.current_thread() is not threading.main_thread():
         return
     if frames := int(os.environ.get("CTP_MEMPROBE_TRACE", "0") or 0):
         __import__("tracemalloc").start(frames)
+        if step := float(os.environ.get("CTP_MEMPROBE_PEAK", "0") or 0):
+            threading.Thread(target=_watch_peaks, args=(Path(d), step), daemon=True, name="memprobe-peaks").start()
     signal.signal(signal.SIGUSR2, lambda *_: _run(Path(d)))

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
 from proxy.bridge.items import parse_mcp_id
-from proxy.transforms.lazyitems import is_item_list
+from proxy.transforms.lazyitems import LazyItems, is_item_list
 
 TASK_HEADER = "x-ctp-task"
 AGENT_HEADER = "x-ctp-agent"
@@ -72,9 +72,17 @@ def _model_item_key(item: Any) -> str | None:
     return None
 
 
+def _walk(items: Any) -> Iterable[Any]:
+    """The items of an input list to look through once; a lazy list's are built one at a time and not kept
+    (an input without what is looked for is walked to its end: 100,000 items built and kept, LazyItems.scan)."""
+    if isinstance(items, LazyItems):
+        return items.scan()
+    return items if is_item_list(items) else ()
+
+
 def first_model_item(items: Any) -> str | None:
     """The key of the first model-produced item among `items`, if any."""
-    for item in items if is_item_list(items) else ():  # (a lazy list builds only the items read)
+    for item in _walk(items):
         if (key := _model_item_key(item)) is not None:
             return key
     return None
@@ -84,7 +92,7 @@ def first_model_keys(items: Any) -> list[str]:
     """The keys an answer's next request may show first: the first call's and the first assistant message's
     (an agent that drops the calls it did not run, ctproxy's bridged `mcp_call`, resends the message first)."""
     call = message = None
-    for item in items if is_item_list(items) else ():
+    for item in _walk(items):
         if (key := _model_item_key(item)) is None:
             continue
         if key.startswith("m:"):

@@ -315,3 +315,47 @@ def test_a_barrier_is_released_only_once_what_precedes_it_is_committed(db: Path)
         assert ev.is_set()
     finally:
         w.close()
+
+
+def test_after_big_work_the_writer_frees_its_connections_caches_once_idle(db: Path):
+    """A big request's items and their full-text indexing fill the writer connection's page cache and FTS5's
+    buffers (≈6 MB of the writer thread's heap stayed resident after idle): once it has nothing pending and the
+    index has caught up, the writer has the backend free them (PRAGMA shrink_memory), once per big batch of work."""
+    from proxy.journal import writer as writer_mod
+
+    class Recording(backend_mod.SqliteJournal):
+        def __init__(self, path: Path):
+            super().__init__(path)
+            self.releases = 0
+            self.report: int = 0  # items the next batch says it inserted
+
+        def apply(self, ops, stamp=None):
+            super().apply(ops, stamp)
+            return self.report
+
+        def release_memory(self):
+            super().release_memory()  # the real pragma, on the writer's real connection
+            self.releases += 1
+
+    backend = Recording(db)
+    backend.open()
+    w = JournalWriter(backend, index_delay=0.01)
+    try:
+        backend.report = writer_mod.BIG_WRITE_ITEMS // 2
+        w.submit(EnsureTask("task_small", "session", 1.0))
+        assert w.flush(timeout=30) and w.flush(timeout=30)  # (the second: the first's loop turn has ended)
+        assert backend.releases == 0  # small work: nothing to free
+        backend.report = writer_mod.BIG_WRITE_ITEMS
+        w.submit(EnsureTask("task_big", "session", 2.0))
+        deadline = time.monotonic() + 60
+        while backend.releases == 0 and time.monotonic() < deadline:
+            w.ring()
+            time.sleep(0.01)
+        assert backend.releases == 1 and w.stats.memory_releases == 1
+        backend.report = 0
+        w.submit(EnsureTask("task_after", "session", 3.0))
+        assert w.flush(timeout=30) and w.flush(timeout=30)
+        assert backend.releases == 1  # counted again from zero
+        assert sorted(_tasks(db)) == ["task_after", "task_big", "task_small"]
+    finally:
+        w.close()

@@ -333,3 +333,37 @@ async def test_the_default_chain_forwards_and_journals_a_big_request_as_with_its
         lazy_ids, whole_ids = (journal.item_ids_for_session(marks[t][0].session_key) for t in ("lazy", "whole"))
         answered = 1 if shape != "plain" else 0
         assert len(lazy_ids) == len(whole_ids) == len(_big()["input"]) + 1 + answered
+
+
+def test_a_scan_builds_each_item_for_its_reader_and_keeps_none():
+    """A reader that walks a whole big input once (the session's claim looks for a call in an input that has
+    none) keeps nothing built: the items of a 100,000-item input stood as 300,000 small objects all through the
+    request, and what else was made meanwhile stayed in their arenas after (proxy/memory.py)."""
+    from proxy.session import first_model_keys
+
+    items = [{"type": "message", "role": "user", "content": f"u{k}"} for k in range(300)]
+    lazy = _lazy(items)
+    first = lazy[5]
+    scanned = list(lazy.scan())
+    assert scanned == items and scanned[5] is first  # an item read before is the one kept
+    assert repr(lazy) == f"<LazyItems {len(items)} items, 1 built>"
+    assert first_model_keys(lazy) == [] and repr(lazy) == f"<LazyItems {len(items)} items, 1 built>"
+    whole = lazy.materialize()
+    assert list(lazy.scan()) == items and next(iter(lazy.scan())) is whole[0]
+    mixed = _lazy([*items, {"type": "function_call", "call_id": "c9", "name": "x", "arguments": "{}"},
+                   {"type": "message", "role": "assistant", "content": "hi"}])
+    assert first_model_keys(mixed) == ["c:c9", "m:hi"] and repr(mixed).endswith(", 0 built>")
+
+
+def test_the_type_summary_reads_a_long_list_in_chunks_with_the_same_facts():
+    from proxy.transforms import lazyitems
+
+    n = 3 * lazyitems._SUMMARY_CHUNK + 17
+    items: list[object] = [{"type": "message", "role": "user", "content": "u"} for _ in range(n)]
+    for k in (0, lazyitems._SUMMARY_CHUNK - 1, lazyitems._SUMMARY_CHUNK, 2 * lazyitems._SUMMARY_CHUNK + 5, n - 1):
+        items[k] = {"type": "message", "role": "developer" if k % 2 else "system", "content": "d"}
+    items[2 * lazyitems._SUMMARY_CHUNK + 9] = {"type": "compaction", "encrypted_content": "x"}
+    assert input_facts(_lazy(items)) == input_facts(items)
+    assert input_facts(_lazy(items)).client_compaction
+    items[n - 3] = "not an object"  # in the last chunk: the walk of the built items, as before
+    assert input_facts(_lazy(items)) == input_facts(items)

@@ -39,6 +39,7 @@ BATCH_INTERVAL = 0.02
 QUEUE_MAX = 100_000
 INDEX_ITEMS = 256  # the full-text index takes items in bulk: this many …
 BIG_DRAIN_OPS = 10_000  # after taking this many ops since the last trim, the C heap is trimmed (proxy/memory.py)
+BIG_WRITE_ITEMS = 10_000  # after writing or indexing this many items, the connection's caches are freed once idle
 INDEX_DELAY = 2.0  # … or this many seconds after the first one not indexed yet
 
 
@@ -52,6 +53,8 @@ class JournalBackendLike(Protocol):
     def index_text(self) -> int: ...
 
     def close_writer(self) -> None: ...
+
+    def release_memory(self) -> None: ...
 
 
 @dataclass
@@ -71,6 +74,7 @@ class WriterStats:
     drains: int = 0  # times it woke and drained (an idle writer does not)
     indexed: int = 0  # items added to the full-text index
     index_runs: int = 0
+    memory_releases: int = 0  # times the backend freed its caches after big work
     last_commit_at: float = 0.0
     latencies: list[float] = field(default_factory=list)  # enqueue→commit of each batch's oldest op
 
@@ -112,6 +116,7 @@ class JournalWriter:
         self._closed = False
         self._unindexed = 0  # items committed by this writer and not in the full-text index yet
         self._unindexed_since = 0.0
+        self._written = 0  # items inserted or indexed since the backend last released its memory
         # The journal's backlog (work the request path left for later) is settled before each drain, so its
         # writes go out in the same drain; `_waiting` tells whether it holds anything.
         self._settle: Callable[[], None] | None = None
@@ -242,13 +247,29 @@ class JournalWriter:
             return
         for attempt in range(3):
             try:
-                self.stats.indexed += self.backend.index_text()
+                indexed = self.backend.index_text()
+                self.stats.indexed += indexed
+                self._written += indexed
                 self.stats.index_runs += 1
                 break
             except Exception as exc:  # search scans what is not indexed: a failure here loses nothing
                 log.error("journal: full-text indexing failed (%s), attempt %d", type(exc).__name__, attempt + 1)
                 time.sleep(0.1 * (attempt + 1))
         self._unindexed = 0
+
+    def _release_if_big(self) -> None:
+        """After big work, once nothing is pending and the text index has caught up: the backend frees its
+        caches, and a trim is asked for (what was freed goes back to the OS)."""
+        if self._written < BIG_WRITE_ITEMS or self._pending or self._unindexed:
+            return
+        self._written = 0
+        try:
+            self.backend.release_memory()
+        except Exception as exc:  # housekeeping: never stop the writer
+            log.error("journal: releasing the writer's memory failed (%s)", type(exc).__name__)
+            return
+        self.stats.memory_releases += 1
+        memory.note_big_work(memory.BIG_BYTES)
 
     def _run(self) -> None:
         self._unindexed, self._unindexed_since = 1, 0.0  # whatever a crashed process left: index it now
@@ -265,6 +286,7 @@ class JournalWriter:
                 self._index(force=stop)
                 if stop:
                     return
+                self._release_if_big()
         finally:
             self.backend.close_writer()
 
@@ -330,6 +352,7 @@ class JournalWriter:
         if inserted and not self._unindexed:
             self._unindexed_since = now
         self._unindexed += inserted
+        self._written += inserted
         self.stats.batches += 1
         self.stats.ops += len(batch)
         self.stats.max_batch = max(self.stats.max_batch, len(batch))

@@ -130,6 +130,11 @@ class JournalBackend(Protocol):
 
     def close_writer(self) -> None: ...
 
+    def release_memory(self) -> None:
+        """Free what the writer's connection caches (pages, statements) after big work; called on the writer's
+        thread while it has nothing pending."""
+        ...
+
     def claim_window(self, op: PutWindow, stamp: str | None = None,
                      renamed: Callable[[PutWindow], PutWindow] | None = None) -> PutWindow: ...
 

@@ -503,6 +503,9 @@ class PgJournal:
     def close_writer(self) -> None:
         """The writer's connections are the pool's."""
 
+    def release_memory(self) -> None:
+        """Nothing to free: the server caches the pages; psycopg keeps a query's buffers only while it runs."""
+
     def index_text(self) -> int:
         return 0
 
