@@ -236,8 +236,9 @@ def _bound_port(proxyserver: object, requested: int) -> int:
 
 
 async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> int:
+    from proxy import memory
 
-
+    memory.one_heap()  # before the journal's and the store's threads start (proxy/memory.py)
     state = StateDir.open(opts.state_dir)
     rt = runtime.build(str(state.root), str(opts.config_file) if opts.config_file else None, opts.upstream,
                        opts.trust_upstream, opts.enable, opts.disable)

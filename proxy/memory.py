@@ -39,6 +39,14 @@ it). A big input's per-item work now goes to flat buffers, one item at a time (p
 written as PutItems ops), and orjson's output is right-sized where it is held (proxy/jsonbytes.py: each held
 serialization kept a 4 KiB buffer). What is left per item is the cached branch (an Entry, its id and its
 canonical hash), alive while the session is (30 s idle for a big one, proxy/journal/journal.py).
+
+Session 18 (bench/memprobe.py's peak watcher, `CTP_MEMPROBE_PEAK`): two readers still built a big input whole in
+pymalloc while it was in flight (the session's claim walking it for a call, LazyItems keeping every item it built:
+300,000 objects; the type summary's list of every view: 100,000); they now read it one item or one chunk at a
+time. What stayed outside pymalloc was the journal writer thread's own glibc arena (≈5-6 MB resident after idle:
+SQLite's page cache and freed chunks among a few live ones): the writer frees SQLite's caches once idle after
+big work (`PRAGMA shrink_memory`), and every thread allocates from the main heap (`one_heap`), which the trim
+empties. After idle: 24 → 5 MB over the baseline.
 """
 
 from __future__ import annotations
@@ -199,6 +207,31 @@ def note_big_work(nbytes: int, delay: float = TRIM_DELAY) -> None:
         _timer.start()
 
 
+_M_ARENA_MAX = -8  # mallopt(3)
+
+
+def one_heap() -> bool:
+    """Have every thread made from now on allocate from glibc's main heap (`M_ARENA_MAX` 1), not from an arena of
+    its own. The journal writer's thread builds a big request's rows and runs SQLite and FTS5 over them; its arena
+    (a 64 MB mapping) kept ≈5 MB resident after idle that the trim could not give back, freed chunks among a few
+    live ones; in the main heap the same work left ≈1.5 MB (bench_soak --only mem). Threads hold the GIL for
+    nearly all their allocations, so one heap costs them no waiting (bench_proxy c and d measured level). Called
+    before the threads start (a thread keeps the arena it first had). False where there is no glibc."""
+    return _mallopt(_M_ARENA_MAX, 1)
+
+
+def _mallopt(param: int, value: int) -> bool:
+    name = ctypes.util.find_library("c")
+    if not name or _trim is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(param, value))
+
+
 KEPT_FREE_HEAP = 64 << 20  # bytes of free heap top glibc keeps instead of returning them at once
 _M_TRIM_THRESHOLD = -1  # mallopt(3)
 
@@ -209,15 +242,7 @@ def keep_free_heap(nbytes: int = KEPT_FREE_HEAP) -> bool:
     pages again from the kernel, page fault by page fault). Measured inside `ctproxy up` on bench b (1.5 MB
     requests one after another): the body's parse 1.60-1.72 → 1.33-1.45 ms. The trim after big work
     (`note_big_work`) still returns all of it once the traffic stops. False where there is no glibc."""
-    name = ctypes.util.find_library("c")
-    if not name or _trim is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_TRIM_THRESHOLD, nbytes))
+    return _mallopt(_M_TRIM_THRESHOLD, nbytes)
 
 
 def freeze_startup_heap() -> int:

@@ -37,6 +37,9 @@ async def run_worker(spec: dict[str, Any]) -> int:
         if raw.get(key) is not None:
             raw[key] = Path(raw[key])
     opts = UpOptions(**raw)
+    from proxy import memory
+
+    memory.one_heap()  # before the journal's and the store's threads start (proxy/memory.py)
     state = StateDir.open(opts.state_dir)
     rt = runtime.build(str(state.root), str(opts.config_file) if opts.config_file else None, opts.upstream,
                        opts.trust_upstream, opts.enable, opts.disable)

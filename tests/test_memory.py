@@ -191,3 +191,50 @@ def test_the_collection_waits_until_big_bodies_stop_coming(monkeypatch):
     while len(seen) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert seen[:2] == [0, 1]  # the first trim (busy) did not collect, the next one (quiet since) did
+
+
+_HEAPS_SCRIPT = """
+import ctypes, ctypes.util, sys, tempfile, threading
+from proxy import memory
+if sys.argv[1] == "one":
+    assert memory.one_heap()
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+def work():
+    global kept
+    kept = [bytes(1024 + i % 7) for i in range(4000)]  # 1 KB blocks: malloc's, not pymalloc's
+t = threading.Thread(target=work)
+t.start()
+t.join()
+libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+with tempfile.NamedTemporaryFile(suffix=".xml") as out:
+    f = libc.fopen(out.name.encode(), b"w")
+    libc.malloc_info(0, f)
+    libc.fclose(f)
+    print(open(out.name).read().count("<heap nr="))
+"""
+
+
+@pytest.mark.skipif(not memory.available(), reason="the C library has no malloc_trim (not glibc)")
+def test_one_heap_keeps_a_new_threads_allocations_in_the_main_heap():
+    """`ctproxy up` and its workers call `memory.one_heap()` before their threads start: the journal writer's
+    thread then allocates from glibc's main heap, whose freed pages the trim gives back, not from an arena of its
+    own that kept ≈5 MB resident after a big request (bench_soak --only mem). Counted with malloc_info(3)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+
+    def heaps(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", _HEAPS_SCRIPT, mode], cwd=root, capture_output=True, text=True,
+                             timeout=120, check=True)
+        return int(out.stdout.strip())
+
+    assert heaps("default") == 2  # glibc's usual: the thread gets an arena of its own
+    assert heaps("one") == 1
+
+
+def test_one_heap_is_a_no_op_without_glibc(monkeypatch):
+    monkeypatch.setattr(memory, "_trim", None)
+    assert memory.one_heap() is False and memory.keep_free_heap() is False
