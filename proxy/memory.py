@@ -46,7 +46,8 @@ pymalloc while it was in flight (the session's claim walking it for a call, Lazy
 time. What stayed outside pymalloc was the journal writer thread's own glibc arena (≈5-6 MB resident after idle:
 SQLite's page cache and freed chunks among a few live ones): the writer frees SQLite's caches once idle after
 big work (`PRAGMA shrink_memory`), and every thread allocates from the main heap (`one_heap`), which the trim
-empties. After idle: 24 → 5 MB over the baseline.
+empties. The last per-item objects, the journal's item ids, are a column of bytes (proxy/journal/itemids.py).
+After idle: 24 → 2 MB over the baseline (docs/adr/0012-proxy-workers.md has the steps).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def test_big_idle_sessions_leave_nothing_behind(tmp_path: Path):
             del inp
         assert j.flush()
         held = _traced() - before
-        assert j.released == 0 and held > 3 << 20, held  # cached while they may be continued
+        assert j.released == 0 and held > 2 << 20, held  # cached while they may be continued (≈75 bytes an item)
         j.release_after = 0.2  # (tracemalloc slows the turns down: the idle time is shortened only now)
         time.sleep(0.3)
         j._release_timer.cancel()  # the one pending look, an hour away

@@ -11,10 +11,11 @@ edits the payload before then.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from proxy.journal.itemids import ItemIds
 from proxy.jsonbytes import dumps_kept
 
 if TYPE_CHECKING:
@@ -57,12 +58,12 @@ class RequestMark:
         self._settle = settle
         self._done = False
         self._window_id = ""
-        self._input_ids: list[str] = []
+        self._input_ids: Sequence[str] = []
         self._kind = "pending"
         self._tail: str | None = None
         self._branch: Branch | None = None
 
-    def resolve(self, window_id: str, input_ids: list[str], kind: str, tail: str | None,
+    def resolve(self, window_id: str, input_ids: Sequence[str], kind: str, tail: str | None,
                 branch: Branch) -> None:
         self._window_id, self._input_ids, self._kind, self._tail, self._branch = (window_id, input_ids, kind,
                                                                                    tail, branch)
@@ -87,8 +88,8 @@ class RequestMark:
         return self._window_id
 
     @property
-    def input_ids(self) -> list[str]:
-        """The journal id of every input item, in input order."""
+    def input_ids(self) -> Sequence[str]:
+        """The journal id of every input item, in input order ("" for one without; an ItemIds column)."""
         self._wait()
         return self._input_ids
 
@@ -97,6 +98,8 @@ class RequestMark:
         None. Unlike a positional check this follows the journal's alignment: an agent that left out an
         item the journal keeps (a reasoning item) still finds its boundary."""
         ids = self.input_ids
+        if isinstance(ids, ItemIds):
+            return ids.last_index(item_id)
         for k in range(len(ids) - 1, -1, -1):
             if ids[k] == item_id:
                 return k

@@ -36,6 +36,7 @@ from proxy.journal.canonical import (
     item_type,
     type_name,
 )
+from proxy.journal.itemids import ItemIds
 from proxy.jsonbytes import dumps_kept
 
 
@@ -68,20 +69,20 @@ def _digest(canon: str) -> bytes | None:
 
 
 class Branch:
-    """A session's branch, position by position, in columns: the item ids (the strings the journal hands out), the
+    """A session's branch, position by position, in columns: the item ids (8 bytes each, proxy/journal/itemids.py), the
     canonical hashes as 32-byte digests one after another, the fingerprints in two arrays, the type names (shared).
 
     A cached 100,000-item session held an Entry, its canonical hash as text and its fingerprint as objects of
     their own per position (≈27 MB of small objects, alive together for as long as the session is cached, and
     freed together): pymalloc's arenas, where whatever else was allocated meanwhile stays (proxy/memory.py).
-    Here a position costs its id's string and ≈60 bytes in a few buffers. Reading a position gives an `Entry`
+    Here a position costs ≈70 bytes in a few buffers. Reading a position gives an `Entry`
     made for the reader (a copy: `set_fp` changes a fingerprint); a slice or a sum is a new Branch."""
 
     __slots__ = ("_canons", "_fp_hash", "_fp_len", "_ids", "_odd", "_types")
 
-    def __init__(self, ids: list[str] | None = None, canons: bytes = b"", types: list[str] | None = None,
+    def __init__(self, ids: Iterable[str] | None = None, canons: bytes = b"", types: list[str] | None = None,
                  fp_len: array | None = None, fp_hash: array | None = None, odd: dict[int, str] | None = None):
-        self._ids: list[str] = [] if ids is None else ids
+        self._ids = ItemIds() if ids is None else ItemIds.of(ids)
         self._canons = canons  # 32 bytes a position
         self._types: list[str] = [] if types is None else types
         self._fp_len = array("q") if fp_len is None else fp_len  # the fingerprinted bytes' length; -1: none
@@ -109,8 +110,8 @@ class Branch:
         return cls(ids, bytes(canons), types, fp_len, fp_hash, odd)
 
     @property
-    def ids(self) -> list[str]:
-        """The item ids, in order (the branch's own list: not to be changed)."""
+    def ids(self) -> ItemIds:
+        """The item ids, in order (a read-only column: proxy/journal/itemids.py)."""
         return self._ids
 
     def __len__(self) -> int:
@@ -255,7 +256,7 @@ class ColumnView:
     def type(self, k: int) -> str:
         return self._types[k]
 
-    def branch(self, first: int, ids: list[str]) -> Branch:
+    def branch(self, first: int, ids: ItemIds) -> Branch:
         """The branch positions of items `first`… (their ids chained by the caller), from the view's buffers."""
         n = len(self._ends)
         lengths = array("q", (end - start for start, end in map(self._span, range(first, n))))
@@ -270,7 +271,7 @@ class Alignment:
     new_from: int  # input items from this index on are new
     fp_updates: list[tuple[int, int]] = field(default_factory=list)
     # The fast path resolves a head of input items at once (ids and positions, no per-item work).
-    head_ids: tuple[str, ...] = ()
+    head_ids: Sequence[str] = ()
     head_positions: Sequence[int] = ()
 
     @property
@@ -368,7 +369,7 @@ class Resend:
     byte (clients append to the conversation they resend): those items need no per-item comparison."""
 
     whole: bytes  # the previous input serialized (orjson); all but its closing ']' is the prefix
-    ids: tuple[str, ...]  # the id of each of its items
+    ids: ItemIds  # the id of each of its items
     positions: Sequence[int]  # branch position of each of its items (an array: one allocation, not an int each)
     branch_len: int  # the branch's length right after that request
 

@@ -144,6 +144,11 @@ def chain_id(parent: str, canon: str) -> str:
     return "it_" + sha256(f"{parent}\x00{canon}".encode()).hexdigest()[:16]
 
 
+def chain_digest(parent: str, canon: str) -> bytes:
+    """`chain_id`'s 16 hex digits as their 8 bytes (an id in proxy/journal/itemids.ItemIds)."""
+    return sha256(f"{parent}\x00{canon}".encode()).digest()[:8]
+
+
 def chain_ids(items: Sequence[Any], root: str, upto: int | None = None) -> list[str]:
     """The chain ids of the first `upto` items (all by default) hanging from `root` (a session root or
     an item id): the ids the journal gives them when it journals them there, in that order."""

@@ -43,8 +43,17 @@ from proxy.journal.branch import (
     align_stateful,
     resend_rest,
 )
-from proxy.journal.canonical import canonical_hash, chain_id, fingerprint, input_items, item_type, session_root
+from proxy.journal.canonical import (
+    canonical_hash,
+    chain_digest,
+    chain_id,
+    fingerprint,
+    input_items,
+    item_type,
+    session_root,
+)
 from proxy.journal.identity import auto_task_id, new_task_id, resolve_identity
+from proxy.journal.itemids import ItemIds
 from proxy.journal.model import FILED_AFTER_KEY, SessionState, Strategy, Window, window_id
 from proxy.journal.ops import (
     EnsureAgent,
@@ -600,7 +609,7 @@ class Journal:
             if follows is not None:
                 carried = tuple(i for i in follows if i and self._position(st, i) is not None)
             else:
-                carried = tuple(st.entries.ids[at + 1:]) if at is not None else ()
+                carried = st.entries.ids[at + 1:] if at is not None else ()
             named = None
             if callable(bootstrap):
                 build, prev = bootstrap, st.window
@@ -648,11 +657,7 @@ class Journal:
 
     @staticmethod
     def _position(st: SessionState, item_id: str) -> int | None:
-        ids = st.entries.ids
-        for pos in range(len(ids) - 1, -1, -1):
-            if ids[pos] == item_id:
-                return pos
-        return None
+        return st.entries.ids.last_index(item_id)
 
     def raw_items(self, item_ids: Sequence[str]) -> list[dict[str, Any]]:
         """The committed items with these ids, as first seen, in the order asked (unknown ids left out)."""
@@ -956,22 +961,22 @@ class Journal:
         keep = alignment.keep
         branch = (st.entries + new_entries) if keep == len(st.entries) else st.entries[:keep] + new_entries
         ops_branch = self._branch_ops(st, branch, keep, alignment.kind)
-        old_ids = st.entries.ids
-        rest_ids = [old_ids[j] if j is not None else "" for j in alignment.matched]
-        # Positions in an array, not a tuple of ints: a big input's last input is kept (Resend) with one position
-        # per item, and an int object each was 100,000 small objects for as long as it is kept.
-        rest_pos = array("q", [j if j is not None else -1 for j in alignment.matched])
-        for k, new_id in zip(range(alignment.new_from, n), new_entries.ids, strict=True):
-            rest_ids[k - head] = new_id
-            rest_pos[k - head] = keep + k - alignment.new_from
-        ids = [*alignment.head_ids, *rest_ids]
+        # The input's ids and positions: the matched items' from the old branch, then the new ones'. Columns, not
+        # a string and an int object per item: a big input's are kept (Resend) for as long as its session is.
+        old_from = alignment.new_from - head
+        if len(new_entries) != n - alignment.new_from:
+            raise ValueError("the new items do not follow the matched ones")
+        rest_pos = array("q", [j if j is not None else -1 for j in alignment.matched[:old_from]])
+        rest_ids = st.entries.ids.take(rest_pos) + new_entries.ids
+        rest_pos.extend(range(keep, keep + len(new_entries)))
+        ids = ItemIds.of(alignment.head_ids) + rest_ids
         if keep < len(st.entries):
             st.generation += 1
         self._set_entries(st, branch)
         if len(p.serialized()) <= RESEND_MAX_BYTES and p.previous_response_id is None:
             positions = array("q", alignment.head_positions)
             positions.extend(rest_pos)
-            self._resend_keep(st.key, (st.generation, Resend(p.serialized(), tuple(ids), positions, len(branch))))
+            self._resend_keep(st.key, (st.generation, Resend(p.serialized(), ids, positions, len(branch))))
         else:
             self._resend_drop(st.key)
         self._submit(ops + ops_branch, p.queued_at)
@@ -992,10 +997,12 @@ class Journal:
             # A big input: its positions are made from the view's buffers, and its items written from them,
             # PUT_ITEMS_CHUNK to an op, rather than as an Entry, a PutItem and a JSON copy per item.
             first_parent = None if parent.startswith("root:") else parent
-            ids: list[str] = []
+            packed = bytearray()  # the ids as 8 bytes each (proxy/journal/itemids.py): no string kept per item
             for k in range(first, len(view)):
-                parent = chain_id(parent, view.canon(k))
-                ids.append(parent)
+                digest = chain_digest(parent, view.canon(k))
+                packed += digest
+                parent = "it_" + digest.hex()
+            ids = ItemIds(bytes(packed))
             return view.branch(first, ids), _put_items(st.key, st.window.window_id, first_parent, ids, view, first,
                                                        origin, response_id, now)
         entries: list[Entry] = []
@@ -1014,9 +1021,9 @@ class Journal:
         if keep >= len(old):
             if len(branch) == len(old):
                 return []
-            return [SetBranch(st.key, len(old), tuple(branch.ids[len(old):]))]
+            return [SetBranch(st.key, len(old), branch.ids[len(old):])]
         # The old branch stops being current from `keep` on: archive its head, rewrite the manifest.
-        return [SetBranch(st.key, keep, tuple(branch.ids[keep:]), old.ids[-1], len(old), reason)]
+        return [SetBranch(st.key, keep, branch.ids[keep:], old.ids[-1], len(old), reason)]
 
     def _tail_position(self, st: SessionState, response_id: str) -> int | None:
         tail = self._tails.get(response_id)
@@ -1056,9 +1063,9 @@ class Journal:
         if entries:
             keep = _common_prefix(st.entries, base)
             if keep >= len(st.entries):
-                ops.append(SetBranch(st.key, keep, tuple(branch.ids[keep:])))
+                ops.append(SetBranch(st.key, keep, branch.ids[keep:]))
             else:  # another request of this session moved the branch meanwhile: latest wins
-                ops.append(SetBranch(st.key, keep, tuple(branch.ids[keep:]), st.entries.ids[-1], len(st.entries),
+                ops.append(SetBranch(st.key, keep, branch.ids[keep:], st.entries.ids[-1], len(st.entries),
                                      "concurrent"))
                 st.generation += 1
             self._set_entries(st, branch)
@@ -1093,12 +1100,12 @@ def _each_item(whole: bytes) -> Iterator[Any]:
         yield plain(doc[k])
 
 
-def _put_items(session_key: str, window_id: str, parent: str | None, ids: list[str], view: ColumnView, first: int,
+def _put_items(session_key: str, window_id: str, parent: str | None, ids: ItemIds, view: ColumnView, first: int,
                origin: str, response_id: str | None, now: float) -> list[Op]:
     """The writes of new items `ids` (one after another; `parent`: the first one's, None at the session's root),
     whose JSON and canonical hashes are `view`'s from item `first` on: one PutItems op per PUT_ITEMS_CHUNK."""
     return [PutItems(session_key, parent if i == 0 else ids[i - 1], window_id, origin,
-                     tuple(ids[i:i + PUT_ITEMS_CHUNK]), view, first + i, response_id, now)
+                     ids[i:i + PUT_ITEMS_CHUNK], view, first + i, response_id, now)
             for i in range(0, len(ids), PUT_ITEMS_CHUNK)]
 
 
@@ -1109,18 +1116,13 @@ def _previous_response(payload: Mapping[str, Any]) -> str | None:
 
 def _resend_bytes_of(r: Resend) -> int:
     """What a kept input costs the cache: its bytes and its ids."""
-    return len(r.whole) + 16 * len(r.ids)
+    return len(r.whole) + 16 * len(r.ids)  # (8 bytes an id and 8 a position)
 
 
 def _common_prefix(a: Branch, b: Branch) -> int:
     if a is b:
         return len(a)
-    x, y = a.ids, b.ids
-    n = min(len(x), len(y))
-    i = 0
-    while i < n and x[i] == y[i]:
-        i += 1
-    return i
+    return a.ids.common_prefix(b.ids)
 
 
 def _put_window(w: Window) -> PutWindow:

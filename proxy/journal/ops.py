@@ -7,7 +7,7 @@ from a cold cache that way).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 
@@ -75,7 +75,7 @@ class PutItems(NamedTuple):
     parent_id: str | None  # the first item's
     window_id: str
     origin: str
-    item_ids: tuple[str, ...]
+    item_ids: Sequence[str]  # (an ItemIds column: proxy/journal/itemids.py)
     source: ItemSource  # item k's JSON is source.raw(start + k), its canonical hash source.canon(start + k)
     start: int
     response_id: str | None
@@ -95,7 +95,7 @@ class SetBranch(NamedTuple):
 
     session_key: str
     from_pos: int
-    ids: tuple[str, ...]
+    ids: Sequence[str]  # (an ItemIds column or a tuple)
     archived_head: str | None = None  # head of the branch that stops being current
     archived_length: int = 0
     reason: str = "append"
@@ -132,7 +132,7 @@ class FileItems(NamedTuple):
     bootstrap in the request that opened it (a steer, a follow-up), which were journaled before it opened."""
 
     session_key: str
-    item_ids: tuple[str, ...]
+    item_ids: Sequence[str]
     window_id: str
 
 
