@@ -337,11 +337,25 @@ class RemoteTools:
     proc: None = None
 
 
+def _startup_error_check():  # -> mitmproxy.addons.errorcheck.ErrorCheckHandler (imported only here)
+    """mitmproxy's collector of the errors logged while the proxy starts, without asyncio's reports about tasks
+    that are not the proxy's: a garbage-collected client of the same process ("Task exception was never
+    retrieved") stopped `ctproxy up` as if its port were taken. A server that did not start is still caught: it
+    is not running."""
+    from mitmproxy.addons.errorcheck import ErrorCheckHandler
+
+    class StartupErrors(ErrorCheckHandler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.name != "asyncio":
+                super().emit(record)
+
+    return StartupErrors()
+
+
 async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime,
                      tools: ToolServerProcess | RemoteTools | None, ready: asyncio.Event | None,
                      stop: asyncio.Event | None, worker: WorkerRole | None = None) -> int:
     from mitmproxy import options
-    from mitmproxy.addons.errorcheck import ErrorCheckHandler
 
     import addons
     from addons.chain_addon import ChainAddon
@@ -356,7 +370,7 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime,
     debuglog.configure_logging(debug=opts.debug, request_log=not opts.quiet)
     # Not mitmproxy's ErrorCheck: it calls sys.exit() from inside the event loop when startup logs an error
     # (e.g. "address already in use"), which would skip our cleanup; collect those errors ourselves.
-    startup_errors = ErrorCheckHandler()
+    startup_errors = _startup_error_check()
     startup_errors.install()
     chain = addons.chain()
     extra: list[object] = []

@@ -104,6 +104,23 @@ async def test_a_busy_port_is_a_clear_error_and_leaves_no_tool_server(proxy_fact
     assert not processes_mentioning(str(tmp_path / "other"))  # its tool server was stopped
 
 
+def test_an_unrelated_tasks_error_while_starting_is_not_a_startup_failure():
+    """asyncio's report of a task that is not the proxy's (a client of the same process collected while the proxy
+    starts: "Task exception was never retrieved") once stopped an in-process `ctproxy up` as if its port were
+    taken; an error the proxy's server logs still counts."""
+    import logging
+
+    from proxy.launcher import _startup_error_check
+
+    check = _startup_error_check()
+    check.emit(logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Task exception was never retrieved",
+                                 None, None))
+    assert check.has_errored == []
+    check.emit(logging.LogRecord("mitmproxy.proxy.mode_servers", logging.ERROR, __file__, 1,
+                                 "HTTP(S) proxy failed to listen: address already in use", None, None))
+    assert [r.getMessage() for r in check.has_errored] == ["HTTP(S) proxy failed to listen: address already in use"]
+
+
 async def test_the_tool_server_stops_when_ctproxy_is_killed(proxy_factory):
     import asyncio
     import signal

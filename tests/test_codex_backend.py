@@ -107,7 +107,8 @@ async def test_codex_backend_calls_run_as_the_session(emulator: Emulator, proxy_
         # Once the journal knows /root/worker in the task (a turn of its own there), it has notes of its own.
         worker = openai.AsyncOpenAI(base_url=base, api_key=AGENT_KEY, max_retries=0,
                                     default_headers={"x-ctp-task": codex_task(), "x-ctp-agent": "/root/worker"})
-        await worker.responses.create(model="gpt-5", input="worker here")
+        async with worker:  # closed here: a client left to the collector reports an error into the next test's loop
+            await worker.responses.create(model="gpt-5", input="worker here")
         for _ in range(200):  # the journal registers the agent on its writer thread
             if await asyncio.to_thread(_registered, proxy.state_dir, codex_task(), "/root/worker"):
                 break
