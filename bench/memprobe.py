@@ -16,7 +16,10 @@ knows it. On SIGUSR2 the process reads the tag from `DIR/cmd` and writes `DIR/<t
   whether it is reachable from the collector's objects (`gc.get_objects()` with the frozen start-up heap, and their
   referents); for a reachable object, its referrer chain (types and the attribute / key that holds it); for a str,
   its first characters; with `CTP_MEMPROBE_TRACE=N` (tracemalloc started at start-up, N frames), where it was
-  allocated.
+  allocated;
+- with `CTP_MEMPROBE_PEAK=MB` as well (bench_soak passes the environment on), a thread that writes `DIR/peak-K.txt`
+  each time the traced memory climbs MB over the last snapshot: the small blocks (pymalloc's) alive then, by where
+  they were allocated (what a big request's peak holds in the arenas).
 
 The probe's own allocations come after the pool headers are read, so the counts are the process's, not the
 probe's. Reading raw memory is limited to pools whose header passed the check; a wrong guess costs a wrong
