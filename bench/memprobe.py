@@ -458,16 +458,22 @@ def _watch_peaks(d: Path, step_mb: float) -> None:
         if now < level:
             continue
         snap = tracemalloc.take_snapshot()
-        small = collections.Counter()
+        small, big = collections.Counter(), collections.Counter()
         count = collections.Counter()
         for tr in snap.traces._traces:
             if tr[1] <= 512:
                 small[tr[2]] += tr[1]
                 count[tr[2]] += 1
+            else:
+                big[tr[2]] += tr[1]
         lines = [f"traced {now / 1e6:.1f} MB; small blocks {sum(small.values()) / 1e6:.1f} MB"]
         for tb, size in small.most_common(25):
             frames = " < ".join(f"{f[0].rsplit('/', 2)[-1]}:{f[1]}" for f in tb)
             lines.append(f"{size / 1e6:8.2f} MB {count[tb]:8d}  {frames}")
+        lines.append(f"bigger blocks (malloc's) {sum(big.values()) / 1e6:.1f} MB:")
+        for tb, size in big.most_common(15):
+            frames = " < ".join(f"{f[0].rsplit('/', 2)[-1]}:{f[1]}" for f in tb)
+            lines.append(f"{size / 1e6:8.2f} MB  {frames}")
         (d / f"peak-{k}.txt").write_text("\n".join(lines) + "\n")
         k += 1
         level = tracemalloc.get_traced_memory()[0] + step_mb * 1e6
