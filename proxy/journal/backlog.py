@@ -58,15 +58,15 @@ class RequestMark:
         self._settle = settle
         self._done = False
         self._window_id = ""
-        self._input_ids: Sequence[str] = []
+        self._input_ids = ItemIds()
         self._kind = "pending"
         self._tail: str | None = None
         self._branch: Branch | None = None
 
     def resolve(self, window_id: str, input_ids: Sequence[str], kind: str, tail: str | None,
                 branch: Branch) -> None:
-        self._window_id, self._input_ids, self._kind, self._tail, self._branch = (window_id, input_ids, kind,
-                                                                                   tail, branch)
+        self._window_id, self._input_ids, self._kind, self._tail, self._branch = (window_id, ItemIds.of(input_ids),
+                                                                                   kind, tail, branch)
         self._done = True
 
     def fail(self, window_id: str) -> None:
@@ -88,8 +88,8 @@ class RequestMark:
         return self._window_id
 
     @property
-    def input_ids(self) -> Sequence[str]:
-        """The journal id of every input item, in input order ("" for one without; an ItemIds column)."""
+    def input_ids(self) -> ItemIds:
+        """The journal id of every input item, in input order ("" for one without)."""
         self._wait()
         return self._input_ids
 
@@ -97,13 +97,7 @@ class RequestMark:
         """The index of the input item the journal aligned with `item_id` (a window's boundary item), or
         None. Unlike a positional check this follows the journal's alignment: an agent that left out an
         item the journal keeps (a reasoning item) still finds its boundary."""
-        ids = self.input_ids
-        if isinstance(ids, ItemIds):
-            return ids.last_index(item_id)
-        for k in range(len(ids) - 1, -1, -1):
-            if ids[k] == item_id:
-                return k
-        return None
+        return self.input_ids.last_index(item_id)
 
     @property
     def kind(self) -> str:
