@@ -34,6 +34,7 @@ from proxy.sandbox import (
     sandbox_problem,
     seccomp_fd,
     seccomp_program,
+    socket_dirs,
 )
 from tools_server.shell import limits
 from tools_server.shell.capture import CaptureStore
@@ -183,9 +184,10 @@ class ShellManager:
         self._ensure_open(tool)
         filter_fd = seccomp_fd(self._seccomp) if self._seccomp is not None and self.confinement.mode != UNSANDBOXED \
             else None
+        env = {**self._env, **overlay}  # per-spawn overlay; the manager's env stays as captured
         try:
             in_cgroup = self._cgroups is not None and bool(self.confinement.limits.processes)
-            argv = await self._argv(tool, cmd, cwd, filter_fd, prlimit=not in_cgroup)
+            argv = await self._argv(tool, cmd, cwd, filter_fd, prlimit=not in_cgroup, env=env)
             job = Job(self._new_id(), owner, cwd, self.store, kill_after=self.kill_after, confirm=self.confirm)
             if in_cgroup:
                 argv = self._in_cgroup(tool, job, argv)
@@ -193,7 +195,6 @@ class ShellManager:
             if filter_fd is not None:
                 os.close(filter_fd)
             raise
-        env = {**self._env, **overlay}  # per-spawn overlay; the manager's env stays as captured
         if self._tmpdir is not None:
             env["TMPDIR"] = str(self._tmpdir)
         try:
@@ -255,7 +256,7 @@ class ShellManager:
             log.warning("shell close: %d job cgroup(s) still busy, left in place", len(self._in_cgroups))
 
     async def _argv(self, tool: str, cmd: str, cwd: Path, filter_fd: int | None = None,
-                    prlimit: bool = True) -> list[str]:
+                    prlimit: bool = True, env: Mapping[str, str] | None = None) -> list[str]:
         """The command wrapped where it is spawned, so direct and nested calls get the same sandbox. A sandboxed
         mode that cannot run here refuses: a command never runs unconfined by surprise."""
         box = self.confinement
@@ -274,10 +275,12 @@ class ShellManager:
                              "check shell.shell in the configuration")
         if box.mode != UNSANDBOXED and backend_for(self._platform) == "seatbelt" and self._tmpdir is None:
             self._tmpdir = Path(tempfile.mkdtemp(prefix="ctproxy-shell-")).resolve()  # mode 0700, removed at close
+        # looked up at each spawn: a socket directory made later (Computer Use's desktop) is hidden too
+        hide = socket_dirs(self._env if env is None else env) if box.mode != UNSANDBOXED else []
         return command_argv(self.shell, cmd, mode=box.mode, network=box.network, workspace=box.workspace,
                             state_dir=box.state_dir or Path("/nonexistent"), cwd=cwd, limits=box.limits,
                             bwrap=self._bwrap, prlimit=self._prlimit if prlimit else None, seccomp=filter_fd,
-                            platform=self._platform, job_tmpdir=self._tmpdir)
+                            platform=self._platform, job_tmpdir=self._tmpdir, hide=hide)
 
     # -- stdin -----------------------------------------------------------------------------------
     async def write(self, tool: str, job: Job, data: bytes, timeout: float) -> Delivery:
