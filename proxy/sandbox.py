@@ -215,7 +215,8 @@ def find_prlimit(path: str | None = None) -> str | None:
 @functools.lru_cache(maxsize=8)
 def _probe(bwrap: str) -> str | None:
     argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run",
-            "--unshare-user-try", "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net",
+            "--unshare-user-try", "--cap-drop", "ALL", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--unshare-net",
             "--die-with-parent", "--new-session", "--", "true"]
     try:
         out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
