@@ -260,3 +260,26 @@ def test_as_a_normal_user_the_same_launch_confines(bwrap: None, outside_tmp: Pat
     assert field(out, "fanotify_init")[0] == "-1", out
     assert (outside / "canary").read_text() == "host\n" and "y" not in (ws / ".git" / "config").read_text()
     assert "ctp_secret" not in out and "REACHED" not in out and out.count("refused") == 2, out
+
+
+async def test_background_children_keep_the_job_running_and_their_output(
+        bwrap: None, tool_server: Any, tmp_path: Path) -> None:
+    """seed004 N4: a `cmd &` child in the sandbox outlives the command as unsandboxed (the job runs until the
+    group is gone); stdin still reaches the command."""
+    srv = await tool_server(ON, workspace=workspace(tmp_path))
+    first = await srv.rest("exec_command", {"cmd": "(sleep 1; echo CHILD-DONE) & read line; echo started $line",
+                                            "yield_time_ms": 250}, **AGENT)
+    assert first.ok and "session_id" in first.details, first.body  # still running: the child is the job's
+    out = first.details["stdout"]["text"]
+    nxt = await srv.rest("write_stdin", {"session_id": first.details["session_id"], "chars": "fed\n",
+                                         "yield_time_ms": 30000}, **AGENT)
+    out += nxt.details["stdout"]["text"]
+    for _ in range(60):
+        if "session_id" not in nxt.details:
+            break
+        nxt = await srv.rest("write_stdin", {"session_id": first.details["session_id"], "yield_time_ms": 1000},
+                             **AGENT)
+        out += nxt.details["stdout"]["text"]
+    assert out == "started fed\nCHILD-DONE\n" and nxt.details["exit_code"] == 0, (out, nxt.body)
+    res = await srv.rest("exec_command", {"cmd": "sh -c 'kill -9 $$'", "yield_time_ms": 30000}, **AGENT)
+    assert res.details["exit_code"] == 128 + 9  # the command's own status comes through the keeper
