@@ -384,6 +384,16 @@ class ShellManager:
     async def stop(self, job: Job) -> bool:
         return await job.stop()
 
+    async def abandon(self, owner: Owner, session_id: str) -> bool:
+        """Stop a session nobody can ever name (a code cell whose client hung up before its ID was returned,
+        seed004 N6) and drop its handle; False when it is not this owner's or is gone already."""
+        job = self._jobs.get(session_id)
+        if job is None or job.owner != owner:
+            return False
+        await job.stop()
+        self._release(job)
+        return True
+
     def stop_in_background(self, job: Job) -> None:
         """For a cancelled direct call: the job must stop even though nobody waits for it."""
         self._spawn_bg(job.stop())
