@@ -420,3 +420,12 @@ async def test_a_hung_up_exec_stops_the_shells_its_cell_started(tool_server: Any
         task.cancel()
         await asyncio.wait_for(until(lambda: job.settled and not shells._jobs), 30)
     assert job.stop_requested
+
+
+async def test_a_cell_that_replaces_promise_then_still_ends_with_its_result(tool_server: Any) -> None:
+    """seed004 N7: the host attaches the program's completion with the `then` it captured at start."""
+    srv = await tool_server(ON)
+    res = await srv.rest("exec", {"code": "Promise.prototype.then = function () { return this }; return 1",
+                                  "yield_time_ms": 20000})
+    assert res.ok and res.text.startswith("Script completed"), res.body
+    assert res.details["result"] == 1
