@@ -283,3 +283,26 @@ async def test_background_children_keep_the_job_running_and_their_output(
     assert out == "started fed\nCHILD-DONE\n" and nxt.details["exit_code"] == 0, (out, nxt.body)
     res = await srv.rest("exec_command", {"cmd": "sh -c 'kill -9 $$'", "yield_time_ms": 30000}, **AGENT)
     assert res.details["exit_code"] == 128 + 9  # the command's own status comes through the keeper
+
+
+def test_the_cgroups_of_a_dead_tool_server_are_removed(tmp_path: Path) -> None:
+    """seed004 N12: a tool server killed before its close left its jobs' empty pids cgroups for good; the
+    next one removes those of servers that are gone, and never a live server's."""
+    from proxy.sandbox import pids_cgroup
+    from tools_server.shell.manager import sweep_dead_cgroups
+
+    root = pids_cgroup()
+    if root is None:
+        pytest.skip("no writable pids cgroup hierarchy here")
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that is gone now
+    stale, live = root / f"ctproxy-{dead.pid}-1234", root / f"ctproxy-{os.getppid()}-5678"
+    stale.mkdir()
+    live.mkdir()
+    try:
+        assert sweep_dead_cgroups(root) >= 1
+        assert not stale.exists() and live.exists()
+    finally:
+        for path in (stale, live):
+            with contextlib.suppress(OSError):
+                path.rmdir()

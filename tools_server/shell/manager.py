@@ -85,6 +85,20 @@ class Observation:
     input_bytes: int = 0
 
 
+def sweep_dead_cgroups(root: Path) -> int:
+    """Remove the empty `ctproxy-<pid>-<job>` cgroups of tool servers that are gone (killed before their close
+    could remove them); a live server's, or a busy one, stays. Returns how many went."""
+    removed = 0
+    for path in root.glob("ctproxy-*-*"):
+        _, pid, _ = path.name.split("-", 2)
+        if not pid.isdigit() or int(pid) == os.getpid() or Path(f"/proc/{pid}").exists():
+            continue
+        with contextlib.suppress(OSError):  # still holds a process: left alone
+            path.rmdir()
+            removed += 1
+    return removed
+
+
 class ShellManager:
     def __init__(self, store: CaptureStore, shell: str | None = None,
                  env: Mapping[str, str] | None = None,
@@ -101,6 +115,7 @@ class ShellManager:
         self._seccomp = seccomp_program() if linux else None
         self._tmpdir: Path | None = None  # macOS: the sandboxed jobs' writable TMPDIR (Seatbelt has no private /tmp)
         self._in_cgroups: set[Job] = set()
+        self._swept = False  # the cgroups a dead tool server left behind, removed once (seed004 N12)
         self._sandbox_problem: str | None = None
         self._probed = False
         self._env = dict(os.environ if env is None else env)  # captured once; overlays never change it
@@ -228,6 +243,9 @@ class ShellManager:
         """The job's own pids cgroup (`pids.max` = shell.max_processes): a fork bomb stays inside its job, for
         root too. Cgroups of finished jobs are removed as they end, and here (one that was still busy)."""
         assert self._cgroups is not None
+        if not self._swept:
+            self._swept = True
+            sweep_dead_cgroups(self._cgroups)
         for done in [j for j in self._in_cgroups if j.complete.is_set()]:
             done.remove_cgroup()
             if done.cgroup is None or not done.cgroup.exists():
