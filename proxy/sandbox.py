@@ -159,24 +159,30 @@ def bwrap_argv(mode: str, network: bool, workspace: Path, state_dir: Path, cwd: 
     return argv
 
 
-# Inside bubblewrap's pid namespace everything dies when the command does (its init exits with it). So the command
-# runs as its own process group under this keeper, which waits for the command, then for the rest of that group
-# (the job's `cmd &` children, as unsandboxed: seed §5.6, seed004 N4), and exits with the command's status. The
-# command keeps the job's stdin (an asynchronous list would get /dev/null). "$0" is setsid.
-KEEP_GROUP = ('exec 3<&0 </dev/null; "$0" "$@" <&3 3<&- & p=$!; exec 3<&-; wait "$p"; r=$?; '
-              'while kill -0 -"$p" 2>/dev/null; do sleep 0.05; done; exit "$r"')
+# Inside bubblewrap's pid namespace everything dies when the command does (its init exits with it). So a keeper
+# shell starts the command, waits for it, then until no other live process of its process group is left (the
+# job's `cmd &` children, as unsandboxed: seed §5.6, seed004 N4), reading the namespace's few /proc/N/stat with
+# builtins only (pid 1 is bubblewrap's init, in the same group), and exits with the command's status. The command
+# keeps the job's stdin (an asynchronous list would get /dev/null).
+KEEP_GROUP = ('exec 3<&0 </dev/null; "$@" <&3 3<&- & p=$!; exec 3<&-; wait "$p"; r=$?; '
+              'read -r s < /proc/$$/stat; s=${s##*) }; set -- $s; g=$3; '
+              'while :; do a=; for f in /proc/[0-9]*/stat; do '
+              'case $f in /proc/1/stat|/proc/$$/stat) continue;; esac; '
+              'read -r s 2>/dev/null < "$f" || continue; s=${s##*) }; set -- $s; '
+              '[ "$1" != Z ] && [ "$3" = "$g" ] && a=1 && break; done; '
+              '[ -z "$a" ] && exit "$r"; sleep 0.05; done')
 
 
-def keep_group_argv(setsid: str | None) -> list[str]:
-    """The keeper's prefix (empty without util-linux's setsid: then background children die with the command)."""
-    return ["/bin/sh", "-c", KEEP_GROUP, setsid] if setsid else []
+def keep_group_argv() -> list[str]:
+    """The keeper's prefix: POSIX sh, nothing else."""
+    return ["/bin/sh", "-c", KEEP_GROUP, "sh"]
 
 
 def command_argv(shell: str, cmd: str, *, mode: str, network: bool, workspace: Path | None, state_dir: Path,
                  cwd: Path, limits: Limits, bwrap: str | None, prlimit: str | None,
                  seccomp: int | None = None, platform: str | None = None, job_tmpdir: Path | None = None,
                  sandbox_exec: str = SANDBOX_EXEC, hide: Sequence[Path] = (),
-                 setsid: str | None = None) -> list[str]:
+                 keep_group: bool = False) -> list[str]:
     """The whole argv of one exec_command: [bwrap …] [prlimit …] shell -c cmd on Linux;
     [sandbox-exec -p PROFILE …] [sh -c 'ulimit …'] shell -c cmd on macOS (`job_tmpdir`: its writable TMPDIR)."""
     argv: list[str] = []
@@ -193,8 +199,8 @@ def command_argv(shell: str, cmd: str, *, mode: str, network: bool, workspace: P
         argv += bwrap_argv(mode, network, workspace, state_dir, cwd, bwrap=bwrap, seccomp=seccomp, hide=hide)
     if prlimit is not None:
         argv += limits.argv(prlimit)
-    if mode != UNSANDBOXED:
-        argv += keep_group_argv(setsid)
+    if mode != UNSANDBOXED and keep_group:
+        argv += keep_group_argv()
     return [*argv, shell, "-c", cmd]
 
 
@@ -227,9 +233,6 @@ def find_bwrap(path: str | None = None) -> str | None:
 def find_prlimit(path: str | None = None) -> str | None:
     return shutil.which("prlimit", path=path)
 
-
-def find_setsid(path: str | None = None) -> str | None:
-    return shutil.which("setsid", path=path)
 
 
 @functools.lru_cache(maxsize=8)

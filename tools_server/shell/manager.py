@@ -28,7 +28,6 @@ from proxy.sandbox import (
     command_argv,
     find_bwrap,
     find_prlimit,
-    find_setsid,
     join_cgroup_argv,
     limits_of,
     pids_cgroup,
@@ -110,7 +109,6 @@ class ShellManager:
         linux = backend_for(self._platform) == "bubblewrap"
         self._bwrap = find_bwrap() if linux else None
         self._prlimit = find_prlimit() if linux else None
-        self._setsid = find_setsid() if linux else None
         self._cgroups = pids_cgroup() if linux else None
         self._seccomp = seccomp_program() if linux else None
         self._tmpdir: Path | None = None  # macOS: the sandboxed jobs' writable TMPDIR (Seatbelt has no private /tmp)
@@ -300,7 +298,7 @@ class ShellManager:
         return command_argv(self.shell, cmd, mode=box.mode, network=box.network, workspace=box.workspace,
                             state_dir=box.state_dir or Path("/nonexistent"), cwd=cwd, limits=box.limits,
                             bwrap=self._bwrap, prlimit=self._prlimit if prlimit else None, seccomp=filter_fd,
-                            platform=self._platform, job_tmpdir=self._tmpdir, hide=hide, setsid=self._setsid)
+                            platform=self._platform, job_tmpdir=self._tmpdir, hide=hide, keep_group=True)
 
     # -- stdin -----------------------------------------------------------------------------------
     async def write(self, tool: str, job: Job, data: bytes, timeout: float) -> Delivery:
