@@ -461,9 +461,14 @@ async def test_the_seccomp_filter_refuses_what_it_lists(bwrap: None, tool_server
     probe = ("python3 -c \"import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
              "r = libc.syscall(272, 0x10000000); print('unshare', r, ctypes.get_errno()); "  # CLONE_NEWUSER
              "r = libc.syscall(101, 0, os.getppid(), 0, 0); print('ptrace', r, ctypes.get_errno()); "  # ATTACH
+             "r = libc.syscall(56, 0x10000000 | 17, 0, 0, 0, 0); r == 0 and os._exit(0); "  # clone(NEWUSER)
+             "print('clone', r, ctypes.get_errno()); "
+             "print('clone3', libc.syscall(435, 0, 0), ctypes.get_errno()); "
+             "print('fanotify', libc.syscall(300, 0, 0), ctypes.get_errno()); "
              "print('getpid', libc.syscall(39) > 0)\"")
     out = (await run(srv, probe)).details["stdout"]["text"]
     assert "unshare -1 1\n" in out and "ptrace -1 1\n" in out and "getpid True" in out, out  # EPERM; others run
+    assert "clone -1 1\n" in out and "clone3 -1 38\n" in out and "fanotify -1 1\n" in out, out  # clone3: ENOSYS
     st = capability_status(srv.services.config, "shell")
     assert "seccomp denies" in st.reason
     free = await tool_server({**ON, "shell.sandbox": "danger-full-access"}, workspace=workspace(tmp_path / "b"))
