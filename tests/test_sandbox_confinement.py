@@ -306,3 +306,28 @@ def test_the_cgroups_of_a_dead_tool_server_are_removed(tmp_path: Path) -> None:
         for path in (stale, live):
             with contextlib.suppress(OSError):
                 path.rmdir()
+
+
+def test_socket_dirs_and_their_place_in_the_argv(tmp_path: Path) -> None:
+    """The hidden directories (pure): found from the environment, nested ones dropped; one that holds the
+    workspace is covered before the workspace is bound into it, the others after (also one inside it)."""
+    from proxy.sandbox import bwrap_argv
+
+    home, run_user = tmp_path / "home", tmp_path / "run" / "user" / "0"
+    (home / ".cache" / "at-spi").mkdir(parents=True)
+    run_user.mkdir(parents=True)
+    bus = tmp_path / "bus"
+    bus.mkdir()
+    env = {"HOME": str(home), "XDG_RUNTIME_DIR": str(run_user),
+           "DBUS_SESSION_BUS_ADDRESS": f"unix:path={bus}/s,guid=1;unix:abstract=/tmp/x",
+           "AT_SPI_BUS_ADDRESS": f"unix:path={home}/.cache/at-spi/bus_0"}
+    found = socket_dirs(env)
+    assert (home / ".cache").resolve() in found and run_user.resolve() in found and bus.resolve() in found
+    assert (home / ".cache" / "at-spi").resolve() not in found  # inside $HOME/.cache: covered already
+    ws, state = (home / ".cache" / "proj").resolve(), (tmp_path / "state").resolve()
+    text = " ".join(bwrap_argv("workspace-write", False, ws, state, ws, hide=found))
+    assert text.index(f"--tmpfs {home.resolve()}/.cache") < text.index(f"--bind {ws} {ws}")
+    assert text.index(f"--bind {ws} {ws}") < text.index(f"--tmpfs {bus.resolve()}")
+    inside = bwrap_argv("workspace-write", False, home.resolve(), state, home.resolve(), hide=found)
+    joined = " ".join(inside)
+    assert joined.index(f"--bind {home.resolve()} ") < joined.index(f"--tmpfs {home.resolve()}/.cache")
