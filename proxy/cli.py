@@ -356,8 +356,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         render,
         running_config,
         store_reachable,
-        tools_answering,
         with_running_desktop,
+        with_tools_health,
     )
 
     state = _state(args)
@@ -372,7 +372,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                                 debug=bool(run.get("debug")), bridge=run.get("bridge"), sandbox=run.get("sandbox"),
                                 workers=run.get("workers_flag"))
         config = running_config(run) or wanted  # a run.json from an older ctproxy has no snapshot
-        answering = tools_answering(state, run)
+        run, answering = with_tools_health(state, run)  # the running server's word on its capabilities
     file_config = wanted if run and wanted is not config else None
     reach = store_reachable(run, load_config(path).store.url)
     if args.json:

@@ -196,7 +196,8 @@ class ComputerUseConfig(_Section):
 
     enabled: bool = False
     approval_mode: Literal["confirm", "always"] = Field(
-        "confirm", description="confirm: ask once per app per tool-server run (MCP elicitation); always: never ask")
+        "confirm", description="confirm: ask once per app per caller (MCP session, else task and agent) for the "
+                    "tool-server run (MCP elicitation); always: never ask")
     backend: Literal["auto", "linux", "macos"] = Field("auto", description="auto: macos on macOS, else linux")
     display: str | None = Field(None, description="X display to drive (null: $DISPLAY)")
     dbus_address: str | None = Field(None, description="session bus of that desktop (null: $DBUS_SESSION_BUS_ADDRESS)")

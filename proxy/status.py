@@ -43,6 +43,29 @@ class CapabilityStatus:
 
 def capability_status(config: Config, name: str, upstream_official: bool = True,
                       upstream_trusted: bool = False, run: dict | None = None) -> CapabilityStatus:
+    st = _capability_status(config, name, upstream_official, upstream_trusted, run)
+    return _as_the_server_says(st, run)
+
+
+TOOLS_HEALTH = "tools_health"  # run-dict key `ctproxy status` fills with the running tool server's /healthz
+
+
+def _as_the_server_says(st: CapabilityStatus, run: dict | None) -> CapabilityStatus:
+    """With a running ctproxy, a tool-server capability is what that server says (seed004 N8, N9): unavailable
+    while the server does not answer; unavailable for the server's own reason (it imported shell.policy with its
+    PYTHONPATH, not the status process's)."""
+    health = (run or {}).get(TOOLS_HEALTH)
+    if health is None or st.state not in ("active", "deferred") or capability(st.name).runs_in != "tool server":
+        return st
+    if health is False:
+        return CapabilityStatus(st.name, "unavailable", "the tool server is not answering (restart ctproxy)",
+                                st.pending)
+    why = (health.get("unavailable") or {}).get(st.name) if isinstance(health, dict) else None
+    return CapabilityStatus(st.name, "unavailable", str(why), st.pending) if why else st
+
+
+def _capability_status(config: Config, name: str, upstream_official: bool, upstream_trusted: bool,
+                       run: dict | None) -> CapabilityStatus:
     cap = capability(name)
     what, built = cap.summary, cap.built
     if name == "sidecar_search":  # its switch is web_search.backend (issue 15)
@@ -76,7 +99,7 @@ def capability_status(config: Config, name: str, upstream_official: bool = True,
         if state == "active" and (held := _held_by_discovery(config, cap.tools)) is not None:
             return CapabilityStatus(name, "deferred", f"{held}; then: {reason}")  # seed 004 defect 10
         return CapabilityStatus(name, state, reason)
-    if name == "shell" and (problem := shell_problem(config)) is not None:
+    if name == "shell" and (problem := _shell_problem_here(config, run)) is not None:
         return CapabilityStatus(name, "unavailable", problem)
     if name == "context":
         from proxy.context.status import context_status
@@ -133,6 +156,14 @@ def _needs_api_key(st: CapabilityStatus, upstream_official: bool, upstream_trust
                             "behind an untrusted --upstream it can only use OPENAI_API_KEY, and ctproxy's environment "
                             "has none: export OPENAI_API_KEY before `ctproxy up`, or pass --trust-upstream if that "
                             "gateway may receive the session's API key")
+
+
+def _shell_problem_here(config: Config, run: dict | None) -> str | None:
+    """A running tool server that answered judged its shell itself (`_as_the_server_says`): the policy and
+    shell are looked up there, not here."""
+    if isinstance((run or {}).get(TOOLS_HEALTH), dict) and "unavailable" in run[TOOLS_HEALTH]:
+        return None
+    return shell_problem(config)
 
 
 def shell_problem(config: Config) -> str | None:
@@ -288,6 +319,13 @@ def write_run_config(state: StateDir, config: Config) -> Path:
 
 def tools_answering(state: StateDir, run: dict | None, timeout: float = 3.0) -> bool | None:
     """Whether the running tool server answers /healthz (None: there is none)."""
+    health = tools_health(state, run, timeout)
+    return None if health is None else health is not False
+
+
+def tools_health(state: StateDir, run: dict | None, timeout: float = 3.0) -> dict | bool | None:
+    """The running tool server's /healthz answer (a dict), False when it does not answer, None when there is
+    none."""
     url = (run or {}).get("tools")
     if not url:
         return None
@@ -297,9 +335,19 @@ def tools_answering(state: StateDir, run: dict | None, timeout: float = 3.0) -> 
     req = urllib.request.Request(url + "/healthz", headers={"Authorization": f"Bearer {state.token()}"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status == 200
+            body = json.loads(resp.read() or b"{}") if resp.status == 200 else None
     except (urllib.error.URLError, OSError, ValueError):
         return False
+    return body if isinstance(body, dict) else False
+
+
+def with_tools_health(state: StateDir, run: dict | None) -> tuple[dict | None, bool | None]:
+    """`run` with the tool server's answer added (what `capability_status` then reports), and whether it
+    answered (None: no tool server)."""
+    health = tools_health(state, run)
+    if run is None or health is None:
+        return run, None
+    return {**run, TOOLS_HEALTH: health}, health is not False
 
 
 def write_desktop_file(state: StateDir, info: dict) -> None:

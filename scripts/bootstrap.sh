@@ -147,7 +147,7 @@ debs desktop "the Computer Use desktop" CTPROXY_SKIP_DESKTOP \
   "computer_use stays unavailable on this machine and its desktop tests skip" \
   xvfb xdotool openbox at-spi2-core dbus-daemon dbus-session-bus-common python3-gi gir1.2-gtk-3.0
 debs chromium "Chromium" CTPROXY_SKIP_BROWSER "the dashboard's browser test skips" chromium
-debs sandbox "bubblewrap" CTPROXY_SKIP_SANDBOX "shell sandbox modes are unavailable and their tests skip" bubblewrap
+debs sandbox "bubblewrap" CTPROXY_SKIP_SANDBOX "shell sandbox modes are unavailable and their tests skip" bubblewrap libseccomp2
 debs postgresql "PostgreSQL" CTPROXY_SKIP_POSTGRES \
   "the tests that start a private PostgreSQL server (the shared store, issue 32) skip" postgresql
 

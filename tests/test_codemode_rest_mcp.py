@@ -400,3 +400,32 @@ async def test_a_flood_of_synchronous_output_is_bounded_and_said(tool_server: An
     assert res.details["output_bytes"] > 0 and "were not kept" in res.text
     rec = res.details["recovery"]["output"]
     assert rec["state"] == "partial" and rec["reason"] == "overload" and Path(rec["path"]).exists()
+
+
+async def test_a_hung_up_exec_stops_the_shells_its_cell_started(tool_server: Any, tmp_path: Path) -> None:
+    """seed004 N6: nobody learnt the cell's ID, so nobody can name its shells: they are stopped with it."""
+    srv = await tool_server({**ON, "shell.enabled": True}, workspace=tmp_path)
+    shells = srv.services.extras["shell.family"].manager
+    code = ("await tools.exec_command({cmd: 'sleep 1061', yield_time_ms: 250});\n"
+            "await new Promise(() => {})")
+    async with aiohttp.ClientSession() as http:
+        task = asyncio.ensure_future(http.post(f"{srv.url}/v1/tools/exec", headers=srv.headers("t", "/root"),
+                                               data=json.dumps({"code": code, "yield_time_ms": 30000})))
+
+        async def until(check: Any) -> None:
+            while not check():
+                await asyncio.sleep(0.02)
+        await asyncio.wait_for(until(lambda: any(not j.settled for j in shells._jobs.values())), 30)
+        job = next(iter(shells._jobs.values()))
+        task.cancel()
+        await asyncio.wait_for(until(lambda: job.settled and not shells._jobs), 30)
+    assert job.stop_requested
+
+
+async def test_a_cell_that_replaces_promise_then_still_ends_with_its_result(tool_server: Any) -> None:
+    """seed004 N7: the host attaches the program's completion with the `then` it captured at start."""
+    srv = await tool_server(ON)
+    res = await srv.rest("exec", {"code": "Promise.prototype.then = function () { return this }; return 1",
+                                  "yield_time_ms": 20000})
+    assert res.ok and res.text.startswith("Script completed"), res.body
+    assert res.details["result"] == 1

@@ -316,7 +316,7 @@ async def test_the_private_desktop_is_published_to_the_shell_tools(tool_server: 
     first = await srv.rest(LIST, {})
     assert first.ok and first.details["desktop"]["private"], first.body
     display = first.details["desktop"]["display"]
-    assert f"DISPLAY={display}" in first.text
+    assert f"DISPLAY={display}" in first.text and "start an app on it with exec_command" in first.text
     started = await srv.rest("exec_command", {"cmd": f"exec {desktop_support.SYSTEM_PYTHON} "
                                                      f"{desktop_support.APP} 'Private Probe'",
                                               "yield_time_ms": 250}, task="t", agent="/root")
@@ -330,6 +330,20 @@ async def test_the_private_desktop_is_published_to_the_shell_tools(tool_server: 
     finally:
         await srv.rest("write_stdin", {"session_id": started.details["session_id"], "terminate": True},
                        task="t", agent="/root")
+
+
+async def test_list_apps_does_not_send_a_sandboxed_shell_to_the_private_desktop(tool_server: Any, monkeypatch: Any,
+                                                                               tmp_path: Path) -> None:
+    """seed004 N5: under the default sandbox exec_command cannot reach the desktop, and list_apps says so."""
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("XAUTHORITY", raising=False)
+    srv = await tool_server({"computer_use.enabled": True, "computer_use.start_xvfb": True,
+                             "computer_use.approval_mode": "always", "shell.enabled": True,
+                             "shell.sandbox": "workspace-write"}, workspace=tmp_path)
+    first = await srv.rest(LIST, {})
+    assert first.ok and first.details["desktop"]["private"], first.body
+    assert "start an app on it with exec_command" not in first.text
+    assert "exec_command cannot start an app on it" in first.text and "danger-full-access" in first.text
 
 
 async def test_waiting_for_the_private_desktop_never_activates_a_second_launcher() -> None:

@@ -162,3 +162,46 @@ async def test_status_names_the_private_desktop_the_tool_server_started(proxy_fa
     _, caps, text = status(state)
     assert f"private desktop running on display {display}" in caps["computer_use"]["reason"]
     assert f"display {display}" in text
+
+
+async def test_shell_and_code_mode_are_unavailable_while_the_tool_server_is_dead(proxy_factory, tmp_path):
+    """seed004 N8: `active` means callable now; a dead tool server serves nothing."""
+    import os
+    import signal
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    proxy = await proxy_factory(upstream="http://127.0.0.1:9", extra_args=[
+        "--enable", "shell", "--enable", "code_mode", "--sandbox", "danger-full-access", "--workspace", str(ws)])
+    _, caps, _ = status(proxy.state_dir)
+    assert caps["shell"]["state"] == "active" and caps["code_mode"]["state"] == "active"
+    pid = json.loads((proxy.state_dir / "run.json").read_text())["tools_pid"]
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(600):  # until it is gone (or a zombie ctproxy has not reaped yet), at most a minute
+        stat = Path(f"/proc/{pid}/stat")
+        if not stat.exists() or stat.read_text().split()[2] == "Z":
+            break
+        await asyncio.sleep(0.1)
+    _, caps, text = status(proxy.state_dir)
+    for name in ("shell", "code_mode"):
+        assert caps[name]["state"] == "unavailable", caps[name]
+        assert "tool server is not answering" in caps[name]["reason"]
+    assert "unavailable" in next(line for line in text.splitlines() if line.strip().startswith("shell "))
+
+
+async def test_shell_policy_is_judged_by_the_running_server(proxy_factory, tmp_path):
+    """seed004 N9: a policy module only the server's PYTHONPATH names loads there, so the shell works and
+    status says active; a policy the server cannot load is unavailable for the server's reason."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "audhook.py").write_text("class Hooks:\n    def policy(self, call):\n        return None\n")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    state = tmp_path / "state"
+    write_config(state, {"shell": {"enabled": True, "policy": "audhook:Hooks", "sandbox": "danger-full-access"}})
+    proxy = await proxy_factory(state_dir=state, upstream="http://127.0.0.1:9", extra_args=["--workspace", str(ws)],
+                                env={"PYTHONPATH": str(hooks)})
+    code, body = await call_tool(proxy, "exec_command", {"cmd": "echo ok"})
+    assert code == 200 and body["details"]["stdout"]["text"] == "ok\n", body
+    _, caps, _ = status(state)  # this process has no such PYTHONPATH
+    assert caps["shell"]["state"] == "active", caps["shell"]

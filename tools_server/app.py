@@ -51,8 +51,11 @@ async def json_errors(request: web.Request,
 
 async def healthz(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
+    # `unavailable`: the capabilities this process judged unusable, and why (its shell.policy import, its PATH):
+    # `ctproxy status` reports these, not its own judgement (seed004 N9)
     return web.json_response({"ok": True, "version": __version__,
-                              "tools": [t.name for t in service.registry.enabled_tools()]})
+                              "tools": [t.name for t in service.registry.enabled_tools()],
+                              "unavailable": dict(service.registry.unavailable)})
 
 
 def rest_context(service: ToolService, request: web.Request) -> CallContext:

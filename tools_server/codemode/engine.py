@@ -82,6 +82,9 @@ BOOTSTRAP = r"""
   const mapGet = Map.prototype.get, mapSet = Map.prototype.set, mapDelete = Map.prototype.delete;
   const mapForEach = Map.prototype.forEach, mapSize = Reflect.getOwnPropertyDescriptor(Map.prototype, "size").get;
   const weakAdd = WeakSet.prototype.add, weakHas = WeakSet.prototype.has;
+  // the program's completion is attached with this `then`, so a cell that replaces Promise.prototype.then
+  // cannot keep the host from seeing it end (seed004 N7)
+  const promiseThen = Promise.prototype.then;
   // The outbox is one string of JSON messages, not an array: a cell that redefines Array.prototype
   // (an index accessor, push) cannot make the host lose a message, so its end is always seen.
   // The producer credit (seed 004 §5.9): at most CREDIT UTF-16 units of messages wait between two drains
@@ -184,13 +187,13 @@ BOOTSTRAP = r"""
     }
     let p;
     try { p = main(); } catch (e) { push({k: "fail", e: describe(e), line: where(e)}); return ""; }
-    p.then((v) => {
+    apply(promiseThen, p, [(v) => {
       let r;
       try { r = v === undefined ? undefined : stringify(v); }
       catch (e) { push({k: "fail", e: "the returned value cannot be serialized: " + describe(e), line: null}); return; }
       push({k: "done", r: r === undefined ? null : r});
     }, (e) => push({k: "fail", e: describe(e), line: where(e),
-                   code: (e && typeof e.code === "string") ? e.code : null}));
+                   code: (e && typeof e.code === "string") ? e.code : null})]);
     return "";
   };
   const final = () => {

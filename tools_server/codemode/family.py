@@ -178,6 +178,7 @@ class CodeModeFamily:
         self._askers: dict[str, Callable[[str], Awaitable[ConfirmAnswer]]] = {}
         # Cell ID -> one event per question open for it, set once answered (the observer waits for them).
         self._asking: dict[str, set[asyncio.Event]] = {}
+        self._background: set[asyncio.Task[Any]] = set()  # stopping the shells of a cell nobody can name
 
     def _capture(self, cell_id: str) -> StreamCapture | None:
         """Cell output shares the shell family's capture store (one private folder per server session)."""
@@ -302,8 +303,24 @@ class CodeModeFamily:
             return await self._observe(cell, _yield_seconds(pragma.yield_time_ms), _budget(pragma.max_output_tokens),
                                        ctx.confirm)
         except asyncio.CancelledError:
-            cell.terminate()  # nobody learnt the cell's ID: stop it
+            cell.terminate()  # nobody learnt the cell's ID: stop it, and the shells it started (nobody can name
+            self._spawn(self._stop_shells_of(cell, owner_of(ctx)))  # them either: seed004 N6)
             raise
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _stop_shells_of(self, cell: Cell, owner: Owner) -> None:
+        await cell.settle()  # its shell calls come back (detached) with their session IDs
+        shell = self.services.extras.get(SHELL_FAMILY_KEY)
+        manager = getattr(shell, "manager", None)
+        if manager is None:
+            return
+        for sid, state in list(cell.shells.items()):
+            if state != "closed":
+                await manager.abandon(owner, sid)
 
     async def wait(self, args: WaitArgs, ctx: CallContext) -> ToolResult:
         cell = self.manager.lookup(owner_of(ctx), args.cell_id)
@@ -390,6 +407,8 @@ class CodeModeFamily:
         ]
 
     async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
         await self.manager.close()
         await self.pool.close()
 

@@ -1,6 +1,7 @@
-"""Per-app approval (seed 004 §4.5): `confirm` asks once per app per server lifetime, `always` does not ask.
+"""Per-app approval (seed 004 §4.5): `confirm` asks once per app per caller for the server's lifetime, `always`
+does not ask.
 
-Grants live in memory only (a set per family, i.e. per tool-server lifetime) and are never persisted.
+Grants live in memory only (a set per caller, for the tool-server lifetime) and are never persisted.
 A caller that cannot be asked (REST, or an MCP client without elicitation) gets `approval-unavailable`
 before anything is done to the app.
 """

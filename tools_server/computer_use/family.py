@@ -205,10 +205,20 @@ class ComputerUseFamily:
                 for a in apps]}
             if (desk := self.private_desktop()) is not None:  # seed 004 defect 14: say where the tools point
                 details["desktop"] = {"private": True, "display": desk["DISPLAY"]}
-                text += (f"\n(ctproxy's private desktop, DISPLAY={desk['DISPLAY']}: start an app on it with "
-                         "exec_command, which runs with this desktop's DISPLAY, XAUTHORITY and session bus.)")
+                text += f"\n(ctproxy's private desktop, DISPLAY={desk['DISPLAY']}{self._how_to_start_apps()})"
             return ToolResult(text=text, details=details)
         return await self._serve(LIST, ctx, run)
+
+    def _how_to_start_apps(self) -> str:
+        """seed004 N5: only what is true for this shell. The sandbox hides the desktop's X socket and buses."""
+        shell = self.services.config.shell
+        if not shell.enabled:
+            return ""
+        if shell.sandbox == "danger-full-access":
+            return (": start an app on it with exec_command, which runs with this desktop's DISPLAY, XAUTHORITY and "
+                    "session bus")
+        return (f": exec_command cannot start an app on it, because shell.sandbox {shell.sandbox} hides the "
+                "desktop's X socket and buses from commands (only danger-full-access reaches them)")
 
     async def get_app_state(self, args: schemas.AppArgs, ctx: CallContext) -> ToolResult:
         async def run() -> ToolResult:

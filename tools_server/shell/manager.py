@@ -34,6 +34,7 @@ from proxy.sandbox import (
     sandbox_problem,
     seccomp_fd,
     seccomp_program,
+    socket_dirs,
 )
 from tools_server.shell import limits
 from tools_server.shell.capture import CaptureStore
@@ -83,6 +84,20 @@ class Observation:
     input_bytes: int = 0
 
 
+def sweep_dead_cgroups(root: Path) -> int:
+    """Remove the empty `ctproxy-<pid>-<job>` cgroups of tool servers that are gone (killed before their close
+    could remove them); a live server's, or a busy one, stays. Returns how many went."""
+    removed = 0
+    for path in root.glob("ctproxy-*-*"):
+        _, pid, _ = path.name.split("-", 2)
+        if not pid.isdigit() or int(pid) == os.getpid() or Path(f"/proc/{pid}").exists():
+            continue
+        with contextlib.suppress(OSError):  # still holds a process: left alone
+            path.rmdir()
+            removed += 1
+    return removed
+
+
 class ShellManager:
     def __init__(self, store: CaptureStore, shell: str | None = None,
                  env: Mapping[str, str] | None = None,
@@ -98,6 +113,7 @@ class ShellManager:
         self._seccomp = seccomp_program() if linux else None
         self._tmpdir: Path | None = None  # macOS: the sandboxed jobs' writable TMPDIR (Seatbelt has no private /tmp)
         self._in_cgroups: set[Job] = set()
+        self._swept = False  # the cgroups a dead tool server left behind, removed once (seed004 N12)
         self._sandbox_problem: str | None = None
         self._probed = False
         self._env = dict(os.environ if env is None else env)  # captured once; overlays never change it
@@ -183,9 +199,10 @@ class ShellManager:
         self._ensure_open(tool)
         filter_fd = seccomp_fd(self._seccomp) if self._seccomp is not None and self.confinement.mode != UNSANDBOXED \
             else None
+        env = {**self._env, **overlay}  # per-spawn overlay; the manager's env stays as captured
         try:
             in_cgroup = self._cgroups is not None and bool(self.confinement.limits.processes)
-            argv = await self._argv(tool, cmd, cwd, filter_fd, prlimit=not in_cgroup)
+            argv = await self._argv(tool, cmd, cwd, filter_fd, prlimit=not in_cgroup, env=env)
             job = Job(self._new_id(), owner, cwd, self.store, kill_after=self.kill_after, confirm=self.confirm)
             if in_cgroup:
                 argv = self._in_cgroup(tool, job, argv)
@@ -193,7 +210,6 @@ class ShellManager:
             if filter_fd is not None:
                 os.close(filter_fd)
             raise
-        env = {**self._env, **overlay}  # per-spawn overlay; the manager's env stays as captured
         if self._tmpdir is not None:
             env["TMPDIR"] = str(self._tmpdir)
         try:
@@ -225,6 +241,9 @@ class ShellManager:
         """The job's own pids cgroup (`pids.max` = shell.max_processes): a fork bomb stays inside its job, for
         root too. Cgroups of finished jobs are removed as they end, and here (one that was still busy)."""
         assert self._cgroups is not None
+        if not self._swept:
+            self._swept = True
+            sweep_dead_cgroups(self._cgroups)
         for done in [j for j in self._in_cgroups if j.complete.is_set()]:
             done.remove_cgroup()
             if done.cgroup is None or not done.cgroup.exists():
@@ -255,7 +274,7 @@ class ShellManager:
             log.warning("shell close: %d job cgroup(s) still busy, left in place", len(self._in_cgroups))
 
     async def _argv(self, tool: str, cmd: str, cwd: Path, filter_fd: int | None = None,
-                    prlimit: bool = True) -> list[str]:
+                    prlimit: bool = True, env: Mapping[str, str] | None = None) -> list[str]:
         """The command wrapped where it is spawned, so direct and nested calls get the same sandbox. A sandboxed
         mode that cannot run here refuses: a command never runs unconfined by surprise."""
         box = self.confinement
@@ -274,10 +293,12 @@ class ShellManager:
                              "check shell.shell in the configuration")
         if box.mode != UNSANDBOXED and backend_for(self._platform) == "seatbelt" and self._tmpdir is None:
             self._tmpdir = Path(tempfile.mkdtemp(prefix="ctproxy-shell-")).resolve()  # mode 0700, removed at close
+        # looked up at each spawn: a socket directory made later (Computer Use's desktop) is hidden too
+        hide = socket_dirs(self._env if env is None else env) if box.mode != UNSANDBOXED else []
         return command_argv(self.shell, cmd, mode=box.mode, network=box.network, workspace=box.workspace,
                             state_dir=box.state_dir or Path("/nonexistent"), cwd=cwd, limits=box.limits,
                             bwrap=self._bwrap, prlimit=self._prlimit if prlimit else None, seccomp=filter_fd,
-                            platform=self._platform, job_tmpdir=self._tmpdir)
+                            platform=self._platform, job_tmpdir=self._tmpdir, hide=hide, keep_group=True)
 
     # -- stdin -----------------------------------------------------------------------------------
     async def write(self, tool: str, job: Job, data: bytes, timeout: float) -> Delivery:
@@ -378,6 +399,16 @@ class ShellManager:
 
     async def stop(self, job: Job) -> bool:
         return await job.stop()
+
+    async def abandon(self, owner: Owner, session_id: str) -> bool:
+        """Stop a session nobody can ever name (a code cell whose client hung up before its ID was returned,
+        seed004 N6) and drop its handle; False when it is not this owner's or is gone already."""
+        job = self._jobs.get(session_id)
+        if job is None or job.owner != owner:
+            return False
+        await job.stop()
+        self._release(job)
+        return True
 
     def stop_in_background(self, job: Job) -> None:
         """For a cancelled direct call: the job must stop even though nobody waits for it."""
