@@ -186,3 +186,58 @@ async def test_codex_at_the_hard_trigger_gets_its_answer_after_the_checkpoint_tu
             assert forwarded.json["stream"] is True  # Codex's own request, streaming as sent
         finally:
             await proxy.astop()
+
+
+def developer_texts(items: list[dict[str, Any]]) -> list[str]:
+    return [text_of(i) for i in items if i.get("role") == "developer"]
+
+
+async def test_codex_config_session_gets_guidance_identity_markers_reminder_and_the_checkpoint_turn(
+        tmp_path: Path) -> None:
+    """Issue 46 defect 1 with the real client: `ctproxy codex-config` makes Codex declare ctproxy's tools inside
+    its `mcp__ctproxy` namespace; that session is a context-managed one like any other. Its first request carries
+    the guidance naming the tools as the model sees them (`mcp__ctproxy.history_read_item`) and the window
+    identity; the next carries `[id: …]` markers and, past reminder_ratio, the reminder; past hard_ratio ctproxy
+    runs the checkpoint turn (the write through the tool server) and forwards Codex's request in window w2.
+    On the old code none of this happened (the namespace was not read)."""
+    cfg = tmp_path / "ctx.json"
+    cfg.write_text(json.dumps({"model_windows": {"gpt-5": 100_000},
+                               "context": {"reminder_ratio": 0.5, "hard_ratio": 0.85}}))
+    async with Emulator(validate_requests=spec_available()) as emulator:
+        proxy = await start(tmp_path, emulator, ["--config", str(cfg)])
+        try:
+            emulator.script(
+                FunctionCall("exec_command", {"cmd": "ls | wc -l"}, call_id="call_sh1",
+                             usage={"input_tokens": 60_000}),  # 60 %: the reminder is due on the next request
+                FunctionCall("exec_command", {"cmd": "ls -a | wc -l"}, call_id="call_sh2",
+                             usage={"input_tokens": 90_000}),  # 90 %: the hard trigger on the next one
+                FunctionCall("notes_write_file", {"path": "checkpoint.md", "text": "counting files; ls ran\n"},
+                             call_id="call_ck"),  # the checkpoint turn's one write
+                Text(ANSWER, deltas=3))
+            last, _ = await codex_exec(tmp_path, proxy, emulator)
+            assert last.strip() == ANSWER
+            all_valid(emulator)
+            first, second, turn, forwarded = emulator.responses_requests
+            namespaces = [t for t in first.json["tools"] if t.get("type") == "namespace"]
+            assert "mcp__ctproxy" in [t["name"] for t in namespaces], first.json["tools"]
+
+            guidance = [t for t in developer_texts(first.input_items) if t.startswith("<ctproxy_context_guidance>")]
+            assert len(guidance) == 1
+            assert "mcp__ctproxy.history_read_item" in guidance[0] and "mcp__ctproxy.notes_write_file" in guidance[0]
+            assert any(t.startswith("You are agent /root") and "context window w1" in t
+                       for t in developer_texts(first.input_items)), developer_texts(first.input_items)
+
+            body = json.dumps(second.input_items)
+            assert "[id: " in body  # the markers history_read_item takes
+            reminders = [t for t in developer_texts(second.input_items) if "<ctproxy_context_reminder>" in t]
+            assert len(reminders) == 1 and "mcp__ctproxy.notes_write_file" in reminders[0], reminders
+            assert second.input_items[-1].get("role") == "developer"  # the reminder goes last
+
+            assert turn.json["tool_choice"] == {"type": "function", "name": "notes_write_file"}
+            assert turn.json["stream"] is False
+            notes = list((proxy.state_dir / "notes").rglob("checkpoint.md"))
+            assert [p.read_text() for p in notes] == ["counting files; ls ran\n"]
+            assert_new_window(forwarded.input_items)
+            assert forwarded.json["stream"] is True
+        finally:
+            await proxy.astop()
