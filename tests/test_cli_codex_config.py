@@ -110,7 +110,7 @@ def test_remote_compaction_v2_capability(tmp_path):
 async def test_remote_compaction_is_local_for_an_upstream_that_cannot_compact(proxy_factory):
     """A running ctproxy whose upstream is neither official nor trusted: Codex would send its v2 compaction
     there and fail on the missing `compaction` item, so codex-config says `unsupported`, and why."""
-    proxy = await proxy_factory(upstream="http://127.0.0.1:9")
+    proxy = await proxy_factory(upstream="http://127.0.0.1:9", trust_upstream=False)
     out = await asyncio.to_thread(cli, "codex-config", "--state-dir", str(proxy.state_dir))
     assert out.returncode == 0, out.stderr
     assert tomllib.loads(out.stdout)["model_providers"]["ctproxy"]["capabilities"] == {

@@ -1,0 +1,75 @@
+"""Codex 0.171's WebSocket control frames through ctproxy (issue 44 (2)): `response.interrupt` (Codex sends it by
+default on its Responses-lite path), `response.steer` and `response.inject` reach the upstream as sent and in
+the order sent, while a create is streaming; the interrupted response (`incomplete`, reason `interrupted`,
+`end_turn: false`) reaches the client as the upstream ended it, is journaled as that (never as a completed
+answer, its partial text not an item), and the socket goes on: a create chained from the interrupted response
+runs. A plain aiohttp client, `ctproxy up` as a real process, the emulator upstream in WebSocket mode."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.emulator import Emulator, Text
+from tests.openapi_schema import spec_available
+from tests.test_ws_chain import BETA, TERMINAL, events, turn, user
+
+pytestmark = pytest.mark.timeout(180)
+PARTIAL = "a long answer that the user interrupts halfway through"
+
+
+async def receive_until(ws: aiohttp.ClientWebSocketResponse, done) -> list[dict]:
+    got: list[dict] = []
+    while True:
+        msg = await ws.receive(timeout=60)
+        assert msg.type == aiohttp.WSMsgType.TEXT, msg
+        got.append(orjson.loads(msg.data))
+        if done(got[-1]):
+            return got
+
+
+async def test_interrupt_steer_and_inject_pass_in_order_and_the_interrupted_turn_is_not_a_failure(
+        proxy_factory) -> None:
+    async with Emulator(validate_requests=spec_available()) as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url)
+        # created, in_progress, the item and its part added, 3 of 8 deltas: then the upstream waits
+        emu.script(Text(PARTIAL, deltas=8, stall_after=7), Text("after the interrupt"))
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            await ws.send_str(orjson.dumps({"type": "response.create", "model": "gpt-5", "store": False,
+                                            "input": user("write a long answer")}).decode())
+            head = await receive_until(ws, lambda e: e["type"] == "response.output_text.delta")
+            rid = head[0]["response"]["id"]
+            steer = {"type": "response.steer", "previous_response_id": rid,
+                     "input": [{"role": "user", "content": "shorter, please"}]}
+            inject = {"type": "response.inject", "response_id": rid,
+                      "input": [{"type": "function_call_output", "call_id": "call_x", "output": "ok"}]}
+            interrupt = {"type": "response.interrupt", "response_id": rid, "mode": "discard_partial_items"}
+            for frame in (steer, inject, interrupt):
+                await ws.send_str(orjson.dumps(frame).decode())
+            rest = await receive_until(ws, lambda e: e["type"] == "response.incomplete")
+            end = rest[-1]["response"]
+            assert end["id"] == rid and end["status"] == "incomplete"
+            assert end["incomplete_details"] == {"reason": "interrupted"} and end["end_turn"] is False
+            assert not [e for e in rest if e["type"] == "error"], rest  # no ctproxy error for the turn
+            # the emulator answers the steer and the inject it does not serve with its own errors; drain them
+            async with asyncio.timeout(60):
+                others = [orjson.loads((await ws.receive()).data) for _ in range(2)]
+            assert [o["type"] for o in others] == ["error", "error"], others
+            # the socket goes on: Codex continues from the interrupted response
+            nxt = events(await turn(ws, {"model": "gpt-5", "store": False, "previous_response_id": rid,
+                                         "input": user("go on")}))
+            assert nxt[-1]["type"] == "response.completed", nxt[-1]
+            assert nxt[-1]["type"] in TERMINAL
+        assert emu.ws_other_messages == [steer, inject, interrupt], "as sent, in the order sent"
+
+    conn = sqlite3.connect(proxy.state_dir / "ctproxy.db")
+    rows = dict(conn.execute("SELECT response_id, status FROM journal_responses").fetchall())
+    assert rows.get(rid) == "incomplete", rows  # journaled as the upstream settled it, not as completed
+    texts = [t for (t,) in conn.execute("SELECT text FROM journal_items WHERE origin = 'output'")]
+    assert not [t for t in texts if "interrupts halfway" in t], texts  # the discarded partial text is no item
+    assert any("after the interrupt" in t for t in texts), texts
+    conn.close()
