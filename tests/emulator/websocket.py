@@ -221,6 +221,7 @@ async def _message(emu: Emulator, conn: WsConnection, request: web.Request, head
 
         reply = compaction_reply(rec) if rec.route == "compaction" else echo_reply(rec, emu.default_deltas)
     plan = render(reply, RenderContext.for_request({**checked, "stream": True}, emu.token_counter(checked)))
+    plan.stall_after = getattr(reply, "stall_after", None)  # (as on HTTP: a reply that waits, e.g. for an interrupt)
     if emu.before_answer is not None:
         await emu.before_answer(rec)
     if plan.body is not None:  # an HttpError reply: the error event
