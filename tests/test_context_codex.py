@@ -241,3 +241,37 @@ async def test_codex_config_session_gets_guidance_identity_markers_reminder_and_
             assert forwarded.json["stream"] is True
         finally:
             await proxy.astop()
+
+
+async def test_codex_0171_default_model_lite_path_gets_the_guidance_for_its_mcp_tools(tmp_path: Path) -> None:
+    """Issue 44 (2) with Codex 0.171's default kind of model (`gpt-6.2-astra`: `use_responses_lite`,
+    `tool_mode: "code_mode_only"`), set up by codex-config: Codex sends its tools in an `additional_tools` input
+    item and names ctproxy's MCP tools in its namespace there or only as a deferred namespace in a developer
+    message. Either way ctproxy sees them: one guidance naming `mcp__ctproxy.…`, and the window identity; the
+    `additional_tools` item stays first, as Codex sent it."""
+    async with Emulator(validate_requests=spec_available()) as emulator:
+        proxy = await start(tmp_path, emulator, [])
+        try:
+            emulator.script(Text(ANSWER, deltas=3))
+            home, codex_home, work = isolated_dirs(tmp_path)
+            config = codex_home / "config.toml"
+            config.write_text(SETTINGS.replace('model = "gpt-5"', 'model = "gpt-6.2-astra"'))
+            await asyncio.to_thread(cli, proxy.state_dir, "codex-config", "--write", str(config))
+            env = codex_env(home, codex_home, OPENAI_API_KEY="sk-codex-test-not-real")
+            code, _, err = await run_codex(["exec", "--skip-git-repo-check",
+                                            "--dangerously-bypass-approvals-and-sandbox", PROMPT], work, env,
+                                           TIMEOUT)
+            assert code == 0, f"{err.decode()[-3000:]}\nproxy log:\n{proxy.log()[-3000:]}"
+            all_valid(emulator)
+            first = emulator.responses_requests[0]
+            items = first.input_items
+            assert items[0].get("type") == "additional_tools", items[0]
+            body = json.dumps(first.json)
+            assert "mcp__ctproxy" in body  # Codex declared ctproxy's tools somewhere: namespace or deferred
+            guidance = [t for t in developer_texts(items) if t.startswith("<ctproxy_context_guidance>")]
+            assert len(guidance) == 1, developer_texts(items)
+            assert "mcp__ctproxy.history_read_item" in guidance[0], guidance[0]
+            assert any(t.startswith("You are agent /root") and "context window w1" in t
+                       for t in developer_texts(items))
+        finally:
+            await proxy.astop()

@@ -1,7 +1,8 @@
 """Pi 1.6 (issue 44 (3)): `ctproxy pi-config`'s entry is accepted by the real Pi 1.6, and the compat flags it
 sets are the ones whose shapes ctproxy passes through: `prompt_cache_options` (supportsExplicitPromptCacheMode)
-and the long cache retention reach the upstream as Pi sent them, for a GPT-6.x model; `additional_tools` items
-(supportsAdditionalTools) are read and kept (tests/test_session_tools.py, tests/test_codex_additional_tools.py).
+and the long cache retention reach the upstream as Pi sent them; `additional_tools` items
+(supportsAdditionalTools; Pi sends them for tools added mid-conversation, not exercised here) are read and kept
+(tests/test_session_tools.py, tests/test_codex_additional_tools.py).
 
 The emulator here does not validate requests: its OpenAPI check still refuses Pi's function tools without
 `strict` (issue 44's emulator gaps, fixed elsewhere)."""
@@ -38,21 +39,28 @@ def test_the_compat_flags_pi_config_writes(tmp_path):
     assert by["gpt-6-cyber"]["compat"] == {"supportsExplicitPromptCacheMode": True}
 
 
-async def test_pi_16_sends_its_gpt6_shapes_through_ctproxy_unchanged(proxy_factory, tmp_path):
+async def test_pi_16_sends_its_cache_shapes_through_ctproxy_unchanged(proxy_factory, tmp_path):
+    """Pi 1.6 with long cache retention (`PI_CACHE_RETENTION=long`) and pi-config's flags: for GPT-6.2 Astra
+    it sends `prompt_cache_options: {ttl: "30m"}` (supportsExplicitPromptCacheMode + supportsLongCacheRetention),
+    for GPT-5 `prompt_cache_retention: "24h"` (supportsLongCacheRetention alone); both reach the upstream as
+    sent. Without the flags Pi sends neither to a provider on a loopback URL."""
     pi = pi_binary()
     async with Emulator() as emulator:
         proxy = await proxy_factory(upstream=emulator.url)
         agent_dir, home, work = tmp_path / "pi-agent", tmp_path / "home", tmp_path / "work"
         for d in (agent_dir, home, work):
             d.mkdir()
-        cli(proxy.state_dir, "pi-config", "--write", str(agent_dir / "models.json"), "--model", "gpt-6.2-astra")
-        code, out, err = await run_pi(pi, ["-p", "fix the build", "--provider", "ctproxy", "--model",
-                                           "gpt-6.2-astra", "--no-session"], work, pi_env(home, agent_dir), TIMEOUT)
-        assert code == 0, err.decode()[-3000:]
-        assert "You said: fix the build" in out.decode()
-        first = emulator.responses_requests[0]
-        body = first.json
-        assert body["model"] == "gpt-6.2-astra" and body.get("prompt_cache_key")
-        options = body.get("prompt_cache_options")
-        assert isinstance(options, dict) and options, body.keys()  # Pi sent it (the flag), ctproxy kept it
-        assert "prompt_cache_retention" not in body or body["prompt_cache_retention"] == "24h"
+        cli(proxy.state_dir, "pi-config", "--write", str(agent_dir / "models.json"), "--model", "gpt-6.2-astra",
+            "--model", "gpt-5")
+        env = pi_env(home, agent_dir, PI_CACHE_RETENTION="long")
+        for model in ("gpt-6.2-astra", "gpt-5"):
+            code, out, err = await run_pi(pi, ["-p", "fix the build", "--provider", "ctproxy", "--model", model,
+                                               "--no-session"], work, env, TIMEOUT)
+            assert code == 0, err.decode()[-3000:]
+            assert "You said: fix the build" in out.decode()
+        new, old = emulator.responses_requests
+        assert new.json["model"] == "gpt-6.2-astra" and new.json.get("prompt_cache_key")
+        assert new.json.get("prompt_cache_options") == {"ttl": "30m"}, new.json.keys()
+        assert "prompt_cache_retention" not in new.json
+        assert old.json["model"] == "gpt-5" and old.json.get("prompt_cache_retention") == "24h", old.json.keys()
+        assert "prompt_cache_options" not in old.json
