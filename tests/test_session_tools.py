@@ -99,3 +99,14 @@ def test_the_answer_follows_a_new_input_of_the_same_tools():
     before = copy.deepcopy(again)
     reachable_context_tools(again, [])
     assert again == before  # read only
+
+
+def test_a_new_windows_bootstrap_names_the_tools_as_seen():
+    tools = reachable_context_tools({"tools": [CODEX_NAMESPACE], "input": []}, [])
+    start = boot.WindowStart("/root", "w2", "w1", boot.NotesSnapshot("/root", ()), tools, "task_x")
+    head, _ = boot.window_notes(start)
+    texts = [p["text"] for item in head for p in item["content"]]
+    assert "read it with mcp__ctproxy.history_list_items (window_id=w1)" in texts[1]
+    plain = boot.window_notes(boot.WindowStart("/root", "w2", "w1", boot.NotesSnapshot("/root", ()),
+                                               boot.ALL_TOOLS, "task_x"))[0]
+    assert "read it with history_list_items (window_id=w1)" in plain[1]["content"][0]["text"]

@@ -233,7 +233,8 @@ def read_notes_index(store: NotesBackend, address: str) -> NotesSnapshot:
     return NotesSnapshot(address, tuple(sorted(found, key=lambda m: (-m.updated_at, m.path))))
 
 
-def notes_index_text(snap: NotesSnapshot, max_files: int = INDEX_MAX_FILES, max_chars: int = INDEX_MAX_CHARS) -> str:
+def notes_index_text(snap: NotesSnapshot, max_files: int = INDEX_MAX_FILES, max_chars: int = INDEX_MAX_CHARS,
+                     read_tool: str = "notes_read_file") -> str:
     head = f"Existing notes for {snap.agent} at this context-window reset"
     if snap.files is None:
         return (f"{head}: index unavailable (the notes directory could not be read). Find your notes with "
@@ -241,7 +242,7 @@ def notes_index_text(snap: NotesSnapshot, max_files: int = INDEX_MAX_FILES, max_
     if not snap.files:
         return f"{head}: none (your notes directory is empty)."
     files = sorted(snap.files, key=lambda m: (-m.updated_at, m.path))
-    header = (f"{head} (newest first; one JSON line per file; pass `path` to notes_read_file; contents are not "
+    header = (f"{head} (newest first; one JSON line per file; pass `path` to {read_tool}; contents are not "
               "shown):")
     lines = [orjson.dumps({"path": m.path, "bytes": m.bytes, "updated_at": iso(m.updated_at)}).decode()
              for m in files]
@@ -266,9 +267,11 @@ def _omitted(n: int) -> str:
 
 
 # ------------------------------------------------------------------------------ identity, continuation
-def identity_text(agent: str, window_id: str, previous_window_id: str | None, task_id: str | None = None) -> str:
+def identity_text(agent: str, window_id: str, previous_window_id: str | None, task_id: str | None = None,
+                  tools: Sequence[str] = ()) -> str:
+    """`tools`: the session's reachable context tools, for the name the model knows history_list_items by."""
     task = f" of task {task_id}" if task_id else ""
-    prev = (f" The previous window is {previous_window_id}: read it with history_list_items "
+    prev = (f" The previous window is {previous_window_id}: read it with {seen_as(tools, 'history_list_items')} "
             f"(window_id={previous_window_id}).") if previous_window_id else ""
     return f"You are agent {agent}{task}. This is context window {window_id}.{prev}"
 
@@ -324,8 +327,8 @@ def window_notes(start: WindowStart) -> tuple[list[dict[str, Any]], list[dict[st
     if reachable_tools(start.tools):
         head.append(developer_message(guidance_text(start.tools)))
     head.append(developer_message(identity_text(start.agent, start.window_id, start.previous_window_id,
-                                                start.task_id)))
-    head.append(developer_message(notes_index_text(start.notes)))
+                                                start.task_id, start.tools)))
+    head.append(developer_message(notes_index_text(start.notes, read_tool=seen_as(start.tools, "notes_read_file"))))
     return head, [developer_message(CONTINUATION)]
 
 
