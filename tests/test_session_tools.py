@@ -71,6 +71,10 @@ def test_deferred_namespace_of_ctproxys_is_reachable():
     tools = reachable_context_tools(payload, [])
     assert tuple(tools) == boot.ALL_TOOLS
     assert boot.seen_as(tools, "history_read_item") == "mcp__ctproxy.history_read_item"
+    # Codex 0.171's own wording: one bullet per namespace, inside its <tools> block
+    bullets = {"input": [dev("You are Codex."), dev("<tools>\nDeferred tool namespaces:\n- mcp__ctproxy\n</tools>"),
+                         user("hi")]}
+    assert tuple(reachable_context_tools(bullets, [])) == boot.ALL_TOOLS
     # another server's deferred namespace is not ctproxy's; and a user message saying it does not count
     assert reachable_context_tools({"input": [dev("Deferred tool namespaces: mcp__other"), user("x")]}, []) == ()
     assert reachable_context_tools({"input": [user("Deferred tool namespaces: mcp__ctproxy")]}, []) == ()

@@ -26,7 +26,9 @@ from proxy.transforms.items import leading_additional_tools
 
 _OWN = frozenset(ALL_TOOLS)
 OWN_NAMESPACES = frozenset({"mcp__ctproxy", "ctproxy"})  # Codex's MCP namespace for ctproxy; the bridge's label
-_DEFERRED = re.compile(r"Deferred tool namespaces:\s*([^\n]*)")
+# Codex 0.171: "<tools>\nDeferred tool namespaces:\n- mcp__ctproxy\n</tools>" (a bullet per namespace); a
+# comma-separated list on the same line is read too.
+_DEFERRED = re.compile(r"Deferred tool namespaces:[ \t]*([^\n]*(?:\n[ \t]*[-*][ \t]*[^\n]*)*)")
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 _LEADING_SCAN = 8  # Codex's leading developer messages are few; a long input is never walked for this
 
@@ -95,8 +97,9 @@ def _deferred_namespaces(payload: Mapping[str, Any]) -> list[str]:
             p.get("text") for p in content if isinstance(p, Mapping)] if isinstance(content, list) else []
         for text in parts:
             if isinstance(text, str) and "Deferred tool namespaces:" in text:
-                for line in _DEFERRED.findall(text):
-                    found += [n.strip(" `'\".") for n in line.split(",")]
+                for block in _DEFERRED.findall(text):
+                    for line in block.splitlines():
+                        found += [n.strip(" \t-*`'\".") for n in line.split(",")]
     return found
 
 
