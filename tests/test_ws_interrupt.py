@@ -83,3 +83,29 @@ async def test_interrupt_steer_and_inject_pass_in_order_and_the_interrupted_turn
     assert rows.get(rid) == "incomplete", rows  # journaled as the upstream settled it, not as completed
     assert not [t for t in texts if "interrupts halfway" in t], texts  # the discarded partial text is no item
     assert any("after the interrupt" in t for t in texts), (rows, texts)
+
+
+async def test_an_interrupted_bridged_turn_stops_its_rounds(proxy_factory) -> None:
+    """Issue 44 (2): the upstream ends a bridged round `incomplete` (interrupted) with a bridged call in its
+    output. The turn ends there, as the upstream ended it: no round after it (the old code ran the call and
+    asked the upstream again), and the client gets the interrupted end, not an answer."""
+    from tests.emulator import FunctionCall
+
+    async with Emulator(validate_requests=spec_available()) as emu, aiohttp.ClientSession() as http:
+        proxy = await proxy_factory(upstream=emu.url, extra_args=["--bridge", "notes"])
+        # every event of the call but the terminal one; then the upstream waits for the interrupt
+        emu.script(FunctionCall("notes_list_files_by_prefix", {"prefix": ""}, call_id="call_b", stall_after=7),
+                   Text("a round after the interrupt"))
+        async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
+            await ws.send_str(orjson.dumps({"type": "response.create", "model": "gpt-5", "store": False,
+                                            "input": user("list my notes")}).decode())
+            head = await receive_until(ws, lambda e: e["type"] == "response.created")
+            rid = head[0]["response"]["id"]
+            await ws.send_str(orjson.dumps({"type": "response.interrupt", "response_id": rid,
+                                            "mode": "discard_partial_items"}).decode())
+            rest = await receive_until(ws, lambda e: e["type"] in TERMINAL)
+            assert rest[-1]["type"] == "response.incomplete", rest[-1]
+            assert rest[-1]["response"]["incomplete_details"] == {"reason": "interrupted"}
+            assert rest[-1]["response"]["end_turn"] is False
+        # (the old code's second round went up before its terminal event, the only one the client would get)
+        assert len(emu.responses_requests) == 1, [r.input_items[-1:] for r in emu.responses_requests]
