@@ -16,10 +16,10 @@ from proxy.context import bootstrap as boot
 from proxy.journal import Window
 from proxy.store.interface import Store
 from proxy.store.postgres import StoreError
-from proxy.windows.session_tools import session_tools
+from proxy.windows.session_tools import declared_in_tools, session_tools
 
 FAMILY_TOOLS = {"history": boot.HISTORY_TOOLS, "notes": boot.NOTES_TOOLS, "context": boot.CONTEXT_TOOLS}
-_last_reachable: list[Any] = [None, None, None, ()]  # the tools and input last asked of, the families, the answer
+_last_reachable: list[Any] = [None, None, {}]  # the tools list last asked of, the families then, its part
 
 
 def declared_tool_name(tool: Any) -> str | None:
@@ -36,21 +36,23 @@ def reachable_context_tools(payload: dict[str, Any], families: Iterable[str]) ->
     """The context tools the session can call, however the client declares them (top-level, a namespace,
     `additional_tools`, a deferred namespace, a hosted `mcp` tool at ctproxy's /mcp) or bridged
     (`bridge.families`): a `boot.ToolNames` that also says how the model sees each. Every check of "which of
-    ctproxy's tools can this session call" reads this. Asked several times of one request: the last answer is
-    kept (keyed on the request's own `tools` and `input`, never changed in place: ADR 0006)."""
-    tools, inp = payload.get("tools"), payload.get("input")
+    ctproxy's tools can this session call" reads this. Asked several times of one request's `tools`: that part
+    of the last answer is kept (the list is the request's own, never changed in place: ADR 0006); the input's
+    few leading items are read each time (holding the input would keep a big one alive)."""
+    tools = payload.get("tools")
     families = list(families)
     last = _last_reachable
-    if last[0] is tools and last[1] is inp and (tools is not None or inp is not None) and last[2] == families:
-        return last[3]
-    spelling = session_tools(payload, families, FAMILY_TOOLS)
-    found: tuple[str, ...] = ()
-    if spelling:
-        seen = {k: v for k, v in spelling.items() if k != v}
-        found = boot.ToolNames(spelling, seen) if seen else tuple(spelling)
-    if tools is not None or inp is not None:
-        last[:] = [tools, inp, families, found]
-    return found
+    if last[0] is tools and tools is not None and last[1] == families:
+        in_tools = last[2]
+    else:
+        in_tools = declared_in_tools(tools, families, FAMILY_TOOLS)
+        if tools is not None:
+            last[:] = [tools, families, in_tools]
+    spelling = session_tools(payload, families, FAMILY_TOOLS, in_tools=in_tools)
+    if not spelling:
+        return ()
+    seen = {k: v for k, v in spelling.items() if k != v}
+    return boot.ToolNames(spelling, seen) if seen else tuple(spelling)
 
 
 def notes_snapshot(store: Store, task_id: str, address: str) -> boot.NotesSnapshot:

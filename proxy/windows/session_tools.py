@@ -82,10 +82,14 @@ def _walk(tools: Iterable[Any], out: dict[str, str], mcp_urls: frozenset[str], n
 def _deferred_namespaces(payload: Mapping[str, Any]) -> list[str]:
     """The namespaces a leading developer/system message says are deferred (Codex's code mode)."""
     inp = payload.get("input")
-    if not isinstance(inp, list):  # a string input, or a big body's lazy list: Codex's own are plain lists
+    if isinstance(inp, str) or inp is None:
         return []
     found: list[str] = []
-    for item in inp[:_LEADING_SCAN]:
+    try:
+        lead = [inp[k] for k in range(min(len(inp), _LEADING_SCAN))]  # (a big body's lazy list: these items only)
+    except (TypeError, IndexError, KeyError):
+        return []
+    for item in lead:
         if not isinstance(item, Mapping):
             break
         if item.get("type") == "additional_tools":
@@ -103,22 +107,37 @@ def _deferred_namespaces(payload: Mapping[str, Any]) -> list[str]:
     return found
 
 
-def session_tools(payload: Mapping[str, Any], families: Iterable[str], family_tools: Mapping[str, Iterable[str]],
-                  mcp_urls: Iterable[str] = ()) -> dict[str, str]:
-    """ctproxy's context tools this request's session can call: {ctproxy's name: the name the model sees}, in
-    ALL_TOOLS order. `families`: the bridged ones (`bridge.families`), named by `family_tools`; `mcp_urls`: the
-    tool server's `/mcp` URL(s), when known."""
-    urls = frozenset(u.rstrip("/") for u in mcp_urls)
+def declared_in_tools(tools: Any, families: Iterable[str], family_tools: Mapping[str, Iterable[str]],
+                      mcp_urls: Iterable[str] = ()) -> dict[str, str]:
+    """The context tools of a request's top-level `tools` and of the bridged `families`: {ctproxy's name: the
+    name the model sees}."""
     found: dict[str, str] = {}
-    tools = payload.get("tools")
     if isinstance(tools, list):
-        _walk(tools, found, urls)
-    _walk(leading_additional_tools(payload), found, urls)
+        _walk(tools, found, frozenset(u.rstrip("/") for u in mcp_urls))
+    for fam in families:  # the bridge serves these under their own names
+        for own in family_tools.get(fam, ()):
+            found.setdefault(own, own)
+    return found
+
+
+def declared_in_input(payload: Mapping[str, Any], mcp_urls: Iterable[str] = ()) -> dict[str, str]:
+    """The context tools a request declares in its leading input items: Codex's `additional_tools` items and
+    the deferred namespaces its developer messages name. Only the leading items are read."""
+    found: dict[str, str] = {}
+    _walk(leading_additional_tools(payload), found, frozenset(u.rstrip("/") for u in mcp_urls))
     for ns in _deferred_namespaces(payload):
         if ns in OWN_NAMESPACES:
             for own in ALL_TOOLS:
                 found.setdefault(own, f"{ns}.{own}")
-    for fam in families:  # the bridge serves these under their own names
-        for own in family_tools.get(fam, ()):
-            found.setdefault(own, own)
+    return found
+
+
+def session_tools(payload: Mapping[str, Any], families: Iterable[str], family_tools: Mapping[str, Iterable[str]],
+                  mcp_urls: Iterable[str] = (), in_tools: Mapping[str, str] | None = None) -> dict[str, str]:
+    """ctproxy's context tools this request's session can call: {ctproxy's name: the name the model sees}, in
+    ALL_TOOLS order. `families`: the bridged ones (`bridge.families`), named by `family_tools`; `mcp_urls`: the
+    tool server's `/mcp` URL(s), when known; `in_tools`: `declared_in_tools` of this request, when known."""
+    top = in_tools if in_tools is not None else declared_in_tools(payload.get("tools"), families, family_tools,
+                                                                  mcp_urls)
+    found = {**declared_in_input(payload, mcp_urls), **top}  # a top-level declaration's spelling first
     return {n: found[n] for n in ALL_TOOLS if n in found}
