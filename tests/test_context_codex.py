@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.emulator import Emulator, FunctionCall, Text
+from tests.emulator import CustomToolCall, Emulator, FunctionCall, Text
 from tests.openapi_schema import spec_available
 from tests.support.codex import codex_env, isolated_dirs, run_codex
 from tests.support.proxyproc import ProxyProcess
@@ -270,8 +270,39 @@ async def test_codex_0171_default_model_lite_path_gets_the_guidance_for_its_mcp_
             assert "mcp__ctproxy" in body  # Codex declared ctproxy's tools somewhere: namespace or deferred
             guidance = [t for t in developer_texts(items) if t.startswith("<ctproxy_context_guidance>")]
             assert len(guidance) == 1, developer_texts(items)
-            assert "mcp__ctproxy.history_read_item" in guidance[0], guidance[0]
+            # in ctproxy's namespace, or (deferred, code mode) as `exec` calls it
+            assert ("mcp__ctproxy.history_read_item" in guidance[0]
+                    or "mcp__ctproxy__history_read_item" in guidance[0]), guidance[0]
             assert any(t.startswith("You are agent /root") and "context window w1" in t
                        for t in developer_texts(items))
+        finally:
+            await proxy.astop()
+
+
+async def test_codex_0171_code_mode_calls_ctproxys_deferred_tool_through_exec(tmp_path: Path) -> None:
+    """Issue 44 (2), `code_mode_only`: the model only calls Codex's `exec`; its JavaScript calls ctproxy's MCP
+    tool (`tools.mcp__ctproxy__notes_write_file`, the name the guidance gives in code mode), Codex runs it on
+    the tool server, and the note is written in the task codex-config made."""
+    async with Emulator(validate_requests=spec_available()) as emulator:
+        proxy = await start(tmp_path, emulator, [])
+        try:
+            script = ('const r = await tools.mcp__ctproxy__notes_write_file({path: "plan.md", text: "from exec\\n"});\n'
+                      "text(JSON.stringify(r));\n")
+            emulator.script(CustomToolCall("exec", script, call_id="call_exec"), Text(ANSWER, deltas=3))
+            home, codex_home, work = isolated_dirs(tmp_path)
+            config = codex_home / "config.toml"
+            config.write_text(SETTINGS.replace('model = "gpt-5"', 'model = "gpt-6.2-astra"'))
+            await asyncio.to_thread(cli, proxy.state_dir, "codex-config", "--write", str(config))
+            env = codex_env(home, codex_home, OPENAI_API_KEY="sk-codex-test-not-real")
+            code, _, err = await run_codex(["exec", "--skip-git-repo-check",
+                                            "--dangerously-bypass-approvals-and-sandbox", PROMPT], work, env,
+                                           TIMEOUT)
+            assert code == 0, f"{err.decode()[-3000:]}\nproxy log:\n{proxy.log()[-3000:]}"
+            all_valid(emulator)
+            notes = list((proxy.state_dir / "notes").rglob("plan.md"))
+            assert [p.read_text() for p in notes] == ["from exec\n"], emulator.responses_requests[-1].input_items[-2:]
+            guidance = [t for t in developer_texts(emulator.responses_requests[0].input_items)
+                        if t.startswith("<ctproxy_context_guidance>")]
+            assert guidance and "mcp__ctproxy__notes_write_file" in guidance[0]
         finally:
             await proxy.astop()

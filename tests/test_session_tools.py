@@ -70,7 +70,8 @@ def test_deferred_namespace_of_ctproxys_is_reachable():
         user("say hello")]}
     tools = reachable_context_tools(payload, [])
     assert tuple(tools) == boot.ALL_TOOLS
-    assert boot.seen_as(tools, "history_read_item") == "mcp__ctproxy.history_read_item"
+    # code mode: `exec` calls them as tools.mcp__ctproxy__history_read_item
+    assert boot.seen_as(tools, "history_read_item") == "mcp__ctproxy__history_read_item"
     # Codex 0.171's own wording: one bullet per namespace, inside its <tools> block
     bullets = {"input": [dev("You are Codex."), dev("<tools>\nDeferred tool namespaces:\n- mcp__ctproxy\n</tools>"),
                          user("hi")]}

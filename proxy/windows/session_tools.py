@@ -6,7 +6,8 @@
   `mcp__ctproxy.history_read_item`;
 - the same shapes inside Codex's leading `additional_tools` input items (its Responses-lite path);
 - a namespace of ctproxy's that Codex defers (code mode: the model loads it through `exec`), named in a leading
-  developer message as "Deferred tool namespaces: mcp__ctproxy": every context tool, seen inside it;
+  developer message as "Deferred tool namespaces: mcp__ctproxy": every context tool, seen as `exec` names it
+  (`tools.mcp__ctproxy__history_read_item`: `mcp__ctproxy__history_read_item`);
 - a hosted `mcp` tool whose `server_url` is ctproxy's tool server `/mcp` (its `allowed_tools`, when given);
 - the bridge's own families (ctproxy offers those itself, under their own names).
 
@@ -126,9 +127,9 @@ def declared_in_input(payload: Mapping[str, Any], mcp_urls: Iterable[str] = ()) 
     found: dict[str, str] = {}
     _walk(leading_additional_tools(payload), found, frozenset(u.rstrip("/") for u in mcp_urls))
     for ns in _deferred_namespaces(payload):
-        if ns in OWN_NAMESPACES:
+        if ns in OWN_NAMESPACES:  # loaded in code mode, where `exec` calls them as tools.mcp__ctproxy__<tool>
             for own in ALL_TOOLS:
-                found.setdefault(own, f"{ns}.{own}")
+                found.setdefault(own, f"{ns}__{own}")
     return found
 
 
