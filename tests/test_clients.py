@@ -7,9 +7,7 @@ Codex CLI's custom provider (`ctproxy codex-config`) has its own test in tests/t
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -20,11 +18,10 @@ import pytest
 
 from tests.emulator import Emulator
 from tests.support.codex import codex_env, isolated_dirs, run_codex
-from tests.support.optional import require_module, require_tool
+from tests.support.optional import require_module
+from tests.support.pi import KEY, pi_binary, pi_env, run_pi
 
 REPO = Path(__file__).resolve().parents[1]
-PI = REPO / ".tools" / "node_modules" / ".bin" / "pi"
-KEY = "sk-client-test-not-real"
 TIMEOUT = 180.0
 
 
@@ -60,26 +57,19 @@ def all_valid(emu: Emulator) -> None:
 
 # ---- Pi --------------------------------------------------------------------------------------------------
 
-async def pi_print(agent_dir: Path, home: Path, work: Path, prompt: str) -> str:
+async def pi_print(agent_dir: Path, home: Path, work: Path, prompt: str, *, legacy: bool = False) -> str:
     """`pi -p PROMPT --provider ctproxy` with its own config dir; Pi's answer."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "PI_CODING_AGENT_DIR": str(agent_dir),
-           "OPENAI_API_KEY": KEY, "NO_COLOR": "1", "LANG": "C.UTF-8"}
-    proc = await asyncio.create_subprocess_exec(
-        str(require_tool("pi", PI, "Pi (npm @mariozechner/pi-coding-agent)")), "-p", prompt, "--provider", "ctproxy",
-        "--model", "gpt-5", "--no-session", cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
-    except TimeoutError:
-        proc.kill()
-        out, err = await proc.communicate()
-        pytest.fail(f"pi did not finish within {TIMEOUT:.0f} s; stderr tail:\n{err.decode()[-2000:]}")
-    assert proc.returncode == 0, f"{err.decode()[-3000:]}\n{out.decode()[-2000:]}"
+    code, out, err = await run_pi(pi_binary(legacy=legacy),
+                                  ["-p", prompt, "--provider", "ctproxy", "--model", "gpt-5", "--no-session"],
+                                  work, pi_env(home, agent_dir), TIMEOUT)
+    assert code == 0, f"{err.decode()[-3000:]}\n{out.decode()[-2000:]}"
     return out.decode()
 
 
-async def test_pi_through_the_provider_that_pi_config_writes(emulator, proxy_factory, tmp_path):
-    require_tool("pi", PI, "Pi (npm @mariozechner/pi-coding-agent)")
+@pytest.mark.parametrize("legacy", [False, True], ids=["pi-1.6", "pi-0.73-legacy"])
+async def test_pi_through_the_provider_that_pi_config_writes(emulator, proxy_factory, tmp_path, legacy):
+    """Pi 1.6 (today's package name), and Pi 0.73.1 (the old name, still run by users) as the smoke test."""
+    pi_binary(legacy=legacy)
     proxy = await proxy_factory(upstream=emulator.url)
     agent_dir, home, work = tmp_path / "pi-agent", tmp_path / "home", tmp_path / "work"
     for d in (agent_dir, home, work):
@@ -92,7 +82,7 @@ async def test_pi_through_the_provider_that_pi_config_writes(emulator, proxy_fac
     assert set(written["providers"]) == {"mine", "ctproxy"}  # the user's own provider is kept
     task = written["providers"]["ctproxy"]["headers"]["x-ctp-task"]
 
-    assert "You said: fix the build" in await pi_print(agent_dir, home, work, "fix the build")
+    assert "You said: fix the build" in await pi_print(agent_dir, home, work, "fix the build", legacy=legacy)
     # Pi's request reached the upstream through ctproxy, stripped of ctproxy's headers, and was valid.
     all_valid(emulator)
     first = emulator.responses_requests[0]
@@ -103,7 +93,7 @@ async def test_pi_through_the_provider_that_pi_config_writes(emulator, proxy_fac
     # Runs kept apart: a second run with its own task (`ctproxy pi-config --task …`) is its own task.
     other = cli(proxy.state_dir, "task", "new").split()[-1]
     cli(proxy.state_dir, "pi-config", "--write", str(models), "--task", other)
-    await pi_print(agent_dir, home, work, "fix the build")
+    await pi_print(agent_dir, home, work, "fix the build", legacy=legacy)
     assert sessions_of(proxy.state_dir, other) and sessions_of(proxy.state_dir, task)
 
 
@@ -166,7 +156,9 @@ async def test_litellm_responses_through_ctproxy(emulator, proxy_factory):
 
 # ---- Codex CLI, built-in provider pointed at ctproxy --------------------------------------------------------
 
-async def test_codex_builtin_provider_with_openai_base_url(emulator, proxy_factory, tmp_path):
+@pytest.mark.parametrize("legacy", [False, True], ids=["codex-0.171", "codex-0.169-legacy"])
+async def test_codex_builtin_provider_with_openai_base_url(emulator, proxy_factory, tmp_path, legacy):
+    """Codex 0.171, and Codex 0.169 (the previous release, side by side in .tools/legacy) as the smoke test."""
     proxy = await proxy_factory(upstream=emulator.url)
     home, codex_home, work = isolated_dirs(tmp_path)
     (codex_home / "config.toml").write_text(
@@ -175,7 +167,7 @@ async def test_codex_builtin_provider_with_openai_base_url(emulator, proxy_facto
     last = tmp_path / "last.txt"
     env = codex_env(home, codex_home, OPENAI_API_KEY=KEY)
     code, _, err = await run_codex(["exec", "--skip-git-repo-check", "--output-last-message", str(last),
-                                    "count the tests"], work, env, TIMEOUT)
+                                    "count the tests"], work, env, TIMEOUT, legacy=legacy)
     assert code == 0, err.decode()[-3000:]
     assert last.read_text().strip() == "You said: count the tests"
     # Codex speaks the Responses WebSocket in this form; ctproxy runs its creates through the chain.
@@ -193,7 +185,7 @@ async def test_pis_multi_round_bridged_turn_does_not_make_pi_compact(emulator, p
     a 40,000-token window the sum of 8 rounds of 5,000 (40,000) would make it compact, the last round does not."""
     from tests.emulator import FunctionCall, Text
 
-    require_tool("pi", PI, "Pi (npm @mariozechner/pi-coding-agent)")
+    pi = pi_binary()
     state = tmp_path / "state"
     state.mkdir()
     (state / "config.json").write_text(json.dumps({"model_windows": {"gpt-5": 40_000, "*": 128_000}}))
@@ -208,14 +200,9 @@ async def test_pis_multi_round_bridged_turn_does_not_make_pi_compact(emulator, p
                                                                                   "output_tokens": 20})
               for i in range(7)]
     emulator.script(*rounds, Text("looked it up", usage={"input_tokens": 5_000, "output_tokens": 20}))
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "PI_CODING_AGENT_DIR": str(agent_dir),
-           "OPENAI_API_KEY": KEY, "NO_COLOR": "1", "LANG": "C.UTF-8"}
-    proc = await asyncio.create_subprocess_exec(
-        str(PI), "-p", "what windows are there?", "--provider", "ctproxy", "--model", "gpt-5", "--mode", "json",
-        cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
-    assert proc.returncode == 0, err.decode()[-3000:]
+    code, out, err = await run_pi(pi, ["-p", "what windows are there?", "--provider", "ctproxy", "--model", "gpt-5",
+                                       "--mode", "json"], work, pi_env(home, agent_dir), TIMEOUT)
+    assert code == 0, err.decode()[-3000:]
     events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
     assert not [e for e in events if e.get("type") == "compaction_start"], "Pi compacted its session"
     all_valid(emulator)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.emulator import Emulator, FunctionCall, Text
+from tests.emulator import CustomToolCall, Emulator, FunctionCall, Text
 from tests.openapi_schema import spec_available
 from tests.support.codex import codex_env, isolated_dirs, run_codex
 from tests.support.proxyproc import ProxyProcess
@@ -184,5 +184,125 @@ async def test_codex_at_the_hard_trigger_gets_its_answer_after_the_checkpoint_tu
             assert_new_window(forwarded.input_items)
             assert '"path":"/root/notes/checkpoint.md"' in json.dumps(forwarded.input_items).replace('\\"', '"')
             assert forwarded.json["stream"] is True  # Codex's own request, streaming as sent
+        finally:
+            await proxy.astop()
+
+
+def developer_texts(items: list[dict[str, Any]]) -> list[str]:
+    return [text_of(i) for i in items if i.get("role") == "developer"]
+
+
+async def test_codex_config_session_gets_guidance_identity_markers_reminder_and_the_checkpoint_turn(
+        tmp_path: Path) -> None:
+    """Issue 46 defect 1 with the real client: `ctproxy codex-config` makes Codex declare ctproxy's tools inside
+    its `mcp__ctproxy` namespace; that session is a context-managed one like any other. Its first request carries
+    the guidance naming the tools as the model sees them (`mcp__ctproxy.history_read_item`) and the window
+    identity; the next carries `[id: …]` markers and, past reminder_ratio, the reminder; past hard_ratio ctproxy
+    runs the checkpoint turn (the write through the tool server) and forwards Codex's request in window w2.
+    On the old code none of this happened (the namespace was not read)."""
+    cfg = tmp_path / "ctx.json"
+    cfg.write_text(json.dumps({"model_windows": {"gpt-5": 100_000},
+                               "context": {"reminder_ratio": 0.5, "hard_ratio": 0.85}}))
+    async with Emulator(validate_requests=spec_available()) as emulator:
+        proxy = await start(tmp_path, emulator, ["--config", str(cfg)])
+        try:
+            emulator.script(
+                FunctionCall("exec_command", {"cmd": "ls | wc -l"}, call_id="call_sh1",
+                             usage={"input_tokens": 60_000}),  # 60 %: the reminder is due on the next request
+                FunctionCall("exec_command", {"cmd": "ls -a | wc -l"}, call_id="call_sh2",
+                             usage={"input_tokens": 90_000}),  # 90 %: the hard trigger on the next one
+                FunctionCall("notes_write_file", {"path": "checkpoint.md", "text": "counting files; ls ran\n"},
+                             call_id="call_ck"),  # the checkpoint turn's one write
+                Text(ANSWER, deltas=3))
+            last, _ = await codex_exec(tmp_path, proxy, emulator)
+            assert last.strip() == ANSWER
+            all_valid(emulator)
+            first, second, turn, forwarded = emulator.responses_requests
+            namespaces = [t for t in first.json["tools"] if t.get("type") == "namespace"]
+            assert "mcp__ctproxy" in [t["name"] for t in namespaces], first.json["tools"]
+
+            guidance = [t for t in developer_texts(first.input_items) if t.startswith("<ctproxy_context_guidance>")]
+            assert len(guidance) == 1
+            assert "mcp__ctproxy.history_read_item" in guidance[0] and "mcp__ctproxy.notes_write_file" in guidance[0]
+            assert any(t.startswith("You are agent /root") and "context window w1" in t
+                       for t in developer_texts(first.input_items)), developer_texts(first.input_items)
+
+            body = json.dumps(second.input_items)
+            assert "[id: " in body  # the markers history_read_item takes
+            reminders = [t for t in developer_texts(second.input_items) if "<ctproxy_context_reminder>" in t]
+            assert len(reminders) == 1 and "mcp__ctproxy.notes_write_file" in reminders[0], reminders
+            assert second.input_items[-1].get("role") == "developer"  # the reminder goes last
+
+            assert turn.json["tool_choice"] == {"type": "function", "name": "notes_write_file"}
+            assert turn.json["stream"] is False
+            notes = list((proxy.state_dir / "notes").rglob("checkpoint.md"))
+            assert [p.read_text() for p in notes] == ["counting files; ls ran\n"]
+            assert_new_window(forwarded.input_items)
+            assert forwarded.json["stream"] is True
+        finally:
+            await proxy.astop()
+
+
+async def test_codex_0171_default_model_lite_path_gets_the_guidance_for_its_mcp_tools(tmp_path: Path) -> None:
+    """Issue 44 (2) with Codex 0.171's default kind of model (`gpt-6.2-astra`: `use_responses_lite`,
+    `tool_mode: "code_mode_only"`), set up by codex-config: Codex sends its tools in an `additional_tools` input
+    item and names ctproxy's MCP tools in its namespace there or only as a deferred namespace in a developer
+    message. Either way ctproxy sees them: one guidance naming `mcp__ctproxy.…`, and the window identity; the
+    `additional_tools` item stays first, as Codex sent it."""
+    async with Emulator(validate_requests=spec_available()) as emulator:
+        proxy = await start(tmp_path, emulator, [])
+        try:
+            emulator.script(Text(ANSWER, deltas=3))
+            home, codex_home, work = isolated_dirs(tmp_path)
+            config = codex_home / "config.toml"
+            config.write_text(SETTINGS.replace('model = "gpt-5"', 'model = "gpt-6.2-astra"'))
+            await asyncio.to_thread(cli, proxy.state_dir, "codex-config", "--write", str(config))
+            env = codex_env(home, codex_home, OPENAI_API_KEY="sk-codex-test-not-real")
+            code, _, err = await run_codex(["exec", "--skip-git-repo-check",
+                                            "--dangerously-bypass-approvals-and-sandbox", PROMPT], work, env,
+                                           TIMEOUT)
+            assert code == 0, f"{err.decode()[-3000:]}\nproxy log:\n{proxy.log()[-3000:]}"
+            all_valid(emulator)
+            first = emulator.responses_requests[0]
+            items = first.input_items
+            assert items[0].get("type") == "additional_tools", items[0]
+            body = json.dumps(first.json)
+            assert "mcp__ctproxy" in body  # Codex declared ctproxy's tools somewhere: namespace or deferred
+            guidance = [t for t in developer_texts(items) if t.startswith("<ctproxy_context_guidance>")]
+            assert len(guidance) == 1, developer_texts(items)
+            # in ctproxy's namespace, or (deferred, code mode) as `exec` calls it
+            assert ("mcp__ctproxy.history_read_item" in guidance[0]
+                    or "mcp__ctproxy__history_read_item" in guidance[0]), guidance[0]
+            assert any(t.startswith("You are agent /root") and "context window w1" in t
+                       for t in developer_texts(items))
+        finally:
+            await proxy.astop()
+
+
+async def test_codex_0171_code_mode_calls_ctproxys_deferred_tool_through_exec(tmp_path: Path) -> None:
+    """Issue 44 (2), `code_mode_only`: the model only calls Codex's `exec`; its JavaScript calls ctproxy's MCP
+    tool (`tools.mcp__ctproxy__notes_write_file`, the name the guidance gives in code mode), Codex runs it on
+    the tool server, and the note is written in the task codex-config made."""
+    async with Emulator(validate_requests=spec_available()) as emulator:
+        proxy = await start(tmp_path, emulator, [])
+        try:
+            script = ('const r = await tools.mcp__ctproxy__notes_write_file({path: "plan.md", text: "from exec\\n"});\n'
+                      "text(JSON.stringify(r));\n")
+            emulator.script(CustomToolCall("exec", script, call_id="call_exec"), Text(ANSWER, deltas=3))
+            home, codex_home, work = isolated_dirs(tmp_path)
+            config = codex_home / "config.toml"
+            config.write_text(SETTINGS.replace('model = "gpt-5"', 'model = "gpt-6.2-astra"'))
+            await asyncio.to_thread(cli, proxy.state_dir, "codex-config", "--write", str(config))
+            env = codex_env(home, codex_home, OPENAI_API_KEY="sk-codex-test-not-real")
+            code, _, err = await run_codex(["exec", "--skip-git-repo-check",
+                                            "--dangerously-bypass-approvals-and-sandbox", PROMPT], work, env,
+                                           TIMEOUT)
+            assert code == 0, f"{err.decode()[-3000:]}\nproxy log:\n{proxy.log()[-3000:]}"
+            all_valid(emulator)
+            notes = list((proxy.state_dir / "notes").rglob("plan.md"))
+            assert [p.read_text() for p in notes] == ["from exec\n"], emulator.responses_requests[-1].input_items[-2:]
+            guidance = [t for t in developer_texts(emulator.responses_requests[0].input_items)
+                        if t.startswith("<ctproxy_context_guidance>")]
+            assert guidance and "mcp__ctproxy__notes_write_file" in guidance[0]
         finally:
             await proxy.astop()

@@ -320,6 +320,12 @@ class BridgedTurn:
                     yield merged.error_event("upstream_broken", "the upstream's answer ended without a terminal event")
                     return
                 resp = end.response or {}
+                if end.terminal == "response.incomplete" and end.calls:
+                    # cut short (Codex's response.interrupt, end_turn false): the agent's turn ends as the upstream
+                    # ended it; no further round, and the calls still running are cancelled (finally, below)
+                    yield merged.final(end)
+                    self._finish(merged.response_id, resp.get("id"), merged.output(), [])
+                    return
                 if not end.calls:
                     if merged.round == 0:
                         yield merged.passthrough_final(end)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.context.bootstrap import developer_message
+from proxy.context.bootstrap import developer_message, seen_as
 from proxy.transforms.lazyitems import is_item_list
 
 REMINDER_MARKER = "<ctproxy_context_reminder>"
@@ -39,11 +39,12 @@ def can_remind(tools: Sequence[str]) -> bool:
 
 
 def reminder_text(used_tokens: int, window_tokens: int, tools: Sequence[str]) -> str:
-    write = next(t for t in WRITE_TOOLS if t in tools)
+    write = seen_as(tools, next(t for t in WRITE_TOOLS if t in tools))
     pct = min(100, used_tokens * 100 // window_tokens)
+    then = seen_as(tools, "new_context")
     return (f"{REMINDER_MARKER}\nThis context window is about {pct}% full ({used_tokens} of {window_tokens} "
             f"tokens). Save a checkpoint note now with {write} (what the task is, what is done, what remains, "
-            "the window and item ids worth re-reading), then call new_context. The next window starts with "
+            f"the window and item ids worth re-reading), then call {then}. The next window starts with "
             f"an index of your notes; continue the work there.\n{REMINDER_END}")
 
 

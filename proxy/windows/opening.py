@@ -16,37 +16,43 @@ from proxy.context import bootstrap as boot
 from proxy.journal import Window
 from proxy.store.interface import Store
 from proxy.store.postgres import StoreError
+from proxy.windows.session_tools import declared_in_tools, session_tools
 
 FAMILY_TOOLS = {"history": boot.HISTORY_TOOLS, "notes": boot.NOTES_TOOLS, "context": boot.CONTEXT_TOOLS}
-_CONTEXT_TOOL_NAMES = frozenset(boot.ALL_TOOLS)
-_last_reachable: list[Any] = [None, None, ()]  # the tools list last asked of, the families then, the answer
+_last_reachable: list[Any] = [None, None, {}]  # the tools list last asked of, the families then, its part
 
 
 def declared_tool_name(tool: Any) -> str | None:
-    """A function tool's name as ctproxy knows it (Codex's `mcp__<server>__<tool>` mapped back)."""
-    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+    """A top-level function/custom tool's name as ctproxy knows it (Codex's `mcp__<server>__<tool>` mapped back).
+    One shape of several: `reachable_context_tools` reads them all (proxy/windows/session_tools.py)."""
+    if not isinstance(tool, dict) or tool.get("type") not in ("function", "custom") \
+            or not isinstance(tool.get("name"), str):
         return None
     name = tool["name"]
     return name.rsplit("__", 1)[-1] if name.startswith("mcp__") else name
 
 
 def reachable_context_tools(payload: dict[str, Any], families: Iterable[str]) -> tuple[str, ...]:
-    """The context tools the session can call: bridged (`bridge.families`) or declared by the agent. Asked
-    several times of one request's `tools`: the last answer is kept."""
+    """The context tools the session can call, however the client declares them (top-level, a namespace,
+    `additional_tools`, a deferred namespace, a hosted `mcp` tool at ctproxy's /mcp) or bridged
+    (`bridge.families`): a `boot.ToolNames` that also says how the model sees each. Every check of "which of
+    ctproxy's tools can this session call" reads this. Asked several times of one request's `tools`: that part
+    of the last answer is kept (the list is the request's own, never changed in place: ADR 0006); the input's
+    few leading items are read each time (holding the input would keep a big one alive)."""
     tools = payload.get("tools")
     families = list(families)
     last = _last_reachable
     if last[0] is tools and tools is not None and last[1] == families:
-        return last[2]
-    names: set[str] = set()
-    for fam in families:
-        names.update(FAMILY_TOOLS.get(fam, ()))
-    if isinstance(tools, list):
-        names.update(n for t in tools if (n := declared_tool_name(t)) is not None)
-    found = boot.reachable_tools(names) if not names.isdisjoint(_CONTEXT_TOOL_NAMES) else ()
-    if tools is not None:  # (the list is the request's own, never changed in place: ADR 0006)
-        last[:] = [tools, families, found]
-    return found
+        in_tools = last[2]
+    else:
+        in_tools = declared_in_tools(tools, families, FAMILY_TOOLS)
+        if tools is not None:
+            last[:] = [tools, families, in_tools]
+    spelling = session_tools(payload, families, FAMILY_TOOLS, in_tools=in_tools)
+    if not spelling:
+        return ()
+    seen = {k: v for k, v in spelling.items() if k != v}
+    return boot.ToolNames(spelling, seen) if seen else tuple(spelling)
 
 
 def notes_snapshot(store: Store, task_id: str, address: str) -> boot.NotesSnapshot:

@@ -18,6 +18,12 @@ connection stays open. Besides:
   the same time, and every event of a lane's create (its error event too) echoes its `stream_id`; each lane keeps
   its latest response, and `previous_response_id` may name any lane's (a new lane forks from another's);
   `emu.before_answer` (an async callable given the ReceivedRequest) can hold one create while others go on.
+- `response.interrupt {response_id, mode}` (Codex's, on its Responses-lite path) takes effect at once, not
+  after the lane's running create: that response ends with `response.incomplete`,
+  `incomplete_details.reason: "interrupted"` and `end_turn: false`, its output the items already done
+  (`discard_partial_items`), and the socket goes on; a later create may chain from it. A stalled reply
+  (`stall_after`) waits for it. Every message that is not a create is recorded in `ws_other_messages` in the
+  order it arrived.
 Every create is recorded like an HTTP one, with `transport == "ws"` and `ws_connection` (a counter).
 """
 
@@ -56,6 +62,8 @@ class WsConnection:
         self.lanes: dict[str | None, asyncio.Queue[str]] = {}
         self.workers: set[asyncio.Task[None]] = set()
         self.send_lock = asyncio.Lock()
+        self.interrupts: set[str] = set()  # response ids a `response.interrupt` named
+        self.wake = asyncio.Event()  # set at each interrupt (a stalled reply waits on it)
 
     def turns(self) -> dict[str, tuple[str | None, list[Any], list[Any]]]:
         return {rid: (prev, inp, out) for rid, prev, inp, out in self.latest.values()}
@@ -119,9 +127,17 @@ def _dispatch(emu: Emulator, conn: WsConnection, request: web.Request, headers: 
     """Queue a client message on its lane (`stream_id`; the default lane for none, and for a message that is
     not an object); a lane with no worker gets one, which ends when its queue is empty."""
     try:
-        lane = lane_of(orjson.loads(text))
+        parsed = orjson.loads(text)
     except orjson.JSONDecodeError:
-        lane = None
+        parsed = None
+    lane = lane_of(parsed)
+    if isinstance(parsed, dict) and parsed.get("type") != "response.create":
+        emu.ws_other_messages.append(parsed)  # in the order they arrived, whatever runs meanwhile
+        if parsed.get("type") == "response.interrupt":
+            if isinstance(rid := parsed.get("response_id"), str):
+                conn.interrupts.add(rid)
+                conn.wake.set()
+            return
     queue = conn.lanes.get(lane)
     if queue is not None:
         queue.put_nowait(text)
@@ -177,8 +193,7 @@ async def _message(emu: Emulator, conn: WsConnection, request: web.Request, head
         return True
     kind = msg.get("type")
     lane = lane_of(msg)
-    if kind != "response.create":
-        emu.ws_other_messages.append(msg)
+    if kind != "response.create":  # (recorded when it arrived)
         await _send(conn, ws, with_lane(error_event(400, f"Invalid value: {kind!r}. Supported values are: "
                                                          "'response.create'.", "invalid_request_error", "type",
                                                     "invalid_value"), lane))
@@ -206,6 +221,7 @@ async def _message(emu: Emulator, conn: WsConnection, request: web.Request, head
 
         reply = compaction_reply(rec) if rec.route == "compaction" else echo_reply(rec, emu.default_deltas)
     plan = render(reply, RenderContext.for_request({**checked, "stream": True}, emu.token_counter(checked)))
+    plan.stall_after = getattr(reply, "stall_after", None)  # (as on HTTP: a reply that waits, e.g. for an interrupt)
     if emu.before_answer is not None:
         await emu.before_answer(rec)
     if plan.body is not None:  # an HttpError reply: the error event
@@ -216,8 +232,8 @@ async def _message(emu: Emulator, conn: WsConnection, request: web.Request, head
     if plan.latency:
         await asyncio.sleep(plan.latency)
     ok = await _stream(conn, ws, rec, plan, lane)
-    final = plan.response
-    if final is not None and final.get("status") == "completed":
+    final = rec.extra.get("interrupted") or plan.response
+    if final is not None and final.get("status") in ("completed", "incomplete"):
         if body.get("store") is not False:
             emu._store(rec, final)
         prev = body.get("previous_response_id")
@@ -251,6 +267,9 @@ async def _stream(conn: WsConnection, ws: web.WebSocketResponse, rec: ReceivedRe
     loop = asyncio.get_running_loop()
     try:
         for index in range(limit):
+            if rec.response_id in conn.interrupts:
+                await _interrupted(conn, ws, rec, plan, lane)
+                return True
             for text in _sse_data(chunks[index]):
                 text = with_lane(text, lane)
                 await _send(conn, ws, text)
@@ -264,7 +283,12 @@ async def _stream(conn: WsConnection, ws: web.WebSocketResponse, rec: ReceivedRe
         return False
     if plan.stall_after is not None:
         while not ws.closed:
-            await asyncio.sleep(0.02)
+            if rec.response_id in conn.interrupts:
+                await _interrupted(conn, ws, rec, plan, lane)
+                return True
+            conn.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(conn.wake.wait(), 0.05)
         rec.client_disconnected = True
         return False
     if plan.disconnect_after is not None:
@@ -273,6 +297,21 @@ async def _stream(conn: WsConnection, ws: web.WebSocketResponse, rec: ReceivedRe
             transport.close()  # no close frame: an upstream dying mid-turn
         return False
     return True
+
+
+async def _interrupted(conn: WsConnection, ws: web.WebSocketResponse, rec: ReceivedRequest, plan: Plan,
+                       lane: str | None) -> None:
+    """The interrupted response's terminal event: the items already done, nothing partial (Responses lite)."""
+    sent = [orjson.loads(t) for t in rec.extra.get("frames", [])]
+    done = [e["item"] for e in sent if e.get("type") == "response.output_item.done"]
+    seq = max((e.get("sequence_number", -1) for e in sent), default=-1) + 1
+    response = {**(plan.response or {"id": rec.response_id, "object": "response"}), "status": "incomplete",
+                "incomplete_details": {"reason": "interrupted"}, "end_turn": False, "output": done}
+    rec.extra["interrupted"] = response
+    text = with_lane(orjson.dumps({"type": "response.incomplete", "sequence_number": seq,
+                                   "response": response}).decode(), lane)
+    await _send(conn, ws, text)
+    rec.extra.setdefault("frames", []).append(text)
 
 
 def _sse_data(chunk: bytes) -> list[str]:

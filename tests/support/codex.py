@@ -12,13 +12,16 @@ import pytest
 from tests.support.optional import require_tool
 
 REPO = Path(__file__).resolve().parents[2]
-CODEX = REPO / ".tools" / "node_modules" / ".bin" / "codex"
+CODEX = REPO / ".tools" / "node_modules" / ".bin" / "codex"  # 0.171.0 (scripts/bootstrap.sh CODEX_VERSION)
+LEGACY_CODEX = REPO / ".tools" / "legacy" / "node_modules" / ".bin" / "codex"  # 0.169.0, for one smoke test
 
 
-def codex_binary() -> Path:
-    """The installed Codex CLI (scripts/bootstrap.sh puts it in .tools/); the test skips with the set-up's
-    reason where it could not be installed."""
-    return require_tool("codex", CODEX, "Codex CLI (npm @openai/codex)")
+def codex_binary(*, legacy: bool = False) -> Path:
+    """The installed Codex CLI (scripts/bootstrap.sh puts 0.171 in .tools/, 0.169 in .tools/legacy/); the test
+    skips with the set-up's reason where it could not be installed."""
+    if legacy:
+        return require_tool("codex-legacy", LEGACY_CODEX, "Codex CLI 0.169 (npm @openai/codex, in .tools/legacy)")
+    return require_tool("codex", CODEX, "Codex CLI 0.171 (npm @openai/codex)")
 
 
 def isolated_dirs(tmp: Path) -> tuple[Path, Path, Path]:
@@ -35,10 +38,11 @@ def codex_env(home: Path, codex_home: Path, **extra: str) -> dict[str, str]:
             "NO_COLOR": "1", "LANG": "C.UTF-8", **extra}
 
 
-async def run_codex(args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, bytes, bytes]:
+async def run_codex(args: list[str], cwd: Path, env: dict[str, str], timeout: float, *,
+                    legacy: bool = False) -> tuple[int, bytes, bytes]:
     """`codex <args>` to its end, or the test fails after `timeout` seconds with the tail of its stderr."""
     proc = await asyncio.create_subprocess_exec(
-        str(codex_binary()), *args, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+        str(codex_binary(legacy=legacy)), *args, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
