@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from proxy.context.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
 from tests.emulator import Emulator, FunctionCall, Text
 from tests.openapi_schema import spec_available
 from tests.support.codex import codex_env, isolated_dirs, run_codex
@@ -176,7 +177,7 @@ async def test_codex_at_the_hard_trigger_gets_its_answer_after_the_checkpoint_tu
             all_valid(emulator)
             first, turn, forwarded = emulator.responses_requests
             assert PROMPT in json.dumps(first.input_items) and PROMPT in json.dumps(turn.input_items)
-            assert turn.json["tool_choice"] == {"type": "function", "name": "notes_write_file"}
+            assert turn.json["tool_choice"] == CHECKPOINT_CHOICE
             assert [t["name"] for t in turn.json["tools"]] == ["notes_write_file"] and turn.json["stream"] is False
             assert any(i.get("call_id") == "call_sh" for i in turn.input_items)  # the window, whole
             notes = list((proxy.state_dir / "notes").rglob("checkpoint.md"))

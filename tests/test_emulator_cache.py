@@ -45,7 +45,7 @@ def test_steps() -> None:
 def test_first_difference_names_the_edited_part() -> None:
     a = prompt_parts({"tools": [], "instructions": "i"}, [], [user("a"), user("b")])
     b = prompt_parts({"tools": [], "instructions": "i"}, [], [user("a"), user("B"), user("c")])
-    assert first_difference(a, a + [b"more"]) is None
+    assert first_difference(a, [*a, b"more"]) is None
     assert first_difference(a, b) == 3
 
 

@@ -107,6 +107,7 @@ class _Entry:
 
 @dataclass(frozen=True)
 class CacheResult:
+    input_tokens: int
     cached_tokens: int
     write_tokens: int
     transformations: list[dict[str, Any]]
@@ -148,7 +149,7 @@ class PromptCache:
         cached = min(input_tokens, cached_steps(self._tokens(hit, prompt, input_tokens)))
         written = self._write(body, parts, prompt, entries, now, input_tokens)
         write_tokens = max(0, self._tokens(written, prompt, input_tokens) - cached) if written else 0
-        return CacheResult(cached, write_tokens, self._removed(parts, chain, items), parts, bucket)
+        return CacheResult(input_tokens, cached, write_tokens, self._removed(parts, chain, items), parts, bucket)
 
     @staticmethod
     def _tokens(nbytes: int, prompt: bytes, input_tokens: int) -> int:
