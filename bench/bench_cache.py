@@ -88,6 +88,18 @@ def _turn_of(items: Sequence[Any]) -> int | None:
     return None
 
 
+def _answered_call(items: Sequence[Any]) -> str | None:
+    """The call id of a call output after the newest turn message, if any."""
+    for item in reversed(items):
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") in CALL_OUTPUT.values():
+            return str(item.get("call_id"))
+        if item.get("role") == "user" and _turn_of([item]) is not None:
+            return None
+    return None
+
+
 @dataclass
 class Model:
     """The emulator's responder: work by turn number; `full` turns report a window this full (the next request
@@ -105,9 +117,9 @@ class Model:
             return FunctionCall("notes_write_file", {"path": f"checkpoint-{self.checkpoints}.md",
                                                      "text": "where the numbered work is\n"},
                                 call_id=f"ck_{self.checkpoints}")
-        last = items[-1] if items else {}
-        if isinstance(last, dict) and last.get("type") in CALL_OUTPUT.values():
-            return Text(f"done after {last.get('call_id')}", deltas=2)
+        answered = _answered_call(items)
+        if answered is not None:  # the turn's calls have their outputs (a reminder may follow them)
+            return Text(f"done after {answered}", deltas=2)
         n = _turn_of(items) or 0
         usage = {"input_tokens": int(self.full[n] * self.window)} if n in self.full else None
         kind = n % 4

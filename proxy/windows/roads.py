@@ -219,10 +219,10 @@ class ContextRoads:
         def forwarded() -> dict[str, Any]:  # the request as it would go up now, in its current window
             body = payload if chained else decorate(payload, self._forward_of(r, ws, payload, None), ws,
                                                     rt.config.bridge.families, rt.config.context.id_projection, None)
-            # the tools the session's last request went up with (the bridge's and web search's added after this
-            # stage): the turn then extends the window's cached prefix (issue 47)
+            # the tools and cache key the session's last request went up with (the bridge's and web search's tools
+            # are added after this stage): the turn then extends the window's cached prefix (issue 47)
             last = rt.services.last_tools.get(r.session_key) if r.session_key is not None else None
-            return {**body, "tools": last} if last is not None else body
+            return {**body, **last} if last is not None else body
 
         outcome, executed, self._spec = await checkpoint.run_for_request(r.deps(ws.journal, client), rt.config,
                                                                          r.request, ws, forwarded, self._spec)
