@@ -38,7 +38,6 @@ if str(REPO) not in sys.path:  # run as a script: `tests.*` and `bench.*` from t
     sys.path.insert(0, str(REPO))
 
 from bench.common import print_table, write_result  # noqa: E402
-from proxy.context.checkpoint_turn import is_turn_choice  # noqa: E402
 from tests.emulator import (  # noqa: E402
     CustomToolCall,
     Emulator,
@@ -77,6 +76,14 @@ def config(path: Path, window: int = WINDOW) -> Path:
     return path
 
 
+def is_checkpoint_turn(tool_choice: Any) -> bool:
+    """ctproxy's checkpoint turn: the note write required (`allowed_tools`, or a forced function call)."""
+    if not isinstance(tool_choice, dict):
+        return False
+    named = tool_choice.get("tools") if tool_choice.get("type") == "allowed_tools" else [tool_choice]
+    return any(isinstance(t, dict) and t.get("name") == "notes_write_file" for t in named or [])
+
+
 def _turn_of(items: Sequence[Any]) -> int | None:
     for item in reversed(items):
         if isinstance(item, dict) and item.get("role") == "user":
@@ -112,7 +119,7 @@ class Model:
     def __call__(self, rec: ReceivedRequest) -> Reply:
         body = rec.json if isinstance(rec.json, dict) else {}
         items = rec.input_items
-        if is_turn_choice(body.get("tool_choice")):
+        if is_checkpoint_turn(body.get("tool_choice")):
             self.checkpoints += 1
             return FunctionCall("notes_write_file", {"path": f"checkpoint-{self.checkpoints}.md",
                                                      "text": "where the numbered work is\n"},

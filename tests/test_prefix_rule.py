@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench.bench_cache import BRIDGE, MODEL, TOOLS, Model, Session, config, new_task
+from bench.bench_cache import BRIDGE, MODEL, TOOLS, Model, Session, config, is_checkpoint_turn, new_task
 from proxy.context import checkpoint_turn as ckturn
 from tests.emulator import Emulator
 from tests.support.prefix import prefix_breaks
@@ -74,12 +74,11 @@ def test_the_checkpoint_turn_keeps_the_tools_and_narrows_the_choice() -> None:
     assert ckturn.turn_body(with_write, spec, None)["tools"] == with_write["tools"]  # unchanged
 
 
-@pytest.mark.parametrize(("transport", "stateless"), [("http", True), ("ws", True), ("http", False)])
+@pytest.mark.parametrize("transport", ["http", "ws"])
 async def test_bridged_session_with_rollovers_keeps_the_prefix_inside_each_window(
-        proxy_factory: Any, tmp_path: Path, transport: str, stateless: bool) -> None:
-    emu, proxy, opened = await run(proxy_factory, tmp_path, turns=16, bridge=True, stateless=stateless,
-                                   transport=transport)
-    turns = [r for r in emu.responses_requests if ckturn.is_turn_choice((r.json or {}).get("tool_choice"))]
+        proxy_factory: Any, tmp_path: Path, transport: str) -> None:
+    emu, _proxy, opened = await run(proxy_factory, tmp_path, turns=16, bridge=True, transport=transport)
+    turns = [r for r in emu.responses_requests if is_checkpoint_turn((r.json or {}).get("tool_choice"))]
     assert turns and opened >= 2, (len(turns), opened)  # the hard trigger ran: checkpoint turns, new windows
     assert_prefix_kept(emu, opened)
     answered = [r for r in emu.responses_requests if "cache" in r.extra]
@@ -89,8 +88,18 @@ async def test_bridged_session_with_rollovers_keeps_the_prefix_inside_each_windo
         assert turn.extra["cache"].cached_tokens > 0
 
 
+@pytest.mark.parametrize("transport", ["http", "ws"])
+async def test_a_chained_bridged_session_keeps_the_prefix(proxy_factory: Any, tmp_path: Path, transport: str) -> None:
+    """previous_response_id: the prompt is the upstream's chain plus each request's new items (guidance, markers
+    and bridged rounds included)."""
+    emu, _proxy, opened = await run(proxy_factory, tmp_path, turns=12, bridge=True, stateless=False,
+                                    transport=transport)
+    assert len(emu.responses_requests) > 12
+    assert_prefix_kept(emu, opened)
+
+
 async def test_compaction_without_the_bridge_keeps_the_prefix(proxy_factory: Any, tmp_path: Path) -> None:
-    emu, proxy, opened = await run(proxy_factory, tmp_path, turns=10, bridge=False, full={6: 0.99})
+    emu, _proxy, opened = await run(proxy_factory, tmp_path, turns=10, bridge=False, full={6: 0.99})
     assert opened >= 2
     assert_prefix_kept(emu, opened)
 
@@ -99,7 +108,7 @@ async def test_an_assistant_message_keeps_the_shape_it_was_first_forwarded_in(pr
                                                                               tmp_path: Path) -> None:
     """The client resends output items with `annotations: []`, `logprobs: []`: a request must never carry another
     copy of the same item (the journal's) between two that carry the client's."""
-    emu, proxy, opened = await run(proxy_factory, tmp_path, turns=16, bridge=True)
+    emu, _proxy, _opened = await run(proxy_factory, tmp_path, turns=16, bridge=True)
     seen: dict[str, str] = {}
     for rec in emu.responses_requests:
         for item in rec.input_items:
@@ -107,3 +116,41 @@ async def test_an_assistant_message_keeps_the_shape_it_was_first_forwarded_in(pr
                     and isinstance(item.get("id"), str):
                 shape = json.dumps(item, sort_keys=False)
                 assert seen.setdefault(item["id"], shape) == shape, (seen[item["id"]], shape)
+
+
+async def test_the_session_cache_is_shown_and_new_windows_are_prewarmed(proxy_factory: Any, tmp_path: Path) -> None:
+    """`ctproxy show --json` and /metrics carry the session's cached share, per window; after each rollover the new
+    window's bootstrap went up once with `prompt_cache_options.prewarm` (the model supports it), and the window's
+    first request read it from the cache."""
+    import re
+    import subprocess
+    import sys
+
+    import aiohttp
+
+    emu, proxy, opened = await run(proxy_factory, tmp_path, turns=12, bridge=True)
+    reqs = [r for r in emu.responses_requests if "cache" in r.extra]
+    warms = [k for k, r in enumerate(reqs) if ((r.json or {}).get("prompt_cache_options") or {}).get("prewarm")]
+    assert warms and opened >= 2, (warms, opened)
+    for k in warms:
+        warm, first = reqs[k], reqs[k + 1]
+        assert warm.json["tools"] == first.json["tools"] and warm.json["prompt_cache_key"] == first.json[
+            "prompt_cache_key"]
+        assert first.extra["cache"].cached_tokens >= warm.extra["cache"].input_tokens - 256  # served warm
+    out = subprocess.run([sys.executable, "-m", "proxy.cli", "show", "--state-dir", str(proxy.state_dir), "--json",
+                          _sessions(proxy.state_dir)[0]],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    cache = json.loads(out)[0]["prompt_cache"]
+    assert cache["prewarms"] == len(warms) and cache["requests"] >= 12 and cache["misses"] == 0, cache
+    assert cache["cached_share"] > 0.5 and len(cache["windows"]) == opened, cache
+    token = (proxy.state_dir / "token").read_text().strip()
+    async with aiohttp.ClientSession() as http, http.get(f"{proxy.tools_url}/metrics",
+                                                         headers={"Authorization": f"Bearer {token}"}) as r:
+        text = await r.text()
+    cached = re.search(r'^ctproxy_prompt_tokens_total\{kind="cached"\} (\S+)$', text, re.M)
+    assert cached is not None and float(cached.group(1)) > 0, text[-3000:]
+
+
+def _sessions(state_dir: Path) -> list[str]:
+    with sqlite3.connect(f"file:{state_dir / 'ctproxy.db'}?mode=ro", uri=True) as conn:
+        return [row[0] for row in conn.execute("SELECT DISTINCT session_key FROM prompt_cache")]
