@@ -71,13 +71,13 @@ def decorate(payload: dict[str, Any], out: dict[str, Any], ws: WindowSession, fa
         ids = forwarded_ids(agent_items, forwarded, ws.mark)
         if ids is not None:
             forwarded = list(project_ids(forwarded, ids))
-    said = reminder.SAID.get(ws.key, w.window_id) if w is not None else None
+    said = reminder.SAID.get(ws.journal, ws.key, w.window_id) if w is not None else None
     if said is not None:  # said once in this window: kept where it was, never said again (the prefix, issue 47)
         forwarded = reminder.with_said(forwarded, said, resent)
     else:
         forwarded = reminder.with_reminder(forwarded, text, resent)
         if text is not None and w is not None:
-            reminder.SAID.put(ws.key, w.window_id, len(forwarded) - 1, text)
+            reminder.SAID.put(ws.journal, ws.key, w.window_id, len(forwarded) - 1, text)
     if forwarded is raw or (len(forwarded) == len(raw) and all(a is b for a, b in zip(forwarded, raw, strict=True))):
         return out
     return {**out, "input": forwarded}

@@ -69,20 +69,22 @@ MAX_SAID = 4096  # windows whose reminder is remembered (the least recently used
 
 
 class Said:
-    """Where each window's reminder was said: (position in the forwarded input, its text), by (session, window)."""
+    """Where each window's reminder was said: (position in the forwarded input, its text), by (journal, session,
+    window)."""
 
     def __init__(self, limit: int = MAX_SAID):
-        self._said: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()
+        self._said: OrderedDict[tuple[Any, str, str], tuple[int, str]] = OrderedDict()
         self._limit = limit
 
-    def get(self, session: str, window: str) -> tuple[int, str] | None:
-        said = self._said.get((session, window))
+    def get(self, journal: Any, session: str, window: str) -> tuple[int, str] | None:
+        said = self._said.get((id(journal), session, window))
         if said is not None:
-            self._said.move_to_end((session, window))
+            self._said.move_to_end((id(journal), session, window))
         return said
 
-    def put(self, session: str, window: str, at: int, text: str) -> None:
-        self._said[(session, window)] = (at, text)
+    def put(self, journal: Any, session: str, window: str, at: int, text: str) -> None:
+        # by journal too: two state directories (or tests) in one process may hold the same session key
+        self._said[(id(journal), session, window)] = (at, text)
         while len(self._said) > self._limit:
             self._said.popitem(last=False)
 
