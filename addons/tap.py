@@ -148,7 +148,8 @@ def _count_cache(rt: runtime.Runtime, flow: http.HTTPFlow, session_key: str, tas
         return
     mark = state_of(flow).request_mark
     window = getattr(getattr(getattr(mark, "state", None), "window", None), "window_id", None)
-    cache_stats.STATS.observe(rt.services, rt.state.db_path, session_key, window or "", task, agent, seen)
+    key = getattr(mark, "session_key", None) or session_key  # the journal's key: what `ctproxy show` names
+    cache_stats.STATS.observe(rt.services, rt.state.db_path, key, window or "", task, agent, seen)
 
 
 addons = [Tap()]

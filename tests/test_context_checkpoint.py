@@ -51,7 +51,8 @@ async def test_hard_trigger_runs_the_checkpoint_turn_then_forwards_in_the_new_wi
     assert resp.output_text == "resumed"  # the agent only sees its answer arrive a little later
     reqs = emulator.responses_requests
     turn, fwd = reqs[1], reqs[2]
-    assert is_turn(turn) and [t["name"] for t in turn.json["tools"]] == ["notes_write_file"]
+    # the tools the request before went up with (the prompt's cached head, issue 47), the write required
+    assert is_turn(turn) and turn.json["tools"] == reqs[0].json["tools"]
     assert turn.json["stream"] is False and turn.json["parallel_tool_calls"] is False
     last = turn.input_items[-1]
     assert last["role"] == "developer" and "checkpoint note" in text_of(last)

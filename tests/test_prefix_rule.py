@@ -153,4 +153,5 @@ async def test_the_session_cache_is_shown_and_new_windows_are_prewarmed(proxy_fa
 
 def _sessions(state_dir: Path) -> list[str]:
     with sqlite3.connect(f"file:{state_dir / 'ctproxy.db'}?mode=ro", uri=True) as conn:
-        return [row[0] for row in conn.execute("SELECT DISTINCT session_key FROM prompt_cache")]
+        return [row[0] for row in conn.execute("SELECT session_key FROM prompt_cache GROUP BY session_key "
+                                                "ORDER BY sum(requests) DESC")]
