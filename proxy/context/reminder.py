@@ -10,6 +10,7 @@ prompt cache (issue 47: a reminder re-said at the end of each request broke the 
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -69,24 +70,29 @@ MAX_SAID = 4096  # windows whose reminder is remembered (the least recently used
 
 
 class Said:
-    """Where each window's reminder was said: (position in the forwarded input, its text), by (journal, session,
-    window)."""
+    """Where each window's reminder was said: (position in the forwarded input, its text), by (session, window),
+    per journal (held weakly: two state directories, or two tests, in one process never share one)."""
 
     def __init__(self, limit: int = MAX_SAID):
-        self._said: OrderedDict[tuple[Any, str, str], tuple[int, str]] = OrderedDict()
+        self._by_journal: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[str, str], tuple[int, str]]] = \
+            weakref.WeakKeyDictionary()
         self._limit = limit
 
     def get(self, journal: Any, session: str, window: str) -> tuple[int, str] | None:
-        said = self._said.get((id(journal), session, window))
-        if said is not None:
-            self._said.move_to_end((id(journal), session, window))
-        return said
+        try:
+            said = self._by_journal.get(journal)
+        except TypeError:  # a journal that cannot be held weakly: nothing remembered (said again at the end)
+            return None
+        return said.get((session, window)) if said is not None else None
 
     def put(self, journal: Any, session: str, window: str, at: int, text: str) -> None:
-        # by journal too: two state directories (or tests) in one process may hold the same session key
-        self._said[(id(journal), session, window)] = (at, text)
-        while len(self._said) > self._limit:
-            self._said.popitem(last=False)
+        try:
+            said = self._by_journal.setdefault(journal, OrderedDict())
+        except TypeError:
+            return
+        said[(session, window)] = (at, text)
+        while len(said) > self._limit:
+            said.popitem(last=False)
 
 
 SAID = Said()  # the process's: a reminder is the forwarded copy's own, never journaled
