@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from mitmproxy import http
 
+from proxy.context.at_forward import at_forward
 from proxy.flowbody import commit_body, refuse_if_over_limit
 
 
 class BodyWriter:
     def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is None:
+            at_forward(flow)  # the session's prompt_cache_key, its forwarded tools (issue 47)
         if not refuse_if_over_limit(flow):
             commit_body(flow)
 

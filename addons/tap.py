@@ -16,7 +16,7 @@ from mitmproxy import http
 
 from addons._flow import session_of, weak_listener
 from addons._stage import Stage
-from proxy import dbworker
+from proxy import cache_stats, dbworker, runtime
 from proxy.flowbody import is_compact, is_responses_create
 from proxy.flowstate import state_of
 from proxy.sse import ResponseTap, StreamTap
@@ -133,10 +133,23 @@ class Tap(Stage):
         # Coalesced: only the session's newest usage matters, and a burst of answers shares one commit; the
         # `response` hook waits for that commit before the answer ends (read-your-writes).
         budget.record(rt.services, rt.state.db_path, ident.session_key, task, agent, model, used, rid)
+        _count_cache(rt, flow, ident.session_key, task, agent, tap)
         return True
 
     def done(self) -> None:
         dbworker.close_shared(self.rt.services)
+
+
+def _count_cache(rt: runtime.Runtime, flow: http.HTTPFlow, session_key: str, task: str | None, agent: str | None,
+                 tap: ResponseTap) -> None:
+    """The answer's prompt-cache figures, per session and window (proxy/cache_stats.py, issue 47)."""
+    seen = cache_stats.seen_of(tap.usage, tap.input_transformations)
+    if seen is None:
+        return
+    mark = state_of(flow).request_mark
+    window = getattr(getattr(getattr(mark, "state", None), "window", None), "window_id", None)
+    key = getattr(mark, "session_key", None) or session_key  # the journal's key: what `ctproxy show` names
+    cache_stats.STATS.observe(rt.services, rt.state.db_path, key, window or "", task, agent, seen)
 
 
 addons = [Tap()]

@@ -58,6 +58,7 @@ if str(REPO) not in sys.path:  # run as a script: `tests.*` and `bench.*` from t
     sys.path.insert(0, str(REPO))
 
 from bench.common import print_table, ratio, summarize, write_result  # noqa: E402
+from proxy.context.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE  # noqa: E402
 from tests.emulator import (  # noqa: E402
     CustomToolCall,
     Emulator,
@@ -75,7 +76,6 @@ from tests.support.proxyproc import ProxyProcess  # noqa: E402
 MODEL = "gpt-4.1"
 WINDOW = 40_000  # tokens (config `model_windows`): the scripted usage decides when a window is full
 HARD_RATIO, REMINDER_RATIO, COMPACTION_THRESHOLD = 0.85, 0.7, 0.95  # compaction above the hard trigger
-CHECKPOINT_CHOICE = {"type": "function", "name": "notes_write_file"}
 SHELL = {"type": "function", "name": "shell", "description": "Run a shell command in the workspace.",
          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"],
                         "additionalProperties": False}, "strict": True}

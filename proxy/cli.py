@@ -508,7 +508,7 @@ def _view_db(args: argparse.Namespace, command: str) -> tuple[Any, Callable[[], 
 def cmd_show(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from proxy import sessionview
+    from proxy import cache_stats, sessionview
     from proxy.store.postgres import StoreError
 
     try:
@@ -538,15 +538,20 @@ def cmd_show(args: argparse.Namespace) -> int:
         else:
             sessions = [s for t in sessionview.list_tasks(conn, task_id=key) for a in t.agents for s in a.sessions]
         shown = [(s, sessionview.session_items(conn, s.session_key, args.limit)) for s in sessions]
+        caches = {s.session_key: cache_stats.read(conn, s.session_key) for s in sessions}  # issue 47
     finally:
         close()
     if args.json:
-        print(json.dumps([dataclasses.asdict(s) | {"item_list": [dataclasses.asdict(i) for i in items]}
+        print(json.dumps([dataclasses.asdict(s) | {"item_list": [dataclasses.asdict(i) for i in items],
+                                                   "prompt_cache": cache_stats.totals(caches[s.session_key]) | {
+                                                       "windows": [dataclasses.asdict(w)
+                                                                   for w in caches[s.session_key]]}}
                           for s, items in shown], indent=2))
     elif not shown:
         print(f"task {key}: no sessions yet")
     else:
-        print("\n\n".join(sessionview.render_session(s, items) for s, items in shown))
+        print("\n\n".join(sessionview.render_session(s, items) + "\n" + cache_stats.render(caches[s.session_key])
+                           for s, items in shown))
     return 0
 
 

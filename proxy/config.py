@@ -94,6 +94,15 @@ class ContextConfig(_Section):
         return self
 
 
+class PromptCacheConfig(_Section):
+    """The upstream's prompt cache (issue 47, docs/prompt-cache.md): a derived `prompt_cache_key` for sessions whose
+    client sends none, and the new window's prefix pre-warmed after a rollover or compaction."""
+
+    derive_key: bool = Field(True, description="give a session whose client sends no prompt_cache_key a stable one")
+    prewarm: bool = Field(True, description="after a rollover or compaction, pre-warm the new window's prefix "
+                                            "(prompt_cache_options.prewarm) on models that support it")
+
+
 class HistoryConfig(_Section):
     enabled: bool = True
     max_tool_output_chars: int = Field(12_000, ge=500, description="cap of one history tool answer")
@@ -311,6 +320,7 @@ class Config(_Section):
     web_search: WebSearchConfig = Field(default_factory=WebSearchConfig)
     remote_compaction: RemoteCompactionConfig = Field(default_factory=RemoteCompactionConfig)
     context: ContextConfig = Field(default_factory=ContextConfig)
+    prompt_cache: PromptCacheConfig = Field(default_factory=PromptCacheConfig)
     history: HistoryConfig = Field(default_factory=HistoryConfig)
     notes: NotesConfig = Field(default_factory=NotesConfig)
     apply_patch: ApplyPatchConfig = Field(default_factory=ApplyPatchConfig)

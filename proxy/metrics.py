@@ -161,6 +161,13 @@ class ProxyMetrics:
         self._turn_tokens = Counter("ctproxy_bridged_turn_tokens", "Tokens bridged turns cost, every round summed "
                                     "(input, output, cached, total); each answer's own usage is its last round's",
                                     ["kind"], registry=r)
+        self._prompt_tokens = Counter("ctproxy_prompt_tokens", "Input tokens of the answers to Responses creates, "
+                                      "by kind (input, cached; prewarm: what pre-warming cost)", ["kind"], registry=r)
+        self._cache_misses = Counter("ctproxy_prompt_cache_misses", "Answers inside a window whose cached tokens "
+                                     "fell short of the previous answer's prompt (a broken prefix)", registry=r)
+        self._reasoning_dropped = Counter("ctproxy_reasoning_dropped", "Reasoning items the upstream removed "
+                                          "(input_transformations), by reason (prefix_mismatch, other)", ["reason"],
+                                          registry=r)
         self._backlog = Gauge("ctproxy_journal_writer_backlog", "Journal writes waiting for the writer thread",
                               registry=r)
         self._backlog_of: Callable[[], int] | None = None
@@ -196,6 +203,21 @@ class ProxyMetrics:
         for kind, n in found.items():
             if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                 self._turn_tokens.labels(kind).inc(n)
+
+    def prompt_cache(self, input_tokens: int, cached_tokens: int, miss: bool, dropped: int, prefix_mismatch: int,
+                     prewarm: bool) -> None:
+        """One answer's prompt-cache figures (proxy/cache_stats.py)."""
+        if prewarm:
+            self._prompt_tokens.labels("prewarm").inc(max(0, input_tokens))
+        else:
+            self._prompt_tokens.labels("input").inc(max(0, input_tokens))
+            self._prompt_tokens.labels("cached").inc(max(0, cached_tokens))
+        if miss:
+            self._cache_misses.inc()
+        if prefix_mismatch:
+            self._reasoning_dropped.labels("prefix_mismatch").inc(prefix_mismatch)
+        if dropped > prefix_mismatch:
+            self._reasoning_dropped.labels("other").inc(dropped - prefix_mismatch)
 
     def watch_journal_backlog(self, read: Callable[[], int] | None) -> None:
         """`read()` is called at scrape time (it must be cheap and thread-safe)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from proxy.config import Config, config_path_from_env, load_config, with_overrides
+from proxy.context.last_tools import LastTools
 from proxy.routes import Upstream, parse_upstream
 from proxy.state import StateDir
 from proxy.store.embedded import EmbeddedStore
@@ -60,6 +61,7 @@ class Services:
     compaction_windows: dict[tuple[str, str], tuple[int | None, float]] = field(default_factory=dict)
     store: Store | None = None  # the state store (proxy/store/interface.py): notes read at a window's opening
     store_choice: StoreChoice | None = None  # which store `ctproxy up` chose (None: the embedded default)
+    last_tools: LastTools = field(default_factory=LastTools)  # body writer: each session's forwarded tools (issue 47)
 
 
 @dataclass

@@ -171,6 +171,8 @@ class ResponseTap:
     last_sequence: int | None = None
     first_output_seen: bool = False
     usage_recorded: bool = False
+    # the upstream's Response.input_transformations (reasoning it dropped, e.g. prefix_mismatch; issue 47)
+    input_transformations: list[Any] | None = None
     # Called with every event the tap parses (PARSED_EVENTS, which hold every terminal event), not with the
     # deltas it only counts: two calls per delta were a tenth of the tap's cost, for listeners that wait for the end.
     listeners: list[Callable[[str, dict[str, Any]], None]] = field(default_factory=list)
@@ -200,6 +202,8 @@ class ResponseTap:
             if isinstance(resp, dict):
                 if isinstance(resp.get("usage"), dict):
                     self.usage = resp["usage"]
+                if isinstance(resp.get("input_transformations"), list):
+                    self.input_transformations = resp["input_transformations"]
                 if not self.items and isinstance(resp.get("output"), list):
                     self.items = [i for i in resp["output"] if isinstance(i, dict)]
                 if typ == "response.failed" and isinstance(resp.get("error"), dict):
@@ -223,6 +227,8 @@ class ResponseTap:
         self.items = [i for i in body.get("output") or [] if isinstance(i, dict)]
         if isinstance(body.get("usage"), dict):
             self.usage = body["usage"]
+        if isinstance(body.get("input_transformations"), list):
+            self.input_transformations = body["input_transformations"]
         if isinstance(body.get("error"), dict):
             self.error = body["error"]
         self.completed = True

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.context.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
 from proxy.transforms.fallback import is_fallback_message
 from tests.emulator import FunctionCall, Text
 from tests.test_context_reminder import BIG
@@ -29,7 +30,7 @@ async def configured(emulator: Any, proxy_factory: Any, tmp_path: Any) -> Any:
 
 
 def is_turn(req: Any) -> bool:
-    return (req.json or {}).get("tool_choice") == {"type": "function", "name": "notes_write_file"}
+    return (req.json or {}).get("tool_choice") == CHECKPOINT_CHOICE
 
 
 async def fill(agent: Any) -> None:
@@ -50,7 +51,8 @@ async def test_hard_trigger_runs_the_checkpoint_turn_then_forwards_in_the_new_wi
     assert resp.output_text == "resumed"  # the agent only sees its answer arrive a little later
     reqs = emulator.responses_requests
     turn, fwd = reqs[1], reqs[2]
-    assert is_turn(turn) and [t["name"] for t in turn.json["tools"]] == ["notes_write_file"]
+    # the tools the request before went up with (the prompt's cached head, issue 47), the write required
+    assert is_turn(turn) and turn.json["tools"] == reqs[0].json["tools"]
     assert turn.json["stream"] is False and turn.json["parallel_tool_calls"] is False
     last = turn.input_items[-1]
     assert last["role"] == "developer" and "checkpoint note" in text_of(last)
@@ -224,7 +226,10 @@ async def test_a_manual_checkpoint_offers_the_write_tool_itself(emulator, proxy_
                                      {"role": "user", "content": "continue"}], tools=[SHELL_SPEC])
     assert resp.output_text == "resumed"
     turn = emulator.responses_requests[1]
-    assert is_turn(turn) and [t["name"] for t in turn.json["tools"]] == ["notes_write_file"]
+    # the agent's tools kept (the prompt's cached head), the write tool appended: it had none
+    before = emulator.responses_requests[0].json["tools"]  # as the request before went up (web search's too)
+    assert is_turn(turn) and turn.json["tools"][: len(before)] == before
+    assert [t.get("name") for t in turn.json["tools"][len(before):]] == ["notes_write_file"]
     fwd = emulator.responses_requests[2]
     assert [t["name"] for t in fwd.json["tools"] if t["type"] == "function"] == ["shell"]  # its own, unchanged
     assert (await journaled(agent, lambda w, e: w[-1:] == ["w2"]))[0][-1] == "w2"

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from proxy.config import Config
+from proxy.context.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
 from proxy.status import capability_status
 from proxy.transforms.fallback import is_fallback_message
 from tests.emulator import Emulator, FunctionCall, HttpError, Text, context_length_exceeded_400
@@ -66,7 +67,7 @@ async def configured(emulator: Any, proxy_factory: Any, tmp_path: Any, context: 
 
 
 def is_turn(req: Any) -> bool:
-    return (req.json or {}).get("tool_choice") == {"type": "function", "name": "notes_write_file"}
+    return (req.json or {}).get("tool_choice") == CHECKPOINT_CHOICE
 
 
 def turns(emulator: Any) -> list[Any]:

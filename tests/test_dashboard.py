@@ -88,6 +88,11 @@ async def test_dashboard_in_a_browser(emulator, proxy_factory, browser, tmp_path
     assert await holder.get_attribute("data-points") == str(TURNS)
     assert await holder.get_attribute("data-window-markers") == "1"  # the window the compaction opened
     assert "remote" in await page.inner_text("#session-plot .marker-list")
+    # issue 47: the session's cached share of input tokens, per window too (the emulator models the cache)
+    cache = await page.wait_for_selector("#session-cache", timeout=30_000)
+    assert float(await cache.get_attribute("data-cached-share") or "0") > 0.5, await cache.inner_text()
+    assert "% of" in await page.inner_text("#session-cache .cache-summary")
+    assert len(await page.query_selector_all("#session-cache tr.cache-row")) == 2  # the window before and after
     await page.screenshot(path=str(tmp_path / "dashboard-session.png"), full_page=True)
     rows = await page.query_selector_all("tr.item")
     assert rows

@@ -40,6 +40,7 @@ import openai
 import orjson
 import pytest
 
+from proxy.context.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
 from tests.emulator import FunctionCall, Response, Text
 from tests.support.postgres import PrivateServer, private_server
 from tests.support.proxyproc import REPO, ProxyProcess
@@ -210,7 +211,7 @@ async def test_a_checkpoint_asked_of_a_runs_on_bs_next_request(emulator, proxy_f
     resp = await ib.create(history)
     assert resp.output_text == "resumed in w2"
     turn, forwarded = emulator.responses_requests[seen:]
-    assert (turn.json or {}).get("tool_choice") == {"type": "function", "name": "notes_write_file"}  # the turn
+    assert (turn.json or {}).get("tool_choice") == CHECKPOINT_CHOICE  # the turn
     texts = [text_of(i) for i in forwarded.input_items if i.get("role") == "developer"]
     assert any("context window w2" in t for t in texts), texts
     _, read = await ia.tool("notes_read_file", {"path": "cp.md"})  # the turn's note, in the store

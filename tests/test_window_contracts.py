@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from proxy.config import load_config
+from proxy.context.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
 from proxy.usage import model_window
 
 REPO = Path(__file__).resolve().parents[1]
@@ -214,7 +215,7 @@ async def test_a_manual_checkpoint_rolls_a_stateful_chain_over(emulator, proxy_f
         r2 = await c.responses.create(model="gpt-4.1", store=True, previous_response_id=r1.id, input="next")
         assert r2.output_text == "two"
         turn, second = emulator.responses_requests[1], emulator.responses_requests[2]
-        assert turn.json["tool_choice"] == {"type": "function", "name": "notes_write_file"}
+        assert turn.json["tool_choice"] == CHECKPOINT_CHOICE
         assert turn.json["previous_response_id"] == r1.id  # the turn sees the window: the upstream's chain
         assert [t["name"] for t in turn.json["tools"]] == ["notes_write_file"]
         assert [p.read_text() for p in (agent.proxy.state_dir / "notes").rglob("chain.md")] == ["where I am"]

@@ -2,8 +2,9 @@
 upstream before rolling a session over at the hard trigger or for a manual checkpoint, and what it
 accepts from the answer.
 
-The turn is the current window as it would be forwarded, plus the checkpoint instruction, with only
-the write tool for the agent's *own* notes offered and required (`tool_choice`), one call, no stream.
+The turn is the current window as it would be forwarded, plus the checkpoint instruction, with the write
+tool for the agent's *own* notes required (`tool_choice: allowed_tools`, the tools left as they are), one call,
+no stream.
 The answer is accepted only when it holds exactly one call of that tool whose path is the agent's own
 (a relative path, or an absolute one under `<agent>/notes/`): another agent's notes never lift the fence.
 
@@ -31,20 +32,37 @@ DEFAULT_INSTRUCTION = (
     "ids worth re-reading. Do nothing else.")
 
 
+# The turn narrows the choice to the write tool without touching `tools`: the tools are the head of the prompt
+# the upstream caches, so replacing them would make the turn (and the window's cache) a miss (issue 47).
+CHOICE = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": WRITE_TOOL}]}
+
+
+def is_turn_choice(tool_choice: Any) -> bool:
+    """The checkpoint turn's `tool_choice` (what a scripted upstream answers with the write)."""
+    return tool_choice == CHOICE
+
+
 def turn_body(forwarded: Mapping[str, Any], write_spec: Mapping[str, Any], instruction: str | None,
               extra: Sequence[Any] = ()) -> dict[str, Any]:
     """The checkpoint turn's request: `forwarded` (the window as the agent's request would go up), the
-    instruction last, only the own-notes write tool, required. `extra`: a failed call and its output,
-    for the one correction. A `previous_response_id` stays: the window of a client chaining by it is the
-    upstream's chain (issue 29 (2)); a stateless request has none."""
+    instruction last, the own-notes write required by `allowed_tools`. `tools` and `instructions` stay as
+    forwarded (the write tool appended only when they lack it) and the input only grows, so the turn extends
+    the window's cached prefix. `extra`: a failed call and its output, for the one correction. A
+    `previous_response_id` stays: the window of a client chaining by it is the upstream's chain (issue 29 (2));
+    a stateless request has none."""
     inp = forwarded.get("input")
     items = list(inp) if isinstance(inp, list) else [{"role": "user", "content": inp}] if isinstance(inp, str) else []
-    body = {k: v for k, v in forwarded.items() if k not in ("stream", "stream_options", "tool_choice", "tools",
+    body = {k: v for k, v in forwarded.items() if k not in ("stream", "stream_options", "tool_choice",
                                                           "parallel_tool_calls")}
     body["input"] = [*items, developer_message(instruction or DEFAULT_INSTRUCTION), *extra]
-    # the API's FunctionTool requires `strict` (the registry leaves it out when false)
-    body["tools"] = [{**write_spec, "type": "function", "strict": bool(write_spec.get("strict", False))}]
-    body["tool_choice"] = {"type": "function", "name": WRITE_TOOL}
+    tools = forwarded.get("tools")
+    tools = list(tools) if isinstance(tools, list) else []
+    if not any(isinstance(t, Mapping) and t.get("type") == "function" and t.get("name") == WRITE_TOOL
+               for t in tools):
+        # the API's FunctionTool requires `strict` (the registry leaves it out when false)
+        tools.append({**write_spec, "type": "function", "strict": bool(write_spec.get("strict", False))})
+    body["tools"] = tools
+    body["tool_choice"] = CHOICE
     body["parallel_tool_calls"] = False
     body["stream"] = False
     return body

@@ -63,14 +63,21 @@ def decorate(payload: dict[str, Any], out: dict[str, Any], ws: WindowSession, fa
     # a reminder only ever comes back as one of the input's developer messages: none there, none to drop
     resent = None if instructions is None or any(reminder.is_reminder(raw[k]) for k in instructions) else ()
     forwarded: Sequence[Any] = boot.insert_guidance(raw, tools, instructions)
-    if tools and (w := ws.journal.window_of(ws.key)) is not None:  # who and where: from the first window on
+    w = ws.journal.window_of(ws.key) if tools else None
+    if w is not None:  # who and where: from the first window on
         forwarded = boot.insert_identity(forwarded, boot.identity_text(ws.address, w.window_id, None, ws.task_id))
     # the markers are what history_read_item takes: shown only to a session that can call it
     if id_projection and "history_read_item" in tools and isinstance(agent_items, list):
         ids = forwarded_ids(agent_items, forwarded, ws.mark)
         if ids is not None:
             forwarded = list(project_ids(forwarded, ids))
-    forwarded = reminder.with_reminder(forwarded, text, resent)
+    said = reminder.SAID.get(ws.journal, ws.key, w.window_id) if w is not None else None
+    if said is not None:  # said once in this window: kept where it was, never said again (the prefix, issue 47)
+        forwarded = reminder.with_said(forwarded, said, resent)
+    else:
+        forwarded = reminder.with_reminder(forwarded, text, resent)
+        if text is not None and w is not None:
+            reminder.SAID.put(ws.journal, ws.key, w.window_id, len(forwarded) - 1, text)
     if forwarded is raw or (len(forwarded) == len(raw) and all(a is b for a, b in zip(forwarded, raw, strict=True))):
         return out
     return {**out, "input": forwarded}

@@ -3,12 +3,15 @@ window, a hidden developer message at the end of the forwarded copy asks the mod
 note and call `new_context`. Pure: the caller gives the recorded usage and the window size.
 
 Hidden: only the forwarded copy carries it (the agent's history and the journal never do), and one the
-agent resent is dropped, so it never accumulates. It goes last, so the window's prefix (guidance,
-bootstrap, the agent's items) stays byte-identical for the upstream's prompt cache.
+agent resent is dropped, so it never accumulates. It is said once per window, last, and then kept where it was
+said in every later request of the window (`Said`): the window's prefix stays byte-identical for the upstream's
+prompt cache (issue 47: a reminder re-said at the end of each request broke the prefix at every request).
 """
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,3 +65,45 @@ def with_reminder(items: Sequence[Any], text: str | None,
     if text is not None:
         out.append(developer_message(text))
     return out
+
+
+MAX_SAID = 4096  # windows whose reminder is remembered (the least recently used forgotten first)
+
+
+class Said:
+    """Where each window's reminder was said: (position in the forwarded input, its text), by (session, window),
+    per journal (held weakly: two state directories, or two tests, in one process never share one)."""
+
+    def __init__(self, limit: int = MAX_SAID):
+        self._by_journal: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[str, str], tuple[int, str]]] = \
+            weakref.WeakKeyDictionary()
+        self._limit = limit
+
+    def get(self, journal: Any, session: str, window: str) -> tuple[int, str] | None:
+        try:
+            said = self._by_journal.get(journal)
+        except TypeError:  # a journal that cannot be held weakly: nothing remembered (said again at the end)
+            return None
+        return said.get((session, window)) if said is not None else None
+
+    def put(self, journal: Any, session: str, window: str, at: int, text: str) -> None:
+        try:
+            said = self._by_journal.setdefault(journal, OrderedDict())
+        except TypeError:
+            return
+        said[(session, window)] = (at, text)
+        while len(said) > self._limit:
+            said.popitem(last=False)
+
+
+SAID = Said()  # the process's: a reminder is the forwarded copy's own, never journaled
+
+
+def with_said(items: Sequence[Any], said: tuple[int, str], developers: Sequence[int] | None = None) -> Sequence[Any]:
+    """`items` without any resent reminder, with the window's reminder back where it was said (left out when the
+    input no longer reaches that far: the agent resent less than the window had)."""
+    at, text = said
+    out = list(with_reminder(items, None, developers))
+    if at > len(out):
+        return out
+    return [*out[:at], developer_message(text), *out[at:]]

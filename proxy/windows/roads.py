@@ -25,7 +25,7 @@ from proxy.flowstate import usage_memo
 from proxy.journal import Window
 from proxy.toolclient import ToolClient
 from proxy.transforms.items import input_items
-from proxy.windows import budget, checkpoint, hard_trigger, notes_window, opening, projection
+from proxy.windows import budget, checkpoint, hard_trigger, notes_window, opening, prewarm, projection
 from proxy.windows import rollover_choice as choice
 from proxy.windows.decision import WindowDecision
 from proxy.windows.projection import project_decision
@@ -166,6 +166,7 @@ class ContextRoads:
                                       {"strategy": strategy, "outcome": done})
             debuglog.event("context", phase=kind, strategy=strategy, outcome=done)
             if done != "none":
+                await self._prewarm(r, ws, None)
                 return
             kind = choice.after_compaction(kind, done)
         if kind is not None and choice.runs_turn(kind):
@@ -179,11 +180,29 @@ class ContextRoads:
                 return
             if then == "compact":
                 if await self._compact(r, ws, kind, remote=True) != "none":
+                    await self._prewarm(r, ws, None)
                     return
                 kind = f"{kind}_failed"  # nothing to compact: a notes window all the same
         opened = notes_window.roll_over(self.rt.state_store(), ws, r.state.request_mark, r.body.value,
                                         self.rt.config.bridge.families, kind) if kind is not None else None
         self.project(r, ws, opened)
+        if opened is not None:
+            await self._prewarm(r, ws, opened.window_id)
+
+    async def _prewarm(self, r: WindowRequest, ws: WS, window_id: str | None) -> None:
+        """The window just opened: its bootstrap pre-warmed in the upstream's cache (proxy/windows/prewarm.py)."""
+        rt = self.rt
+        if not rt.config.prompt_cache.prewarm or not prewarm.supports(r.body.view.get("model")):
+            return
+        try:
+            if window_id is None:
+                w = ws.journal.window_of(ws.key)
+                window_id = w.window_id if w is not None else ""
+            head = rt.services.last_tools.get(r.session_key) if r.session_key is not None else None
+            await prewarm.prewarm(r.deps(ws.journal), rt.config, r.request, ws, window_id, r.body.view, head,
+                                  rt.state.db_path, rt.services)
+        except Exception:  # a cold cache, never a failed request
+            log.warning("context: pre-warming the new window failed", exc_info=True)
 
     async def _compact(self, r: WindowRequest, ws: WS, kind: str, remote: bool) -> str:
         """The compaction at a rollover (proxy/windows/hard_trigger.py); returns the strategy made, or `none`."""
@@ -217,10 +236,12 @@ class ContextRoads:
             return "no_tool_server", []
 
         def forwarded() -> dict[str, Any]:  # the request as it would go up now, in its current window
-            if chained:
-                return payload
-            return decorate(payload, self._forward_of(r, ws, payload, None), ws, rt.config.bridge.families,
-                            rt.config.context.id_projection, None)
+            body = payload if chained else decorate(payload, self._forward_of(r, ws, payload, None), ws,
+                                                    rt.config.bridge.families, rt.config.context.id_projection, None)
+            # the tools and cache key the session's last request went up with (the bridge's and web search's tools
+            # are added after this stage): the turn then extends the window's cached prefix (issue 47)
+            last = rt.services.last_tools.get(r.session_key) if r.session_key is not None else None
+            return {**body, **last} if last is not None else body
 
         outcome, executed, self._spec = await checkpoint.run_for_request(r.deps(ws.journal, client), rt.config,
                                                                          r.request, ws, forwarded, self._spec)

@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .cache import CacheResult, PromptCache, is_prewarm
 from .compaction import compact_resource
 from .recording import BodyDecodeError, ReceivedRequest, decode_body, parse_json
 from .render import Plan, RenderContext, error_plan, json_plan, render
@@ -86,6 +87,7 @@ class Emulator:
         ws_connection_limit: float = 3600.0,
         ws_max_message: int = 0,
         ssl_context: Any = None,
+        clock: Callable[[], float] | None = None,
     ):
         self.ssl_context = ssl_context  # an ssl.SSLContext: the emulator speaks HTTPS / wss:// (url says https)
         self.default_deltas = default_deltas
@@ -95,6 +97,9 @@ class Emulator:
         # reasoning stays before the item it preceded, references name stored items. False skips them all
         # (for a test that must send what the API would refuse); `previous_response_id` has its own switch.
         self.check_input_items = check_input_items
+        # The prompt cache (cache.py): usage.input_tokens_details.cached_tokens, prompt_cache_options, prewarm and
+        # input_transformations; each turn's record keeps its answer in `extra["cache"]` (a CacheResult).
+        self.prompt_cache = PromptCache(clock) if clock is not None else PromptCache()
         self.token_counter: Callable[[dict[str, Any]], int] = token_counter or estimate_input_tokens
         self.max_recorded = max_recorded
         # An upstream whose real window is smaller than any model table says: a `POST …/responses` (a turn
@@ -224,6 +229,7 @@ class Emulator:
         self._turns.clear()
         self._stored_items.clear()
         self._followers.clear()
+        self.prompt_cache.clear()
 
     def _next(self, route: str, rec: ReceivedRequest) -> Reply | None:
         queue = self._queues[route]
@@ -300,12 +306,13 @@ class Emulator:
         error = self._check_create(body) or self._check_input(body) or self._over_limit(rec)
         if error is not None:
             return await self._send(request, rec, error)
-        reply = self._next(rec.route, rec)
+        reply = Response([]) if is_prewarm(body) else self._next(rec.route, rec)  # prewarm: no output
         if reply is None:
             reply = compaction_reply(rec) if rec.route == "compaction" else echo_reply(rec, self.default_deltas)
-        plan = render(reply, RenderContext.for_request(body, self.token_counter(body)))
+        plan = render(reply, self.cached_context(rec, body))
         if plan.response is not None:
             self._remember_followers(plan.response.get("output") or [])
+            self.prompt_cache.produced(rec.extra["cache"].parts, plan.response.get("output") or [])
         plan.stall_after = getattr(reply, "stall_after", None)
         plan.stall_before_headers = bool(getattr(reply, "stall_before_headers", False))
         if self.before_answer is not None:
@@ -360,6 +367,20 @@ class Emulator:
         if problem is None:
             return None
         return error_plan(problem.status, problem.message, "invalid_request_error", problem.param, problem.code)
+
+    def cached_context(self, rec: ReceivedRequest, body: dict[str, Any],
+                       local: Mapping[str, Any] | None = None) -> RenderContext:
+        """The render context of a turn, with what the prompt cache says about its prompt (kept on `rec`)."""
+        prev = body.get("previous_response_id")
+        chain, _ = self._chain(prev if isinstance(prev, str) else None, local)
+        # the chain's items are input the model reads (and the API bills), as if they had been resent
+        tokens = self.token_counter(body) + (estimate_input_tokens({"input": chain}) if chain else 0)
+        result: CacheResult = self.prompt_cache.serve(body, chain, self._resolved_input(body)[0], tokens)
+        rec.extra["cache"] = result
+        ctx = RenderContext.for_request(body, tokens)
+        ctx.cached_tokens, ctx.cache_write_tokens = result.cached_tokens, result.write_tokens
+        ctx.input_transformations = result.transformations
+        return ctx
 
     def _remember_followers(self, output: list[Any]) -> None:
         self._followers.update(followers_of(output))

@@ -61,6 +61,10 @@ class RenderContext:
     stream: bool
     created_at: int = field(default_factory=lambda: int(time.time()))
     response_id: str = field(default_factory=lambda: new_id("resp"))
+    # the prompt cache's answer (cache.py): usage.input_tokens_details and Response.input_transformations
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    input_transformations: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def for_request(cls, body: Mapping[str, Any], input_tokens: int) -> RenderContext:
@@ -233,7 +237,8 @@ def _render_response(reply: Response, ctx: RenderContext) -> Plan:
     _lifecycle_start(ev, ctx)
     for item in reply.items:
         _render_item(item, ev, out, ctx)
-    usage = merge_usage(make_usage(ctx.input_tokens, max(1, out.output_tokens), out.reasoning_tokens), reply.usage)
+    usage = _cached(ctx, merge_usage(_base_usage(ctx, max(1, out.output_tokens) if reply.items else 0,
+                                                 out.reasoning_tokens), reply.usage))
     done = reply.status == "completed"
     final = response_object(
         ctx.body,
@@ -245,10 +250,26 @@ def _render_response(reply: Response, ctx: RenderContext) -> Plan:
         incomplete_reason=None if done else reply.incomplete_reason,
         completed_at=int(time.time()) if done else None,
     )
+    if ctx.input_transformations:
+        final["input_transformations"] = list(ctx.input_transformations)
     if not ctx.stream:
         return _json_plan(200, final, reply.headers, reply.latency)
     ev.emit("response.completed" if done else "response.incomplete", response=final)
     return _stream_plan(ev.events, reply, final)
+
+
+def _base_usage(ctx: RenderContext, output_tokens: int, reasoning_tokens: int) -> dict[str, Any]:
+    usage = make_usage(ctx.input_tokens, output_tokens, reasoning_tokens)
+    usage["input_tokens_details"] = {"cached_tokens": ctx.cached_tokens, "cache_write_tokens": ctx.cache_write_tokens}
+    return usage
+
+
+def _cached(ctx: RenderContext, usage: dict[str, Any]) -> dict[str, Any]:
+    """A scripted `input_tokens` below the cache's hit: the hit is clamped to it (never more cached than sent)."""
+    details = usage.get("input_tokens_details")
+    if isinstance(details, dict) and isinstance(usage.get("input_tokens"), int):
+        details["cached_tokens"] = min(details.get("cached_tokens") or 0, usage["input_tokens"])
+    return usage
 
 
 def _render_failed(reply: FailedInStream, ctx: RenderContext) -> Plan:
@@ -259,7 +280,7 @@ def _render_failed(reply: FailedInStream, ctx: RenderContext) -> Plan:
         _render_item(item, ev, out, ctx)
     usage = None
     if reply.usage:
-        usage = merge_usage(make_usage(ctx.input_tokens, out.output_tokens, out.reasoning_tokens), reply.usage)
+        usage = _cached(ctx, merge_usage(_base_usage(ctx, out.output_tokens, out.reasoning_tokens), reply.usage))
     final = response_object(
         ctx.body,
         response_id=ctx.response_id,

@@ -37,8 +37,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import WSMsgType, web
 
+from .cache import is_prewarm
 from .recording import ReceivedRequest
-from .render import Plan, RenderContext, error_plan, render
+from .render import Plan, error_plan, render
 from .replies import Response
 from .wire import ends_with_compaction_trigger, error_body
 
@@ -215,12 +216,12 @@ async def _message(emu: Emulator, conn: WsConnection, request: web.Request, head
     error = emu._check_create(checked, local) or emu._check_input(checked, local) or emu._over_limit(rec)
     if error is not None:
         return await _send_error(conn, ws, rec, error, lane)
-    reply = Response([]) if not generate else emu._next(rec.route, rec)
+    reply = Response([]) if not generate or is_prewarm(checked) else emu._next(rec.route, rec)
     if reply is None:
         from .app import compaction_reply, echo_reply
 
         reply = compaction_reply(rec) if rec.route == "compaction" else echo_reply(rec, emu.default_deltas)
-    plan = render(reply, RenderContext.for_request({**checked, "stream": True}, emu.token_counter(checked)))
+    plan = render(reply, emu.cached_context(rec, {**checked, "stream": True}, local))
     plan.stall_after = getattr(reply, "stall_after", None)  # (as on HTTP: a reply that waits, e.g. for an interrupt)
     if emu.before_answer is not None:
         await emu.before_answer(rec)
@@ -228,6 +229,7 @@ async def _message(emu: Emulator, conn: WsConnection, request: web.Request, head
         return await _send_error(conn, ws, rec, plan, lane)
     if plan.response is not None:
         emu._remember_followers(plan.response.get("output") or [])
+        emu.prompt_cache.produced(rec.extra["cache"].parts, plan.response.get("output") or [])
     rec.status, rec.response_id = 200, plan.response_id
     if plan.latency:
         await asyncio.sleep(plan.latency)

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy import sessionview
+from proxy import cache_stats, sessionview
 from proxy.status import all_statuses, read_run_file
 from tools_server.metrics_endpoint import METRICS_KEY, TELEMETRY_KEY, ToolCallRecord
 from tools_server.registry import Registry, Services
@@ -199,13 +199,15 @@ async def api_session(request: web.Request) -> web.Response:
         s = sessionview.find_session(conn, key)
         if s is None:
             return None
-        return s, sessionview.session_items(conn, key, 300), sessionview.session_plot(conn, key, config)
+        windows = cache_stats.read(conn, s.session_key)  # issue 47: what the upstream's prompt cache did
+        cache = cache_stats.totals(windows) | {"windows": [dataclasses.asdict(w) for w in windows]}
+        return s, sessionview.session_items(conn, key, 300), sessionview.session_plot(conn, key, config), cache
 
     found = await _db(request, read)
     if found is None:
         return _error(404, "not_found", "no such session")
-    s, items, plot = found
-    return _json({"session": s, "items": items, "plot": plot})
+    s, items, plot, cache = found
+    return _json({"session": s, "items": items, "plot": plot, "prompt_cache": cache})
 
 
 async def api_item(request: web.Request) -> web.Response:

@@ -127,6 +127,7 @@ async function sessionView(key) {
       el("table", {}, el("thead", {}, el("tr", {}, ["window", "strategy", "items", "from", "bootstrap"].map((h) => el("th", {}, h)))),
         el("tbody", {}, s.windows.map((w) => el("tr", { class: "window-row" }, el("td", {}, w.window_id), el("td", {}, w.strategy),
           el("td", { class: "num" }, w.items), el("td", {}, when(w.created_at)), el("td", { class: "wrap" }, w.bootstrap)))))),
+    cacheSection(data.prompt_cache),
     plotBox,
     el("section", {}, el("h2", {}, "items"), el("table", {}, el("thead", {}, el("tr", {}, ["seq", "window", "origin", "role / type", "preview"].map((h) => el("th", {}, h)))),
       el("tbody", {}, data.items.map((i) => el("tr", { class: "clickable item", onclick: () => showItem(i.item_id, itemBox) },
@@ -134,6 +135,23 @@ async function sessionView(key) {
         el("td", {}, `${i.role ? i.role + " / " : ""}${i.type}${i.name ? " " + i.name : ""}`), el("td", { class: "wrap" }, i.preview))))),
       itemBox));
   renderPlot(plotBox, data.plot);
+}
+
+// What the upstream's prompt cache did for the session and each window (issue 47).
+function cacheSection(c) {
+  const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
+  const share = (w) => (w.input_tokens ? w.cached_tokens / w.input_tokens : null);
+  return el("section", { id: "session-cache", "data-cached-share": c && c.cached_share !== null ? c.cached_share.toFixed(4) : "" },
+    el("h2", {}, "prompt cache"),
+    el("p", { class: "cache-summary" }, c && c.requests
+      ? `${pct(c.cached_share)} of ${c.input_tokens} input tokens cached over ${c.requests} answers · ${c.misses} misses in a window · ` +
+        `${c.prefix_mismatch} reasoning items dropped (prefix_mismatch) · ${c.prewarms} pre-warms (${c.prewarm_tokens} tokens) · ` +
+        `~${c.saved_tokens} tokens saved by window changes`
+      : "no answers counted yet"),
+    el("table", {}, el("thead", {}, el("tr", {}, ["window", "answers", "input", "cached", "misses", "prefix_mismatch", "pre-warms"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, (c ? c.windows : []).map((w) => el("tr", { class: "cache-row" }, el("td", {}, w.window_id || "—"),
+        el("td", { class: "num" }, w.requests), el("td", { class: "num" }, w.input_tokens), el("td", { class: "num" }, pct(share(w))),
+        el("td", { class: "num" }, w.misses), el("td", { class: "num" }, w.prefix_mismatch), el("td", { class: "num" }, w.prewarms))))));
 }
 
 async function showItem(id, box) {
