@@ -126,11 +126,12 @@ def _client(proxy) -> openai.AsyncOpenAI:
 
 async def test_json_and_sse_answers_show_the_clients_tools_while_upstream_got_web_search(emu, proxy_factory):
     proxy = await proxy_factory(upstream=emu.url)
-    async with aiohttp.ClientSession() as http:  # the repro: curl -d '{"model":"gpt-5","input":"hi"}'
-        async with http.post(proxy.url + "/v1/responses", json={"model": "gpt-5", "input": "hi"},
-                             headers={"Authorization": "Bearer sk-test-echo"}) as r:
-            body = await r.json()
-            assert r.status == 200 and int(r.headers["content-length"]) == len(await r.read())
+    # the repro: curl -d '{"model":"gpt-5","input":"hi"}' $PROXY/v1/responses | jq .tools
+    async with aiohttp.ClientSession() as http, http.post(proxy.url + "/v1/responses", json={"model": "gpt-5",
+                                                                                          "input": "hi"},
+                                                          headers={"Authorization": "Bearer sk-test-echo"}) as r:
+        body = await r.json()
+        assert r.status == 200 and int(r.headers["content-length"]) == len(await r.read())
     assert body["tools"] == [] and body["tool_choice"] == "auto" and "include" not in body
     assert [t["type"] for t in emu.responses_requests[-1].json["tools"]] == ["web_search"]  # upstream got it
 
