@@ -105,6 +105,7 @@ npm_client() {  # name, package@version, binary (the record's key), env switch
 }
 npm_client "Codex CLI" "@openai/codex@$CODEX_VERSION" codex CTPROXY_SKIP_CODEX
 npm_client "Pi" "@mariozechner/pi-coding-agent@$PI_VERSION" pi CTPROXY_SKIP_PI
+npm_client "the MCP conformance suite" "@modelcontextprotocol/conformance@0.1.16" conformance CTPROXY_SKIP_MCP_CONFORMANCE
 
 # --- optional: Debian packages of the desktop and browser tests, and the shell sandbox ------------------------------------------------
 APT=""
