@@ -37,7 +37,7 @@ import fastsimdjson
 import orjson
 from mitmproxy import http
 
-from proxy import clientecho, errors, gcpause, memory, rawheaders
+from proxy import clientecho, debuglog, errors, gcpause, memory, rawheaders
 from proxy.addonlookup import find_addon
 from proxy.errors import CtproxyError
 from proxy.flowstate import state_of
@@ -376,6 +376,8 @@ def commit_body(flow: http.HTTPFlow) -> bool:
     if body.client_fields is not None:  # what the answer must show of the client's own request (issue 44)
         st = state_of(flow)
         st.echo = clientecho.client_echo(body.client_fields, body.view, bridged=st.bridge_offered > 0)
+        if st.echo is not None:  # what ctproxy added, which the client's answer will not show
+            debuglog.event("client_echo", restored=",".join(sorted(st.echo.changed)))
     if body.on_commit is not None:
         done, body.on_commit = body.on_commit, None
         done()
