@@ -85,8 +85,6 @@ class Tap(Stage):
         sse = resp.headers.get("content-type", "").lower().startswith("text/event-stream")
         encoding = resp.headers.get("content-encoding", "")
         rewrite = _echo_stream(resp, st.echo) if sse and st.echo is not None else None
-        if rewrite is not None:
-            encoding = ""  # the rewriter passes the stream on decoded
         if not tapped:  # only the client's request to give back: a JSON answer is buffered, restored in `response`
             if rewrite is not None:
                 resp.stream = rewrite
@@ -94,7 +92,7 @@ class Tap(Stage):
         tap = ResponseTap()
         st.tap = tap
         if sse:
-            resp.stream = StreamTap(tap, encoding, rewrite=rewrite)
+            resp.stream = StreamTap(tap, encoding) if rewrite is None else clientecho.EchoTap(tap, rewrite)
             tap.listeners.append(weak_listener(flow, self._on_stream_event))
 
     def _on_stream_event(self, flow: http.HTTPFlow, typ: str, _payload: dict) -> None:

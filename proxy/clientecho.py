@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from proxy.sse import StreamTap
+
 FIELDS = ("tools", "tool_choice", "include", "instructions")
 MISSING: Any = type("Missing", (), {"__repr__": lambda self: "MISSING"})()
 Recorded = tuple[Any, Any, Any, Any]  # the client's values of FIELDS, MISSING where it sent none
@@ -185,30 +187,51 @@ class EchoStream:
     Response (the deltas, nearly all of a stream) pass as they came, without being parsed; an event is held back
     only until its blank line arrives."""
 
-    __slots__ = ("_buf", "_decode", "_echo")
+    __slots__ = ("_echo", "decode", "pending")
 
     def __init__(self, echo: ClientEcho, decode: Callable[[bytes], bytes] | None = None):
         self._echo = echo
-        self._buf = b""
-        self._decode = decode  # a compressed answer is passed on decoded (its Content-Encoding header dropped)
+        self.pending = b""  # the start of an event not yet whole
+        self.decode = decode  # a compressed answer is passed on decoded (its Content-Encoding header dropped)
 
     def __call__(self, chunk: bytes) -> list[bytes]:
-        if chunk and self._decode is not None:
-            chunk = self._decode(chunk)
+        if chunk and self.decode is not None:
+            chunk = self.decode(chunk)
             if not chunk:
                 return []
         if not chunk:  # the end: what is left (an event without its blank line) goes as it came
-            rest, self._buf = self._buf, b""
+            rest, self.pending = self.pending, b""
             return [rest] if rest else []
-        if not self._buf and chunk[-2:] == b"\n\n" and _MARK not in chunk:
+        if not self.pending and chunk[-2:] == b"\n\n" and _MARK not in chunk:
             return [chunk]
-        buf = self._buf + chunk if self._buf else chunk
+        buf = self.pending + chunk if self.pending else chunk
         cut = _last_boundary(buf)
         if cut < 0:
-            self._buf = buf
+            self.pending = buf
             return []
-        whole, self._buf = buf[:cut], buf[cut:]
+        whole, self.pending = buf[:cut], buf[cut:]
         if _MARK not in whole:
             return [whole]
         out = b"".join(_rewrite_event(e, self._echo) for e in _split(whole))
         return [out]
+
+
+class EchoTap(StreamTap):
+    """The stream tap of an answer that must show the client's request: each chunk goes through `EchoStream`
+    first, and the tap reads, counts and passes on what it gives (a list, empty while it holds an event back).
+    The usual chunk (whole events without a Response) takes the tap's own path, one check more."""
+
+    def __init__(self, tap: Any, rewrite: EchoStream, on_end: Callable[[], None] | None = None):
+        super().__init__(tap, "", on_end)  # the rewriter decodes a compressed stream itself
+        self.rewrite = rewrite
+
+    def __call__(self, chunk: bytes) -> bytes | list[bytes]:
+        rewrite = self.rewrite
+        if chunk[-2:] == b"\n\n" and not rewrite.pending and rewrite.decode is None and _MARK not in chunk:
+            return StreamTap.__call__(self, chunk)  # whole events without a Response: as they came
+        out = rewrite(chunk)
+        for piece in out:
+            StreamTap.__call__(self, piece)
+        if not chunk:
+            StreamTap.__call__(self, b"")  # the end
+        return out

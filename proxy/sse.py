@@ -239,14 +239,11 @@ class ResponseTap:
 
 
 class StreamTap:
-    """A `flow.response.stream` callable: passes every chunk through unchanged, decoding a copy. With `rewrite`
-    (proxy/clientecho.EchoStream: the client's own request in the lifecycle events), each chunk goes through it
-    first and the tap reads, counts and passes on what it gives (a list of chunks, empty while it holds one)."""
+    """A `flow.response.stream` callable: passes every chunk through unchanged, decoding a copy (a subclass that
+    rewrites: proxy/clientecho.EchoTap)."""
 
-    def __init__(self, tap: ResponseTap, content_encoding: str = "", on_end: Callable[[], None] | None = None,
-                 rewrite: Callable[[bytes], list[bytes]] | None = None):
+    def __init__(self, tap: ResponseTap, content_encoding: str = "", on_end: Callable[[], None] | None = None):
         self.tap = tap
-        self._rewrite = rewrite
         self._decoder = SSEDecoder()
         self._on_end = on_end
         self._ended = False
@@ -259,17 +256,6 @@ class StreamTap:
         self._plain = self._decompress is not None and self._decompress.identity
 
     def __call__(self, chunk: bytes) -> bytes | list[bytes]:
-        rewrite = self._rewrite
-        if rewrite is None:
-            return self._pass(chunk)
-        out = rewrite(chunk)
-        for piece in out:
-            self._pass(piece)
-        if not chunk:
-            self._pass(b"")  # the end
-        return out
-
-    def _pass(self, chunk: bytes) -> bytes:
         self.nbytes += len(chunk)
         if self._plain and chunk[-2:] == b"\n\n" and chunk[:7] == b"event: ":
             # The usual chunk of a stream: one whole event the tap only counts (a text delta), nothing of an

@@ -187,3 +187,22 @@ async def test_a_bridged_turn_shows_the_clients_tools_and_tool_choice(emu, proxy
         assert resp.tool_choice == "auto"
     first = emu.responses_requests[0].json
     assert len(first["tools"]) > 2  # the bridge's specs and web search went upstream
+
+
+def test_the_echo_tap_reads_what_it_passes_on_and_decodes_a_compressed_stream():
+    import zlib
+
+    from proxy.clientecho import EchoTap
+    from proxy.sse import ResponseTap, decompressor
+
+    echo = client_echo(recorded({"input": "hi"}), {"input": "hi", "tools": [{"type": "web_search"}]})
+    whole = b"".join(_stream([{"type": "web_search"}]))
+    packer = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+    packed = packer.compress(whole) + packer.flush()
+    tap = ResponseTap()
+    stream = EchoTap(tap, EchoStream(echo, decompressor("gzip")))
+    out = [stream(packed[i:i + 37]) for i in range(0, len(packed), 37)]
+    out.append(stream(b""))
+    sent = b"".join(b"".join(o) for o in out)
+    assert sent == restore_sse(whole, echo) and all(isinstance(o, list) for o in out)
+    assert tap.completed and tap.events == 4 and stream.nbytes == len(sent)
