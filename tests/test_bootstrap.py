@@ -22,7 +22,7 @@ from tests.support.optional import require_tool, skip_reason
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-OPTIONAL = {"codex", "pi", "openai-agents", "litellm", "desktop", "chromium", "sandbox", "postgresql"}
+OPTIONAL = {"codex", "pi", "conformance", "openai-agents", "litellm", "desktop", "chromium", "sandbox", "postgresql"}
 # What the script itself needs from PATH when nothing optional is there.
 BASICS = ["bash", "env", "dirname", "sha256sum", "cut", "cat", "rm", "grep", "tail", "mkdir", "id", "sort", "tr",
           "ls", "head", "sed"]
@@ -88,7 +88,8 @@ def check_completed(repo: Path, out: subprocess.CompletedProcess[str], tmp: Path
     lines = skipped_lines(out.stderr)
     # One line for each optional part, saying what it costs.
     assert len(lines) == len(OPTIONAL), out.stderr
-    for what in ("Codex CLI", "Pi", "openai-agents", "litellm", "the Computer Use desktop", "Chromium", "bubblewrap",
+    for what in ("Codex CLI", "Pi", "the MCP conformance suite", "openai-agents", "litellm",
+                 "the Computer Use desktop", "Chromium", "bubblewrap",
                  "PostgreSQL"):
         assert sum(line.startswith(f"bootstrap: skipped {what}") for line in lines) == 1, (what, out.stderr)
     assert all("skip" in line.split(";", 1)[1] or "unavailable" in line for line in lines), lines
@@ -107,7 +108,7 @@ def test_failing_dpkg_apt_and_npm_are_skipped_with_a_line_each(tmp_path):
     repo = fresh_copy(tmp_path)
     out = run_setup(repo, f"{failing_shims(tmp_path)}:{os.environ['PATH']}")
     record = check_completed(repo, out, tmp_path)
-    assert "E404" in record["codex"] and "E404" in record["pi"]
+    assert "E404" in record["codex"] and "E404" in record["pi"] and "E404" in record["conformance"]
     assert "no registry reachable" in record["litellm"]
     if os.geteuid() == 0:  # root uses apt-get, which fails here
         assert "apt-get could not install" in record["desktop"] and "xvfb" in record["desktop"]
@@ -125,6 +126,7 @@ def test_a_machine_without_apt_get_or_npm_completes_the_set_up(tmp_path):
     assert "shell sandbox modes are unavailable" in record["sandbox"]
     assert "private PostgreSQL server" in record["postgresql"] and "apt-get is not usable" in record["postgresql"]
     assert "npm is not installed" in record["codex"] and "npm is not installed" in record["pi"]
+    assert "npm is not installed" in record["conformance"]
 
 
 def test_a_required_install_that_fails_stops_with_what_to_do(tmp_path):
