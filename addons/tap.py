@@ -16,10 +16,10 @@ from mitmproxy import http
 
 from addons._flow import session_of, weak_listener
 from addons._stage import Stage
-from proxy import cache_stats, dbworker, runtime
+from proxy import cache_stats, clientecho, dbworker, runtime
 from proxy.flowbody import is_compact, is_responses_create
 from proxy.flowstate import state_of
-from proxy.sse import ResponseTap, StreamTap
+from proxy.sse import ResponseTap, StreamTap, decompressor
 from proxy.windows import budget
 
 log = logging.getLogger("ctproxy.tap")
@@ -39,20 +39,60 @@ def _tap_wanted(config) -> bool:
     return _usage_wanted(config) or config.history.enabled or rc.enabled or rc.recover_overflow
 
 
+def _echo_stream(resp: http.Response, echo: clientecho.ClientEcho) -> clientecho.EchoStream | None:
+    """The stream filter that gives the lifecycle events the client's request; a compressed stream is passed on
+    decoded (None, and the answer untouched, for an encoding the tap cannot decode)."""
+    encoding = resp.headers.get("content-encoding", "")
+    try:
+        decode = decompressor(encoding)
+    except ValueError:
+        log.warning("tap: a %s stream is passed on as it came (its lifecycle events show ctproxy's request)",
+                    encoding)
+        return None
+    if decode is not None:
+        del resp.headers["content-encoding"]
+    resp.headers.pop("content-length", None)  # the events change size
+    return clientecho.EchoStream(echo, decode)
+
+
+def _restore_buffered(flow: http.HTTPFlow, echo: clientecho.ClientEcho) -> None:
+    """A buffered answer (JSON, or a held or replayed stream) with the client's request in its Response objects."""
+    resp = flow.response
+    if resp is None or resp.raw_content is None:
+        return
+    ctype = resp.headers.get("content-type", "").lower()
+    content = resp.get_content(strict=False) or b""
+    if ctype.startswith("text/event-stream"):
+        new = clientecho.restore_sse(content, echo)
+        if new is not content:
+            resp.content = new
+    elif "json" in ctype and (new := clientecho.restore_json(content, echo)) is not None:
+        resp.content = new
+
+
 class Tap(Stage):
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         resp = flow.response
         if resp is None or resp.stream:
             return
-        if not (is_responses_create(flow) or is_compact(flow)) or not _tap_wanted(self.rt.config):
+        st = state_of(flow)
+        ours = is_responses_create(flow) or is_compact(flow)
+        tapped = ours and _tap_wanted(self.rt.config)
+        if not tapped and (not ours or st.echo is None):
             # Not ours to read, or nobody reads it: pass it through as it arrives, without buffering.
             resp.stream = True
             return
+        sse = resp.headers.get("content-type", "").lower().startswith("text/event-stream")
+        encoding = resp.headers.get("content-encoding", "")
+        rewrite = _echo_stream(resp, st.echo) if sse and st.echo is not None else None
+        if not tapped:  # only the client's request to give back: a JSON answer is buffered, restored in `response`
+            if rewrite is not None:
+                resp.stream = rewrite
+            return
         tap = ResponseTap()
-        state_of(flow).tap = tap
-        if resp.headers.get("content-type", "").lower().startswith("text/event-stream"):
-            resp.stream = StreamTap(tap, resp.headers.get("content-encoding", ""))
-
+        st.tap = tap
+        if sse:
+            resp.stream = StreamTap(tap, encoding) if rewrite is None else clientecho.EchoTap(tap, rewrite)
             tap.listeners.append(weak_listener(flow, self._on_stream_event))
 
     def _on_stream_event(self, flow: http.HTTPFlow, typ: str, _payload: dict) -> None:
@@ -69,6 +109,9 @@ class Tap(Stage):
                 log.error("tap: usage not recorded (%s)", type(exc).__name__)
 
     def response(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        st = state_of(flow)
+        if st.tap is None and st.echo is not None and flow.response is not None and not flow.response.stream:
+            _restore_buffered(flow, st.echo)  # (nobody taps this answer, but it must show the client's request)
         if not self._read(flow):
             return None
         # the answer ends (its last bytes, mitmproxy's end of message) once its usage is committed; None when
@@ -90,6 +133,8 @@ class Tap(Stage):
             stream.finish()
         elif ctype.startswith("text/event-stream") and flow.response.raw_content is not None:
             # A buffered stream (held by the compaction addon, or replayed): decode it whole.
+            if st.echo is not None:
+                _restore_buffered(flow, st.echo)
             tap = ResponseTap()
             replay = StreamTap(tap)
             st.tap = tap
@@ -102,6 +147,8 @@ class Tap(Stage):
                 body = None
             if isinstance(body, dict):
                 tap.on_json_response(body)
+                if st.echo is not None and body.get("object") == "response" and clientecho.restore(body, st.echo):
+                    flow.response.content = orjson.dumps(body)
         self._record_usage(flow, tap)
         return tap.usage_recorded
 

@@ -37,7 +37,7 @@ import fastsimdjson
 import orjson
 from mitmproxy import http
 
-from proxy import errors, gcpause, memory, rawheaders
+from proxy import clientecho, debuglog, errors, gcpause, memory, rawheaders
 from proxy.addonlookup import find_addon
 from proxy.errors import CtproxyError
 from proxy.flowstate import state_of
@@ -201,6 +201,8 @@ class ResponsesBody:
     parsed_input: Any = field(default=None, repr=False, compare=False)  # `input` as parsed (stages never change it)
     parsed_keys: tuple[str, ...] = field(default=(), repr=False, compare=False)  # the members as parsed, in order
     _input_span: tuple[tuple[int, int] | None] | None = field(default=None, repr=False, compare=False)
+    # the client's tools, tool_choice, include and instructions as parsed: what its answer must show again
+    client_fields: clientecho.Recorded | None = field(default=None, repr=False, compare=False)
 
     @property
     def value(self) -> dict[str, Any]:
@@ -334,7 +336,8 @@ def responses_body(flow: http.HTTPFlow) -> ResponsesBody | None:
     if not isinstance(value, dict):
         return None
     st.body = ResponsesBody(value, source_bytes=len(content), source=content, parsed_input=value.get("input"),
-                            parsed_keys=tuple(value), _input_span=(lazy[1],) if lazy is not None else None)
+                            parsed_keys=tuple(value), _input_span=(lazy[1],) if lazy is not None else None,
+                            client_fields=clientecho.recorded(value))
     return st.body
 
 
@@ -370,6 +373,11 @@ def commit_body(flow: http.HTTPFlow) -> bool:
         return False  # (still `changed`: what went on is not the chain's body)
     flow.request.content = content
     body.changed = False
+    if body.client_fields is not None:  # what the answer must show of the client's own request (issue 44)
+        st = state_of(flow)
+        st.echo = clientecho.client_echo(body.client_fields, body.view, bridged=st.bridge_offered > 0)
+        if st.echo is not None:  # what ctproxy added, which the client's answer will not show
+            debuglog.event("client_echo", restored=",".join(sorted(st.echo.changed)))
     if body.on_commit is not None:
         done, body.on_commit = body.on_commit, None
         done()

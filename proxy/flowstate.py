@@ -83,6 +83,9 @@ class FlowState:
     # _flow.header_pairs / header_map: the request's headers decoded once per version of them (the raw fields
     # tuple they were decoded from: mitmproxy replaces it on every change, so a stale copy is never read)
     header_memo: tuple[Any, tuple[tuple[str, str], ...], dict[str, str]] | None = None
+    # body writer: the client's own values of the fields of its request ctproxy changed, for its answer
+    # (proxy.clientecho.ClientEcho; None when the forwarded request has the client's own)
+    echo: Any = None
     transport: str | None = None  # websocket: "ws" for a create (or an upgrade) of the Responses WebSocket mode
     logged_by: object | None = None  # requestlog: the request log that recorded this flow (once per flow)
 

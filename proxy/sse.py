@@ -143,6 +143,12 @@ class _Decompressor:
         return self._fn(chunk) if self._fn else chunk
 
 
+def decompressor(encoding: str) -> Callable[[bytes], bytes] | None:
+    """An incremental decoder of a Content-Encoding (None for identity); ValueError for one it does not know."""
+    dec = _Decompressor(encoding)
+    return None if dec.identity else dec
+
+
 # Events whose payload the tap reads; the rest are only counted (their `event:` line names them).
 PARSED_EVENTS = frozenset({
     "response.created", "response.queued", "response.in_progress", "response.output_item.done",
@@ -239,7 +245,8 @@ class ResponseTap:
 
 
 class StreamTap:
-    """A `flow.response.stream` callable: passes every chunk through unchanged, decoding a copy."""
+    """A `flow.response.stream` callable: passes every chunk through unchanged, decoding a copy (a subclass that
+    rewrites: proxy/clientecho.EchoTap)."""
 
     def __init__(self, tap: ResponseTap, content_encoding: str = "", on_end: Callable[[], None] | None = None):
         self.tap = tap
@@ -254,7 +261,7 @@ class StreamTap:
         # no content encoding: a chunk is the event bytes themselves (the fast path of `__call__`)
         self._plain = self._decompress is not None and self._decompress.identity
 
-    def __call__(self, chunk: bytes) -> bytes:
+    def __call__(self, chunk: bytes) -> bytes | list[bytes]:
         self.nbytes += len(chunk)
         if self._plain and chunk[-2:] == b"\n\n" and chunk[:7] == b"event: ":
             # The usual chunk of a stream: one whole event the tap only counts (a text delta), nothing of an

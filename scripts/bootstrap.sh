@@ -175,6 +175,8 @@ fi
 npm_client "Codex CLI $LEGACY_CODEX_VERSION" .tools/legacy "@openai/codex" "$LEGACY_CODEX_VERSION" codex codex-legacy \
   CTPROXY_SKIP_CODEX
 npm_client "Pi $LEGACY_PI_VERSION" .tools/legacy "$LEGACY_PI_PACKAGE" "$LEGACY_PI_VERSION" pi pi-legacy CTPROXY_SKIP_PI
+npm_client "the MCP conformance suite" .tools "@modelcontextprotocol/conformance" "0.1.16" conformance conformance \
+  CTPROXY_SKIP_MCP_CONFORMANCE
 
 # --- optional: Debian packages of the desktop and browser tests, and the shell sandbox ------------------------------------------------
 APT=""

@@ -38,6 +38,11 @@ SPEC_ENV = "CTPROXY_OPENAPI_SPEC"
 DEFAULT_SPEC = shared_path("compat", "openai-openapi", "openapi.yaml")
 _CACHE_FORMAT = 2  # bump when the conversion below changes
 
+# What a request may leave out that the shared shape requires: the description's own request shapes
+# (`FunctionToolParam` requires only name and type, `InputImageContentParamAutoParam` only type) say so, but
+# `CreateResponse` still refers to the response-side `FunctionTool` and `InputImageContent` (issue 44).
+REQUEST_OPTIONAL = {"FunctionTool": ("strict", "parameters"), "InputImageContent": ("detail",)}
+
 RELAXATIONS = {
     "ResponseErrorCode": "any string: real streams carry codes the enum lacks (context_length_exceeded, …)",
     "Response.usage": "nullable: response.created/in_progress/failed snapshots carry usage: null",
@@ -121,12 +126,17 @@ def _components() -> dict[str, Any]:
     return orjson.loads(data)
 
 
-@lru_cache(maxsize=2)
-def components(strict: bool = False) -> dict[str, Any]:
+@lru_cache(maxsize=3)
+def components(strict: bool = False, request: bool = False) -> dict[str, Any]:
     comps = _components()
     if strict:
         return comps
     schemas = dict(comps["schemas"])
+    if request:  # a request's shapes (REQUEST_OPTIONAL)
+        for name, optional in REQUEST_OPTIONAL.items():
+            shape = dict(schemas[name])
+            shape["required"] = [k for k in shape.get("required", []) if k not in optional]
+            schemas[name] = shape
     schemas["ResponseErrorCode"] = {"type": "string", "description": RELAXATIONS["ResponseErrorCode"]}
     response = copy.deepcopy(schemas["Response"])
     for part in response.get("allOf", []):
@@ -142,8 +152,8 @@ def schema_names() -> list[str]:
 
 
 @cache
-def _validator(schema_name: str, strict: bool) -> Draft202012Validator:
-    comps = components(strict)
+def _validator(schema_name: str, strict: bool, request: bool = False) -> Draft202012Validator:
+    comps = components(strict, request)
     if schema_name not in comps["schemas"]:
         raise KeyError(f"no schema named {schema_name!r} in the OpenAPI components")
     # A tiny root whose `components` is the shared (not copied) dict, so `#/components/…` resolves.
@@ -158,9 +168,10 @@ def _describe(error: ValidationError) -> str:
     return f"at {error.json_path}: {message}"
 
 
-def schema_errors(schema_name: str, instance: Any, *, strict: bool = False) -> list[str]:
-    """Readable problems, most relevant first; [] when the instance is valid."""
-    errors = list(_validator(schema_name, strict).iter_errors(instance))
+def schema_errors(schema_name: str, instance: Any, *, strict: bool = False, request: bool = False) -> list[str]:
+    """Readable problems, most relevant first; [] when the instance is valid. `request`: a request body, whose
+    function tools and images may leave out what a response always has (REQUEST_OPTIONAL)."""
+    errors = list(_validator(schema_name, strict, request).iter_errors(instance))
     if not errors:
         return []
     best = best_match(errors)

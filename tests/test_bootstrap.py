@@ -22,8 +22,8 @@ from tests.support.optional import require_tool, skip_reason
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-OPTIONAL = {"codex", "pi", "codex-legacy", "pi-legacy", "openai-agents", "litellm", "desktop", "chromium", "sandbox",
-            "postgresql"}
+OPTIONAL = {"codex", "pi", "conformance", "codex-legacy", "pi-legacy", "openai-agents", "litellm", "desktop",
+            "chromium", "sandbox", "postgresql"}
 # What the script itself needs from PATH when nothing optional is there.
 BASICS = ["bash", "env", "dirname", "sha256sum", "cut", "cat", "rm", "grep", "tail", "mkdir", "id", "sort", "tr",
           "ls", "head", "sed"]
@@ -101,8 +101,8 @@ def check_completed(repo: Path, out: subprocess.CompletedProcess[str], tmp: Path
     expected = OPTIONAL | ({"node22"} if node22 else set())
     # One line for each optional part, saying what it costs.
     assert len(lines) == len(expected), out.stderr
-    for what in ("Codex CLI ", "Pi ", "Codex CLI 0.169", "Pi 0.73", "openai-agents", "litellm",
-                 "the Computer Use desktop", "Chromium", "bubblewrap", "PostgreSQL") + (("Node 22",) if node22 else ()):
+    for what in ("Codex CLI ", "Pi ", "Codex CLI 0.169", "Pi 0.73", "the MCP conformance suite", "openai-agents",
+                 "litellm", "the Computer Use desktop", "Chromium", "bubblewrap", "PostgreSQL") + (("Node 22",) if node22 else ()):
         assert sum(line.startswith(f"bootstrap: skipped {what}") for line in lines) == (
             2 if what in ("Codex CLI ", "Pi ") else 1), (what, out.stderr)
     assert all("skip" in line.split(";", 1)[1] or "unavailable" in line for line in lines), lines
@@ -121,7 +121,8 @@ def test_failing_dpkg_apt_and_npm_are_skipped_with_a_line_each(tmp_path):
     repo = fresh_copy(tmp_path)
     out = run_setup(repo, f"{failing_shims(tmp_path)}:{os.environ['PATH']}")
     record = check_completed(repo, out, tmp_path, node22=not _node_is_new_enough())
-    assert "E404" in record["codex"] and "E404" in record["codex-legacy"] and "E404" in record["pi-legacy"]
+    assert "E404" in record["codex"] and "E404" in record["conformance"]
+    assert "E404" in record["codex-legacy"] and "E404" in record["pi-legacy"]
     if "node22" in record:  # Pi 1.6 then skips for want of a Node to run on, and says so
         assert "E404" in record["node22"] and "22.19" in record["node22"] and "Node >= 22.19" in record["pi"]
     else:
@@ -144,6 +145,7 @@ def test_a_machine_without_apt_get_or_npm_completes_the_set_up(tmp_path):
     assert "private PostgreSQL server" in record["postgresql"] and "apt-get is not usable" in record["postgresql"]
     assert "npm is not installed" in record["codex"] and "npm is not installed" in record["pi-legacy"]
     assert "absent" in record["node22"] and "npm is not installed" in record["node22"]  # no node on that PATH
+    assert "npm is not installed" in record["conformance"]
 
 
 def test_a_required_install_that_fails_stops_with_what_to_do(tmp_path):

@@ -92,14 +92,21 @@ def upstream_call(call: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in call.items() if k != "id" and k != "status"}
 
 
-def output_item(kind: str, call_id: str, text: str, images: Sequence[str] = ()) -> dict[str, Any]:
+def output_item(kind: str, call_id: str, text: str, images: Sequence[str] = (),
+                caller: Any = None) -> dict[str, Any]:
     """The call's output for the upstream; with images (data URLs) an array of an `input_text` part and
-    `input_image` parts (the model sees the picture; `detail` is required by the API's schema)."""
+    `input_image` parts (the model sees the picture; `detail` is required by the API's schema). A call that
+    carried a `caller` (Programmatic Tool Calling) gets it back on its output, as the API requires."""
+    out: dict[str, Any]
     if not images:
-        return {"type": OUTPUT_TYPES[kind], "call_id": call_id, "output": text}
-    parts: list[dict[str, Any]] = [{"type": "input_text", "text": text}] if text else []
-    parts.extend({"type": "input_image", "image_url": url, "detail": "auto"} for url in images)
-    return {"type": OUTPUT_TYPES[kind], "call_id": call_id, "output": parts}
+        out = {"type": OUTPUT_TYPES[kind], "call_id": call_id, "output": text}
+    else:
+        parts: list[dict[str, Any]] = [{"type": "input_text", "text": text}] if text else []
+        parts.extend({"type": "input_image", "image_url": url, "detail": "auto"} for url in images)
+        out = {"type": OUTPUT_TYPES[kind], "call_id": call_id, "output": parts}
+    if caller is not None:
+        out["caller"] = caller
+    return out
 
 
 @dataclass

@@ -64,6 +64,12 @@ def function_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {**spec, "strict": bool(spec.get("strict", False))}
 
 
+def direct_only(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A bridged tool is called by the model itself, never from one of its programs (Programmatic Tool Calling:
+    a program's call would wait on ctproxy's loop, which no test covers): `allowed_callers: ["direct"]`."""
+    return {**spec, "allowed_callers": ["direct"]}
+
+
 def agent_tool_names(tools: Any) -> set[str]:
     names: set[str] = set()
     for t in tools if isinstance(tools, list) else []:
@@ -94,7 +100,7 @@ def _spec_of(tool: BridgeTool, form: Form) -> Mapping[str, Any]:
     key = (id(tool), form)
     hit = _SPECS.get(key)
     if hit is None or hit[0] is not tool:
-        spec = canonical(tool.custom if form == "custom" else function_spec(tool.function))
+        spec = canonical(direct_only(tool.custom if form == "custom" else function_spec(tool.function)))
         if len(_SPECS) > 4096:
             _SPECS.clear()
         _SPECS[key] = hit = (tool, spec)

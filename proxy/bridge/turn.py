@@ -258,7 +258,7 @@ class BridgedTurn:
 
     def _record(self, call: PendingCall, outcome: CallOutcome) -> dict[str, Any]:
         out = output_item(call.kind, str(call.item.get("call_id", "")), outcome.output,
-                          [i.data_url() for i in outcome.images])
+                          [i.data_url() for i in outcome.images], call.item.get("caller"))
         if outcome.carried is not None:
             self._carried = outcome.carried
         if call.item.get("name") == ROLLOVER_TOOL and not outcome.is_error:

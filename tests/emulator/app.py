@@ -25,7 +25,7 @@ from .cache import CacheResult, PromptCache, is_prewarm
 from .compaction import compact_resource
 from .recording import BodyDecodeError, ReceivedRequest, decode_body, parse_json
 from .render import Plan, RenderContext, error_plan, json_plan, render
-from .replies import Compaction, Reasoning, Reply, Responder, Response, Text
+from .replies import Compaction, FunctionCall, Reasoning, Reply, Responder, Response, Text
 from .script import load_script
 from .validation import Follower, InputError, followers_of, input_problem, resolve_references
 from .wire import (
@@ -49,13 +49,44 @@ SHUTDOWN_GRACE = 0.25  # close() cancels streams still paused after this, instea
 
 
 def echo_reply(request: ReceivedRequest, deltas: int = 3) -> Reply:
-    """The default answer: a short, deterministic echo of the newest user text."""
+    """The default answer: a short, deterministic echo of the newest user text. As the real API would: a call of
+    the function a `tool_choice` forces (`required`: the first function tool), and a reasoning summary first
+    when `reasoning.summary` asks for one."""
     body = request.json if isinstance(request.json, dict) else {}
+    forced = _forced_function(body)
+    if forced is not None:
+        return Response([FunctionCall(forced.get("name", "tool"), _arguments_for(forced))])
     said = " ".join(last_user_text(request_input(body)).split())
     text = f"You said: {said[:200]}" if said else "Hello from the Responses emulator."
     if len(text) < deltas:  # enough characters for the requested number of deltas
         text += " ." * ((deltas - len(text) + 1) // 2)
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("summary") in ("auto", "concise", "detailed"):
+        return Response([Reasoning(summary=f"Answering: {said[:80]}"), Text(text, deltas=deltas)])
     return Text(text, deltas=deltas)
+
+
+def _forced_function(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The function tool `tool_choice` makes the model call: `required` (the first function), or one named."""
+    choice = body.get("tool_choice")
+    functions = [t for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"]
+    if choice == "required" and functions:
+        return functions[0]
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return next((t for t in functions if t.get("name") == choice.get("name")), None)
+    return None
+
+
+def _arguments_for(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """Arguments that satisfy the tool's required properties (a string, number, boolean, list or object each)."""
+    params = tool.get("parameters") if isinstance(tool.get("parameters"), dict) else {}
+    props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+    samples = {"string": "emulator", "number": 1, "integer": 1, "boolean": True, "array": [], "object": {}}
+    out: dict[str, Any] = {}
+    for name in params.get("required") or []:
+        kind = (props.get(name) or {}).get("type") if isinstance(props.get(name), dict) else None
+        out[name] = samples.get(kind if isinstance(kind, str) else "string", "emulator")
+    return out
 
 
 def compaction_reply(request: ReceivedRequest) -> Reply:
@@ -328,7 +359,7 @@ class Emulator:
         if self.validate_requests:
             from ..openapi_schema import schema_errors
 
-            problems = schema_errors("CreateResponse", body)
+            problems = schema_errors("CreateResponse", body, request=True)
             if problems:
                 return error_plan(400, f"Invalid request body: {problems[0]}", "invalid_request_error")
         if not body.get("model"):

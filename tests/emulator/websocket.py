@@ -8,7 +8,8 @@ connection stays open. Besides:
 - `generate: false` is a warm-up: `response.created` + `response.completed` with no output, whose id the next
   create may chain from;
 - the connection keeps its latest response, so `previous_response_id` naming it works even with
-  `store: false` (its items are the chain's, as a stored response's are);
+  `store: false` (its items are the chain's, as a stored response's are); a continuation that fails (an error
+  event, or a response not completed) evicts the response it continued from;
 - a connection lives `ws_connection_limit` seconds (60 minutes by default): then the error
   `websocket_connection_limit_reached` and a normal close;
 - `ws_refuse = 426` (or any status) refuses the upgrade with that status and an error body, as an upstream
@@ -215,6 +216,7 @@ async def _message(emu: Emulator, conn: WsConnection, request: web.Request, head
     local = conn.turns()
     error = emu._check_create(checked, local) or emu._check_input(checked, local) or emu._over_limit(rec)
     if error is not None:
+        _evict(conn, body)
         return await _send_error(conn, ws, rec, error, lane)
     reply = Response([]) if not generate or is_prewarm(checked) else emu._next(rec.route, rec)
     if reply is None:
@@ -226,6 +228,7 @@ async def _message(emu: Emulator, conn: WsConnection, request: web.Request, head
     if emu.before_answer is not None:
         await emu.before_answer(rec)
     if plan.body is not None:  # an HttpError reply: the error event
+        _evict(conn, body)
         return await _send_error(conn, ws, rec, plan, lane)
     if plan.response is not None:
         emu._remember_followers(plan.response.get("output") or [])
@@ -242,8 +245,19 @@ async def _message(emu: Emulator, conn: WsConnection, request: web.Request, head
         output = [i for i in final.get("output") or [] if isinstance(i, dict)]
         conn.latest[lane] = (final["id"], prev if isinstance(prev, str) else None,
                              emu._resolved_input(checked)[0], output)
+    else:
+        _evict(conn, body)
     rec.answered_at = loop.time()
     return ok
+
+
+def _evict(conn: WsConnection, body: dict[str, Any]) -> None:
+    """A failed continuation evicts the response it continued from (Open Responses 2026-04-24, "WebSocket
+    transport"): a later create naming it is `previous_response_not_found` unless the response was stored."""
+    prev = body.get("previous_response_id")
+    for lane, (rid, *_rest) in list(conn.latest.items()):
+        if rid == prev:
+            del conn.latest[lane]
 
 
 async def _send_error(conn: WsConnection, ws: web.WebSocketResponse, rec: ReceivedRequest, plan: Plan,

@@ -190,7 +190,9 @@ def response_object(
             "verbosity": text.get("verbosity") or "medium",
         },
         "tool_choice": body.get("tool_choice") or "auto",
-        "tools": list(body.get("tools") or []),
+        "tools": [_echoed_tool(t) for t in body.get("tools") or []],
+        "presence_penalty": _number(body.get("presence_penalty"), 0.0),
+        "frequency_penalty": _number(body.get("frequency_penalty"), 0.0),
         "top_logprobs": body.get("top_logprobs") or 0,
         "top_p": body.get("top_p") if body.get("top_p") is not None else 1.0,
         "truncation": body.get("truncation") or "disabled",
@@ -199,10 +201,25 @@ def response_object(
     }
     if isinstance(body.get("user"), str):  # deprecated; the spec types it as a string, never null
         resp["user"] = body["user"]
+    if body.get("access_programs") is not None:  # echoed (anchors-2026-12-07 §2.2)
+        resp["access_programs"] = body["access_programs"]
     if body.get("conversation") is not None:
         conv = body["conversation"]
         resp["conversation"] = {"id": conv if isinstance(conv, str) else conv.get("id")}
     return resp
+
+
+def _number(value: Any, default: float) -> float:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _echoed_tool(tool: Any) -> Any:
+    """A tool as the API echoes it: a function tool always has `strict` (true unless the request said) and
+    `parameters`, as the Response's `FunctionTool` requires."""
+    if isinstance(tool, Mapping) and tool.get("type") == "function":
+        return {**tool, "strict": tool.get("strict", True) if tool.get("strict") is not None else True,
+                "parameters": tool.get("parameters")}
+    return tool
 
 
 def _service_tier(requested: Any) -> str:
