@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import aiohttp.abc
 import pytest
 
 from tests.emulator import Emulator
@@ -220,6 +222,31 @@ async def official(tmp_path: Path) -> AsyncIterator[OfficialNet]:
         holder.kill()
         holder.wait()
         await asyncio.sleep(0)
+
+
+class _NumericOnly(aiohttp.abc.AbstractResolver):
+    """A resolver that looks no name up: a test client inside the double connects to addresses only (a proxied
+    request names its target to the proxy, which resolves it inside the namespace)."""
+
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
+        import ipaddress
+
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            raise OSError(f"the official-route double never resolves names in the test process ({host})") from None
+        fam = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+        return [{"hostname": host, "host": host, "port": port, "family": fam, "proto": 0,
+                 "flags": socket.AI_NUMERICHOST}]
+
+    async def close(self) -> None:
+        return None
+
+
+def loopback_connector() -> aiohttp.TCPConnector:
+    """An aiohttp connector for the test's own calls: one connection per request (the kernel picks a worker
+    per connection), and no name resolution at all (`_NumericOnly`)."""
+    return aiohttp.TCPConnector(force_close=True, resolver=_NumericOnly())
 
 
 def client_ssl(ca: Path) -> ssl.SSLContext:
