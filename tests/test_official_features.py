@@ -5,6 +5,7 @@ Skips without root."""
 from __future__ import annotations
 
 import aiohttp
+import orjson
 import pytest
 
 from tests.emulator import Text
@@ -53,3 +54,55 @@ async def test_the_responses_websocket_goes_up_over_wss_with_the_clients_key(off
     upgrade = dict((k.lower(), v) for k, v in emu.ws_upgrades[0])
     assert upgrade["host"].split(":")[0] == "api.openai.com" and upgrade["authorization"] == f"Bearer {API_KEY}"
     assert API_KEY not in proxy.log()
+
+
+COMPACTING = {"remote_compaction": {"enabled": True}, "model_windows": {"gpt-test*": 20_000, "*": 128_000}}
+
+
+async def test_remote_compaction_v2_on_both_official_routes_with_the_sessions_credential(official, tmp_path):  # noqa: F811
+    """The API route compacts through `api.openai.com/v1/responses/compact` with the key; the Codex route
+    through the compaction trigger on `chatgpt.com/backend-api/codex/responses` with the sign-in (official only:
+    a gateway never gets a sign-in). Later turns replay the exact item; a model switch gets the readable
+    fallback instead."""
+    from proxy.transforms.fallback import is_fallback_message
+    from tests.test_compaction_e2e import turn_text
+    from tests.test_compaction_harness import ACCOUNT, assistant, codex_token, codex_turn, completed_output_text
+    from tests.test_compaction_harness import user as msg
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(orjson.dumps(COMPACTING).decode())
+    emu = official.emulator
+    proxy = await official.proxy(extra_args=["--config", str(cfg)])
+    history: list = []
+    for i in range(1, 14):  # the API route, as the openai SDK would send it (non-streamed)
+        history.append(msg(turn_text(i)))
+        status, body = await post(proxy.url, "/v1/responses", {"Authorization": f"Bearer {API_KEY}"},
+                                  {"model": "gpt-test-1", "input": history, "store": False})
+        assert status == 200, body
+        history.append(assistant(body["output"][-1]["content"][0]["text"]))
+    compacts = [r for r in emu.requests if r.route == "compact"]
+    assert [(host_of(r), r.path, r.header("authorization")) for r in compacts] == [
+        ("api.openai.com", "/v1/responses/compact", f"Bearer {API_KEY}")]
+    later = [r for r in emu.requests if r.route == "responses" and r.received_at > compacts[0].received_at]
+    assert later and all(any(i.get("type") == "compaction" for i in r.json["input"]) for r in later)
+    history.append(msg("now with another model"))
+    status, _ = await post(proxy.url, "/v1/responses", {"Authorization": f"Bearer {API_KEY}"},
+                           {"model": "gpt-test-2", "input": history, "store": False})
+    assert status == 200
+    last = emu.requests[-1].json
+    assert last["model"] == "gpt-test-2" and is_fallback_message(last["input"][0])
+    assert "encrypted_content" not in orjson.dumps(last["input"]).decode()
+
+    codex_history: list = []
+    async with aiohttp.ClientSession(connector=loopback_connector()) as http:
+        for i in range(1, 14):
+            codex_history.append(msg(turn_text(i)))
+            status, evs = await codex_turn(http, proxy.url, {"model": "gpt-test-1", "input": list(codex_history),
+                                                             "store": False}, session_id="sess-official")
+            assert status == 200, evs
+            codex_history.append(assistant(completed_output_text(evs)))
+    (comp,) = [r for r in emu.requests if r.route == "compaction"]
+    assert (host_of(comp), comp.path) == ("chatgpt.com", "/backend-api/codex/responses")
+    assert comp.header("authorization") == f"Bearer {codex_token()}" and comp.header("chatgpt-account-id") == ACCOUNT
+    assert "remote_compaction_v2" in (comp.header("x-codex-beta-features") or "")
+    assert comp.json["input"][-1] == {"type": "compaction_trigger"}
