@@ -106,3 +106,58 @@ async def test_remote_compaction_v2_on_both_official_routes_with_the_sessions_cr
     assert comp.header("authorization") == f"Bearer {codex_token()}" and comp.header("chatgpt-account-id") == ACCOUNT
     assert "remote_compaction_v2" in (comp.header("x-codex-beta-features") or "")
     assert comp.json["input"][-1] == {"type": "compaction_trigger"}
+
+
+async def _tool(http, proxy, tool: str, args: dict, task: str) -> dict:
+    """A REST tool call for `task`, retried while the session's hand-over has not arrived yet."""
+    import asyncio
+
+    from proxy.state import StateDir
+
+    headers = {"Authorization": f"Bearer {StateDir.open(proxy.state_dir).token()}", "x-ctp-task": task}
+    async with asyncio.timeout(60):
+        while True:
+            async with http.post(f"{proxy.tools_url}/v1/tools/{tool}", json=args, headers=headers) as resp:
+                body = await resp.json()
+            if body.get("ok") or body.get("details", {}).get("error") != "no_credentials":
+                return body
+            await asyncio.sleep(0.1)
+
+
+async def test_images_and_the_sidecar_use_the_sessions_credential_on_the_official_hosts(official, tmp_path):  # noqa: F811
+    """The tool server's own calls (proxy/upstream/trust.py in its process): an image and a sidecar search with
+    the API key go to api.openai.com, an image with the sign-in to chatgpt.com's Codex route."""
+    from proxy.journal.cli_views import new_task
+    from proxy.state import StateDir
+    from tests.emulator.search import hosted_search
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(orjson.dumps({"web_search": {"backend": "sidecar", "sidecar_model": "gpt-5"}}).decode())
+    emu = official.emulator
+    emu.set_default(hosted_search())
+    proxy = await official.proxy(extra_args=["--enable", "image_generation", "--config", str(cfg)],
+                                 env={"OPENAI_API_KEY": ""})
+    state = StateDir.open(proxy.state_dir)
+    key_task, jwt_task = new_task(state), new_task(state)
+    token = jwt_token()
+    async with aiohttp.ClientSession(connector=loopback_connector()) as http:
+        for path, headers, task in (
+                ("/v1/responses", {"Authorization": f"Bearer {API_KEY}"}, key_task),
+                ("/backend-api/codex/responses", {"Authorization": f"Bearer {token}",
+                                                  "chatgpt-account-id": "acct-img"}, jwt_task)):
+            body = {"model": "gpt-5", "input": "hello", "store": False, "stream": path.startswith("/backend")}
+            async with http.post(proxy.url + path, json=body, headers={**headers, "x-ctp-task": task}) as resp:
+                assert resp.status == 200, await resp.text()
+        img_key = await _tool(http, proxy, "openai_generate_image", {"prompt": "a heron"}, key_task)
+        img_jwt = await _tool(http, proxy, "openai_generate_image", {"prompt": "a crane"}, jwt_task)
+        found = await _tool(http, proxy, "openai_web_search", {"query": "asyncio docs"}, key_task)
+    assert img_key["ok"] and img_jwt["ok"] and found["ok"], (img_key, img_jwt, found, proxy.log()[-2000:])
+    images = [r for r in emu.requests if r.route == "images"]
+    assert [(host_of(r), r.path, r.header("authorization")) for r in images] == [
+        ("api.openai.com", "/v1/images/generations", f"Bearer {API_KEY}"),
+        ("chatgpt.com", "/backend-api/codex/images/generations", f"Bearer {token}")]
+    assert images[1].header("chatgpt-account-id") == "acct-img"
+    search = [r for r in emu.requests if r.route == "responses" and r.header("x-ctp-task") is None][-1]
+    assert (host_of(search), search.path, search.header("authorization")) == (
+        "api.openai.com", "/v1/responses", f"Bearer {API_KEY}")
+    assert any(t.get("type") == "web_search" for t in search.json["tools"])
