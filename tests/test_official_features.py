@@ -161,3 +161,22 @@ async def test_images_and_the_sidecar_use_the_sessions_credential_on_the_officia
     assert (host_of(search), search.path, search.header("authorization")) == (
         "api.openai.com", "/v1/responses", f"Bearer {API_KEY}")
     assert any(t.get("type") == "web_search" for t in search.json["tools"])
+
+
+async def test_a_bridged_turn_sends_its_next_round_to_the_official_host_with_the_clients_key(official):  # noqa: F811
+    """The bridge runs ctproxy's tool and sends the next round itself (proxy/upstream/transport.py, trusting the
+    test CA through --upstream-ca): both rounds reach api.openai.com with the client's key."""
+    from tests.emulator import FunctionCall
+
+    emu = official.emulator
+    emu.script(FunctionCall("get_context_remaining", {}, call_id="call_ctx1"), Text("all good"))
+    proxy = await official.proxy(extra_args=["--bridge", "context"])
+    status, body = await post(proxy.url, "/v1/responses", {"Authorization": f"Bearer {API_KEY}"},
+                              {"model": "gpt-4.1", "input": "how much context is left?", "store": False})
+    assert status == 200, (body, proxy.log()[-2000:])
+    assert [o["type"] for o in body["output"]] == ["mcp_call", "message"], body
+    rounds = [r for r in emu.requests if r.route == "responses"]
+    assert [(host_of(r), r.path, r.header("authorization")) for r in rounds] == [
+        ("api.openai.com", "/v1/responses", f"Bearer {API_KEY}")] * 2
+    out = next(i for i in rounds[1].json["input"] if i.get("type") == "function_call_output")
+    assert out["call_id"] == "call_ctx1"
