@@ -113,14 +113,16 @@ class OfficialNet:
     emulator: Emulator
     procs: list[ProxyProcess] = field(default_factory=list)
 
-    def command(self, argv: list[str], cwd: Path | str = REPO) -> list[str]:
-        """`argv` run in `cwd` inside the double's network and mount namespaces (entering a mount namespace
-        resets the working directory, hence `--wd`), without the machine's proxy and CA variables (trust comes
-        from `--upstream-ca` alone)."""
+    def command(self, argv: list[str], cwd: Path | str = REPO, set_env: dict[str, str] | None = None) -> list[str]:
+        """`argv` run in `cwd` inside the double's network and mount namespaces, without the machine's proxy and
+        CA variables (trust comes from `--upstream-ca` alone), then with `set_env` (a client's HTTPS_PROXY at
+        ctproxy, say). The directory is entered inside the mount namespace (`cd` there): nsenter's `--wd` leaves
+        a working directory of the old one, which Codex refuses ("(unreachable)/…")."""
         pid = self.holder.pid
         unset = [a for v in DROPPED_ENV for a in ("-u", v)]
-        return ["nsenter", f"--net=/proc/{pid}/ns/net", f"--mount=/proc/{pid}/ns/mnt", f"--wd={cwd}", "--",
-                "env", *unset, *argv]
+        assign = [f"{k}={v}" for k, v in (set_env or {}).items()]
+        return ["nsenter", f"--net=/proc/{pid}/ns/net", f"--mount=/proc/{pid}/ns/mnt", "--",
+                "sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", str(cwd), "env", *unset, *assign, *argv]
 
     def env(self, **extra: str) -> dict[str, str]:
         """An environment for a child without the machine's proxy and CA variables, plus `extra`."""
