@@ -79,3 +79,17 @@ async def test_without_upstream_ca_the_certificate_is_refused_with_a_clean_502(o
     assert "certificate" in text and "upstream-ca" in text, body
     assert official.emulator.requests == []
     assert API_KEY not in proxy.log()
+
+
+async def test_each_official_host_serves_its_own_route_only(official):  # noqa: F811
+    """The emulator's official-host rule (tests/emulator/official.py), seen through the double directly."""
+    from tests.support.official import client_ssl, loopback_connector
+
+    emu = official.emulator
+    async with aiohttp.ClientSession(connector=loopback_connector()) as http:
+        for host, path in (("api.openai.com", "/backend-api/codex/responses"), ("chatgpt.com", "/v1/responses")):
+            async with http.post(f"https://127.0.0.1:443{path}", json={"model": "gpt-5", "input": "x"},
+                                 headers={"Host": host}, ssl=client_ssl(official.ca_pem),
+                                 server_hostname=host) as resp:
+                assert resp.status == 404, (host, path, await resp.text())
+    assert [r.route for r in emu.requests] == ["other", "other"]
