@@ -260,7 +260,7 @@ class TimeoutsConfig(_Section):
 
 
 class UpstreamConfig(_Section):
-    """How ctproxy reaches its upstream (docs/pipeline.md, "Behind a corporate proxy")."""
+    """How ctproxy reaches its upstream (docs/official-route.md, "Behind a corporate proxy")."""
 
     ca_file: str | None = Field(
         None, description="PEM file of extra certificate authorities trusted for every upstream TLS connection "
