@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--upstream", metavar="URL", help="send requests here instead of the official OpenAI endpoints")
     up.add_argument("--trust-upstream", action="store_true",
                     help="forward credentials to a non-official --upstream (gateways, local emulators)")
+    up.add_argument("--upstream-ca", metavar="FILE",
+                    help="PEM file of extra CAs to trust for upstream TLS (a TLS-inspecting corporate proxy, a "
+                    "private gateway certificate), added to the system store; config upstream.ca_file")
     up.add_argument("--tools-listen", default="127.0.0.1:8788", metavar="HOST:PORT",
                     help="tool server address (default %(default)s)")
     up.add_argument("--no-tools", action="store_true", help="do not start the tool server")
@@ -329,7 +332,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                      server_replay=args.server_replay,
                      enable=args.enable, disable=args.disable, debug=args.debug, quiet=args.quiet,
                      metrics=not args.no_metrics, bridge=args.bridge, sandbox=args.sandbox, workers=args.workers,
-                     store=args.store)
+                     store=args.store,
+                     upstream_ca=str(Path(args.upstream_ca).expanduser().resolve()) if args.upstream_ca else None)
     try:
         return asyncio.run(run_up(opts))
     except KeyboardInterrupt:
@@ -376,7 +380,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         # The file as `ctproxy up` would apply it now, with the running proxy's --enable/--disable.
         wanted = with_run_flags(with_overrides(config, run.get("enable") or [], run.get("disable") or []),
                                 debug=bool(run.get("debug")), bridge=run.get("bridge"), sandbox=run.get("sandbox"),
-                                workers=run.get("workers_flag"))
+                                workers=run.get("workers_flag"), upstream_ca=run.get("upstream_ca_flag"))
         config = running_config(run) or wanted  # a run.json from an older ctproxy has no snapshot
         run, answering = with_tools_health(state, run)  # the running server's word on its capabilities
     file_config = wanted if run and wanted is not config else None

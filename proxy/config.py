@@ -269,6 +269,15 @@ class TimeoutsConfig(_Section):
                                  "(Codex's stream_idle_timeout default)")
 
 
+class UpstreamConfig(_Section):
+    """How ctproxy reaches its upstream (docs/official-route.md, "Behind a corporate proxy")."""
+
+    ca_file: str | None = Field(
+        None, description="PEM file of extra certificate authorities trusted for every upstream TLS connection "
+                          "(mitmproxy's, ctproxy's own calls, the tool server's), added to the system's store; "
+                          "`ctproxy up --upstream-ca FILE` sets it for one run")
+
+
 class ProxyConfig(_Section):
     """The proxy processes (docs/adr/0012-proxy-workers.md)."""
 
@@ -316,6 +325,7 @@ class StoreConfig(_Section):
 
 class Config(_Section):
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     web_search: WebSearchConfig = Field(default_factory=WebSearchConfig)
     remote_compaction: RemoteCompactionConfig = Field(default_factory=RemoteCompactionConfig)
@@ -483,10 +493,11 @@ def with_overrides(config: Config, enable: list[str], disable: list[str]) -> Con
 
 
 def with_run_flags(config: Config, *, debug: bool = False, bridge: list[str] | None = None,
-                   sandbox: str | None = None, workers: int | str | None = None) -> Config:
-    """`ctproxy up --debug`, `--bridge FAMILY`, `--sandbox MODE` and `--workers N` for one run, applied in place
-    (the model validates the assignment). `ctproxy up` and `ctproxy status` both apply them, so a flag is never a
-    pending change."""
+                   sandbox: str | None = None, workers: int | str | None = None,
+                   upstream_ca: str | None = None) -> Config:
+    """`ctproxy up --debug`, `--bridge FAMILY`, `--sandbox MODE`, `--workers N` and `--upstream-ca FILE` for one
+    run, applied in place (the model validates the assignment). `ctproxy up` and `ctproxy status` both apply them,
+    so a flag is never a pending change."""
     config.debug = config.debug or debug
     if bridge is not None:
         config.bridge.families = list(bridge)
@@ -494,6 +505,8 @@ def with_run_flags(config: Config, *, debug: bool = False, bridge: list[str] | N
         config.shell.sandbox = sandbox  # type: ignore[assignment]
     if workers is not None:
         config.proxy.workers = workers  # type: ignore[assignment]
+    if upstream_ca is not None:
+        config.upstream.ca_file = upstream_ca
     return config
 
 

@@ -100,7 +100,8 @@ _CONNECT_CAUSES = (
     ("network is unreachable", "network unreachable"),
     ("no route to host", "no route to host"),
     ("timed out", "connection timed out"),
-    ("certificate", "the upstream's TLS certificate was not accepted"),
+    ("certificate", "the upstream's TLS certificate was not accepted (nothing was sent; behind a TLS-inspecting "
+                    "proxy or a gateway with a private CA, trust that CA with `ctproxy up --upstream-ca FILE`)"),
     ("tls", "the TLS handshake with the upstream failed"),
     ("ssl", "the TLS handshake with the upstream failed"),
     ("handshake", "the TLS handshake with the upstream failed"),

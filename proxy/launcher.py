@@ -242,7 +242,9 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
     state = StateDir.open(opts.state_dir)
     rt = runtime.build(str(state.root), str(opts.config_file) if opts.config_file else None, opts.upstream,
                        opts.trust_upstream, opts.enable, opts.disable)
-    with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge, sandbox=opts.sandbox, workers=opts.workers)
+    with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge, sandbox=opts.sandbox, workers=opts.workers,
+                   upstream_ca=opts.upstream_ca)
+    use_upstream_ca(rt.config)  # a missing or unreadable file stops `ctproxy up` here, before anything starts
     state.token()
     # The state store, before anything is started: one that cannot be reached stops `ctproxy up` here, with what
     # to do, and nothing half-started (proxy/store/choice.py: --store > CTPROXY_STORE > store.url > embedded).
@@ -259,6 +261,19 @@ async def run_up(opts: UpOptions, ready: asyncio.Event | None = None, stop: asyn
         return await _serve(opts, state, rt, ready, stop)
     finally:
         store.close()
+
+
+def use_upstream_ca(config) -> None:  # config: proxy.config.Config
+    """This process's extra upstream CAs (`upstream.ca_file`, proxy/upstream/trust.py); a bad file is a
+    start-up error in words."""
+    from proxy.upstream import trust
+
+    try:
+        path = trust.configure(config.upstream.ca_file)
+    except trust.TrustError as exc:
+        raise RuntimeError(str(exc)) from None
+    if path is not None:
+        config.upstream.ca_file = str(path)  # absolute: the tool server and the workers read the snapshot
 
 
 async def _serve(opts: UpOptions, state: StateDir, rt: runtime.Runtime, ready: asyncio.Event | None,
@@ -390,6 +405,10 @@ async def _run_proxy(opts: UpOptions, state: StateDir, rt: runtime.Runtime,
         ctp_tools_url=tools.url if tools is not None else "",  # addons/codex_backend.py: Codex's backend calls
     )
     tmp = tempfile.TemporaryDirectory(prefix="ctproxy-")
+    from proxy.upstream import trust
+
+    if (bundle := trust.mitm_bundle(Path(tmp.name))) is not None:  # --upstream-ca for mitmproxy's own upstream TLS
+        updates["ssl_verify_upstream_trusted_ca"] = str(bundle)
     if opts.server_replay:
         updates.update(server_replay=[str(_replay_file(opts.server_replay, Path(tmp.name)))],
                        server_replay_ignore_host=True, server_replay_ignore_port=True,
@@ -501,6 +520,8 @@ def announce(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tools: ToolS
         f"  state dir    {state.root}",
         f"  token file   {token_path}  (print it with `ctproxy token`)",
     ]
+    if rt.config.upstream.ca_file:
+        lines.append(f"  upstream CA  {rt.config.upstream.ca_file}  (trusted besides the system store)")
     if opts.record:
         lines.append(f"  recording    {opts.record}")
     if opts.server_replay:
@@ -519,9 +540,11 @@ def announce(opts: UpOptions, state: StateDir, rt: runtime.Runtime, tools: ToolS
     run_info = {"pid": os.getpid(), "proxy": scheme_url, "mode": opts.mode, "upstream": upstream_desc,
                 "upstream_official": rt.upstream.official or opts.mode == "regular",
                 "upstream_trusted": rt.upstream.trusted,
+                "upstream_ca": rt.config.upstream.ca_file,
                 "enable": list(opts.enable), "disable": list(opts.disable),
                 "debug": opts.debug, "bridge": list(opts.bridge) if opts.bridge is not None else None,
                 "sandbox": opts.sandbox, "workers_flag": opts.workers,
+                "upstream_ca_flag": opts.upstream_ca,
                 # what the tools that call OpenAI themselves can use (the tool server inherits it)
                 "openai_api_key": bool(os.environ.get("OPENAI_API_KEY")),
                 "tools": tools.url if tools is not None else None,

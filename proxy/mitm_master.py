@@ -61,12 +61,20 @@ def _name(addon: Any) -> str:
 
 def share_listen_port() -> None:
     """Worker processes of `ctproxy up --workers N` (proxy/workers.py) listen on one address together: each
-    binds it with SO_REUSEPORT and the kernel spreads new connections over them. mitmproxy's TCP servers are
-    started by `AsyncioServerInstance.listen`; in a worker it binds with `reuse_port` (port 0 keeps
-    mitmproxy's own way: the supervisor hands its workers a port it holds)."""
+    binds its TCP socket with SO_REUSEPORT and the kernel spreads new connections over them. mitmproxy's servers
+    are started by `AsyncioServerInstance.listen`; in a worker it binds TCP with `reuse_port` (port 0 keeps
+    mitmproxy's own way: the supervisor hands its workers a port it holds).
+
+    Reverse mode to an `https` upstream (the default, api.openai.com) has transport `both`: mitmproxy also
+    serves HTTP/3 (QUIC) on the same port over UDP. Its UDP server (mitmproxy_rs) cannot share a port, and the
+    kernel's UDP spreading would move a QUIC connection to another worker whenever one restarts, so only
+    worker 1 serves UDP; the others serve TCP only (the agents ctproxy serves speak HTTP/1.1 and HTTP/2 over
+    TCP). Before, a worker fell back to mitmproxy's own listen there and worker 2 failed: address in use."""
     import asyncio
 
     from mitmproxy.proxy import mode_servers
+
+    from proxy import workerid
 
     cls = mode_servers.AsyncioServerInstance
     original = cls.listen
@@ -74,9 +82,13 @@ def share_listen_port() -> None:
         return
 
     async def listen(self: Any, host: str, port: int) -> list[Any]:
-        if self.mode.transport_protocol != "tcp" or port == 0:
+        transport = self.mode.transport_protocol
+        if transport not in ("tcp", "both") or port == 0:
             return await original(self, host, port)
-        return [await asyncio.start_server(self.handle_stream, host or None, port, reuse_port=True)]
+        servers = [await asyncio.start_server(self.handle_stream, host or None, port, reuse_port=True)]
+        if transport == "both" and workerid.index() in (None, 1):
+            servers.append(await self.start_udp_based_server(host or "0.0.0.0", port))
+        return servers
 
     listen._ctp_reuse_port = True  # type: ignore[attr-defined]
     cls.listen = listen  # type: ignore[method-assign]

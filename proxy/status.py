@@ -411,6 +411,8 @@ def render(config: Config, state: StateDir, config_path: Path, run: dict | None 
                 f"worker {w.get('index')} pid {w.get('pid')}"
                 + (f" (restarted {w['restarts']}×)" if w.get("restarts") else "") for w in workers))
         lines.append(f"upstream:  {run['upstream']}")
+        if run.get("upstream_ca"):
+            lines.append(f"upstream CA: {run['upstream_ca']} (trusted besides the system store)")
         if run.get("tools"):
             health = {True: "answering", False: "not answering (restart ctproxy)", None: ""}[answering]
             lines.append(f"tools:     {run['tools']}" + (f"  {health}" if health else ""))

@@ -43,7 +43,14 @@ async def run_worker(spec: dict[str, Any]) -> int:
     state = StateDir.open(opts.state_dir)
     rt = runtime.build(str(state.root), str(opts.config_file) if opts.config_file else None, opts.upstream,
                        opts.trust_upstream, opts.enable, opts.disable)
-    with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge, sandbox=opts.sandbox)
+    with_run_flags(rt.config, debug=opts.debug, bridge=opts.bridge, sandbox=opts.sandbox, upstream_ca=opts.upstream_ca)
+    from proxy.launcher import use_upstream_ca
+
+    try:
+        use_upstream_ca(rt.config)
+    except RuntimeError as exc:
+        print(f"ctproxy worker {spec.get('index')}: {exc}", file=sys.stderr, flush=True)
+        return 1
     from proxy.store.choice import open_store, resolve
     from proxy.store.postgres import StoreError
 

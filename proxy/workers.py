@@ -84,6 +84,17 @@ def hold_port(host: str, port: int) -> socket.socket:
     return sock
 
 
+def make_ca(state: StateDir) -> None:
+    """mitmproxy's CA in the state's confdir, made once here before any worker starts: each worker's mitmproxy
+    makes one when the directory has none, so workers starting together each made their own and one file
+    survived. Clients trust that file (HTTPS proxy mode, HTTP/3 in reverse mode): a worker signing with another
+    CA failed their TLS handshakes."""
+    from mitmproxy import certs
+    from mitmproxy.options import CONF_BASENAME, Options
+
+    certs.CertStore.from_store(state.confdir, CONF_BASENAME, Options().key_size)
+
+
 def start_aggregate_telemetry(state: StateDir) -> TelemetryServer:
     """The telemetry port the tool server reads (`--proxy-telemetry`): the workers' metrics summed and their
     request records merged; workers are added as they report ready (`Supervisor`)."""
@@ -197,6 +208,7 @@ class Supervisor:
                   file=sys.stderr)
             return 1
         self.port = holder.getsockname()[1]
+        make_ca(self.state)
         from proxy import debuglog
 
         debuglog.configure_logging(debug=self.opts.debug, request_log=not self.opts.quiet)  # its warnings

@@ -53,6 +53,13 @@ def main() -> None:
     state = StateDir.open(args.state_dir)
     config = with_overrides(load_config(config_path_from_env(state.root, args.config)), args.enable, args.disable)
     with_run_flags(config, sandbox=args.sandbox)
+    from proxy.upstream import trust
+
+    try:  # upstream.ca_file: images and the sidecar search trust it too (proxy/upstream/trust.py)
+        trust.configure(config.upstream.ca_file)
+    except trust.TrustError as exc:
+        print(f"ctproxy tool server: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
     if args.upstream is not None:  # web_search auto is native on an official or trusted upstream (issue 31)
         config.web_search.for_upstream(args.upstream != "untrusted")
     host, _, port = args.listen.rpartition(":")

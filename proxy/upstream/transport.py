@@ -13,6 +13,7 @@ from typing import Protocol
 import aiohttp
 
 from proxy.errors import UpstreamError
+from proxy.upstream import trust
 
 
 class UpstreamUnavailable(UpstreamError):
@@ -77,7 +78,8 @@ class AiohttpTransport:
         try:
             async with asyncio.timeout(timeout):
                 resp = await self._session().request(request.method, request.url, headers=list(request.headers),
-                                                     data=request.body, allow_redirects=False)
+                                                     data=request.body, allow_redirects=False,
+                                                     ssl=trust.client_ssl())  # --upstream-ca
         except TimeoutError:
             raise UpstreamUnavailable("timeout") from None
         except aiohttp.ClientError:

@@ -32,6 +32,7 @@ import orjson
 
 from proxy.errors import UpstreamError
 from proxy.routes import CREDENTIAL_HEADERS
+from proxy.upstream import trust
 from proxy.upstream.transport import Answer, UpstreamBroken, UpstreamRequest, UpstreamUnavailable
 
 log = logging.getLogger("ctproxy.ws")
@@ -378,7 +379,8 @@ async def open_socket(url: str, headers: Sequence[tuple[str, str]], credentials_
                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout))
     try:
         ws = await http.ws_connect(url, headers=kept, max_msg_size=max_message, compress=15 if compress else 0,
-                                   autoping=True, protocols=tuple(protocols), timeout=aiohttp.ClientWSTimeout(
+                                   autoping=True, protocols=tuple(protocols), ssl=trust.client_ssl(),
+                                   timeout=aiohttp.ClientWSTimeout(
                                        ws_receive=None, ws_close=10.0))
     except aiohttp.WSServerHandshakeError as exc:
         await http.close()

@@ -171,7 +171,7 @@ class Emulator:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> Emulator:
-        app = web.Application(client_max_size=MAX_BODY)
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._official_hosts])
         for prefix in PREFIXES:
             app.router.add_post(f"{prefix}/responses", self._responses)
             app.router.add_get(f"{prefix}/responses", self._websocket)
@@ -470,6 +470,15 @@ class Emulator:
             return await self._send(request, rec, _not_found(rid))
         self._turns.pop(rid, None)
         return await self._send(request, rec, json_plan({"id": rid, "object": "response", "deleted": True}))
+
+    @web.middleware
+    async def _official_hosts(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Reached as api.openai.com or chatgpt.com, each host serves its own route only (official.py)."""
+        from .official import wrong_host
+
+        if wrong_host(request.headers.get("Host"), request.path):
+            return await self._other(request)
+        return await handler(request)
 
     async def _other(self, request: web.Request) -> web.StreamResponse:
         rec, _ = await self._record(request, "other")
