@@ -102,7 +102,8 @@ def check_completed(repo: Path, out: subprocess.CompletedProcess[str], tmp: Path
     # One line for each optional part, saying what it costs.
     assert len(lines) == len(expected), out.stderr
     for what in ("Codex CLI ", "Pi ", "Codex CLI 0.169", "Pi 0.73", "the MCP conformance suite", "openai-agents",
-                 "litellm", "the Computer Use desktop", "Chromium", "bubblewrap", "PostgreSQL") + (("Node 22",) if node22 else ()):
+                 "litellm", "the Computer Use desktop", "Chromium", "bubblewrap",
+                 "PostgreSQL") + (("Node 22",) if node22 else ()):
         assert sum(line.startswith(f"bootstrap: skipped {what}") for line in lines) == (
             2 if what in ("Codex CLI ", "Pi ") else 1), (what, out.stderr)
     assert all("skip" in line.split(";", 1)[1] or "unavailable" in line for line in lines), lines
