@@ -237,7 +237,10 @@ class Compaction(Stage):
                                        resp.get_content(strict=False) or b"")
         recovered = False
         if code == CODE and rt.config.recovers_overflow() and info.route.eligible:
-            recovered = await recovery.recover(rt, flow, info)
+            if recovery.ran_bridged_calls(rt, flow):  # sent again, its calls would run twice: never
+                recovery.missed(rt, info, "bridged_calls_ran")
+            else:
+                recovered = await recovery.recover(rt, flow, info)
         elif code is None and streamed:
             tap = state_of(flow).tap
             if isinstance(tap, ResponseTap) and tap.error_code == CODE:
