@@ -126,6 +126,11 @@ class Guard(Stage):
             return
         if not is_reverse(flow) and not _looks_openai(flow):
             return
+        if (route.trusted and is_reverse(flow) and route.kind is not None and (relay := self.relay()) is not None
+                and routes.credential_kind(routes.carried_credentials(req.path, pairs)) in ("chatgpt", "mixed")
+                and routes.gateway_key(route, True, pairs, os.environ) is None
+                and (refusal := credential_offer(flow, header_map(flow), False, "sign_in_to_gateway")) is not None):
+            relay.offer(refusal)  # the session's tools are told why they have no credential (not which one)
         removed = strip_credentials(flow)
         if removed:
             # Host only: never headers, paths or values.

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 def rt(tmp_path):
     def make(**overrides):
         built = runtime.build(state_dir=str(tmp_path / "state"))
+        overrides = {"web_search.enabled": True, **overrides}  # off on a fresh configuration (seed 004 §9)
         for key, value in overrides.items():
             section, _, name = key.partition(".")
             setattr(getattr(built.config, section), name, value)
@@ -171,6 +172,8 @@ async def test_mitmdump_loads_it_alone(tmp_path):
 
     mitmdump = shutil.which("mitmdump", path=str(Path(sys.executable).parent))
     assert mitmdump, "mitmdump is installed with mitmproxy"
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "config.json").write_text('{"web_search": {"enabled": true}}')  # off when fresh
     async with Emulator() as emu:
         env = {**os.environ, "CTPROXY_HOME": str(tmp_path / "state"), "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(
@@ -200,6 +203,8 @@ def test_replay_of_recorded_flow_shows_injection(capsys, tmp_path):
     from proxy import cli
 
     flows = REPO / "tests" / "flows" / "web_search_sdk.mitm"
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "config.json").write_text('{"web_search": {"enabled": true}}')  # off when fresh
     code = cli.main(["replay", str(flows), "--state-dir", str(tmp_path / "state")])
     out = capsys.readouterr().out
     assert code == 0
