@@ -69,7 +69,7 @@ async def test_credentialed_tools_without_a_key_behind_an_untrusted_upstream_are
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # ctproxy's environment has none
     state = tmp_path / "state"
     write_config(state, {"image_generation": {"enabled": True},
-                         "web_search": {"backend": "sidecar", "sidecar_model": "gpt-5-mini"}})
+                         "web_search": {"enabled": True, "backend": "sidecar", "sidecar_model": "gpt-5-mini"}})
     proxy = await proxy_factory(state_dir=state, upstream="http://127.0.0.1:9", trust_upstream=False)
     _, caps, _ = status(state)
     for name in ("image_generation", "sidecar_search"):
