@@ -94,7 +94,7 @@ async def test_the_same_tools_with_a_key_are_active(proxy_factory, tmp_path):
 
 async def test_sidecar_backend_without_an_executor_is_not_offered(proxy_factory, tmp_path):
     state = tmp_path / "state"
-    write_config(state, {"web_search": {"backend": "sidecar"}})
+    write_config(state, {"web_search": {"enabled": True, "backend": "sidecar"}})
     proxy = await proxy_factory(state_dir=state, upstream="http://127.0.0.1:9")
     _, caps, _ = status(state)
     assert caps["sidecar_search"]["state"] == "unavailable"
