@@ -164,8 +164,8 @@ class SidecarSearchConfig(_Section):
     def enabled(self, value: bool) -> None:
         if self._web is None:
             return
-        if value:
-            self._web.backend = "sidecar"
+        if value:  # turning the sidecar on turns web search on (off on a fresh configuration)
+            self._web.backend, self._web.enabled = "sidecar", True
         elif self._web.backend in ("sidecar", "auto"):
             self._web.backend = "native" if self._web.backend == "auto" else "off"
 
@@ -356,6 +356,7 @@ class Config(_Section):
             ws = dict(data.get("web_search") or {})
             if side["enabled"] is True and "backend" not in ws:
                 ws["backend"] = "sidecar"
+                ws.setdefault("enabled", True)
             data["web_search"] = ws
         return data
 
