@@ -82,7 +82,8 @@ def _headers(flow: http.HTTPFlow) -> tuple[Any, tuple[tuple[str, str], ...], dic
     return memo
 
 
-def credential_offer(flow: http.HTTPFlow, headers: Mapping[str, str], official: bool) -> Offer | None:
+def credential_offer(flow: http.HTTPFlow, headers: Mapping[str, str], official: bool,
+                     refused: str | None = None) -> Offer | None:
     """What the agent's model turn `flow` (as it is now) hands over to the tool server's credentials for its
     session (x-ctp-task / x-ctp-agent as the client sent them), or None: not a model turn, no task, no
     Authorization. The caller has already cleared the credentials for this destination."""
@@ -94,7 +95,7 @@ def credential_offer(flow: http.HTTPFlow, headers: Mapping[str, str], official: 
     if not task:
         return None  # no task: nothing is handed over
     agent = ident.get(AGENT_HEADER) or headers.get(AGENT_HEADER)
-    return offer_of(task, agent, req.scheme, req.host, req.port, req.path, headers, official)
+    return offer_of(task, agent, req.scheme, req.host, req.port, req.path, headers, official, refused)
 
 
 def session_of(flow: http.HTTPFlow, aliases: Mapping[str, str] | None) -> SessionIdentity | None:

@@ -39,7 +39,7 @@ from proxy.flowstate import ContextUsage, state_of
 from proxy.toolclient import CallerUpstream, ToolClient
 from proxy.transforms.web_search import SIDECAR_TOOL, search_path
 from proxy.upstream import UpstreamTurns
-from proxy.windows import budget
+from proxy.windows import budget, recovery
 
 log = logging.getLogger("ctproxy.bridge")
 _CREDENTIAL_NAMES = frozenset(n.encode() for n in routes.CREDENTIAL_HEADERS)
@@ -145,7 +145,8 @@ class Bridge(Stage):
                         catalog=tuple(specs or ()),
                         families=tuple(cfg.families), apply_patch_form=cfg.apply_patch_form,
                         context_usage=ContextUsage(record=_usage_recorder(rt, session, task, agent)),
-                        withheld=withheld, rollover=st.context_rollover)
+                        withheld=withheld, rollover=st.context_rollover,
+                        overflow=recovery.midturn_recovery(rt, flow))
         st.context_usage = job.context_usage  # the tap records the last round's usage for the context budget
         port = await svc.start()
         key, path = svc.register(job, req.path)

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sqlite3
 from typing import Any
 
 from mitmproxy import http
 
-from addons._flow import credentials_allowed, header_map, route_of, session_of
+from addons._flow import credentials_allowed, header_map, header_pairs, is_reverse, route_of, session_of
 from addons._stage import Stage
-from proxy import dbworker, debuglog, runtime, usage
+from proxy import dbworker, debuglog, routes, runtime, usage
 from proxy.compaction import journal_link, store
 from proxy.compaction.bookkeeping import records_on, shared_records
 from proxy.compaction.decision import (
@@ -168,8 +169,9 @@ class Compaction(Stage):
                         windows=windows)
 
         if route.kind is not None:
+            gateway = routes.gateway_key(route, is_reverse(flow), header_pairs(flow), os.environ)
             info.make_target = functools.partial(compaction_target, route.kind, req.scheme, req.host, req.port,
-                                                 req.path, headers, info.credentials_allowed)
+                                                 req.path, headers, info.credentials_allowed, gateway)
         # A divergence is reported once: when the previous request still used the checkpoint.
         report = sess is None or checkpoint is None or sess.last.checkpoint_id == checkpoint.id
         projected = compacting.project(rt, payload, checkpoint, info, cfg.enabled, report)
@@ -237,7 +239,10 @@ class Compaction(Stage):
                                        resp.get_content(strict=False) or b"")
         recovered = False
         if code == CODE and rt.config.recovers_overflow() and info.route.eligible:
-            recovered = await recovery.recover(rt, flow, info)
+            if recovery.ran_bridged_calls(rt, flow):  # sent again, its calls would run twice: never
+                recovery.missed(rt, info, "bridged_calls_ran")
+            else:
+                recovered = await recovery.recover(rt, flow, info)
         elif code is None and streamed:
             tap = state_of(flow).tap
             if isinstance(tap, ResponseTap) and tap.error_code == CODE:

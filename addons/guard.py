@@ -46,10 +46,24 @@ def _looks_openai(flow: http.HTTPFlow) -> bool:
 
 
 def strip_credentials(flow: http.HTTPFlow) -> int:
-    names = [k for k in flow.request.headers if k.lower() in routes.CREDENTIAL_HEADERS]
+    """Take every credential off the request (the carriers of `routes.carried_credentials`): the credential
+    headers, the query's key parameters, the subprotocols that carry a key. Returns how many were taken."""
+    req = flow.request
+    names = [k for k in req.headers if k.lower() in routes.CREDENTIAL_HEADERS]
     for name in names:
-        del flow.request.headers[name]
-    return len(names)
+        del req.headers[name]
+    removed = len(names)
+    if (query := routes.query_credentials(req.path)):
+        req.path = routes.without_query_credentials(req.path)
+        removed += len(query)
+    offered = req.headers.get(routes.PROTOCOL_HEADER)
+    if offered is not None and (kept := routes.without_credential_protocols(offered)) != offered:
+        removed += 1
+        if kept:
+            req.headers[routes.PROTOCOL_HEADER] = kept
+        else:
+            del req.headers[routes.PROTOCOL_HEADER]
+    return removed
 
 
 def refuse_mismatch(flow: http.HTTPFlow, why: str) -> None:
@@ -112,10 +126,15 @@ class Guard(Stage):
             return
         if not is_reverse(flow) and not _looks_openai(flow):
             return
+        if (route.trusted and is_reverse(flow) and route.kind is not None and (relay := self.relay()) is not None
+                and routes.credential_kind(routes.carried_credentials(req.path, pairs)) in ("chatgpt", "mixed")
+                and routes.gateway_key(route, True, pairs, os.environ) is None
+                and (refusal := credential_offer(flow, header_map(flow), False, "sign_in_to_gateway")) is not None):
+            relay.offer(refusal)  # the session's tools are told why they have no credential (not which one)
         removed = strip_credentials(flow)
         if removed:
             # Host only: never headers, paths or values.
-            log.info("guard: stripped %d credential header(s) for non-official host %s", removed, req.host)
+            log.info("guard: stripped %d credential(s) for non-official host %s", removed, req.host)
         self._gateway_key(flow, route, header_pairs(flow))
 
     def _gateway_key(self, flow: http.HTTPFlow, route: routes.Route, pairs) -> None:

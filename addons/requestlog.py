@@ -76,8 +76,9 @@ def stages_of(st: FlowState) -> list[str]:
         cp = info.checkpoint
         if info.outcome == "diverged":
             out.append("window:diverged")
-        elif cp is not None:
-            out.append(f"window:{cp.strategy}")  # the request went out with a checkpoint's bootstrap
+        elif cp is not None:  # the request went out with a checkpoint's bootstrap: the one it really carried
+            out.append("window:fallback" if cp.strategy == "remote" and not info.replay_opaque
+                       else f"window:{cp.strategy}")
         if info.compacted and cp is not None:
             out.append(f"compaction:{cp.strategy}:{cp.reason.split(':', 1)[0]}")
     if st.compaction is not None and st.compaction.hold:

@@ -93,7 +93,7 @@ class WebSocket(Stage):
             upstream_url=f"{scheme}://{host}:{req.port}{req.path}",
             # what the guard left: the credentials only when their destination was cleared for them
             upstream_headers=tuple((k, v) for k, v in req.headers.items(multi=True) if k.lower() not in HANDSHAKE),
-            credentials_allowed=any(name.lower() in _CREDENTIALS for name, _ in req.headers.fields),
+            credentials_allowed=routes.carries_credentials(req.path, req.headers.items(multi=True)),
             # each create goes through this chain: to the listen address (HTTPS proxy mode: through it)
             chain_url=f"http://{lhost}:{listen[1]}{client_path}" if reverse else req.url,
             chain_proxy=None if reverse else f"http://{lhost}:{listen[1]}",

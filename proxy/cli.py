@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     cx.add_argument("--no-mcp", action="store_true", help="only the model provider, no MCP server")
     cx.add_argument("--web-search", choices=("off", "on"),
                     help="send x-ctp-web-search with Codex's model requests: off = ctproxy injects no hosted web "
-                    "search into them (it does by default on official routes, billed as hosted search)")
+                    "search into them (when web_search.enabled is on, on official routes; billed as hosted search)")
     cx.add_argument("--remote-compaction", choices=("v2", "unsupported"),
                     help="[model_providers.ctproxy.capabilities] remote_compaction (Codex >= 0.162): v2 sends "
                     "Codex's compactions through ctproxy to the upstream's compaction (default where the running "

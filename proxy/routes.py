@@ -48,6 +48,17 @@ CREDENTIAL_HEADERS: frozenset[str] = frozenset({
     "x-api-key",
 })
 
+# Credentials outside the headers, read and stripped by the same rule (seed 004 pipeline defect 2): query
+# parameters (Azure's `?api-key=`, `?access_token=` …) and WebSocket subprotocols that carry a key (the
+# browser convention of OpenAI's realtime sockets: `openai-insecure-api-key.<key>`, with the organization and
+# project beside it). Each is judged as the header that carries the same thing.
+CREDENTIAL_QUERY: dict[str, str] = {"api-key": "api-key", "api_key": "api-key", "key": "api-key",
+                                    "access_token": "authorization"}
+CREDENTIAL_PROTOCOLS: dict[str, str] = {"openai-insecure-api-key.": "authorization",
+                                        "openai-organization.": "openai-organization",
+                                        "openai-project.": "openai-project"}
+PROTOCOL_HEADER = "sec-websocket-protocol"
+
 
 # The official route each credential kind may go to.
 ROUTE_OF_KIND: dict[str, RouteKind] = {"api_key": "api", "chatgpt": "codex"}
@@ -65,6 +76,69 @@ def _pairs(headers: Headers) -> Iterable[tuple[str, str]]:
 
 def is_jwt(token: str) -> bool:
     return bool(_JWT.match(token))
+
+
+def _as_header(name: str, value: str) -> tuple[str, str]:
+    return (name, f"Bearer {value}") if name == "authorization" else (name, value)
+
+
+def query_credentials(target: str) -> list[tuple[str, str]]:
+    """The credentials a request path's (or URL's) query carries, as the headers that would carry them."""
+    _, sep, query = target.partition("?")
+    if not sep:
+        return []
+    out = []
+    for part in query.split("&"):
+        name, _, value = part.partition("=")
+        header = CREDENTIAL_QUERY.get(unquote(name).lower())
+        if header is not None and value:
+            out.append(_as_header(header, unquote(value)))
+    return out
+
+
+def without_query_credentials(target: str) -> str:
+    """The path (or URL) without its credential query parameters (the rest as it was, in its order)."""
+    head, sep, query = target.partition("?")
+    if not sep:
+        return target
+    kept = [p for p in query.split("&") if unquote(p.partition("=")[0]).lower() not in CREDENTIAL_QUERY]
+    return f"{head}?{'&'.join(kept)}" if kept else head
+
+
+def _protocols(value: str) -> list[str]:
+    return [p.strip() for p in value.split(",") if p.strip()]
+
+
+def credential_protocol(protocol: str) -> tuple[str, str] | None:
+    """The credential a WebSocket subprotocol carries, as the header that would carry it; None if it is none."""
+    low = protocol.lower()
+    for prefix, header in CREDENTIAL_PROTOCOLS.items():
+        if low.startswith(prefix) and len(protocol) > len(prefix):
+            return _as_header(header, protocol[len(prefix):])
+    return None
+
+
+def without_credential_protocols(value: str) -> str:
+    """A `Sec-WebSocket-Protocol` value without the subprotocols that carry credentials."""
+    return ", ".join(p for p in _protocols(value) if credential_protocol(p) is None)
+
+
+def carried_credentials(path: str, headers: Headers) -> list[tuple[str, str]]:
+    """Every credential a request carries, as headers: its credential headers, what its query and its
+    WebSocket subprotocols carry (the one rule judges them all alike)."""
+    out: list[tuple[str, str]] = []
+    for name, value in _pairs(headers):
+        low = name.lower()
+        if low in CREDENTIAL_HEADERS:
+            out.append((name, value))
+        elif low == PROTOCOL_HEADER:
+            out.extend(c for p in _protocols(value) if (c := credential_protocol(p)) is not None)
+    out.extend(query_credentials(path))
+    return out
+
+
+def carries_credentials(path: str, headers: Headers) -> bool:
+    return bool(carried_credentials(path, headers))
 
 
 def credential_kind(headers: Headers) -> CredentialKind | None:
@@ -201,8 +275,10 @@ def may_receive_credentials(scheme: str, host: str, port: int, path: str, route:
     codex); for another destination only when the user trusted it (`--trust-upstream`), in reverse mode, on
     a Responses route. The guard applies it to the agent's own request; ctproxy's own calls (compaction,
     image generation, sidecar search, the bridge) to theirs. `headers` are the credentials that would be
-    sent (the request's headers): the kind is always judged, there is no destination-only form."""
+    sent (the request's headers; what `path`'s query and a WebSocket upgrade's subprotocols carry counts as
+    the same headers): the kind is always judged, there is no destination-only form."""
     official = is_official_destination(scheme, host, port, path)
+    headers = carried_credentials(path, headers)  # every carrier: headers, query, subprotocols
     if official is not None:
         return kind_matches(credential_kind(headers), official)
     # A gateway the user trusted gets API keys only: a ChatGPT sign-in (its JWT, its chatgpt-account-id)
@@ -237,7 +313,7 @@ def credential_mismatch(scheme: str, host: str, port: int, path: str, headers: H
     """Why credentials of the wrong kind may not go to this official endpoint (None: no mismatch), in
     words for the client. Names the kind and the route, never a value."""
     official = is_official_destination(scheme, host, port, path)
-    kind = credential_kind(headers)
+    kind = credential_kind(carried_credentials(path, headers))
     if official is None or kind_matches(kind, official):
         return None
     assert kind is not None

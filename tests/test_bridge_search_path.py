@@ -26,7 +26,8 @@ def configure(state_dir, **values: str) -> None:
 
 async def tools_of_one_request(emulator, proxy_factory, tmp_path, *, trust: bool, backend: str) -> list[str]:
     state = tmp_path / f"state-{backend}-{trust}"
-    configure(state, **{"web_search.backend": backend, "web_search.sidecar_model": "gpt-4.1-mini"})
+    configure(state, **{"web_search.enabled": "true", "web_search.backend": backend,
+                        "web_search.sidecar_model": "gpt-4.1-mini"})
     proxy = await proxy_factory(upstream=emulator.url, trust_upstream=trust, state_dir=state,
                                 extra_args=["--bridge", "sidecar_search,context"])
     emulator.script(Text("ok"))

@@ -162,3 +162,19 @@ async def test_a_bridged_request_is_logged_under_the_agents_path_never_the_jobs_
     assert (lines[0]["method"], lines[0]["path"], lines[0]["status"]) == ("POST", "/v1/responses", "200")
     await proxy.astop()
     assert "ctp-bridge" not in proxy.log()
+
+
+def test_stages_name_the_bootstrap_that_went_out_not_the_windows_strategy():
+    """Seed 004 pipeline defect 5: after a remote checkpoint, a request whose fingerprint does not match goes
+    out with the readable fallback; its line says so (it said `window:remote`)."""
+    from proxy.compaction.store import Checkpoint
+    from proxy.windows.decision import WindowDecision
+
+    cp = Checkpoint(id="cp_1", session_key="s", created_at=0.0, strategy="remote", reason="threshold", boundary=2,
+                    boundary_hash="h", marker="[m]", fallback_text="f", compaction_item=b"{}", retained=(),
+                    fingerprint=None, usage=None)
+    st = FlowState()
+    st.window = WindowDecision(checkpoint=cp, replay_opaque=False, outcome="fallback")
+    assert stages_of(st) == ["window:fallback"]
+    st.window = WindowDecision(checkpoint=cp, replay_opaque=True, outcome="remote")
+    assert stages_of(st) == ["window:remote"]

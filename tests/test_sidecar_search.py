@@ -5,6 +5,8 @@ switch, `auto` decided before the request, the native fixes and what status says
 
 from __future__ import annotations
 
+import functools
+
 import aiohttp
 import orjson
 import pytest
@@ -29,7 +31,9 @@ API_KEY = "sk-test-sidecar-0123456789abcdef"
 JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzaWRlY2FyIn0.c2lnbmF0dXJlLXNpZGVjYXI"
 TASK = "task_search"
 QUERY = "what is new in asyncio, secret-query-91c2"
-SIDECAR = {"web_search.sidecar_model": "gpt-5.4-mini", "web_search.backend": "sidecar"}
+# The capability turned on (off on a fresh configuration, seed 004 §9).
+ON = functools.partial(WebSearchConfig, enabled=True)
+SIDECAR = {"web_search.enabled": True, "web_search.sidecar_model": "gpt-5.4-mini", "web_search.backend": "sidecar"}
 
 
 async def hand_over(srv, base_url: str, headers: dict[str, str]) -> None:
@@ -136,7 +140,8 @@ async def test_no_executor_or_no_credentials_are_clear_errors(tool_server, emula
     srv = await tool_server(SIDECAR)
     res = await srv.rest("openai_web_search", {"query": QUERY}, task=TASK)
     assert res.details["error"] == "no_credentials" and "OPENAI_API_KEY" in res.text
-    bare = await tool_server({"web_search.backend": "sidecar"})  # no executor: unavailable, says what to set
+    # no executor: unavailable, says what to set
+    bare = await tool_server({"web_search.enabled": True, "web_search.backend": "sidecar"})
     assert "openai_web_search" not in [t["name"] for t in await bare.list_rest()]
     res = await bare.rest("openai_web_search", {"query": QUERY}, task=TASK)
     assert res.status == 503 and res.body["error"]["code"] == "unavailable"
@@ -175,37 +180,37 @@ def test_old_sidecar_switch_folds_into_the_backend(tmp_path):
     ("sidecar", None, True, "sidecar"), ("off", "m", True, "off"),
 ])
 def test_search_path_is_decided_before_the_request(backend, model, eligible, path):
-    assert search_path(WebSearchConfig(backend=backend, sidecar_model=model), eligible) == path
+    assert search_path(ON(backend=backend, sidecar_model=model), eligible) == path
 
 
 def test_tool_choice_none_is_left_alone():
     payload = {"model": "gpt-5", "input": "hi", "tool_choice": "none", "tools": []}
-    d = decide_native(WebSearchConfig(), True, None, payload)
+    d = decide_native(ON(), True, None, payload)
     assert (d.apply, d.reason) == (False, "tool_choice_none")
-    assert decide_native(WebSearchConfig(), True, None, {**payload, "tool_choice": "auto"}).apply
+    assert decide_native(ON(), True, None, {**payload, "tool_choice": "auto"}).apply
 
 
 @pytest.mark.parametrize("name", ["openai_web_search", "mcp__ctproxy__openai_web_search"])
 def test_a_request_offering_the_sidecar_gets_no_native_search_in_auto(name):
     payload = {"model": "gpt-5", "input": "hi", "tools": [{"type": "function", "name": name, "parameters": {}}]}
-    d = decide_native(WebSearchConfig(sidecar_model="m"), True, None, payload)
+    d = decide_native(ON(sidecar_model="m"), True, None, payload)
     assert (d.apply, d.reason) == (False, "sidecar")
-    assert decide_native(WebSearchConfig(backend="native"), True, None, payload).apply  # forced native stays
+    assert decide_native(ON(backend="native"), True, None, payload).apply  # forced native stays
     assert inject_web_search(payload, WebSearchSettings()) is not payload  # the transform itself still would
 
 
 def test_status_says_what_really_happens():
-    state, why = native_status(WebSearchConfig(), False, True)
+    state, why = native_status(ON(), False, True)
     assert state == "active" and "trusted non-official upstream" in why and "official routes" not in why
-    assert "official routes" in native_status(WebSearchConfig(), True, False)[1]
-    assert native_status(WebSearchConfig(), False, False)[0] == "unavailable"
-    assert native_status(WebSearchConfig(sidecar_model="m"), False, False)[0] == "active"
-    assert sidecar_status(WebSearchConfig(backend="sidecar"), True, False)[0] == "unavailable"
-    state, why = sidecar_status(WebSearchConfig(backend="sidecar", sidecar_model="gpt-5.4-mini",
+    assert "official routes" in native_status(ON(), True, False)[1]
+    assert native_status(ON(), False, False)[0] == "unavailable"
+    assert native_status(ON(sidecar_model="m"), False, False)[0] == "active"
+    assert sidecar_status(ON(backend="sidecar"), True, False)[0] == "unavailable"
+    state, why = sidecar_status(ON(backend="sidecar", sidecar_model="gpt-5.4-mini",
                                                 sidecar_effort="low"), True, False)
     assert state == "active" and "gpt-5.4-mini" in why and "effort low" in why and "billed" in why
     assert "API key" in why and "ChatGPT sign-in" in why
-    assert "OPENAI_API_KEY only" in sidecar_status(WebSearchConfig(sidecar_model="m"), False, False)[1]
+    assert "OPENAI_API_KEY only" in sidecar_status(ON(sidecar_model="m"), False, False)[1]
     img = capability_status(set_key(Config(), "image_generation.enabled", "true"), "image_generation")
     assert img.state == "active" and "images/generations" in img.reason
     for st in (capability_status(Config(), "sidecar_search"), capability_status(Config(), "web_search")):

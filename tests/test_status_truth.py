@@ -69,7 +69,7 @@ async def test_credentialed_tools_without_a_key_behind_an_untrusted_upstream_are
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # ctproxy's environment has none
     state = tmp_path / "state"
     write_config(state, {"image_generation": {"enabled": True},
-                         "web_search": {"backend": "sidecar", "sidecar_model": "gpt-5-mini"}})
+                         "web_search": {"enabled": True, "backend": "sidecar", "sidecar_model": "gpt-5-mini"}})
     proxy = await proxy_factory(state_dir=state, upstream="http://127.0.0.1:9", trust_upstream=False)
     _, caps, _ = status(state)
     for name in ("image_generation", "sidecar_search"):
@@ -94,7 +94,7 @@ async def test_the_same_tools_with_a_key_are_active(proxy_factory, tmp_path):
 
 async def test_sidecar_backend_without_an_executor_is_not_offered(proxy_factory, tmp_path):
     state = tmp_path / "state"
-    write_config(state, {"web_search": {"backend": "sidecar"}})
+    write_config(state, {"web_search": {"enabled": True, "backend": "sidecar"}})
     proxy = await proxy_factory(state_dir=state, upstream="http://127.0.0.1:9")
     _, caps, _ = status(state)
     assert caps["sidecar_search"]["state"] == "unavailable"

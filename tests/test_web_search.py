@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 from hypothesis import given, settings
@@ -23,6 +24,9 @@ LIVE = WebSearchSettings()
 
 FUNCTION_TOOL = {"type": "function", "name": "get_weather", "description": "w", "strict": True,
                  "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": False}}
+
+# The capability turned on (off on a fresh configuration, seed 004 §9): what these tests are about.
+ON = functools.partial(WebSearchConfig, enabled=True)
 
 
 def base(**extra):
@@ -117,16 +121,16 @@ def test_shapes_it_does_not_understand_are_left_alone():
 
 
 @pytest.mark.parametrize(("cfg", "eligible", "last", "apply", "reason"), [
-    (WebSearchConfig(), True, None, True, "native"),
-    (WebSearchConfig(), False, None, False, "route"),
-    (WebSearchConfig(backend="native"), True, 10, True, "native"),
-    (WebSearchConfig(backend="native"), False, None, False, "route"),
-    (WebSearchConfig(backend="off"), True, None, False, "off"),
-    (WebSearchConfig(enabled=False), True, None, False, "off"),
-    (WebSearchConfig(backend="sidecar"), True, None, False, "sidecar"),
-    (WebSearchConfig(), True, 128_000, True, "native"),
-    (WebSearchConfig(), True, 128_001, False, "input_tokens"),
-    (WebSearchConfig(max_input_tokens=1000), True, 1001, False, "input_tokens"),
+    (ON(), True, None, True, "native"),
+    (ON(), False, None, False, "route"),
+    (ON(backend="native"), True, 10, True, "native"),
+    (ON(backend="native"), False, None, False, "route"),
+    (ON(backend="off"), True, None, False, "off"),
+    (ON(enabled=False), True, None, False, "off"),
+    (ON(backend="sidecar"), True, None, False, "sidecar"),
+    (ON(), True, 128_000, True, "native"),
+    (ON(), True, 128_001, False, "input_tokens"),
+    (ON(max_input_tokens=1000), True, 1001, False, "input_tokens"),
 ])
 def test_decision(cfg, eligible, last, apply, reason):
     d = decide_native(cfg, eligible, last)
@@ -134,23 +138,24 @@ def test_decision(cfg, eligible, last, apply, reason):
 
 
 def test_status_wording():
-    assert native_status(WebSearchConfig(), True, False)[0] == "active"
-    state, why = native_status(WebSearchConfig(), False, False)
+    assert native_status(ON(), True, False)[0] == "active"
+    state, why = native_status(ON(), False, False)
     assert state == "unavailable" and "sidecar" in why  # issue 15: `deferred` is for tool discovery only
-    assert native_status(WebSearchConfig(backend="native"), False, False)[0] == "unavailable"
-    assert native_status(WebSearchConfig(backend="native"), False, True)[0] == "active"
-    assert native_status(WebSearchConfig(backend="off"), True, False)[0] == "off"
+    assert native_status(ON(backend="native"), False, False)[0] == "unavailable"
+    assert native_status(ON(backend="native"), False, True)[0] == "active"
+    assert native_status(ON(backend="off"), True, False)[0] == "off"
 
 
 def test_status_names_the_switch_that_is_off_and_the_promises():
     """Defect 13: `enabled: false` is named as such (the backend is still auto); and the active line says it
-    is injected by default, what it costs, the one search path, the conflict and the client's switch."""
-    state, why = native_status(WebSearchConfig(enabled=False), True, False)
+    is injected because it was turned on, what it costs, the one search path, the conflict and the client's switch."""
+    state, why = native_status(ON(enabled=False), True, False)
     assert state == "off" and "web_search.enabled is false" in why and "backend" not in why
-    state, why = native_status(WebSearchConfig(backend="off"), True, False)
+    state, why = native_status(ON(backend="off"), True, False)
     assert state == "off" and "web_search.backend is off" in why
-    state, why = native_status(WebSearchConfig(), True, False)
-    for words in ("by default", "billed", "one Toolkit search path", "conflict", "x-ctp-web-search: off"):
+    state, why = native_status(ON(), True, False)
+    for words in ("web_search.enabled is on", "billed", "one Toolkit search path", "conflict",
+                  "x-ctp-web-search: off"):
         assert words in why, words
 
 
@@ -159,7 +164,7 @@ def test_status_names_the_switch_that_is_off_and_the_promises():
 SIDECAR_FN = {"type": "function", "name": "openai_web_search",
               "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}
 CODEX_NAMESPACE = {"type": "namespace", "name": "mcp__ctproxy", "description": "ctproxy", "tools": [SIDECAR_FN]}
-SIDECAR_CFG = WebSearchConfig(sidecar_model="gpt-5-mini")
+SIDECAR_CFG = ON(sidecar_model="gpt-5-mini")
 
 
 @pytest.mark.parametrize(("choice", "apply", "reason"), [
@@ -176,7 +181,7 @@ SIDECAR_CFG = WebSearchConfig(sidecar_model="gpt-5-mini")
 ])
 def test_the_injection_never_changes_what_tool_choice_means(choice, apply, reason):
     payload = base(tools=[FUNCTION_TOOL]) if choice is None else base(tools=[FUNCTION_TOOL], tool_choice=choice)
-    d = decide_native(WebSearchConfig(), True, None, payload)
+    d = decide_native(ON(), True, None, payload)
     assert (d.apply, d.reason) == (apply, reason)
 
 
@@ -184,15 +189,15 @@ def test_a_client_function_named_web_search_is_a_conflict_and_the_request_is_lef
     """Defect 10: two tools by one name would leave the model unable to tell them apart; nothing is renamed
     (seed 004 §5.1: the Toolkit never disables or replaces another's tool), and nothing is injected."""
     for tool in ({**FUNCTION_TOOL, "name": "web_search"}, {"type": "custom", "name": "web_search"}):
-        d = decide_native(WebSearchConfig(), True, None, base(tools=[tool]))
+        d = decide_native(ON(), True, None, base(tools=[tool]))
         assert (d.apply, d.reason) == (False, "name_conflict")
     lite = base(input=[{"type": "additional_tools", "role": "developer", "tools": [{**FUNCTION_TOOL,
                                                                                      "name": "web_search"}]},
                        {"role": "user", "content": "hi"}])
-    assert decide_native(WebSearchConfig(), True, None, lite).reason == "name_conflict"
+    assert decide_native(ON(), True, None, lite).reason == "name_conflict"
     # a namespaced tool of that name is called by its namespace: no conflict
     ns = {"type": "namespace", "name": "mcp__other", "tools": [{**FUNCTION_TOOL, "name": "web_search"}]}
-    assert decide_native(WebSearchConfig(), True, None, base(tools=[ns])).apply
+    assert decide_native(ON(), True, None, base(tools=[ns])).apply
 
 
 @pytest.mark.parametrize("where", ["top", "namespace", "additional_tools"])
@@ -206,11 +211,11 @@ def test_one_search_path_per_turn_sees_the_sidecar_wherever_the_client_lists_it(
     else:
         payload = base(input=[{"type": "additional_tools", "role": "developer", "tools": [CODEX_NAMESPACE]},
                               {"role": "user", "content": "hi"}])
-    for cfg in (SIDECAR_CFG, WebSearchConfig()):
+    for cfg in (SIDECAR_CFG, ON()):
         d = decide_native(cfg, True, None, payload)
         assert (d.apply, d.reason) == (False, "sidecar")
     # backend native offers no sidecar: a tool of that name is no Toolkit path, the forced native path stays
-    assert decide_native(WebSearchConfig(backend="native"), True, None, payload).apply
+    assert decide_native(ON(backend="native"), True, None, payload).apply
 
 
 def test_additional_tools_count_for_the_dedupe_and_the_item_is_not_changed():
@@ -223,9 +228,9 @@ def test_additional_tools_count_for_the_dedupe_and_the_item_is_not_changed():
 
 
 def test_the_client_says_off_per_request():
-    d = decide_native(WebSearchConfig(), True, None, base(), switch="off")
+    d = decide_native(ON(), True, None, base(), switch="off")
     assert (d.apply, d.reason) == (False, "client_off")
-    assert decide_native(WebSearchConfig(), True, None, base(), switch="on").apply
+    assert decide_native(ON(), True, None, base(), switch="on").apply
 
 
 # ---- the forwarded payload stays a valid CreateResponse -----------------------------------------

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 def rt(tmp_path):
     def make(**overrides):
         built = runtime.build(state_dir=str(tmp_path / "state"))
+        overrides = {"web_search.enabled": True, **overrides}  # off on a fresh configuration (seed 004 §9)
         for key, value in overrides.items():
             section, _, name = key.partition(".")
             setattr(getattr(built.config, section), name, value)
@@ -87,6 +88,22 @@ async def test_trusted_route_from_routing_is_eligible(rt):
     state_of(flow).route = Route(kind="api", official=False, trusted=True)
     await run(WebSearch(), flow)
     assert sent(flow)["tools"] == [{"type": "web_search"}]
+
+
+@pytest.mark.parametrize(("host", "trusted"), [("api.openai.com", False), ("127.0.0.1", True)])
+async def test_a_fresh_configuration_injects_nothing(tmp_path, host, trusted):
+    """Seed 004 pipeline defect 3: a fresh configuration offers what the user turned on (seed §9), on an
+    official route and toward a trusted gateway alike (one that rejects unknown tool types failed every
+    request by default)."""
+    runtime.install(runtime.build(state_dir=str(tmp_path / "fresh")))
+    try:
+        flow = make_flow(host, "/v1/responses", "https" if not trusted else "http", 443 if not trusted else 8080)
+        state_of(flow).route = Route(kind="api", official=not trusted, trusted=trusted)
+        before = flow.request.raw_content
+        await run(WebSearch(), flow)
+        assert flow.request.raw_content == before and state_of(flow).web_search != "native"
+    finally:
+        runtime.uninstall()
 
 
 @pytest.mark.parametrize(("key", "value"), [("web_search.backend", "off"), ("web_search.backend", "sidecar"),
@@ -171,6 +188,8 @@ async def test_mitmdump_loads_it_alone(tmp_path):
 
     mitmdump = shutil.which("mitmdump", path=str(Path(sys.executable).parent))
     assert mitmdump, "mitmdump is installed with mitmproxy"
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "config.json").write_text('{"web_search": {"enabled": true}}')  # off when fresh
     async with Emulator() as emu:
         env = {**os.environ, "CTPROXY_HOME": str(tmp_path / "state"), "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(
@@ -200,6 +219,8 @@ def test_replay_of_recorded_flow_shows_injection(capsys, tmp_path):
     from proxy import cli
 
     flows = REPO / "tests" / "flows" / "web_search_sdk.mitm"
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "config.json").write_text('{"web_search": {"enabled": true}}')  # off when fresh
     code = cli.main(["replay", str(flows), "--state-dir", str(tmp_path / "state")])
     out = capsys.readouterr().out
     assert code == 0

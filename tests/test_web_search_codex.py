@@ -60,7 +60,7 @@ async def test_the_sidecar_in_codexs_mcp_namespace_is_the_turns_search_path(tmp_
     async with Emulator(validate_requests=spec_available()) as emulator:
         emulator.set_default(Text("hi", deltas=2))
         cfg = tmp_path / "config.json"
-        cfg.write_text(json.dumps({"web_search": {"sidecar_model": "gpt-5-mini"}}))
+        cfg.write_text(json.dumps({"web_search": {"enabled": True, "sidecar_model": "gpt-5-mini"}}))
         # The MCP server: the tool server of another ctproxy, whose upstream is not eligible (untrusted), so it
         # lists the sidecar; the model requests go through a proxy in front of the (trusted) emulator.
         # Behind an untrusted upstream the sidecar can only use OPENAI_API_KEY (else it is unavailable, issue 27).

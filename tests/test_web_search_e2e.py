@@ -35,7 +35,7 @@ def hosted(rec) -> int:
 
 
 async def test_the_client_switch_the_tool_choice_and_a_web_search_function(emu, proxy_factory):
-    proxy = await proxy_factory(upstream=emu.url)
+    proxy = await proxy_factory(upstream=emu.url, extra_args=["--enable", "web_search"])  # off when fresh
     c = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test-search", max_retries=0)
     await c.responses.create(model="gpt-5", input="hi")
     await c.responses.create(model="gpt-5", input="hi", extra_headers={"x-ctp-web-search": "off"})
@@ -74,7 +74,7 @@ async def listed(proxy) -> set[str]:
 async def test_the_sidecar_is_listed_only_where_auto_does_not_search_natively(emu, proxy_factory, tmp_path,
                                                                               backend, trusted, listed_there):
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"web_search": {"backend": backend, "sidecar_model": "gpt-5-mini"}}))
+    cfg.write_text(json.dumps({"web_search": {"enabled": True, "backend": backend, "sidecar_model": "gpt-5-mini"}}))
     # Behind an untrusted upstream the sidecar can only pay with OPENAI_API_KEY (without it: unavailable, issue 27).
     proxy = await proxy_factory(upstream=emu.url, trust_upstream=trusted, extra_args=["--config", str(cfg)],
                                 env={"OPENAI_API_KEY": "sk-env-not-real"})

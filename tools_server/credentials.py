@@ -98,6 +98,7 @@ class UpstreamAccess:
     official: bool
     credentials_allowed: bool
     headers: dict[str, str] = field(default_factory=dict, repr=False)
+    refused: str | None = None  # the session's latest credential was refused for this route (none held)
 
 
 
@@ -184,6 +185,12 @@ def resolve(ctx: Caller, env: dict[str, str] | None = None) -> Resolved:
         headers = {"authorization": f"Bearer {key}"}
         if routes.credential_kind(headers) == "api_key":
             return Resolved(ENV_BASE_URL, "api", True, "environment", "api_key", headers)
+    if access is not None and access.refused == "sign_in_to_gateway":
+        raise CredentialsMissing(
+            "no OpenAI credentials for this call: this session's model requests sign in with ChatGPT, and their "
+            "upstream is a trusted gateway (--trust-upstream), where a sign-in never goes; set "
+            "CTPROXY_UPSTREAM_API_KEY (the gateway's own key) or OPENAI_API_KEY (an API key, used with "
+            "https://api.openai.com/v1) in ctproxy's environment")
     if ctx.task is None:
         hint = ("send x-ctp-task (and x-ctp-agent) with this call, the same as on the agent's model requests "
                 "through ctproxy, ")
@@ -212,6 +219,8 @@ class Handover(BaseModel):
     task: str = Field(min_length=1, max_length=500)
     agent: str | None = Field(None, max_length=500)
     upstream: _Upstream
+    # the session's latest credential was refused for its route (nothing handed over): its tools say why
+    refused: Literal["sign_in_to_gateway"] | None = None
 
 
 def _refuse(status: int, code: str, message: str) -> web.Response:
@@ -227,6 +236,10 @@ def add_routes(app: web.Application, store_of: Callable[[web.Application], Sessi
             # never echo the body: it holds a credential
             return _refuse(400, "invalid_credentials", "the body must be {task, agent?, upstream{…}}")
         up = body.upstream
+        if body.refused is not None:
+            store_of(request.app).put(body.task, body.agent, UpstreamAccess(
+                up.base_url, up.route_kind, up.official, False, {}, refused=body.refused))
+            return web.Response(status=204)
         access = UpstreamAccess(up.base_url, up.route_kind, up.official, up.credentials_allowed, dict(up.headers))
         if from_access(access, "session") is None or not _base_ok(up.base_url, up.official):
             return _refuse(400, "credentials_not_usable",

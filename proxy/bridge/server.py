@@ -239,14 +239,24 @@ class BridgeService:
         await self._endpoint.close()
         await self.tools.close()
 
+    def ran_calls(self, path: str) -> bool:
+        """Whether the job a re-routed request path names (`/ctp-bridge/<key>/…`) has executed calls."""
+        if not path.startswith(PATH_PREFIX):
+            return False
+        entry = self._jobs.get(path[len(PATH_PREFIX):].split("/", 1)[0])
+        return entry is not None and entry[1].ran > 0
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         # Not popped: compaction's overflow retry re-sends the flow's request (to this endpoint) within the
-        # job's minute; the key is unguessable and the endpoint listens on loopback only.
+        # job's minute, when no call ran yet; the key is unguessable and the endpoint listens on loopback only.
         key = request.match_info["job"]
         entry = self._jobs.get(key)
         if entry is None or entry[0] < time.monotonic() - JOB_TTL:
             return _json_error(404, "unknown_bridge_job", "no such bridged request (it expired)")
         job = entry[1]
+        if job.ran:  # served again, the turn would run from round 1: its calls a second time
+            return _json_error(409, "bridge_calls_ran", "this bridged request already ran tool calls; it is not "
+                                    "sent again (its calls would run twice)")
         launched = self._claim(key, request.content_length)
         if launched is not None:  # its first round is on its way: the body that came here is not needed
             launched.sink.set_result(request)

@@ -33,6 +33,7 @@ from proxy.bridge.items import (
     mcp_item,
     output_item,
     parse_mcp_id,
+    repair_request,
     upstream_call,
 )
 from proxy.bridge.merge import (
@@ -46,6 +47,7 @@ from proxy.bridge.merge import (
 )
 from proxy.bridge.rawsse import EventSplitter
 from proxy.bridge.specs import Offer, replace_specs, select
+from proxy.compaction.overflow import CODE, response_error_code
 from proxy.metrics import proxy_metrics
 from proxy.toolclient import BridgeTool, CallerUpstream, CallOutcome, ToolCall, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable, continue_turn
@@ -92,6 +94,12 @@ class BridgeJob:
     # The stage took the body off the request to the endpoint: it travels in the launched first round only.
     body_taken: bool = False
     launched: bool = False  # its first round was launched (at most once: `BridgeService.launch`)
+    # Overflow recovery for a later round that answered `context_length_exceeded` after calls ran
+    # (proxy.windows.recovery.midturn_recovery): given the first round's payload and the failed one, that
+    # round again with the agent's history compacted and the executed calls carried whole (None: cannot).
+    overflow: Callable[[dict[str, Any], dict[str, Any]], Awaitable[dict[str, Any] | None]] | None = \
+        field(default=None, repr=False)
+    ran: int = 0  # calls its turns executed: a job that ran any is never served again (nothing runs twice)
 
     def reoffer(self, payload: Mapping[str, Any], carried: frozenset[str]) -> Offer:
         return select(self.catalog, self.families, payload, self.apply_patch_form, ours=self.offer.specs,
@@ -214,6 +222,7 @@ class BridgedTurn:
         self._carried: frozenset[str] | None = None  # tool discovery: what the last call said is carried
         self._rollover_due = False  # a bridged new_context succeeded in this round
         self._behind: set[str] = set()  # executed calls before a mid-turn rollover's boundary
+        self._recovered = False  # a mid-turn overflow recovery was made (at most one per turn)
 
     def request(self, body: bytes, first: bool = False) -> Any:
         headers = self.headers if first else self.next_headers
@@ -264,6 +273,8 @@ class BridgedTurn:
         if call.item.get("name") == ROLLOVER_TOOL and not outcome.is_error:
             self._rollover_due = True
         self.executed[call.key] = ExecutedCall(dict(call.item), out, None)
+        if outcome.error != "round_limit":
+            self.job.ran += 1
         self.stats.bridged_calls += 1
         return out
 
@@ -281,6 +292,25 @@ class BridgedTurn:
             return payload
         self._behind.update(self.executed)  # replaced by the bootstrap: never spliced back after it
         return moved
+
+    async def _overflowed(self, status: int, ctype: str, raw: bytes, payload: dict[str, Any]) -> dict[str, Any] | None:
+        """A later round's failure that is an overflow after calls ran: that round again, smaller, from the
+        overflow hook (once per turn), never the turn from round 1 (its calls would run twice). None: the
+        agent gets the error together with what ran."""
+        hook = self.job.overflow
+        if hook is None or self._recovered or not self.executed or response_error_code(status, ctype, raw) != CODE:
+            return None
+        self._recovered = True
+        try:
+            smaller = await hook(self.payload, payload)
+        except Exception:  # the window records failed: the agent gets the error with what ran
+            log.warning("bridge: the overflow of a later round could not be recovered", exc_info=True)
+            return None
+        if smaller is None:
+            return None
+        log.info("bridge: round %d overflowed; sent again compacted, with the %d executed call(s) carried",
+                 self.stats.rounds + 1, len(self.executed))
+        return repair_request(smaller, self.memory, self.job.session)
 
     def _finish(self, shown_id: str | None, last_id: str | None, shown: Sequence[Mapping[str, Any]],
                 pending: list[dict[str, Any]]) -> None:
@@ -367,6 +397,24 @@ class BridgedTurn:
                         raw = b"".join([c async for c in answer.chunks])
                     except UpstreamBroken:
                         raw = b""
+                    smaller = await self._overflowed(answer.status, answer.header("content-type"), raw, payload)
+                    if smaller is not None:
+                        payload = smaller
+                        await stack.aclose()
+                        try:
+                            answer = await stack.enter_async_context(
+                                self.turns.stream(self.request(orjson.dumps(payload)), self.job.timeout))
+                        except UpstreamUnavailable as exc:
+                            yield merged.error_event("upstream_unavailable", "the upstream could not be reached "
+                                                     f"for round {merged.round + 1} ({exc.category})")
+                            self._finish(merged.response_id, resp.get("id"), merged.output(), outputs)
+                            return
+                        if answer.status == 200:
+                            continue
+                        try:
+                            raw = b"".join([c async for c in answer.chunks])
+                        except UpstreamBroken:
+                            raw = b""
                     yield merged.error_event(*_error_of(raw, answer.status))
                     self._finish(merged.response_id, resp.get("id"), merged.output(), outputs)
                     return
@@ -374,7 +422,7 @@ class BridgedTurn:
             runner.cancel()
             await stack.aclose()
             self._turn_done()
-            self.job.rollover = None  # it holds the agent's items; the job itself is kept for a minute
+            self.job.rollover = self.job.overflow = None  # they hold the agent's items; the job is kept a minute
 
     # ---- not streaming ----------------------------------------------------------------------------
 
@@ -436,14 +484,24 @@ class BridgedTurn:
                     self._finish(rounds[0].get("id"), resp.get("id"), shown, outputs)
                     return 502, _error_json("upstream_unavailable",
                                             f"the upstream could not be reached for round {len(rounds) + 1}")
-                if held.status != 200:
+                if _failed(held):
+                    smaller = await self._overflowed(held.status, held.header("content-type"), held.body, payload)
+                    if smaller is not None:
+                        payload = smaller
+                        try:
+                            held = await self.turns.hold(self.request(orjson.dumps(payload)), self.job.timeout)
+                        except (UpstreamUnavailable, UpstreamBroken):
+                            self._finish(rounds[0].get("id"), resp.get("id"), shown, outputs)
+                            return 502, _error_json("upstream_unavailable",
+                                                    f"the upstream could not be reached for round {len(rounds) + 1}")
+                if _failed(held):
                     self._finish(rounds[0].get("id"), resp.get("id"), shown, outputs)
-                    return held.status, held.body
+                    return held.status, with_what_ran(held.body, shown)
                 body = held.body
         finally:
             runner.cancel()
             self._turn_done()
-            self.job.rollover = None  # it holds the agent's items; the job itself is kept for a minute
+            self.job.rollover = self.job.overflow = None  # they hold the agent's items; the job is kept a minute
 
 
 async def _read_round(merged: MergedStream, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -473,6 +531,35 @@ def _error_of(raw: bytes, status: int) -> tuple[str, str, str | None]:
     code = str(err.get("code") or err.get("type") or f"http_{status}")
     message = str(err.get("message") or f"the upstream answered HTTP {status}")
     return code, message, err.get("param")
+
+
+def _failed(held: Any) -> bool:
+    """A later round's answer that ends the turn: an HTTP error, or an overflow as a failed JSON Response."""
+    return held.status != 200 or response_error_code(held.status, held.header("content-type"), held.body) == CODE
+
+
+def with_what_ran(raw: bytes, shown: Sequence[Mapping[str, Any]]) -> bytes:
+    """A later round's error body, handed to the agent together with what already ran (seed §5.3: no retry
+    after dispatch): the message names the executed calls, and `output` holds them as the agent would have
+    seen them (`mcp_call` items; resent, they go upstream as the calls and their outputs)."""
+    ran = [i for i in shown if i.get("type") == "mcp_call"]
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not ran or not isinstance(parsed, dict):
+        return raw
+    err = parsed.get("error")
+    names = ", ".join(f"{i.get('name')} ({(parse_mcp_id(i.get('id')) or ('', '?'))[1]})" for i in ran)
+    note = (f" [ctproxy had already run {len(ran)} call(s) of this request before this error; they were not run "
+            f"again: {names}. Their results are in this error's `output`.]")
+    if isinstance(err, dict):
+        parsed["error"] = {**err, "message": f"{err.get('message') or ''}{note}"}
+    elif isinstance(parsed.get("status"), str):  # a failed Response object: its output is what ran
+        parsed["output"] = [*ran, *(parsed.get("output") or [])]
+        return orjson.dumps(parsed)
+    parsed["output"] = ran
+    return orjson.dumps(parsed)
 
 
 def _error_json(code: str, message: str) -> bytes:

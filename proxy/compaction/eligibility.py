@@ -43,14 +43,15 @@ class RemoteCall:
 
 
 def remote_call(cfg: RemoteCompactionConfig, route: Route, scheme: str, host: str, port: int, path: str,
-                headers: Mapping[str, str], credentials_allowed: bool, model: str, key: bytes) -> RemoteCall:
+                headers: Mapping[str, str], credentials_allowed: bool, model: str, key: bytes,
+                gateway_key: str | None = None) -> RemoteCall:
     """The rule applied to one served request (`headers`: lower-case names)."""
     fp = None
     if route.kind is not None and model:
         fp = fingerprint_of(route.kind, model, normalise_endpoint(scheme, host, port, path), headers, key)
     target = None
     if route.kind is not None:
-        target = compaction_target(route.kind, scheme, host, port, path, headers, credentials_allowed)
+        target = compaction_target(route.kind, scheme, host, port, path, headers, credentials_allowed, gateway_key)
     blocked = remote_blocked(cfg, route.eligible, fp)
     if blocked is None and target is None:
         blocked = "no_endpoint"

@@ -38,8 +38,10 @@ class Target:
 
 
 def compaction_target(kind: str, scheme: str, host: str, port: int, path: str, request_headers: Mapping[str, str],
-                      credentials_allowed: bool) -> Target | None:
-    """The compaction endpoint next to the served `…/responses` request, or None if there is none."""
+                      credentials_allowed: bool, gateway_key: str | None = None) -> Target | None:
+    """The compaction endpoint next to the served `…/responses` request, or None if there is none.
+    `gateway_key`: a trusted gateway's own key (`routes.gateway_key`), for a served request that carries no
+    credential the gateway may receive: the call carries it as the guard gives it to the agent's turns."""
     p = path.split("?", 1)[0].rstrip("/")
     if not p.endswith("/responses"):
         return None
@@ -53,6 +55,8 @@ def compaction_target(kind: str, scheme: str, host: str, port: int, path: str, r
         low = name.lower()
         if low in _PASS_HEADERS or (credentials_allowed and low in _CALL_CREDENTIALS):
             headers[low] = value
+    if gateway_key is not None and not credentials_allowed:
+        headers["authorization"], credentials_allowed = f"Bearer {gateway_key}", True
     if kind == "codex":
         headers["accept"] = "text/event-stream"
         headers[BETA_HEADER] = beta_features(headers.get(BETA_HEADER))

@@ -194,8 +194,8 @@ def native_status(cfg: WebSearchConfig, upstream_official: bool, upstream_truste
              "must serve hosted web_search itself")
     if upstream_official or upstream_trusted:
         return "active", (
-            f"backend {cfg.backend}: native search injected by default on {where}, each search billed as hosted "
-            f"web search (mode {cfg.mode}); one Toolkit search path per turn: not beside the sidecar "
+            f"backend {cfg.backend}: native search injected on {where} (web_search.enabled is on), each search "
+            f"billed as hosted web search (mode {cfg.mode}); one Toolkit search path per turn: not beside the sidecar "
             f"openai_web_search (top level, in a namespace or additional_tools); not with a tool_choice other than "
             f"auto; skipped above {cfg.max_input_tokens} input tokens; conflict warning: a client tool named "
             f"web_search is left alone and its requests get no injection; a client turns it off with "

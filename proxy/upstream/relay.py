@@ -35,11 +35,15 @@ class Offer:
     route_kind: str  # api | codex
     official: bool
     headers: dict[str, str] = field(repr=False)
+    # Why nothing may be handed over (the session's latest credential was refused for its route), so a
+    # tool's error can say what would help: "sign_in_to_gateway". None: `headers` are the credentials.
+    refused: str | None = None
 
     def body(self) -> bytes:
-        return orjson.dumps({"task": self.task, "agent": self.agent, "upstream": {
-            "base_url": self.base_url, "route_kind": self.route_kind, "official": self.official,
-            "credentials_allowed": True, "headers": self.headers}})
+        up = {"base_url": self.base_url, "route_kind": self.route_kind, "official": self.official,
+              "credentials_allowed": self.refused is None, "headers": self.headers if self.refused is None else {}}
+        return orjson.dumps({"task": self.task, "agent": self.agent, "upstream": up,
+                             **({"refused": self.refused} if self.refused else {})})
 
 
 def base_url_of(scheme: str, host: str, port: int, path: str) -> tuple[str, str] | None:
@@ -57,17 +61,18 @@ def base_url_of(scheme: str, host: str, port: int, path: str) -> tuple[str, str]
 
 
 def offer_of(task: str | None, agent: str | None, scheme: str, host: str, port: int, path: str,
-             headers: Mapping[str, str], official: bool) -> Offer | None:
-    """What a cleared request hands over, or None (no task, no Authorization, no Responses route)."""
+             headers: Mapping[str, str], official: bool, refused: str | None = None) -> Offer | None:
+    """What a cleared request hands over, or None (no task, no Authorization, no Responses route). `refused`:
+    the request's credential was refused for its route; only that is handed over (no credential)."""
     if not task:
         return None
-    used = {k.lower(): v for k, v in headers.items() if k.lower() in HANDED_OVER and v}
-    if "authorization" not in used:
+    used = {} if refused else {k.lower(): v for k, v in headers.items() if k.lower() in HANDED_OVER and v}
+    if "authorization" not in used and not refused:
         return None
     base = base_url_of(scheme, host, port, path)
     if base is None:
         return None
-    return Offer(task, agent, base[0], base[1], official, used)
+    return Offer(task, agent, base[0], base[1], official, used, refused)
 
 
 class CredentialRelay:
@@ -86,7 +91,8 @@ class CredentialRelay:
     def _digest(offer: Offer) -> int:
         # str hashes are salted per process (PYTHONHASHSEED): cheap (the guard calls this on every model
         # request with credentials) and meaningless outside this process; a collision only delays a hand-over.
-        return hash((offer.base_url, offer.route_kind, offer.official, tuple(sorted(offer.headers.items()))))
+        return hash((offer.base_url, offer.route_kind, offer.official, tuple(sorted(offer.headers.items())),
+                     offer.refused))
 
     def offer(self, offer: Offer) -> bool:
         """Schedule the hand-over when this session's credentials or route changed; True if scheduled."""

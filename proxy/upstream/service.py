@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from proxy.routes import CREDENTIAL_HEADERS
+from proxy.routes import CREDENTIAL_HEADERS, without_query_credentials
 from proxy.upstream.transport import AiohttpTransport, Answer, Transport, UpstreamRequest
 from proxy.upstream.ws import SOCKET_TRANSPORT, WS_HEADER, is_socket_turn, is_ws_request
 
@@ -41,6 +41,8 @@ class UpstreamTurns:
         pairs = headers.items() if isinstance(headers, Mapping) else headers
         kept = tuple((k, v) for k, v in pairs if k.lower() not in HOP_HEADERS
                      and (credentials_allowed or k.lower() not in CREDENTIAL_HEADERS))
+        if not credentials_allowed:  # nor a key in the query (the same rule, routes.carried_credentials)
+            url = without_query_credentials(url)
         return UpstreamRequest(method, url, kept, body, credentials_allowed)
 
     def route(self, request: UpstreamRequest) -> tuple[UpstreamRequest, Transport]:

@@ -31,7 +31,7 @@ import aiohttp
 import orjson
 
 from proxy.errors import UpstreamError
-from proxy.routes import CREDENTIAL_HEADERS
+from proxy.routes import CREDENTIAL_HEADERS, credential_protocol, without_query_credentials
 from proxy.upstream import trust
 from proxy.upstream.transport import Answer, UpstreamBroken, UpstreamRequest, UpstreamUnavailable
 
@@ -375,6 +375,9 @@ async def open_socket(url: str, headers: Sequence[tuple[str, str]], credentials_
     SocketRefused (the upstream's status and body) or UpstreamUnavailable."""
     kept = [(k, v) for k, v in headers if k.lower() not in HANDSHAKE
             and (credentials_allowed or k.lower() not in CREDENTIAL_HEADERS)]
+    if not credentials_allowed:  # the other carriers of a key, under the same rule
+        url = without_query_credentials(url)
+        protocols = [p for p in protocols if credential_protocol(p) is None]
     http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout))
     try:

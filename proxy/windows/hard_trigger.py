@@ -95,7 +95,7 @@ class Compacted:
 async def compact_at_rollover(rt: runtime.Runtime, ws: journal_link.WindowSession, payload: dict[str, Any],
                               decided: WindowDecision | None, kind: str, remote: bool, route: routes.Route,
                               allowed: bool, request: http.Request, headers: Mapping[str, str],
-                              session_key: str | None) -> Compacted:
+                              session_key: str | None, gateway_key: str | None = None) -> Compacted:
     """Compact the session's window at the rollover boundary and forward this request in the new one: remote
     compaction v2 where eligible (compaction's one rule, proxy/compaction/eligibility.py) and `remote`, else
     the readable fallback (no upstream call). At most one compaction per agent request: none when compaction
@@ -114,7 +114,7 @@ async def compact_at_rollover(rt: runtime.Runtime, ws: journal_link.WindowSessio
     if rt.services.compaction_key is None:
         rt.services.compaction_key = load_key(rt.state.root)
     call = remote_call(rt.config.remote_compaction, route, request.scheme, request.host, request.port, request.path,
-                       headers, allowed, model, rt.services.compaction_key)
+                       headers, allowed, model, rt.services.compaction_key, gateway_key)
     reason = f"{CONTEXT_REASON}{kind}"
     order = service.CompactionOrder(
         windows=ws, session_key=session_key if session_key is not None else ws.key, items=items, boundary=n,

@@ -5,6 +5,7 @@ yet), and the flow's tap is refilled from its answer."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import orjson
@@ -59,19 +60,13 @@ def retap(flow: http.HTTPFlow, resp: http.Response) -> None:
             tap.on_json_response(parsed)
 
 
-async def recover(rt: runtime.Runtime, flow: http.HTTPFlow, info: FlowInfo) -> bool:
-    """Compact (at most once per agent request, and only with new agent items since the last
-    compaction) and retry once with a body strictly smaller than the one that failed: at most
-    sizing.RETRY_FRACTION of it, the bootstrap giving way until it fits. The failed size is also an upper
-    bound of the upstream's real window: it is learned and remembered."""
-    started = time.perf_counter()
-    try:
-        forwarded = orjson.loads(flow.request.get_content(strict=False) or b"")
-    except orjson.JSONDecodeError:
-        return False
-    if not isinstance(forwarded, dict):
-        return False
-    failed_bytes = sizing.payload_bytes(forwarded, input_items(forwarded) or [])
+async def _plan(rt: runtime.Runtime, flow: http.HTTPFlow, info: FlowInfo, forwarded: dict[str, Any],
+                failed: dict[str, Any], failed_bytes: int, added: Sequence[Any] = ()
+                ) -> tuple[Any, dict[str, Any], int] | None:
+    """(checkpoint, retry payload, its bytes) for a request that overflowed: `forwarded` is the agent's request
+    as it went upstream (what compacts), `failed` the body that failed (`forwarded` itself, or a later round
+    of a bridged turn), `added` what that round added after the agent's items (executed calls and their
+    outputs, carried whole). None: nothing smaller to send."""
     compacting.learn(rt, info, sizing.tokens(failed_bytes, info.estimate.ratio))
     decided = state_of(flow).window
     if decided is not None:  # the request's current decision: a later stage (context) may have compacted
@@ -87,19 +82,45 @@ async def recover(rt: runtime.Runtime, flow: http.HTTPFlow, info: FlowInfo) -> b
         cp = info.checkpoint  # no second compaction: the checkpoint in effect is made to fit instead
     else:
         compacting.event(rt, info, "recovery", "skipped", "no_new_items", None)
-        return False
-    retry_payload = dict(forwarded)
-    retry_payload["input"] = [*cp.record().bootstrap(replay), *info.client_items[cp.boundary:]]
+        return None
+    retry_payload = dict(failed)
+    retry_payload["input"] = [*cp.record().bootstrap(replay), *info.client_items[cp.boundary:], *added]
     info.checkpoint, info.replay_opaque = cp, replay
     state_of(flow).window = sizing.decided(info, True)  # derived: the retry goes out with this checkpoint
     budget = failed_bytes * sizing.RETRY_FRACTION
     if sizing.payload_bytes(retry_payload, retry_payload["input"]) > budget:
-        fitted = sizing.fit(retry_payload, info, sizing.tokens(int(budget), info.estimate.ratio))
+        fitted = sizing.fit(retry_payload, info, sizing.tokens(int(budget), info.estimate.ratio), added)
         if fitted is None:
             compacting.event(rt, info, "recovery", "not_smaller", cp.strategy, cp.id)
-            return False  # nothing smaller to send: the agent gets the original error
+            return None  # nothing smaller to send: the agent gets the original error
         retry_payload = fitted[0]
-    retry_bytes = sizing.payload_bytes(retry_payload, retry_payload["input"])
+    return cp, retry_payload, sizing.payload_bytes(retry_payload, retry_payload["input"])
+
+
+def _forwarded_record(rt: runtime.Runtime, info: FlowInfo, cp_id: str, retry_bytes: int) -> None:
+    """What the upstream really answered is the retry: the next estimate calibrates against it."""
+    key, n = info.session_key, len(info.client_items)
+    service.session_memo(rt).forget(key)
+    compacting.write(rt, lambda rec: rec.record_forwarded(key, cp_id, n, retry_bytes), latest=("forwarded", key))
+
+
+async def recover(rt: runtime.Runtime, flow: http.HTTPFlow, info: FlowInfo) -> bool:
+    """Compact (at most once per agent request, and only with new agent items since the last
+    compaction) and retry once with a body strictly smaller than the one that failed: at most
+    sizing.RETRY_FRACTION of it, the bootstrap giving way until it fits. The failed size is also an upper
+    bound of the upstream's real window: it is learned and remembered."""
+    started = time.perf_counter()
+    try:
+        forwarded = orjson.loads(flow.request.get_content(strict=False) or b"")
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(forwarded, dict):
+        return False
+    failed_bytes = sizing.payload_bytes(forwarded, input_items(forwarded) or [])
+    planned = await _plan(rt, flow, info, forwarded, forwarded, failed_bytes)
+    if planned is None:
+        return False
+    cp, retry_payload, retry_bytes = planned
     deps = service.deps_of(rt, info.route, info.credentials_allowed, state_of(flow).journal)
     new = await send_retry(deps, flow.request, retry_payload)
     code = None if new is None else response_error_code(
@@ -114,20 +135,53 @@ async def recover(rt: runtime.Runtime, flow: http.HTTPFlow, info: FlowInfo) -> b
                    ms=(time.perf_counter() - started) * 1000)
     if not ok or new is None:
         return False  # the agent gets the original upstream error unchanged
-    # What the upstream really answered is the retry: the next estimate calibrates against it.
-    key, n, cp_id = info.session_key, len(info.client_items), cp.id
-    service.session_memo(rt).forget(key)
-    compacting.write(rt, lambda rec: rec.record_forwarded(key, cp_id, n, retry_bytes), latest=("forwarded", key))
+    _forwarded_record(rt, info, cp.id, retry_bytes)
     flow.response = new
     retap(flow, new)
     return True
 
 
+def midturn_recovery(rt: runtime.Runtime, flow: http.HTTPFlow
+                     ) -> Callable[[dict[str, Any], dict[str, Any]], Awaitable[dict[str, Any] | None]] | None:
+    """The bridge's hook for a later round of a bridged turn that overflowed after calls ran (BridgeJob.overflow):
+    the round again, the agent's history compacted and the turn's executed calls with their outputs carried
+    whole, so nothing runs twice and the turn goes on from the round that failed. None when overflow recovery
+    is off for this request."""
+    if not rt.config.recovers_overflow():
+        return None
 
-def missed(rt: runtime.Runtime, info: FlowInfo) -> None:
-    """An overflow that streamed (output may have reached the agent): too late to recover; the session's next
-    request compacts instead."""
+    async def hook(first: dict[str, Any], failed: dict[str, Any]) -> dict[str, Any] | None:
+        info = state_of(flow).compaction
+        if not isinstance(info, FlowInfo) or not info.route.eligible or failed.get("previous_response_id"):
+            return None
+        first_items, failed_items = input_items(first) or [], input_items(failed) or []
+        if failed_items[:len(first_items)] != first_items:
+            return None  # not a continuation of the agent's request (a mid-turn rollover moved it)
+        planned = await _plan(rt, flow, info, first, failed, sizing.payload_bytes(failed, failed_items),
+                              failed_items[len(first_items):])
+        if planned is None:
+            return None
+        cp, retry_payload, retry_bytes = planned
+        compacting.event(rt, info, "recovery", "midturn", cp.strategy, cp.id)
+        debuglog.event("overflow_recovery", outcome="midturn", strategy=cp.strategy, host=flow.request.host,
+                       bytes=retry_bytes)
+        _forwarded_record(rt, info, cp.id, retry_bytes)
+        return retry_payload
+
+    return hook
+
+
+def ran_bridged_calls(rt: runtime.Runtime, flow: http.HTTPFlow) -> bool:
+    """Whether this flow is a bridged request whose turn already ran calls: it is never sent again (the
+    bridge would run the whole turn again, side effects included; seed §5.3, §8)."""
+    bridge = rt.services.bridge
+    return bridge is not None and bridge.ran_calls(flow.request.path)
+
+
+def missed(rt: runtime.Runtime, info: FlowInfo, reason: str = "streamed") -> None:
+    """An overflow that streamed (output may have reached the agent), or a bridged turn's whose calls ran: too
+    late to recover; the session's next request compacts instead."""
     key = info.session_key
     service.session_memo(rt).forget(key)
     compacting.write(rt, lambda rec: rec.mark_force_compact(key))
-    compacting.event(rt, info, "recovery", "missed", "streamed", None)
+    compacting.event(rt, info, "recovery", "missed", reason, None)

@@ -9,6 +9,7 @@ per-flow state, the session, the route and the credential verdict, the headers. 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,11 @@ class WindowRequest:
         req = self.request
         return routes.may_receive_credentials(req.scheme, req.host, req.port, req.path, self.route, self.reverse,
                                               self.pairs)
+
+    @functools.cached_property
+    def gateway_key(self) -> str | None:
+        """A trusted gateway's own key for ctproxy's calls beside this request (`routes.gateway_key`)."""
+        return routes.gateway_key(self.route, self.reverse, self.pairs, os.environ)
 
     @property
     def payload(self) -> dict[str, Any]:

@@ -208,7 +208,7 @@ class ContextRoads:
         """The compaction at a rollover (proxy/windows/hard_trigger.py); returns the strategy made, or `none`."""
         done = await hard_trigger.compact_at_rollover(self.rt, ws, r.body.value, r.state.window, kind, remote,
                                                       r.route, r.credentials_allowed, r.request, r.headers,
-                                                      r.session_key)
+                                                      r.session_key, r.gateway_key)
         if done.decision is not None:
             r.state.window = done.decision  # derived from compaction's decision, never edited (ADR 0011)
         if done.forwarded is not None and done.forwarded is not r.body.value:

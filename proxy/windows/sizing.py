@@ -8,6 +8,7 @@ other stages read (`decided`)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from proxy import usage
@@ -69,15 +70,16 @@ def estimate_of(sent_bytes: int, info: FlowInfo, sess: store.SessionRecord | Non
     return estimate(sent_bytes, info.client_items, cp_id, snap, last)
 
 
-def fit(payload: dict[str, Any], info: FlowInfo, budget_tokens: float) -> tuple[dict[str, Any], int] | None:
+def fit(payload: dict[str, Any], info: FlowInfo, budget_tokens: float,
+        added: Sequence[Any] = ()) -> tuple[dict[str, Any], int] | None:
     """The projected payload with its bootstrap trimmed so the whole estimate is within `budget_tokens`, and
     the input-bytes budget that took; None when even the bare compaction item (or marker) and the tail do not
-    fit."""
+    fit. `added`: items after the agent's (a bridged turn's executed calls), part of the tail."""
     cp = info.checkpoint
     if cp is None or info.outcome == "already":
         return None  # "already": the client sent the bootstrap itself; its own items are not ours to cut
     budget_bytes = int(budget_tokens / max(info.estimate.ratio, 0.01) * 4) - payload_bytes(payload, [])
-    fitted = fit_projection(payload, info.client_items[cp.boundary:], budget_bytes)
+    fitted = fit_projection(payload, [*info.client_items[cp.boundary:], *added], budget_bytes)
     return None if fitted is None else (fitted, budget_bytes)
 
 
