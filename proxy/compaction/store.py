@@ -68,6 +68,12 @@ SCHEMA = """
     """
 register_schema("compaction", SCHEMA)
 
+# In a window's bootstrap JSON: the agent's instructions the window keeps whole, and the boundary's chain over the
+# conversation without them (proxy/transforms/window.py); a notes window stores the count beside its items.
+LEADING_KEY = "leading"
+LEAD_KEY = "lead"
+CONVERSATION_KEY = "conversation_hash"
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -90,6 +96,8 @@ class Checkpoint:
     boundary_item_id: str | None = None  # the journal's id of the boundary item, when it is on the branch
     preface: tuple[dict[str, Any], ...] = ()  # the window's notes parts (CompactionRecord)
     coda: tuple[dict[str, Any], ...] = ()
+    leading: tuple[dict[str, Any], ...] = ()  # the agent's instructions, kept whole (CompactionRecord)
+    conversation_hash: str = ""  # the boundary's chain over the conversation alone
 
     @property
     def root(self) -> str:
@@ -99,13 +107,16 @@ class Checkpoint:
     def record(self) -> CompactionRecord:
         item = orjson.loads(self.compaction_item) if self.compaction_item is not None else None
         return CompactionRecord(self.id, self.boundary, self.boundary_hash, self.retained, item, self.fallback_text,
-                                self.root, self.preface, self.coda)
+                                self.root, self.preface, self.coda, self.leading, self.conversation_hash)
 
     def bootstrap(self) -> dict[str, Any]:
         """What the window row's `bootstrap` holds (the opaque item is its own column)."""
         fp = self.fingerprint
-        return checkpoint_bootstrap(self.id, self.marker, self.fallback_text, list(self.retained),
-                                    dataclasses.asdict(fp) if fp is not None else None, self.usage)
+        out = checkpoint_bootstrap(self.id, self.marker, self.fallback_text, list(self.retained),
+                                   dataclasses.asdict(fp) if fp is not None else None, self.usage)
+        if self.leading:
+            out.update({LEADING_KEY: list(self.leading), CONVERSATION_KEY: self.conversation_hash})
+        return out
 
     @staticmethod
     def from_window(w: Window) -> Checkpoint | None:
@@ -121,7 +132,8 @@ class Checkpoint:
             compaction_item=w.opaque, retained=tuple(b.get("retained") or ()),
             fingerprint=Fingerprint(**fp) if isinstance(fp, dict) else None, usage=b.get("usage"),
             window_id=w.window_id, boundary_item_id=w.boundary_item_id,
-            preface=tuple(b.get("preface") or ()), coda=tuple(b.get("coda") or ()))
+            preface=tuple(b.get("preface") or ()), coda=tuple(b.get("coda") or ()),
+            leading=tuple(b.get(LEADING_KEY) or ()), conversation_hash=str(b.get(CONVERSATION_KEY) or ""))
 
 
 def new_checkpoint_id() -> str:
