@@ -188,16 +188,9 @@ class Compaction(Stage):
             projected = compacting.project(rt, payload, cp, info, cfg.enabled)
             sent = sizing.payload_bytes(projected, input_items(projected) or [])
             info.estimate = sizing.estimate_of(sent, info, None, None)
+        # A checkpoint in effect is replayed as it was stored, never refitted to this request (issue 47: the
+        # bootstrap is built once, sized when the window opened; a refit edited the window's prefix every turn).
         fit_budget: int | None = None
-        by_bytes = sizing.tokens(sent, info.estimate.ratio)  # the usage estimate may reflect a fitted retry
-        if info.checkpoint is not None and over(max(info.estimate.tokens, by_bytes), info.window, cfg.threshold):
-            # Still above the threshold with a checkpoint in effect (a compaction would not help, or just
-            # did not): the bootstrap gives way (retained messages, then the fallback's excerpt).
-            fitted = sizing.fit(projected, info, cfg.threshold * (info.window or 0))
-            if fitted is not None:
-                projected, fit_budget = fitted
-                sent = sizing.payload_bytes(projected, input_items(projected) or [])
-                info.estimate = sizing.estimate_of(sent, info, None, None)
         info.hold = (recover and route.eligible
                      and over(info.estimate.tokens, info.window, HOLD_FRACTION))
         # The context stage (addons/context.py) applies the checkpoint in effect to the body: compaction only

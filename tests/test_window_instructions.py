@@ -71,11 +71,11 @@ FALLBACK_CONFIG = {"model_windows": {"gpt-4.1": 4000}, "context": {"reminder_rat
 async def into_fallback(agent: ValidAgent, emulator: Any) -> list[dict[str, Any]]:
     """Defect 2's reproduction: two turns, the second answer at 1,900 tokens, the third turn's checkpoint turn
     answered with text only: the window is replaced by the readable fallback. The forwarded w2 request."""
-    emulator.script(Text("a1"), Text("a2", usage={"input_tokens": 1900}), Text("I will not write"),
+    emulator.script(Text("a1", usage={"input_tokens": 500}), Text("a2", usage={"input_tokens": 1900}), Text("I will not write"),
                     Text("resumed"), Text("r4"), Text("r5"), Text("r6"))
     await agent.sample({"role": "user", "content": "u1 " + BIG})
     await agent.sample({"role": "user", "content": "t2 " + BIG})
-    assert (await agent.sample({"role": "user", "content": "t3"})).output_text == "resumed"
+    assert (await agent.sample({"role": "user", "content": "t3 " + BIG})).output_text == "resumed"
     assert is_turn(emulator.responses_requests[2])
     fwd = turns(emulator)[2].input_items
     assert any(map(is_fallback_message, fwd))
@@ -97,13 +97,13 @@ async def test_a_fallback_window_keeps_the_agents_instructions_whole_in_their_ro
 
 async def test_a_fallback_window_replays_its_bootstrap_byte_for_byte(emulator, proxy_factory, tmp_path):
     """Issue 47: a readable-fallback window's earlier items stay byte-identical from one request to the next. The
-    excerpt was refitted to the threshold on every request (compaction's threshold at 30% of the window here), so
+    excerpt was refitted to the threshold on every request (compaction's threshold at 55% of the window here), so
     each request of the window sent a different user-role excerpt."""
-    config = {**FALLBACK_CONFIG, "remote_compaction": {"threshold": 0.3}}
+    config = {**FALLBACK_CONFIG, "remote_compaction": {"threshold": 0.55}}
     agent = await pi_agent(emulator, proxy_factory, tmp_path, config, system_message("You are Pi."))
     await into_fallback(agent, emulator)
     for k in (4, 5, 6):
-        await agent.sample({"role": "user", "content": f"t{k} " + BIG})
+        await agent.sample({"role": "user", "content": f"t{k} a short one"})
     window = turns(emulator)[2:]
     assert len(window) == 4 and all(any(map(is_fallback_message, r.input_items)) for r in window)
     assert_append_only(window)

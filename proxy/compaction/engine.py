@@ -15,12 +15,13 @@ import orjson
 
 from proxy import debuglog
 from proxy.compaction import protocol
+from proxy.compaction.decision import TAIL_FRACTION
 from proxy.compaction.fingerprint import Fingerprint
 from proxy.compaction.remote import Target, run_compaction
 from proxy.compaction.store import Checkpoint, new_checkpoint_id
 from proxy.journal.canonical import chain_at, session_root
 from proxy.transforms.compaction import fit_input
-from proxy.transforms.fallback import fallback_text, marker
+from proxy.transforms.fallback import EXCERPT_LIMIT, fallback_text, marker
 from proxy.transforms.items import BYTES_PER_TOKEN
 from proxy.transforms.retained import RETAINED_MESSAGE_TOKEN_BUDGET, retained_user_messages
 from proxy.transforms.window import conversation_hash, instruction_run
@@ -114,7 +115,7 @@ async def compact(plan: Plan, call: Caller) -> Checkpoint:
         boundary=plan.boundary,
         boundary_hash=boundary_hash,
         marker=marker(cp_id),
-        fallback_text=fallback_text(cp_id, readable),
+        fallback_text=fallback_text(cp_id, readable, excerpt_limit(plan.window)),
         compaction_item=result.compaction_item_bytes if result is not None else None,
         retained=retained,
         fingerprint=plan.fingerprint,
@@ -130,6 +131,14 @@ async def compact(plan: Plan, call: Caller) -> Checkpoint:
         ms=(time.perf_counter() - started) * 1000,
     )
     return cp
+
+
+def excerpt_limit(window: int | None) -> int:
+    """The readable excerpt's size, fixed when the window opens (it is replayed as stored, issue 47): 12,000
+    characters, but at most the tail's share of a small model's window, so the bootstrap leaves room to work."""
+    if not window:
+        return EXCERPT_LIMIT
+    return max(1_000, min(EXCERPT_LIMIT, int(window * BYTES_PER_TOKEN * TAIL_FRACTION)))
 
 
 def http_caller(turns: UpstreamTurns, timeout: float) -> Caller:
