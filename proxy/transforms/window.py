@@ -128,7 +128,9 @@ def apply_window(payload: dict[str, Any], proj: WindowProjection,
     if checked or boundary_matches(items, proj):
         new["input"] = [*proj.bootstrap, *items[proj.boundary:]]
     elif revised_instructions(items, proj):  # the agent's new instructions replace the copy, the window holds
-        new["input"] = [*items[:proj.lead], *proj.bootstrap[proj.lead:], *items[proj.boundary:]]
+        # (copies, as the stored ones are: a bootstrap item is never the agent's object, so it gets no [id: …])
+        revised = orjson.loads(orjson.dumps(list(items[:proj.lead])))
+        new["input"] = [*revised, *proj.bootstrap[proj.lead:], *items[proj.boundary:]]
     else:
         return payload, "diverged"
     return new, "applied"
