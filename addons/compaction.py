@@ -157,10 +157,8 @@ class Compaction(Stage):
         make_fp = None
         if route.kind is not None and model:
             make_fp = functools.partial(fingerprint_of, route.kind, model, endpoint, headers, self._key(rt))
-        window = usage.model_window(model, rt.config.model_windows)
         learned = await compacting.learned_window(rt, db, model, endpoint) if route.eligible and model else None
-        if learned is not None and (window is None or learned < window):
-            window = learned  # the upstream showed a smaller window than the table says
+        window = budget.effective_window(model, rt.config.model_windows, learned)  # the one window every reader reads
         info = FlowInfo(session_key=key, payload=payload, client_items=items, checkpoint=None, replay_opaque=False,
                         window=window, estimate=Estimate(0, "bytes", 1.0), make_fingerprint=make_fp, route=route,
                         credentials_allowed=credentials_allowed(flow, route), hold=False, mark=mark,

@@ -209,10 +209,15 @@ def learn_window(conn: sqlite3.Connection, model: str, endpoint: str, window_tok
     )
 
 
-def learned_window(conn: sqlite3.Connection, model: str, endpoint: str) -> int | None:
-    row = conn.execute("SELECT window_tokens FROM compaction_windows WHERE model=? AND endpoint=?",
-                       (model, endpoint)).fetchone()
-    return int(row[0]) if row is not None else None
+def learned_window(conn: sqlite3.Connection, model: str, endpoint: str | None = None) -> int | None:
+    """The window learned for (model, endpoint); without an endpoint (a reader that does not know it: the
+    tool server, `ctproxy show`), the smallest learned for the model anywhere."""
+    if endpoint is None:
+        row = conn.execute("SELECT min(window_tokens) FROM compaction_windows WHERE model=?", (model,)).fetchone()
+    else:
+        row = conn.execute("SELECT window_tokens FROM compaction_windows WHERE model=? AND endpoint=?",
+                           (model, endpoint)).fetchone()
+    return int(row[0]) if row is not None and row[0] is not None else None
 
 
 def record_forwarded(conn: sqlite3.Connection, session_key: str, checkpoint_id: str | None, client_items: int,
@@ -315,7 +320,7 @@ class SqliteCompaction:
     def learn_window(self, model: str, endpoint: str, window_tokens: int) -> None:
         learn_window(self._conn(), model, endpoint, window_tokens)
 
-    def learned_window(self, model: str, endpoint: str) -> int | None:
+    def learned_window(self, model: str, endpoint: str | None = None) -> int | None:
         return learned_window(self._conn(), model, endpoint)
 
 
