@@ -47,7 +47,7 @@ def open_notes_window(store: Store, ws: journal_link.WindowSession, items: list[
     stateful request's turn); `leading`: the agent's instructions then (read from the journal)."""
     j = ws.journal
     j.session(ws.key, ws.task_id, ws.address, ws.source)
-    notes = opening.notes_snapshot(store, ws.task_id, ws.address)
+    notes = opening.notes_snapshot(store, ws.task_id, ws.address, tools)
     # a copy, not the agent's objects: the stored bootstrap is what every later request replays
     leading = orjson.loads(orjson.dumps(boot.leading_instructions(items if leading is None else leading)))
 
