@@ -84,4 +84,4 @@ def test_the_checkpoint_turns_own_path_agrees_with_note_path_resolution():
     assert own_path('{"path": "/root/notes/ck.md"}', "/root")
     assert own_path('{"path": "/root/a/notes/ck.md"}', "/root/a")
     assert not own_path('{"path": "/root/a/notes/ck.md"}', "/root")
-    assert not own_path('{"path": "../x.md"}', "/root")
+    assert not own_path('{"path": "/root/../x/notes/a.md"}', "/root")

@@ -66,6 +66,8 @@ def own_path(arguments: str, address: str) -> bool:
     path = args.get("path") if isinstance(args, dict) else None
     if not isinstance(path, str) or not path:
         return False
+    if not path.startswith("/"):
+        return True  # relative: always the agent's own (the tool itself refuses a bad one, and is corrected)
     # The note path rules themselves (proxy/notes/paths.py), every valid address taken for an agent: a path that
     # could be another agent's (`/root/notes/notes/ck.md` is /root's for an agent named `notes`) is not own.
     try:
