@@ -292,6 +292,8 @@ def identity_text(agent: str, window_id: str, previous_window_id: str | None, ta
     if previous_window_id and "history_list_items" in tools:
         prev = (f" The previous window is {previous_window_id}: read it with history_list_items "
                 f"(window_id={previous_window_id}).")
+    elif previous_window_id and any(t in HISTORY_TOOLS for t in tools):
+        prev = f" The previous window is {previous_window_id}."
     elif previous_window_id:
         prev = (f" The previous window is {previous_window_id}; earlier windows are not readable from here (no "
                 "history tool is available to you).")
