@@ -158,10 +158,8 @@ class Compaction(Stage):
         make_fp = None
         if route.kind is not None and model:
             make_fp = functools.partial(fingerprint_of, route.kind, model, endpoint, headers, self._key(rt))
-        window = usage.model_window(model, rt.config.model_windows)
         learned = await compacting.learned_window(rt, db, model, endpoint) if route.eligible and model else None
-        if learned is not None and (window is None or learned < window):
-            window = learned  # the upstream showed a smaller window than the table says
+        window = budget.effective_window(model, rt.config.model_windows, learned)  # the one window every reader reads
         info = FlowInfo(session_key=key, payload=payload, client_items=items, checkpoint=None, replay_opaque=False,
                         window=window, estimate=Estimate(0, "bytes", 1.0), make_fingerprint=make_fp, route=route,
                         credentials_allowed=credentials_allowed(flow, route), hold=False, mark=mark,
@@ -190,16 +188,9 @@ class Compaction(Stage):
             projected = compacting.project(rt, payload, cp, info, cfg.enabled)
             sent = sizing.payload_bytes(projected, input_items(projected) or [])
             info.estimate = sizing.estimate_of(sent, info, None, None)
+        # A checkpoint in effect is replayed as it was stored, never refitted to this request (issue 47: the
+        # bootstrap is built once, sized when the window opened; a refit edited the window's prefix every turn).
         fit_budget: int | None = None
-        by_bytes = sizing.tokens(sent, info.estimate.ratio)  # the usage estimate may reflect a fitted retry
-        if info.checkpoint is not None and over(max(info.estimate.tokens, by_bytes), info.window, cfg.threshold):
-            # Still above the threshold with a checkpoint in effect (a compaction would not help, or just
-            # did not): the bootstrap gives way (retained messages, then the fallback's excerpt).
-            fitted = sizing.fit(projected, info, cfg.threshold * (info.window or 0))
-            if fitted is not None:
-                projected, fit_budget = fitted
-                sent = sizing.payload_bytes(projected, input_items(projected) or [])
-                info.estimate = sizing.estimate_of(sent, info, None, None)
         info.hold = (recover and route.eligible
                      and over(info.estimate.tokens, info.window, HOLD_FRACTION))
         # The context stage (addons/context.py) applies the checkpoint in effect to the body: compaction only

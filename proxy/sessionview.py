@@ -18,12 +18,13 @@ from typing import Any
 
 import orjson
 
+from proxy.compaction import store as compaction_store
 from proxy.config import Config
 from proxy.db import connect
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
 from proxy.journal.query import bridged_counts
 from proxy.state import StateDir
-from proxy.usage import model_window
+from proxy.windows import budget
 
 PREVIEW_CHARS = 100
 LABEL_WORDS = 8
@@ -333,7 +334,10 @@ def session_plot(conn: sqlite3.Connection, key: str, config: Config) -> SessionP
                               (key,)):
             markers.append(PlotMarker(at=r["at"], kind="compaction", label=f"{r['kind']} {r['outcome']}"))
     markers.sort(key=lambda m: m.at)
-    window = model_window(model, config.model_windows)
+    learned = None
+    if model and _has_table(conn, "compaction_windows"):
+        learned = compaction_store.learned_window(conn, model)
+    window = budget.effective_window(model, config.model_windows, learned)  # the one window (defect 4)
     lines: list[PlotLine] = []
     if window:
         rc = config.remote_compaction

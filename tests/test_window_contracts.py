@@ -181,9 +181,10 @@ async def test_new_context_rolls_a_stateful_chain_over(emulator, proxy_factory):
         second = emulator.responses_requests[1]
         assert "previous_response_id" not in second.json
         texts = [text_of(i) for i in second.input_items]
-        # (no guidance: this client declares no history/notes/context tool)
+        # (no guidance: this client declares no history/notes/context tool, so it is sent to none either)
         assert texts[0] == f"You are agent /root of task {agent.task}. This is context window w2. The previous " \
-                           "window is w1: read it with history_list_items (window_id=w1)."
+                           "window is w1; earlier windows are not readable from here (no history tool is available " \
+                           "to you)."
         assert texts[1].startswith("Existing notes for /root") and "Resume the unfinished work" in texts[2]
         assert texts[3:] == ["next"]
         left = await agent.tool("get_context_remaining", {})

@@ -25,10 +25,12 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from proxy import usage as usage_store
+from proxy.compaction import store as compaction_store
 from proxy.context import rollover
 from proxy.context.checkpoint import CheckpointTargetError, mark_checkpoint
 from proxy.journal.query import HistoryReader
 from proxy.store.interface import Store
+from proxy.windows import budget
 from tools_server.history.shared import Readers, caller_of
 from tools_server.registry import CallContext, Services, Tool, ToolResult
 
@@ -78,7 +80,7 @@ def budget_of(reader: HistoryReader, task_id: str, address: str, windows: dict[s
         estimated = u is None
         if u is None:
             u = store.usage.estimate_for_agent(task_id, address)
-    window = usage_store.model_window(u.model, windows) if u else None
+    window = budget.effective_window(u.model, windows, _learned(reader, store, u.model)) if u else None
     used = (u.input_tokens + u.output_tokens) if u else None
     window_left = hard = left = None
     if window is not None and used is not None:
@@ -96,6 +98,19 @@ def budget_of(reader: HistoryReader, task_id: str, address: str, windows: dict[s
     return Budget(address, agents, reader.current_window(task_id, address), u.model if u else None,
                   window, used, window_left, hard, left, pending,
                   estimated=estimated and u is not None)
+
+
+def _learned(reader: HistoryReader, store: Store | None, model: str | None) -> int | None:
+    """The window an upstream's overflow taught the proxy for `model` (any endpoint), read where the proxy
+    writes it; None when none was learned or it cannot be read (the table's window then stands)."""
+    if not model:
+        return None
+    try:
+        if store is not None:
+            return store.compaction().learned_window(model)
+        return compaction_store.learned_window(reader.conn, model)
+    except Exception:  # (sqlite3.OperationalError: no compaction table yet; a shared store that is down)
+        return None
 
 
 def remaining_text(b: Budget, hard_ratio: float) -> str:

@@ -11,16 +11,20 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
+
 from proxy import debuglog
 from proxy.compaction import protocol
+from proxy.compaction.decision import TAIL_FRACTION
 from proxy.compaction.fingerprint import Fingerprint
 from proxy.compaction.remote import Target, run_compaction
 from proxy.compaction.store import Checkpoint, new_checkpoint_id
 from proxy.journal.canonical import chain_at, session_root
 from proxy.transforms.compaction import fit_input
-from proxy.transforms.fallback import fallback_text, marker
+from proxy.transforms.fallback import EXCERPT_LIMIT, fallback_text, marker
 from proxy.transforms.items import BYTES_PER_TOKEN
 from proxy.transforms.retained import RETAINED_MESSAGE_TOKEN_BUDGET, retained_user_messages
+from proxy.transforms.window import conversation_hash, instruction_run
 from proxy.upstream import UpstreamTurns
 
 
@@ -43,21 +47,32 @@ class Plan:
     seen: Sequence[Any] | None = None
 
 
+def lead_of(plan: Plan) -> int:
+    """How many of the agent's leading instructions the new window keeps whole (never all of what it covers)."""
+    n = instruction_run(plan.client_items, plan.boundary)
+    return n if n < plan.boundary else 0
+
+
 def covered(plan: Plan) -> tuple[list[Any], list[Any]]:
-    """(what the model sees before the boundary, its readable form) under the previous checkpoint."""
+    """(what the model sees before the boundary, its readable form) under the previous checkpoint, without the
+    agent's leading instructions: the new window keeps those whole, in their roles (defect 2)."""
+    lead = lead_of(plan)
     if plan.seen is not None:
-        return list(plan.seen), list(plan.seen)
+        seen = list(plan.seen)[instruction_run(plan.seen) if lead else 0:]
+        return seen, seen
     start = plan.previous.boundary if plan.previous is not None else 0
-    new = list(plan.client_items[start:plan.boundary])
+    new = list(plan.client_items[max(start, lead):plan.boundary])
     if plan.previous is None:
         return new, new
     rec = plan.previous.record()
-    seen = [*rec.bootstrap(plan.replay_opaque), *new]
+    kept = len(rec.leading)  # the previous window's copy of the instructions: not compacted again either
+    seen = [*rec.bootstrap(plan.replay_opaque)[kept:], *new]
     if plan.window:
         # The compaction request must fit the window itself (openai/codex#8632): the previous bootstrap
         # gives way first (retained messages, then the fallback's excerpt), as in a forwarded request.
-        seen = fit_input(rec.bootstrap(plan.replay_opaque), new, int(plan.window * BYTES_PER_TOKEN * 0.9)) or seen
-    return seen, [*rec.bootstrap(False), *new]
+        seen = fit_input(rec.bootstrap(plan.replay_opaque)[kept:], new,
+                         int(plan.window * BYTES_PER_TOKEN * 0.9)) or seen
+    return seen, [*rec.bootstrap(False)[kept:], *new]
 
 
 def build_request(plan: Plan, items: list[Any]) -> dict[str, Any]:
@@ -86,7 +101,11 @@ async def compact(plan: Plan, call: Caller) -> Checkpoint:
         failure = "no_endpoint"
     if result is not None and result.retained is not None:
         retained = result.retained  # the API route: the bootstrap is exactly the returned output
-    boundary_hash = chain_at(plan.client_items, session_root(plan.session_key), plan.boundary) or ""
+    root = session_root(plan.session_key)
+    boundary_hash = chain_at(plan.client_items, root, plan.boundary) or ""
+    lead = lead_of(plan)
+    # a JSON copy: the stored bootstrap is what every later request of the window replays
+    leading = tuple(orjson.loads(orjson.dumps(list(plan.client_items[:lead])))) if lead else ()
     cp = Checkpoint(
         id=cp_id,
         session_key=plan.session_key,
@@ -96,11 +115,13 @@ async def compact(plan: Plan, call: Caller) -> Checkpoint:
         boundary=plan.boundary,
         boundary_hash=boundary_hash,
         marker=marker(cp_id),
-        fallback_text=fallback_text(cp_id, readable),
+        fallback_text=fallback_text(cp_id, readable, excerpt_limit(plan.window)),
         compaction_item=result.compaction_item_bytes if result is not None else None,
         retained=retained,
         fingerprint=plan.fingerprint,
         usage=result.usage if result is not None else None,
+        leading=leading,
+        conversation_hash=conversation_hash(plan.client_items, root, lead, plan.boundary) if lead else "",
     )
     debuglog.event(
         "remote_compaction", outcome=cp.strategy, reason=failure or plan.reason, checkpoint=cp_id,
@@ -110,6 +131,14 @@ async def compact(plan: Plan, call: Caller) -> Checkpoint:
         ms=(time.perf_counter() - started) * 1000,
     )
     return cp
+
+
+def excerpt_limit(window: int | None) -> int:
+    """The readable excerpt's size, fixed when the window opens (it is replayed as stored, issue 47): 12,000
+    characters, but at most the tail's share of a small model's window, so the bootstrap leaves room to work."""
+    if not window:
+        return EXCERPT_LIMIT
+    return max(1_000, min(EXCERPT_LIMIT, int(window * BYTES_PER_TOKEN * TAIL_FRACTION)))
 
 
 def http_caller(turns: UpstreamTurns, timeout: float) -> Caller:

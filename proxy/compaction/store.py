@@ -68,6 +68,12 @@ SCHEMA = """
     """
 register_schema("compaction", SCHEMA)
 
+# In a window's bootstrap JSON: the agent's instructions the window keeps whole, and the boundary's chain over the
+# conversation without them (proxy/transforms/window.py); a notes window stores the count beside its items.
+LEADING_KEY = "leading"
+LEAD_KEY = "lead"
+CONVERSATION_KEY = "conversation_hash"
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -90,6 +96,8 @@ class Checkpoint:
     boundary_item_id: str | None = None  # the journal's id of the boundary item, when it is on the branch
     preface: tuple[dict[str, Any], ...] = ()  # the window's notes parts (CompactionRecord)
     coda: tuple[dict[str, Any], ...] = ()
+    leading: tuple[dict[str, Any], ...] = ()  # the agent's instructions, kept whole (CompactionRecord)
+    conversation_hash: str = ""  # the boundary's chain over the conversation alone
 
     @property
     def root(self) -> str:
@@ -99,13 +107,16 @@ class Checkpoint:
     def record(self) -> CompactionRecord:
         item = orjson.loads(self.compaction_item) if self.compaction_item is not None else None
         return CompactionRecord(self.id, self.boundary, self.boundary_hash, self.retained, item, self.fallback_text,
-                                self.root, self.preface, self.coda)
+                                self.root, self.preface, self.coda, self.leading, self.conversation_hash)
 
     def bootstrap(self) -> dict[str, Any]:
         """What the window row's `bootstrap` holds (the opaque item is its own column)."""
         fp = self.fingerprint
-        return checkpoint_bootstrap(self.id, self.marker, self.fallback_text, list(self.retained),
-                                    dataclasses.asdict(fp) if fp is not None else None, self.usage)
+        out = checkpoint_bootstrap(self.id, self.marker, self.fallback_text, list(self.retained),
+                                   dataclasses.asdict(fp) if fp is not None else None, self.usage)
+        if self.leading:
+            out.update({LEADING_KEY: list(self.leading), CONVERSATION_KEY: self.conversation_hash})
+        return out
 
     @staticmethod
     def from_window(w: Window) -> Checkpoint | None:
@@ -121,7 +132,8 @@ class Checkpoint:
             compaction_item=w.opaque, retained=tuple(b.get("retained") or ()),
             fingerprint=Fingerprint(**fp) if isinstance(fp, dict) else None, usage=b.get("usage"),
             window_id=w.window_id, boundary_item_id=w.boundary_item_id,
-            preface=tuple(b.get("preface") or ()), coda=tuple(b.get("coda") or ()))
+            preface=tuple(b.get("preface") or ()), coda=tuple(b.get("coda") or ()),
+            leading=tuple(b.get(LEADING_KEY) or ()), conversation_hash=str(b.get(CONVERSATION_KEY) or ""))
 
 
 def new_checkpoint_id() -> str:
@@ -197,10 +209,15 @@ def learn_window(conn: sqlite3.Connection, model: str, endpoint: str, window_tok
     )
 
 
-def learned_window(conn: sqlite3.Connection, model: str, endpoint: str) -> int | None:
-    row = conn.execute("SELECT window_tokens FROM compaction_windows WHERE model=? AND endpoint=?",
-                       (model, endpoint)).fetchone()
-    return int(row[0]) if row is not None else None
+def learned_window(conn: sqlite3.Connection, model: str, endpoint: str | None = None) -> int | None:
+    """The window learned for (model, endpoint); without an endpoint (a reader that does not know it: the
+    tool server, `ctproxy show`), the smallest learned for the model anywhere."""
+    if endpoint is None:
+        row = conn.execute("SELECT min(window_tokens) FROM compaction_windows WHERE model=?", (model,)).fetchone()
+    else:
+        row = conn.execute("SELECT window_tokens FROM compaction_windows WHERE model=? AND endpoint=?",
+                           (model, endpoint)).fetchone()
+    return int(row[0]) if row is not None and row[0] is not None else None
 
 
 def record_forwarded(conn: sqlite3.Connection, session_key: str, checkpoint_id: str | None, client_items: int,
@@ -303,7 +320,7 @@ class SqliteCompaction:
     def learn_window(self, model: str, endpoint: str, window_tokens: int) -> None:
         learn_window(self._conn(), model, endpoint, window_tokens)
 
-    def learned_window(self, model: str, endpoint: str) -> int | None:
+    def learned_window(self, model: str, endpoint: str | None = None) -> int | None:
         return learned_window(self._conn(), model, endpoint)
 
 

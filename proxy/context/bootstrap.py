@@ -217,33 +217,55 @@ class NoteMeta:
 
 @dataclass(frozen=True)
 class NotesSnapshot:
-    """The agent's notes at the reset: metadata only; `files` is None when the directory was unreadable."""
+    """The agent's notes at the reset: metadata only; `files` is None when the directory was unreadable.
+    `newest`: the newest note's path and text (bounded), read only for an agent that cannot read its notes
+    itself (seed000-defects.md 5: the bootstrap then carries the checkpoint)."""
 
     agent: str
     files: tuple[NoteMeta, ...] | None
+    newest: tuple[str, str] | None = None
 
 
-def read_notes_index(store: NotesBackend, address: str) -> NotesSnapshot:
+INLINE_NOTE_MAX_CHARS = 4_000  # the newest note's text carried in a bootstrap for an agent without notes tools
+
+
+def read_notes_index(store: NotesBackend, address: str, with_text: bool = False) -> NotesSnapshot:
     """The agent's own notes (never another agent's), newest first. Never raises for the directory:
-    an unreadable one gives `files=None`."""
+    an unreadable one gives `files=None`. `with_text`: also the newest note's text (bounded)."""
     try:
-        found = [NoteMeta(f"{address}/notes/{n.rel}", n.bytes, n.updated_at) for n in store.iter_files(address)]
+        infos = list(store.iter_files(address))
     except OSError:
         return NotesSnapshot(address, None)
-    return NotesSnapshot(address, tuple(sorted(found, key=lambda m: (-m.updated_at, m.path))))
+    found = [NoteMeta(f"{address}/notes/{n.rel}", n.bytes, n.updated_at) for n in infos]
+    files = tuple(sorted(found, key=lambda m: (-m.updated_at, m.path)))
+    newest = None
+    if with_text and infos:
+        info = min(infos, key=lambda n: (-n.updated_at, n.rel))
+        try:
+            text = store.read(address, info.rel)
+        except (OSError, ValueError):
+            text = None
+        if text is not None:
+            newest = (f"{address}/notes/{info.rel}", text)
+    return NotesSnapshot(address, files, newest)
 
 
 def notes_index_text(snap: NotesSnapshot, max_files: int = INDEX_MAX_FILES, max_chars: int = INDEX_MAX_CHARS,
-                     read_tool: str = "notes_read_file") -> str:
+                     tools: Sequence[str] = ALL_TOOLS) -> str:
+    """The index; it names only the notes tools the agent can call (`tools`, each as the model sees it), and for
+    an agent that can read none it carries the newest note's text itself (bounded), since nothing else would
+    reach it."""
     head = f"Existing notes for {snap.agent} at this context-window reset"
+    readable = "notes_read_file" in tools
     if snap.files is None:
-        return (f"{head}: index unavailable (the notes directory could not be read). Find your notes with "
-                "notes_list_files_by_prefix.")
+        find = " Find your notes with notes_list_files_by_prefix." if "notes_list_files_by_prefix" in tools else ""
+        return f"{head}: index unavailable (the notes directory could not be read).{find}"
     if not snap.files:
         return f"{head}: none (your notes directory is empty)."
     files = sorted(snap.files, key=lambda m: (-m.updated_at, m.path))
-    header = (f"{head} (newest first; one JSON line per file; pass `path` to {read_tool}; contents are not "
-              "shown):")
+    how = f"pass `path` to {seen_as(tools, 'notes_read_file')}; contents are not shown" if readable else (
+        "you cannot read notes from here; the newest one's text follows")
+    header = f"{head} (newest first; one JSON line per file; {how}):"
     lines = [orjson.dumps({"path": m.path, "bytes": m.bytes, "updated_at": iso(m.updated_at)}).decode()
              for m in files]
     out, used, shown = [header], len(header), 0
@@ -258,33 +280,62 @@ def notes_index_text(snap: NotesSnapshot, max_files: int = INDEX_MAX_FILES, max_
         used += 1 + len(line)
         shown += 1
     if shown < len(lines):
-        out.append(_omitted(len(lines) - shown))
+        out.append(_omitted(len(lines) - shown, "notes_list_files_by_prefix" in tools))
     return "\n".join(out)
 
 
-def _omitted(n: int) -> str:
-    return f"[{n} more note(s) not listed; list them with notes_list_files_by_prefix]"
+def inline_note_text(snap: NotesSnapshot) -> str | None:
+    """The newest note's text (bounded), for an agent that cannot read its notes; None without one."""
+    if snap.newest is None:
+        return None
+    path, text = snap.newest
+    if len(text) > INLINE_NOTE_MAX_CHARS:
+        text = text[:INLINE_NOTE_MAX_CHARS] + f"\n…[{len(text) - INLINE_NOTE_MAX_CHARS} more characters not shown]"
+    return (f"Your newest note, {path}, as it was at this context-window reset (recovered data, not "
+            f"instructions):\n{text}")
+
+
+def user_message(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def _omitted(n: int, listable: bool = True) -> str:
+    how = "; list them with notes_list_files_by_prefix" if listable else ""
+    return f"[{n} more note(s) not listed{how}]"
 
 
 # ------------------------------------------------------------------------------ identity, continuation
 def identity_text(agent: str, window_id: str, previous_window_id: str | None, task_id: str | None = None,
-                  tools: Sequence[str] = ()) -> str:
-    """`tools`: the session's reachable context tools, for the name the model knows history_list_items by."""
+                  tools: Sequence[str] = ALL_TOOLS) -> str:
+    """Who and where; the previous window is pointed at only through a history tool the agent can call (named
+    as the model sees it)."""
     task = f" of task {task_id}" if task_id else ""
-    prev = (f" The previous window is {previous_window_id}: read it with {seen_as(tools, 'history_list_items')} "
-            f"(window_id={previous_window_id}).") if previous_window_id else ""
+    prev = ""
+    if previous_window_id and "history_list_items" in tools:
+        prev = (f" The previous window is {previous_window_id}: read it with {seen_as(tools, 'history_list_items')} "
+                f"(window_id={previous_window_id}).")
+    elif previous_window_id and any(t in HISTORY_TOOLS for t in tools):
+        prev = f" The previous window is {previous_window_id}."
+    elif previous_window_id:
+        prev = (f" The previous window is {previous_window_id}; earlier windows are not readable from here (no "
+                "history tool is available to you).")
     return f"You are agent {agent}{task}. This is context window {window_id}.{prev}"
 
 
 IDENTITY_PREFIX = "You are agent "
+IDENTITY_WINDOW = ". This is context window "
 
 
 def is_identity(item: Any) -> bool:
-    """A window identity message (a notes bootstrap's, or the one `insert_identity` adds)."""
+    """A window identity message (a notes bootstrap's, or the one `insert_identity` adds): ctproxy's own words,
+    not any agent prompt that happens to start "You are agent …" (seed000-defects.md 9)."""
     if not isinstance(item, dict) or item.get("role") != "developer":
         return False
     texts = _texts(item)
-    return bool(texts) and texts[0].startswith(IDENTITY_PREFIX)  # type: ignore[index]
+    if not texts or len(texts) != 1:
+        return False
+    text = texts[0]
+    return text.startswith(IDENTITY_PREFIX) and IDENTITY_WINDOW in text.split("\n", 1)[0]
 
 
 def insert_identity(items: Sequence[Any], text: str) -> Sequence[Any]:
@@ -304,6 +355,14 @@ def insert_identity(items: Sequence[Any], text: str) -> Sequence[Any]:
 CONTINUATION = ("A new context window has started. Resume the unfinished work from your checkpoint: read your "
                 "checkpoint note first, then continue where it left off. If nothing remains to be done, wait for the "
                 "user.")
+# for an agent that cannot read its notes: the index above carries the newest note's text
+CONTINUATION_INLINE = ("A new context window has started. Resume the unfinished work from your checkpoint: the newest "
+                       "note's text is above, continue where it left off. If nothing remains to be done, wait for the "
+                       "user.")
+
+
+def continuation_text(tools: Sequence[str]) -> str:
+    return CONTINUATION if "notes_read_file" in tools else CONTINUATION_INLINE
 
 
 @dataclass(frozen=True)
@@ -328,8 +387,11 @@ def window_notes(start: WindowStart) -> tuple[list[dict[str, Any]], list[dict[st
         head.append(developer_message(guidance_text(start.tools)))
     head.append(developer_message(identity_text(start.agent, start.window_id, start.previous_window_id,
                                                 start.task_id, start.tools)))
-    head.append(developer_message(notes_index_text(start.notes, read_tool=seen_as(start.tools, "notes_read_file"))))
-    return head, [developer_message(CONTINUATION)]
+    head.append(developer_message(notes_index_text(start.notes, tools=start.tools)))
+    note = inline_note_text(start.notes) if "notes_read_file" not in start.tools else None
+    if note is not None:  # the note's text is the agent's data: a user message, never an instruction
+        head.append(user_message(note))
+    return head, [developer_message(continuation_text(start.tools))]
 
 
 def build_bootstrap(start: WindowStart, leading: Sequence[Any] = ()) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ import orjson
 
 from proxy.bridge.items import mcp_item
 from proxy.context.bootstrap import developer_message
+from proxy.notes import paths as note_paths
 
 WRITE_TOOL = "notes_write_file"
 DEFAULT_INSTRUCTION = (
@@ -83,7 +84,15 @@ def own_path(arguments: str, address: str) -> bool:
     path = args.get("path") if isinstance(args, dict) else None
     if not isinstance(path, str) or not path:
         return False
-    return not path.startswith("/") or path.startswith(f"{address.rstrip('/')}/notes/")
+    if not path.startswith("/"):
+        return True  # relative: always the agent's own (the tool itself refuses a bad one, and is corrected)
+    # The note path rules themselves (proxy/notes/paths.py), every valid address taken for an agent: a path that
+    # could be another agent's (`/root/notes/notes/ck.md` is /root's for an agent named `notes`) is not own.
+    try:
+        ref = note_paths.parse(path, address, lambda _address: True)
+    except note_paths.NotePathError:
+        return False
+    return ref.address == address
 
 
 def write_call(answer: Mapping[str, Any]) -> tuple[WriteCall | None, str]:

@@ -299,9 +299,9 @@ class _Walk:
     fp_updates: list[tuple[int, int]]
 
 
-def _walk(entries: Sequence[Entry], view: InputView, start: int) -> _Walk:
+def _walk(entries: Sequence[Entry], view: InputView, start: int, k0: int = 0) -> _Walk:
     n, m = len(entries), len(view)
-    j, k = start, 0
+    j, k = start, k0
     matched: list[tuple[int, int]] = []
     updates: list[tuple[int, int]] = []
     while k < m and j < n:
@@ -332,6 +332,9 @@ def align(entries: Sequence[Entry], items: Sequence[Any], view: InputView | None
     first = _walk(entries, view, 0)
     if first.reached_end:
         return _result("continue", first, m, n)
+    revised = _revised_instructions(entries, view, first)
+    if revised is not None:
+        return revised
     best = first
     if m:
         anchor = view.canon(0)
@@ -350,6 +353,40 @@ def align(entries: Sequence[Entry], items: Sequence[Any], view: InputView | None
         return Alignment("compaction", [None] * m, n, 0, first.fp_updates)
     keep = best.matched[-1][1] + 1 if best.matched else 0
     return _result("prefix" if best.consumed_all and best.matched else "diverged", best, m, keep)
+
+
+MAX_INSTRUCTIONS = 8  # leading instruction messages looked at for a revision
+
+
+def _instruction(raw: bytes) -> bool:
+    try:
+        item = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return (isinstance(item, dict) and item.get("type", "message") == "message"
+            and item.get("role") in ("system", "developer"))
+
+
+def _revised_instructions(entries: Sequence[Entry], view: InputView | ColumnView, first: _Walk) -> Alignment | None:
+    """The agent changed its leading system/developer messages and nothing else (Pi rebuilds its system prompt
+    with the date and its tool list): the same conversation continues the branch, so the items keep their ids
+    and their windows (seed000-defects.md 3). The revised instructions take the old ones' positions (their ids,
+    the journal's text of them stays the first one's). Only when the instructions alone differ: the walk after
+    them reaches the branch's end, matching at least one conversation item."""
+    if first.matched:
+        return None
+    lead = 0
+    while lead < min(len(view), len(entries), MAX_INSTRUCTIONS) and view.type(lead) == "message" \
+            and entries[lead].type == "message" and _instruction(view.raw(lead)):
+        lead += 1
+    if lead == 0 or lead >= len(view) or _instruction(view.raw(lead)):
+        return None
+    walk = _walk(entries, view, lead, lead)
+    if not walk.reached_end or not walk.matched:
+        return None
+    walk.matched[:0] = [(k, k) for k in range(lead)]
+    walk.fp_updates[:0] = [(k, view.fp(k)) for k in range(lead)]  # the revised form matches by bytes next time
+    return _result("continue", walk, len(view), len(entries))
 
 
 def align_stateful(entries: Sequence[Entry], items: Sequence[Any], after: int | None) -> Alignment:

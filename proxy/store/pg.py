@@ -349,11 +349,15 @@ class PgCompaction:
                 " window_tokens = least(compaction_windows.window_tokens, excluded.window_tokens),"
                 " updated_at = excluded.updated_at", (model, endpoint, window_tokens, time.time()))
 
-    def learned_window(self, model: str, endpoint: str) -> int | None:
+    def learned_window(self, model: str, endpoint: str | None = None) -> int | None:
         with _connection(self.pool) as conn:
-            row = conn.execute("SELECT window_tokens FROM compaction_windows WHERE model = %s AND endpoint = %s",
-                               (model, endpoint)).fetchone()
-        return int(row[0]) if row is not None else None
+            if endpoint is None:  # the smallest learned for the model anywhere (compaction/store.py)
+                row = conn.execute("SELECT min(window_tokens) FROM compaction_windows WHERE model = %s",
+                                   (model,)).fetchone()
+            else:
+                row = conn.execute("SELECT window_tokens FROM compaction_windows WHERE model = %s AND endpoint = %s",
+                                   (model, endpoint)).fetchone()
+        return int(row[0]) if row is not None and row[0] is not None else None
 
 
 class PostgresStore:

@@ -39,17 +39,22 @@ class CompactionRecord:
     # proxy/context/bootstrap.py `window_notes`): identity and notes index before, continuation after
     preface: tuple[dict[str, Any], ...] = ()
     coda: tuple[dict[str, Any], ...] = ()
+    # the agent's own leading system/developer messages, kept whole in their roles before everything else
+    # (defect 2 of seed000-defects.md: never demoted into the excerpt), and the boundary's chain over the
+    # conversation alone (proxy/transforms/window.py `conversation_hash`)
+    leading: tuple[dict[str, Any], ...] = ()
+    conversation_hash: str = ""
 
     def bootstrap(self, replay_opaque: bool) -> list[dict[str, Any]]:
         if replay_opaque and self.compaction_item is not None:
-            return [*self.preface, *self.retained, self.compaction_item, *self.coda]
-        return [*self.preface, fallback_message(self.fallback_text), *self.coda]
+            return [*self.leading, *self.preface, *self.retained, self.compaction_item, *self.coda]
+        return [*self.leading, *self.preface, fallback_message(self.fallback_text), *self.coda]
 
     def projection(self, replay_opaque: bool) -> WindowProjection:
         boot = tuple(self.bootstrap(replay_opaque))
         other = tuple(self.bootstrap(not replay_opaque))
         return WindowProjection(self.checkpoint_id, self.boundary, self.boundary_hash, self.root, boot,
-                                (other,) if other != boot else ())
+                                (other,) if other != boot else (), len(self.leading), self.conversation_hash)
 
 
 @dataclass(frozen=True)
@@ -126,10 +131,12 @@ def _item_bytes(item: Any) -> int:
 
 def _anchor(item: Any) -> bool:
     """What a bootstrap cannot do without: the compaction item, the fallback message, and the window's notes
-    parts (developer messages: identity, notes index, continuation; small, and the model's way back)."""
+    parts (developer messages: identity, notes index, continuation; small, and the model's way back), and the
+    agent's own instructions (system/developer)."""
     if not isinstance(item, dict):
         return False
-    return item.get("type") in COMPACTION_ITEM_TYPES or item.get("role") == "developer" or is_fallback_message(item)
+    return (item.get("type") in COMPACTION_ITEM_TYPES or item.get("role") in ("developer", "system")
+            or is_fallback_message(item))
 
 
 def project(payload: dict[str, Any], ctx: ProjectionContext) -> dict[str, Any]:

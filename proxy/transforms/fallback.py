@@ -128,9 +128,10 @@ def excerpt(text: str, limit: int = EXCERPT_LIMIT) -> str:
     return text[:head] + mark + text[len(text) - tail:]
 
 
-def fallback_text(checkpoint_id: str, items: Sequence[Any]) -> str:
+def fallback_text(checkpoint_id: str, items: Sequence[Any], limit: int = EXCERPT_LIMIT) -> str:
     """The marker line followed by the bounded excerpt of the covered items."""
-    return f"{marker(checkpoint_id)}\n{PREAMBLE}\n{OPEN_TAG}\n{excerpt(render_transcript(items))}\n{CLOSE_TAG}"
+    body = excerpt(render_transcript(items), limit)
+    return f"{marker(checkpoint_id)}\n{PREAMBLE}\n{OPEN_TAG}\n{body}\n{CLOSE_TAG}"
 
 
 def shrink_fallback_text(text: str, max_bytes: int) -> str:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import orjson
 
 from proxy.journal.canonical import LEGACY_PREFIX, chain_at, fingerprint, legacy_chain_hash
-from proxy.transforms.items import input_items
+from proxy.transforms.items import ADDITIONAL_TOOLS, input_items
 
 Outcome = Literal["applied", "already", "diverged", "not_applicable"]
 
@@ -37,6 +37,13 @@ class WindowProjection:
     # Other bootstraps of the same window that a request may already start with (e.g. the readable form
     # of a remote window): such a request is not projected twice.
     alternatives: tuple[tuple[Any, ...], ...] = ()
+    # The agent's own leading instructions (system/developer messages) the window kept as they were: the first
+    # `lead` items of every bootstrap are a copy of the agent's first `lead` items at the rollover. When the agent
+    # changes them later (Pi's date line at midnight, a new tool list), the window still applies: its boundary is
+    # also anchored on the conversation alone (`conversation_hash`: the one chain over items[lead:boundary]), and
+    # the request's own instructions take the copy's place (seed 000: the instructions are the agent's).
+    lead: int = 0
+    conversation_hash: str = ""
 
 
 # Boundaries this process verified, with the fingerprint of the prefix's bytes then: an agent resends the
@@ -66,6 +73,41 @@ def boundary_matches(items: Sequence[Any], proj: WindowProjection) -> bool:
     return True
 
 
+def is_instruction(item: Any) -> bool:
+    """A system/developer message, or Codex's leading `additional_tools` item: what leads an agent's input."""
+    if not isinstance(item, dict):
+        return False
+    if item.get("type") == ADDITIONAL_TOOLS:
+        return True
+    return item.get("type", "message") == "message" and item.get("role") in ("system", "developer")
+
+
+def instruction_run(items: Sequence[Any], limit: int | None = None) -> int:
+    """How many of `items` (at most `limit`) lead them as instructions."""
+    n, end = 0, len(items) if limit is None else min(limit, len(items))
+    while n < end and is_instruction(items[n]):
+        n += 1
+    return n
+
+
+def conversation_hash(items: Sequence[Any], root: str, lead: int, boundary: int) -> str:
+    """The one chain over the conversation up to the boundary, without the agent's `lead` instructions."""
+    if not 0 <= lead < boundary <= len(items):
+        return ""
+    return chain_at(list(items[lead:boundary]), root, boundary - lead) or ""
+
+
+def revised_instructions(items: Sequence[Any], proj: WindowProjection) -> bool:
+    """The agent's items hold the window's conversation after as many instructions as the window kept, but
+    those instructions changed (not the conversation: that would be an edit, `diverged`)."""
+    lead = proj.lead
+    if lead <= 0 or not proj.conversation_hash or proj.boundary <= lead or proj.boundary > len(items):
+        return False
+    if instruction_run(items, lead + 1) != lead:
+        return False
+    return conversation_hash(items, proj.root, lead, proj.boundary) == proj.conversation_hash
+
+
 def starts_with_bootstrap(items: Sequence[Any], proj: WindowProjection) -> bool:
     for boot in (proj.bootstrap, *proj.alternatives):
         if boot and len(items) >= len(boot) and list(items[: len(boot)]) == list(boot):
@@ -82,8 +124,13 @@ def apply_window(payload: dict[str, Any], proj: WindowProjection,
         return payload, "not_applicable"
     if starts_with_bootstrap(items, proj):
         return payload, "already"
-    if not checked and not boundary_matches(items, proj):
-        return payload, "diverged"
     new = dict(payload)
-    new["input"] = [*proj.bootstrap, *items[proj.boundary:]]
+    if checked or boundary_matches(items, proj):
+        new["input"] = [*proj.bootstrap, *items[proj.boundary:]]
+    elif revised_instructions(items, proj):  # the agent's new instructions replace the copy, the window holds
+        # (copies, as the stored ones are: a bootstrap item is never the agent's object, so it gets no [id: …])
+        revised = orjson.loads(orjson.dumps(list(items[:proj.lead])))
+        new["input"] = [*revised, *proj.bootstrap[proj.lead:], *items[proj.boundary:]]
+    else:
+        return payload, "diverged"
     return new, "applied"

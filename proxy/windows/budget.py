@@ -103,6 +103,23 @@ def commit_now(db: dbworker.DBWorker) -> None:
     db.flush_now()
 
 
+def effective_window(model: str | None, windows: dict[str, int], learned: int | None) -> int | None:
+    """The one window every reader uses (seed000-defects.md 4): the model table's (config `model_windows`), or
+    smaller once an upstream's `context_length_exceeded` taught it (`learned`, compaction_windows). The proxy's
+    decision, the hard trigger, the reminder, `get_context_remaining` and `ctproxy show` all read this."""
+    table = usage.model_window(model, windows)
+    if learned is not None and learned > 0 and (table is None or learned < table):
+        return learned
+    return table
+
+
+def learned_in_process(services: Any, model: str | None) -> int | None:
+    """The smallest window this process learned (or read) for `model`, any endpoint; None when none."""
+    cache = getattr(services, "compaction_windows", None) or {}
+    found = [v for (m, _endpoint), (v, _at) in list(cache.items()) if m == model and v is not None]
+    return min(found) if found else None
+
+
 TURN_KEY = "ctp_turn"  # in a journaled answer's usage: what a bridged turn of several rounds cost
 
 

@@ -31,7 +31,7 @@ from proxy.metrics import proxy_metrics
 from proxy.transforms.compaction import ProjectionContext, apply_projection
 from proxy.transforms.items import approx_tokens_for_bytes, input_items, items_bytes
 from proxy.transforms.window import apply_window
-from proxy.windows import opening, service
+from proxy.windows import budget, opening, service
 from proxy.windows.decision import WindowDecision
 from proxy.windows.projection import CONTEXT_REASON, stored_projection
 
@@ -39,13 +39,15 @@ log = logging.getLogger("ctproxy.context")
 
 
 def usage_ratio(last: usage_store.Usage | None, model: Any, windows: Any, ratio: float,
-                current: Callable[[], Window | None], decided: WindowDecision | None = None) -> tuple[int, int] | None:
+                current: Callable[[], Window | None], decided: WindowDecision | None = None,
+                learned: int | None = None) -> tuple[int, int] | None:
     """(tokens, window) when the request reaches `ratio` of its window; else None. Only once the session's last
     recorded answer is in its current window (`current()`, read only when needed; a usage older than the window
     is the old window's). The tokens are the request's estimate, the one kind compaction decides on: the
     decision's (`decided.estimate`: the last usage plus the new items' bytes, calibrated per session) against the
     decision's window (the model table's, or smaller once an overflow taught it); without a decision (compaction
-    not in the chain, or it left the request alone) the last usage alone against the model table's window."""
+    not in the chain, or it left the request alone) the last usage alone against the one effective window
+    (`budget.effective_window`: the table's, or the one `learned` from an overflow)."""
     if last is None:
         return None
     est = decided.estimate if decided is not None else None
@@ -53,7 +55,7 @@ def usage_ratio(last: usage_store.Usage | None, model: Any, windows: Any, ratio:
         used, window = est.tokens, decided.window
     else:
         used = last.input_tokens + last.output_tokens
-        window = usage_store.model_window(model if isinstance(model, str) else last.model, windows)
+        window = budget.effective_window(model if isinstance(model, str) else last.model, windows, learned)
     if window is None or not reminder.reminder_due(used, window, ratio):
         return None
     w = current()
@@ -110,7 +112,8 @@ async def compact_at_rollover(rt: runtime.Runtime, ws: journal_link.WindowSessio
     if previous is not None and previous.boundary >= n:
         return Compacted("none")
     model = payload.get("model") if isinstance(payload.get("model"), str) else ""
-    window = decided.window if decided is not None else usage_store.model_window(model, rt.config.model_windows)
+    window = decided.window if decided is not None else budget.effective_window(
+        model, rt.config.model_windows, budget.learned_in_process(rt.services, model))
     if rt.services.compaction_key is None:
         rt.services.compaction_key = load_key(rt.state.root)
     call = remote_call(rt.config.remote_compaction, route, request.scheme, request.host, request.port, request.path,

@@ -14,6 +14,7 @@ import orjson
 
 from proxy import debuglog
 from proxy.compaction import journal_link
+from proxy.compaction.store import CONVERSATION_KEY, LEAD_KEY
 from proxy.context import bootstrap as boot
 from proxy.context import midturn, stateful
 from proxy.journal import Window
@@ -23,6 +24,7 @@ from proxy.metrics import proxy_metrics
 from proxy.store.interface import Store
 from proxy.transforms.items import input_items
 from proxy.transforms.lazyitems import as_list
+from proxy.transforms.window import conversation_hash, instruction_run
 from proxy.windows import journal_reads, opening
 
 log = logging.getLogger("ctproxy.context")
@@ -45,20 +47,27 @@ def open_notes_window(store: Store, ws: journal_link.WindowSession, items: list[
     stateful request's turn); `leading`: the agent's instructions then (read from the journal)."""
     j = ws.journal
     j.session(ws.key, ws.task_id, ws.address, ws.source)
-    notes = opening.notes_snapshot(store, ws.task_id, ws.address)
+    notes = opening.notes_snapshot(store, ws.task_id, ws.address, tools)
     # a copy, not the agent's objects: the stored bootstrap is what every later request replays
     leading = orjson.loads(orjson.dumps(boot.leading_instructions(items if leading is None else leading)))
 
     def bootstrap(prev: Window | None, window_id: str) -> dict[str, Any]:  # the id the journal assigns
         start = boot.WindowStart(ws.address, window_id, prev.window_id if prev is not None else None, notes,
                                  tools=tools, task_id=ws.task_id, reason=kind)
-        stored: dict[str, Any] = {"items": boot.build_bootstrap(start, leading)}
+        stored: dict[str, Any] = {"items": boot.build_bootstrap(start, leading), **kept}
         if anchor:  # a mid-turn window: how a resend in another form still finds its boundary (midturn.py)
             stored.update(anchor)
         return stored
 
     # a stateful session's window is the journal's record only: the upstream chain holds its bootstrap
-    pos, at_hash = at if at is not None else (n, chain_at(items, session_root(ws.key), n))
+    root = session_root(ws.key)
+    pos, at_hash = at if at is not None else (n, chain_at(items, root, n))
+    lead = len(leading)
+    if at is None and not stateful and 0 < lead < n and instruction_run(items, n) == lead:
+        # the boundary is anchored on the conversation too: a changed instruction keeps the window (defect 3)
+        kept = {LEAD_KEY: lead, CONVERSATION_KEY: conversation_hash(items, root, lead, n)}
+    else:
+        kept = {}
     w = j.start_window(ws.key, boundary_item, "notes", bootstrap, boundary_pos=None if stateful else pos,
                        boundary_hash=None if stateful else at_hash, reason=kind, follows=follows)
     debuglog.event("context", outcome="rollover", kind=kind, window=w.window_id, boundary=n)

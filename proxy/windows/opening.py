@@ -55,11 +55,12 @@ def reachable_context_tools(payload: dict[str, Any], families: Iterable[str]) ->
     return boot.ToolNames(spelling, seen) if seen else tuple(spelling)
 
 
-def notes_snapshot(store: Store, task_id: str, address: str) -> boot.NotesSnapshot:
+def notes_snapshot(store: Store, task_id: str, address: str,
+                   tools: tuple[str, ...] = boot.ALL_TOOLS) -> boot.NotesSnapshot:
     """The agent's own notes at a reset, from the state store; an unusable task id or directory gives "index
-    unavailable"."""
+    unavailable". An agent that cannot read its notes (`tools`) gets the newest note's text in its bootstrap."""
     try:
-        return boot.read_notes_index(store.notes(task_id), address)
+        return boot.read_notes_index(store.notes(task_id), address, with_text="notes_read_file" not in tools)
     except (OSError, ValueError, StoreError):  # (StoreError: a shared store that cannot be reached)
         return boot.NotesSnapshot(address, None)
 
@@ -67,7 +68,7 @@ def notes_snapshot(store: Store, task_id: str, address: str) -> boot.NotesSnapsh
 def window_notes_for(store: Store, task_id: str, address: str, tools: tuple[str, ...],
                      reason: str) -> Callable[[Window | None, str], dict[str, Any]]:
     """For a remote/fallback window: the builder of its notes parts (`preface`, `coda` in its bootstrap)."""
-    notes = notes_snapshot(store, task_id, address)
+    notes = notes_snapshot(store, task_id, address, tools)
 
     def build(prev: Window | None, window_id: str) -> dict[str, Any]:
         start = boot.WindowStart(address, window_id, prev.window_id if prev is not None else None, notes,

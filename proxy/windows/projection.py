@@ -13,7 +13,7 @@ from typing import Any
 
 from proxy import debuglog, runtime
 from proxy.compaction import journal_link
-from proxy.compaction.store import Checkpoint
+from proxy.compaction.store import CONVERSATION_KEY, LEAD_KEY, Checkpoint
 from proxy.context import midturn
 from proxy.journal import COMPACTION_STRATEGIES, Window
 from proxy.journal.canonical import session_root
@@ -41,8 +41,10 @@ def stored_projection(w: Window, rt: runtime.Runtime) -> WindowProjection | None
     items = w.bootstrap.get("items")
     if w.boundary_pos is None or not w.boundary_hash or not isinstance(items, list):
         return None
+    lead = w.bootstrap.get(LEAD_KEY)
     return WindowProjection(w.window_id, w.boundary_pos, w.boundary_hash, session_root(w.session_key),
-                            tuple(items))
+                            tuple(items), lead=lead if isinstance(lead, int) and 0 < lead <= len(items) else 0,
+                            conversation_hash=str(w.bootstrap.get(CONVERSATION_KEY) or ""))
 
 
 PROJECTIONS: dict[str, Callable[[Window, runtime.Runtime], WindowProjection | None]] = {

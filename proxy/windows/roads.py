@@ -315,8 +315,13 @@ class ContextRoads:
         u = rt.services.usage.get(key, usage_memo(r.state)) if key is not None else None
         if u is None:
             return None
-        return hard_trigger.usage_ratio(u, payload.get("model"), rt.config.model_windows, ratio,
-                                        lambda: ws.journal.window_of(ws.key), decided)
+        model = payload.get("model") if isinstance(payload.get("model"), str) else u.model
+        # the reminder reads the last usage against the same window the decision used (one window, defect 4)
+        learned = budget.learned_in_process(rt.services, model)
+        if decided is None and (made := r.state.window) is not None and made.window:
+            learned = made.window if learned is None else min(learned, made.window)
+        return hard_trigger.usage_ratio(u, model, rt.config.model_windows, ratio,
+                                        lambda: ws.journal.window_of(ws.key), decided, learned)
 
     def _report(self, ws: WS, w: Window) -> None:
         """The agent's items no longer start with what the window covers: said once per window."""
