@@ -9,9 +9,10 @@ from typing import Any
 from mitmproxy import http
 from mitmproxy.proxy.mode_specs import ReverseMode
 
-from proxy import routes, runtime
-from proxy.flowbody import responses_body
-from proxy.flowstate import state_of
+from proxy import routes
+from proxy.app import runtime
+from proxy.host.flowbody import responses_body
+from proxy.host.flowstate import state_of
 from proxy.session import AGENT_HEADER, TASK_HEADER, SessionIdentity, resolve_session
 from proxy.upstream.relay import Offer, offer_of
 from proxy.windows.request import WindowRequest

@@ -3,11 +3,11 @@
 A stage takes the runtime (config, state directory, upstream, the typed `Services`) in `configure()`,
 the way mitmproxy's own addons keep their configuration on `self`, and its hooks read `self.rt`. It is
 taken again when a `ctp_*` option changes (mitmproxy calls `configure` with the changed names) and when
-the launcher or a test installs a runtime explicitly (`proxy.runtime.install` unbinds every stage). A
+the launcher or a test installs a runtime explicitly (`proxy.app.runtime.install` unbinds every stage). A
 hook that runs before any `configure` (a unit test calling a stage directly) binds on first use.
 
 Binding also pushes the settings that code below the stages reads on every request (the body limit in
-`proxy.flowbody`, the upstream timers in `proxy.httpstream`), so that code never looks the runtime up.
+`proxy.host.flowbody`, the upstream timers in `proxy.host.httpstream`), so that code never looks the runtime up.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import inspect
 from collections.abc import Awaitable
 from typing import Any
 
-from proxy import flowbody, httpstream, mitm_typecheck, runtime
+from proxy.app import runtime
+from proxy.host import flowbody, httpstream, mitm_typecheck
 
 
 class Stage:

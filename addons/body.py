@@ -1,12 +1,12 @@
 """Writes the Responses body back once, after every addon of the chain had its turn; answers a body that
-inflated past `limits.max_body_bytes` with a 413 instead (proxy/flowbody.py)."""
+inflated past `limits.max_body_bytes` with a 413 instead (proxy/host/flowbody.py)."""
 
 from __future__ import annotations
 
 from mitmproxy import http
 
-from proxy.context.at_forward import at_forward
-from proxy.flowbody import commit_body, refuse_if_over_limit
+from proxy.host.flowbody import commit_body, refuse_if_over_limit
+from proxy.windows.notes.at_forward import at_forward
 
 
 class BodyWriter:

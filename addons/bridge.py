@@ -3,7 +3,7 @@ model's calls to them (issue 12, docs/bridge.md, ADR 0007).
 
 With `bridge.families` empty (the default) it returns before parsing anything: requests pass byte for
 byte. Otherwise, on a Responses create request it
-1. makes the request valid upstream again (`proxy.bridge.items.repair_request`: ctproxy's `mcp_call`
+1. makes the request valid upstream again (`proxy.items.bridged.repair_request`: ctproxy's `mcp_call`
    items back into calls + outputs, dropped ones spliced back, the merged response id mapped to the
    upstream's last one);
 2. appends the bridged specs after the agent's own tools (`proxy.bridge.specs`), an agent tool of the
@@ -29,13 +29,14 @@ from mitmproxy import ctx, http
 
 from addons._flow import credential_offer, destination_route, header_map, is_reverse, session_of
 from addons._stage import Stage
-from proxy import routes, runtime
-from proxy.bridge.items import repair_request
+from proxy import routes
+from proxy.app import runtime
 from proxy.bridge.server import PATH_PREFIX, SEEN_FILE, BridgeService
 from proxy.bridge.specs import OTHER_SEARCH, append_specs, select
 from proxy.bridge.turn import BridgeJob
-from proxy.flowbody import ResponsesBody, commit_if_alone, is_responses_create, responses_body
-from proxy.flowstate import ContextUsage, state_of
+from proxy.host.flowbody import ResponsesBody, commit_if_alone, is_responses_create, responses_body
+from proxy.host.flowstate import ContextUsage, state_of
+from proxy.items.bridged import repair_request
 from proxy.toolclient import CallerUpstream, ToolClient
 from proxy.transforms.web_search import SIDECAR_TOOL, search_path
 from proxy.upstream import UpstreamTurns

@@ -10,7 +10,7 @@ awaitable. The event stays synchronous until a stage actually returns an awaitab
 
 Each stage is still an ordinary addon: every module also loads alone with `mitmdump -s`. The stages
 are not registered with mitmproxy one by one (a child addon would be dispatched to again), so code
-that looks a stage up by name uses `proxy.addonlookup.find_addon`.
+that looks a stage up by name uses `proxy.host.addonlookup.find_addon`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from typing import Any
 
 from mitmproxy import exceptions
 
-from proxy import flowstate, memory
-from proxy.addonlookup import CHAIN_ADDON_NAME
+from proxy import memory
+from proxy.host import flowstate
+from proxy.host.addonlookup import CHAIN_ADDON_NAME
 
 log = logging.getLogger("ctproxy.chain")
 

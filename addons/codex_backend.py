@@ -24,9 +24,10 @@ from mitmproxy import ctx, http
 
 from addons._flow import is_reverse
 from addons._stage import Stage
-from proxy import routes, runtime
+from proxy import routes
+from proxy.app import runtime
 from proxy.errors import ProxyError
-from proxy.flowstate import state_of
+from proxy.host.flowstate import state_of
 
 log = logging.getLogger("ctproxy.codex_backend")
 

@@ -30,24 +30,21 @@ from mitmproxy import http
 
 from addons._flow import credentials_allowed, header_map, header_pairs, is_reverse, route_of, session_of
 from addons._stage import Stage
-from proxy import dbworker, debuglog, routes, runtime, usage
-from proxy.compaction import journal_link, store
-from proxy.compaction.bookkeeping import records_on, shared_records
-from proxy.compaction.decision import (
-    HOLD_FRACTION,
-    Estimate,
-    over,
-)
-from proxy.compaction.fingerprint import fingerprint_of, load_key, normalise_endpoint
-from proxy.compaction.flowinfo import FlowInfo
-from proxy.compaction.overflow import CODE, response_error_code
-from proxy.compaction.remote import compaction_target
-from proxy.flowbody import responses_body
-from proxy.flowstate import Settling, state_of, usage_memo
+from proxy import dbworker, debuglog, routes, usage
+from proxy.app import runtime
+from proxy.host.flowbody import responses_body
+from proxy.host.flowstate import Settling, state_of, usage_memo
+from proxy.items.inputs import client_compacts, input_items
+from proxy.items.sse import ResponseTap
 from proxy.session import minted_for
-from proxy.sse import ResponseTap
-from proxy.transforms.items import client_compacts, input_items
 from proxy.windows import budget, compacting, recovery, service, sizing
+from proxy.windows.remote import journal_link, store
+from proxy.windows.remote.bookkeeping import records_on, shared_records
+from proxy.windows.remote.decision import HOLD_FRACTION, Estimate, over
+from proxy.windows.remote.fingerprint import fingerprint_of, load_key, normalise_endpoint
+from proxy.windows.remote.flowinfo import FlowInfo
+from proxy.windows.remote.overflow import CODE, response_error_code
+from proxy.windows.remote.remote import compaction_target
 
 log = logging.getLogger("ctproxy.compaction")
 

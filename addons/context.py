@@ -1,7 +1,7 @@
 """The context stage (DESIGN §3.3, ADR 0006): applies the session's current window to the request.
 
 The journal's windows are the only windows; the stage replaces the agent's items before the current
-window's boundary by the window's bootstrap (`proxy/transforms/window.py`, a pure transform), when the
+window's boundary by the window's bootstrap (`proxy/windows/apply.py`, a pure transform), when the
 agent's items still start with what the window covers (the one hash chain); otherwise nothing is
 replaced and the journal records why (`projection`/`diverged`).
 
@@ -26,8 +26,8 @@ from mitmproxy import ctx, http
 
 from addons._flow import window_request
 from addons._stage import Stage, close_later
-from proxy import runtime
-from proxy.flowbody import commit_if_alone
+from proxy.app import runtime
+from proxy.host.flowbody import commit_if_alone
 from proxy.windows.request import WindowRequest
 from proxy.windows.roads import ContextRoads
 

@@ -27,7 +27,7 @@ from addons._stage import Stage, close_later
 from proxy import routes
 from proxy.bridge.server import PATH_PREFIX as BRIDGE_PREFIX
 from proxy.errors import ProxyError
-from proxy.flowstate import state_of
+from proxy.host.flowstate import state_of
 from proxy.upstream.relay import CredentialRelay
 
 log = logging.getLogger("ctproxy.guard")

@@ -24,12 +24,12 @@ from mitmproxy import http
 
 from addons._flow import header_map, weak_listener
 from addons._stage import Stage
-from proxy import runtime
-from proxy.flowbody import responses_body
-from proxy.flowstate import state_of
+from proxy.app import runtime
+from proxy.host.flowbody import responses_body
+from proxy.host.flowstate import state_of
+from proxy.items.sse import ResponseTap, SSEDecoder
 from proxy.journal import JoinError, Journal, RequestMark, journal_for
 from proxy.session import SessionIdentity, minted_for, resolve_session
-from proxy.sse import ResponseTap, SSEDecoder
 from proxy.windows.budget import turn_cost
 
 log = logging.getLogger("ctproxy.history")

@@ -8,7 +8,7 @@ from typing import BinaryIO
 import orjson
 from mitmproxy import http, io
 
-from proxy.flowstate import state_of
+from proxy.host.flowstate import state_of
 from proxy.routes import CREDENTIAL_HEADERS
 
 

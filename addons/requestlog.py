@@ -1,8 +1,8 @@
 """One line per request at info level, the proxy's metrics, and the dashboard's live feed (issue 17).
 
 The last stage of the chain: it reads what the others wrote into the flow's typed state
-(`proxy/flowstate.FlowState`) once the answer is final and turns it into a `RequestRecord`
-(`proxy/telemetry.py`): method, path (never the query), status, duration, time to first byte, bytes,
+(`proxy/host/flowstate.FlowState`) once the answer is final and turns it into a `RequestRecord`
+(`proxy/app/telemetry.py`): method, path (never the query), status, duration, time to first byte, bytes,
 whether the answer streamed, model, session, and the stages applied (web_search, window:<strategy>,
 compaction:<strategy>, held, body:<limit>). The record goes to the `ctproxy.requests` logger, to the
 process's Prometheus metrics (`proxy/metrics.py`) and to the request feed the tool server relays.
@@ -30,14 +30,15 @@ from typing import Any
 from mitmproxy import ctx, http
 
 from addons._stage import Stage
-from proxy import debuglog, rawheaders, workerid
+from proxy import debuglog, workerid
+from proxy.app.telemetry import DIFF_BODY_MAX, Bodies, RequestFeed, RequestRecord, SeenRequest, request_feed
 from proxy.bridge.server import agent_path
-from proxy.flowbody import ResponsesBody
-from proxy.flowstate import FlowState, state_of
+from proxy.host import rawheaders
+from proxy.host.flowbody import ResponsesBody
+from proxy.host.flowstate import FlowState, state_of
+from proxy.items.sse import StreamTap
 from proxy.metrics import Observed, ProxyMetrics, proxy_metrics, route_label
 from proxy.session import SessionIdentity
-from proxy.sse import StreamTap
-from proxy.telemetry import DIFF_BODY_MAX, Bodies, RequestFeed, RequestRecord, SeenRequest, request_feed
 from proxy.ws import agent_path as ws_agent_path
 
 log = logging.getLogger("ctproxy.requests")

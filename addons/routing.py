@@ -14,8 +14,9 @@ from mitmproxy import http
 
 from addons._flow import destination_route, is_reverse
 from addons._stage import Stage
-from proxy import httpstream, routes, sendbatch
-from proxy.flowstate import state_of
+from proxy import routes
+from proxy.host import httpstream, sendbatch
+from proxy.host.flowstate import state_of
 
 
 @functools.lru_cache(maxsize=16)

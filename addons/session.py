@@ -13,7 +13,7 @@ from __future__ import annotations
 from mitmproxy import http
 
 from addons._stage import Stage
-from proxy.flowstate import state_of
+from proxy.host.flowstate import state_of
 
 CTP_PREFIX = b"x-ctp-"
 

@@ -2,7 +2,8 @@
 
 SSE answers of Responses requests get a `StreamTap` (decodes a copy of each chunk); other responses
 are streamed untouched; JSON Responses answers are buffered and parsed once in `response`. The tap
-(`state_of(flow).tap`, see proxy/flowstate.py) gives later addons the output items, usage and errors, and records the
+(`state_of(flow).tap`, see proxy/host/flowstate.py) gives later addons the output items, usage and errors, and records
+the
 session's usage for `get_context_remaining`.
 """
 
@@ -16,11 +17,13 @@ from mitmproxy import http
 
 from addons._flow import session_of, weak_listener
 from addons._stage import Stage
-from proxy import cache_stats, clientecho, dbworker, runtime
-from proxy.flowbody import is_compact, is_responses_create
-from proxy.flowstate import state_of
-from proxy.sse import ResponseTap, StreamTap, decompressor
-from proxy.windows import budget
+from proxy import dbworker
+from proxy.app import runtime
+from proxy.host import clientecho
+from proxy.host.flowbody import is_compact, is_responses_create
+from proxy.host.flowstate import state_of
+from proxy.items.sse import ResponseTap, StreamTap, decompressor
+from proxy.windows import budget, cache_stats
 
 log = logging.getLogger("ctproxy.tap")
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
@@ -189,7 +192,7 @@ class Tap(Stage):
 
 def _count_cache(rt: runtime.Runtime, flow: http.HTTPFlow, session_key: str, task: str | None, agent: str | None,
                  tap: ResponseTap) -> None:
-    """The answer's prompt-cache figures, per session and window (proxy/cache_stats.py, issue 47)."""
+    """The answer's prompt-cache figures, per session and window (proxy/windows/cache_stats.py, issue 47)."""
     seen = cache_stats.seen_of(tap.usage, tap.input_transformations)
     if seen is None:
         return

@@ -19,10 +19,11 @@ from mitmproxy import http
 
 from addons._flow import route_of, session_of
 from addons._stage import Stage
-from proxy import dbworker, debuglog, runtime, usage
+from proxy import dbworker, debuglog, usage
+from proxy.app import runtime
 from proxy.errors import ProxyError
-from proxy.flowbody import commit_if_alone, responses_body
-from proxy.flowstate import state_of, usage_memo
+from proxy.host.flowbody import commit_if_alone, responses_body
+from proxy.host.flowstate import state_of, usage_memo
 from proxy.session import minted_for
 from proxy.transforms.web_search import (
     SWITCH_HEADER,

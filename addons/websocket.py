@@ -24,9 +24,10 @@ from mitmproxy import ctx, http
 
 from addons._flow import is_reverse
 from addons._stage import Stage
-from proxy import routes, runtime
+from proxy import routes
+from proxy.app import runtime
 from proxy.bridge.server import PATH_PREFIX as BRIDGE_PREFIX
-from proxy.flowstate import state_of
+from proxy.host.flowstate import state_of
 from proxy.upstream import WS_HEADER, UpstreamTurns
 from proxy.upstream.ws import HANDSHAKE
 from proxy.ws import PATH_PREFIX, UP_PREFIX, WsJob, WsService

@@ -246,7 +246,7 @@ class Session:
 
 
 def new_task(state_dir: Path) -> str:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "task", "new", "--state-dir", str(state_dir)],
+    return subprocess.run([sys.executable, "-m", "proxy.app.cli", "task", "new", "--state-dir", str(state_dir)],
                           capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout.strip()
 
 

@@ -43,9 +43,9 @@ import aiohttp
 from aiohttp import web
 
 from bench.common import print_table, ratio, summarize, write_result
+from proxy.app.journal_views import new_task
 from proxy.capabilities import TABLE
 from proxy.config import Config
-from proxy.journal.cli_views import new_task
 from proxy.state import StateDir
 from tools_server.app import SERVICE_KEY, bind_port, create_app
 from tools_server.codemode.cells import CellManager

@@ -58,7 +58,7 @@ if str(REPO) not in sys.path:  # run as a script: `tests.*` and `bench.*` from t
     sys.path.insert(0, str(REPO))
 
 from bench.common import print_table, ratio, summarize, write_result  # noqa: E402
-from proxy.context.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE  # noqa: E402
+from proxy.windows.notes.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE  # noqa: E402
 from tests.emulator import (  # noqa: E402
     CustomToolCall,
     Emulator,
@@ -569,7 +569,7 @@ def write_config(path: Path) -> Path:
 
 
 def new_task(state_dir: Path) -> str:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "task", "new", "--state-dir", str(state_dir)],
+    return subprocess.run([sys.executable, "-m", "proxy.app.cli", "task", "new", "--state-dir", str(state_dir)],
                           capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout.strip()
 
 

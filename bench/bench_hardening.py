@@ -3,7 +3,7 @@
 1. A decompression bomb (the issue's case: 128 MiB of JSON in ~127 KiB of gzip; also zstd and br), decoded
    in process by mitmproxy's decoder (what flowbody used) and by the bounded decoder with the default
    64 MiB limit: CPU time and peak traced memory.
-2. The HttpStream wrapper (proxy/httpstream.py: JSON errors, connect and idle timers) on the hot path:
+2. The HttpStream wrapper (proxy/host/httpstream.py: JSON errors, connect and idle timers) on the hot path:
    mitmdump with only the wrapper installed (`-s`) against mitmdump with an empty `-s` script (what a
    script costs by itself) and bare mitmdump, all in reverse mode to the emulator,
    streamed turns (192 deltas) and small JSON turns, interleaved round-robin: medians of the client's
@@ -62,7 +62,7 @@ def _measure(fn) -> tuple[float, int, str]:
 def bomb_figures() -> list[list[str]]:
     from mitmproxy.net import encoding
 
-    from proxy.flowbody import DEFAULT_MAX_BODY_BYTES, decode_bounded
+    from proxy.host.flowbody import DEFAULT_MAX_BODY_BYTES, decode_bounded
 
     payload = orjson.dumps({"model": "gpt-5", "input": "a" * (128 * MIB)})
     bombs = {

@@ -56,7 +56,7 @@ def make_payload(size_mb: float) -> dict:
 async def serve_chain(port: int, upstream: str, state: str, which: str) -> None:
     """Child mode: the launcher with the full chain, or without this issue's addons (`base`)."""
     import addons
-    from proxy.launcher import UpOptions, run_up
+    from proxy.app.launcher import UpOptions, run_up
     from tests.test_compaction_harness import pipeline_chain
 
     full = pipeline_chain
@@ -92,9 +92,9 @@ async def one(http, url: str, body: bytes, headers: dict) -> float:
 def micro(payload: dict, rounds: int = 20) -> list[tuple[str, float]]:
     import orjson
 
-    from proxy.journal.canonical import chain_at
-    from proxy.transforms.compaction import CompactionRecord, ProjectionContext, apply_projection
+    from proxy.items.canonical import chain_at
     from proxy.transforms.web_search import WebSearchSettings, inject_web_search
+    from proxy.windows.remote.bootstraps import CompactionRecord, ProjectionContext, apply_projection
 
     raw = orjson.dumps(payload)
     items = payload["input"]

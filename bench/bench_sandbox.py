@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import aiohttp
 
 from bench.common import paired_difference, print_table, ratio, round_robin, summarize, write_result
-from proxy.sandbox import sandbox_problem
+from proxy.sandbox.bwrap import sandbox_problem
 from tests.support.toolserver import ToolServerHandle, make_services
 
 TARGETS = {

@@ -174,7 +174,7 @@ class Processes:
         if profile_dir := os.environ.get(PROFILE_ENV):
             Path(profile_dir).mkdir(parents=True, exist_ok=True)
             prefix += ["-m", "cProfile", "-o", str(Path(profile_dir) / f"ctproxy-{port}.prof")]
-        cmd = [*prefix, "-m", "proxy.cli", *args]
+        cmd = [*prefix, "-m", "proxy.app.cli", *args]
         return self._spawn("ctproxy", port, cmd, lambda s: "ctproxy ready" in s.log(), tree, start_timeout)
 
 

@@ -128,7 +128,7 @@ class ShellConfig(_Section):
     max_poll_ms: int = Field(300_000, ge=5_000, description="longest empty write_stdin poll")
     kill_after_ms: int = Field(5_000, ge=0, description="SIGTERM to SIGKILL grace when stopping")
     sandbox: Literal["workspace-write", "read-only", "danger-full-access"] = Field(
-        "workspace-write", description="bubblewrap around every command (proxy/sandbox.py): workspace-write (the "
+        "workspace-write", description="bubblewrap around every command (proxy/sandbox/bwrap.py): workspace-write (the "
                                        "workspace and a private /tmp writable, .git read-only), read-only, or "
                                        "danger-full-access (unsandboxed)")
     network: bool = Field(False, description="a sandboxed command may use the network (false: its own empty "

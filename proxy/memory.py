@@ -36,7 +36,7 @@ each. Two kinds:
 
 Session 17: the peak is the journal's (with history off the same run leaves +1.0 MB after idle, against ≈30 with
 it). A big input's per-item work now goes to flat buffers, one item at a time (proxy/journal/branch.py ColumnView,
-written as PutItems ops), and orjson's output is right-sized where it is held (proxy/jsonbytes.py: each held
+written as PutItems ops), and orjson's output is right-sized where it is held (proxy/items/jsonbytes.py: each held
 serialization kept a 4 KiB buffer). What is left per item is the cached branch (an Entry, its id and its
 canonical hash), alive while the session is (30 s idle for a big one, proxy/journal/journal.py).
 

@@ -206,7 +206,7 @@ class ProxyMetrics:
 
     def prompt_cache(self, input_tokens: int, cached_tokens: int, miss: bool, dropped: int, prefix_mismatch: int,
                      prewarm: bool) -> None:
-        """One answer's prompt-cache figures (proxy/cache_stats.py)."""
+        """One answer's prompt-cache figures (proxy/windows/cache_stats.py)."""
         if prewarm:
             self._prompt_tokens.labels("prewarm").inc(max(0, input_tokens))
         else:

@@ -9,8 +9,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from proxy.bridge.items import parse_mcp_id
-from proxy.transforms.lazyitems import LazyItems, is_item_list
+from proxy.items.bridged import parse_mcp_id
+from proxy.items.lazyitems import LazyItems, is_item_list
 
 TASK_HEADER = "x-ctp-task"
 AGENT_HEADER = "x-ctp-agent"

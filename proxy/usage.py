@@ -186,7 +186,7 @@ class UsageCache:
 
     def get(self, session_key: str, memo: dict[str, Usage | None] | None = None) -> Usage | None:
         """The session's newest usage: this process's, or the stored one when newer (a shared store, or another
-        worker's). `memo` is one request's (`proxy.flowstate.FlowState.stored_usage`): the stored usage is read at
+        worker's). `memo` is one request's (`proxy.host.flowstate.FlowState.stored_usage`): the stored usage is read at
         most once per request, however many stages ask; what this process put since is always seen (`put`)."""
         mine = self._items.get(session_key)
         if self.backend is None and self._db_path is None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy import runtime
+from proxy.app import runtime
 from proxy.journal import close_all
 from tests.emulator import Emulator
 from tests.support import sandbox as sandbox_support

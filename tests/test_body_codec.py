@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from mitmproxy.test import taddons, tflow, tutils
 
 import addons
-from proxy import flowbody
+from proxy.host import flowbody
 
 
 class Counting:
@@ -61,7 +61,7 @@ async def _run_chain(flow, tmp_path, **opts):
                 res = done()
                 if hasattr(res, "__await__"):
                     await res
-    from proxy import runtime
+    from proxy.app import runtime
 
     runtime.uninstall()
 
@@ -142,7 +142,7 @@ async def test_answers_do_not_make_the_tap_parse_the_request_when_nobody_reads_u
                 res = addon.done()
                 if hasattr(res, "__await__"):
                     await res
-    from proxy import runtime
+    from proxy.app import runtime
 
     runtime.uninstall()
     assert counter.loads == 0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import orjson
 
-from proxy.bridge.items import BridgeMemory, ExecutedCall, mcp_id, repair_request
 from proxy.bridge.merge import MergedStream, merge_responses, sum_usage, usage_header
-from proxy.sse import SSEDecoder, SSEEvent
+from proxy.items.bridged import BridgeMemory, ExecutedCall, mcp_id, repair_request
+from proxy.items.sse import SSEDecoder, SSEEvent
 
 
 def ev(typ: str, seq: int, **fields) -> SSEEvent:

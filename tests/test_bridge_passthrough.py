@@ -12,7 +12,7 @@ import pytest
 
 from proxy.bridge.merge import MergedStream
 from proxy.bridge.rawsse import EventSplitter
-from proxy.sse import SSEDecoder
+from proxy.items.sse import SSEDecoder
 
 BRIDGED = frozenset({"get_context_remaining"})
 MSG = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",

@@ -20,7 +20,7 @@ SIDECAR = "openai_web_search"
 
 def configure(state_dir, **values: str) -> None:
     for key, value in values.items():
-        subprocess.run([sys.executable, "-m", "proxy.cli", "config", "set", "--state-dir", str(state_dir), key, value],
+        subprocess.run([sys.executable, "-m", "proxy.app.cli", "config", "set", "--state-dir", str(state_dir), key, value],
                        capture_output=True, text=True, cwd=REPO, timeout=60, check=True)
 
 

@@ -97,7 +97,7 @@ async def test_bridge_off_leaves_the_request_byte_for_byte(rt):
     from mitmproxy.test import tflow
 
     from addons.bridge import Bridge
-    from proxy.flowstate import state_of
+    from proxy.host.flowstate import state_of
 
     raw = b'{"model":"gpt-4.1",  "input":[{"role":"user","content":"hi"}], "tools":[], "zz_unknown":{"b":1,"a":2}}'
     flow = tflow.tflow()

@@ -7,9 +7,9 @@ import json
 import subprocess
 import sys
 
+from proxy.app.status import bridge_report, render
 from proxy.config import Config
 from proxy.state import StateDir
-from proxy.status import bridge_report, render
 from tests.support.proxyproc import REPO
 
 
@@ -33,7 +33,7 @@ def test_off_by_default(tmp_path):
 
 async def test_status_of_the_running_proxy(emulator, proxy_factory):
     proxy = await proxy_factory(upstream=emulator.url, extra_args=["--bridge", "context,history"])
-    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.cli", "status", "--state-dir",
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.app.cli", "status", "--state-dir",
                                                    str(proxy.state_dir), "--json"],
                                   capture_output=True, text=True, cwd=REPO, timeout=60)
     data = json.loads(out.stdout)
@@ -53,7 +53,7 @@ async def test_status_names_tools_an_agent_displaced(emulator, proxy_factory):
     assert [t.get("name") for t in sent].count("get_context_remaining") == 1  # the agent's, not ours
     reason = ""
     for _ in range(100):  # written within a second or so
-        out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.cli", "status", "--state-dir",
+        out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.app.cli", "status", "--state-dir",
                                                        str(proxy.state_dir), "--json"],
                                       capture_output=True, text=True, cwd=REPO, timeout=60)
         reason = next(b["reason"] for b in json.loads(out.stdout)["bridge"] if b["family"] == "context")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def cli(*args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
                           timeout=60, check=True).stdout
 
 

@@ -38,7 +38,7 @@ async def test_apply_patch_as_custom_tool(emulator, proxy_factory, tmp_path):
 
 async def test_sequential_writes_in_order_as_the_callers_task(emulator, proxy_factory):
     proxy = await proxy_factory(upstream=emulator.url, extra_args=["--bridge", "notes"])
-    task = subprocess.run([sys.executable, "-m", "proxy.cli", "task", "new", "--state-dir", str(proxy.state_dir)],
+    task = subprocess.run([sys.executable, "-m", "proxy.app.cli", "task", "new", "--state-dir", str(proxy.state_dir)],
                           capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout.strip()
     writes = [FunctionCall("notes_write_file", {"path": "order.md", "text": f"write {i}\n"}, call_id=f"c_w{i}")
               for i in range(4)]
@@ -61,7 +61,7 @@ async def test_executed_calls_are_journal_items(emulator, proxy_factory):
     import aiohttp
 
     proxy = await proxy_factory(upstream=emulator.url, extra_args=["--bridge", "notes"])
-    task = subprocess.run([sys.executable, "-m", "proxy.cli", "task", "new", "--state-dir", str(proxy.state_dir)],
+    task = subprocess.run([sys.executable, "-m", "proxy.app.cli", "task", "new", "--state-dir", str(proxy.state_dir)],
                           capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout.strip()
     emulator.script(FunctionCall("notes_write_file", {"path": "j.md", "text": "journal me\n"}), Text("ok"))
     c = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-x", max_retries=0,

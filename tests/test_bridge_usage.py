@@ -39,7 +39,7 @@ async def used_tokens(proxy, task: str, want: int) -> int | None:
 @pytest.mark.parametrize("stream", [True, False])
 async def test_context_budget_counts_the_last_round(emulator, proxy_factory, stream):
     proxy = await proxy_factory(upstream=emulator.url, extra_args=["--bridge", "context"])
-    task = subprocess.run([sys.executable, "-m", "proxy.cli", "task", "new", "--state-dir", str(proxy.state_dir)],
+    task = subprocess.run([sys.executable, "-m", "proxy.app.cli", "task", "new", "--state-dir", str(proxy.state_dir)],
                           capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout.strip()
     emulator.script(FunctionCall("get_context_remaining", {}, usage={"input_tokens": 5000, "output_tokens": 40}),
                     Text("fine", usage={"input_tokens": 7000, "output_tokens": 30}))
@@ -65,7 +65,7 @@ async def test_turn_cost_goes_to_the_header_the_journal_and_metrics(emulator, pr
     from proxy.db import connect
 
     proxy = await proxy_factory(upstream=emulator.url, extra_args=["--bridge", "context"])
-    task = subprocess.run([sys.executable, "-m", "proxy.cli", "task", "new", "--state-dir", str(proxy.state_dir)],
+    task = subprocess.run([sys.executable, "-m", "proxy.app.cli", "task", "new", "--state-dir", str(proxy.state_dir)],
                           capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout.strip()
     emulator.script(FunctionCall("get_context_remaining", {}, usage={"input_tokens": 5000, "output_tokens": 40,
                                                                      "input_tokens_details": {"cached_tokens": 4000}}),

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from proxy.app.status import all_statuses
 from proxy.capabilities import TABLE
 from proxy.config import CAPABILITIES, Config
-from proxy.status import all_statuses
 from tests.support.toolserver import make_services
 from tools_server.families import build_registry
 

@@ -12,7 +12,7 @@ from mitmproxy.proxy.layers.http import HttpRequestHook
 from mitmproxy.test import taddons, tflow
 
 from addons.chain_addon import ChainAddon
-from proxy.addonlookup import find_addon
+from proxy.host.addonlookup import find_addon
 
 
 class Recorder:

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, **(env or {})}, timeout=120)
 
 
@@ -110,7 +110,7 @@ def test_an_unrelated_tasks_error_while_starting_is_not_a_startup_failure():
     taken; an error the proxy's server logs still counts."""
     import logging
 
-    from proxy.launcher import _startup_error_check
+    from proxy.app.launcher import _startup_error_check
 
     check = _startup_error_check()
     check.emit(logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Task exception was never retrieved",

@@ -6,13 +6,13 @@ import json
 import os
 from pathlib import Path
 
-from proxy.cli import main as cli_main
+from proxy.app.cli import main as cli_main
 from proxy.config import Config, save_config
-from proxy.context import rollover
 from proxy.db import connect
 from proxy.journal import Journal
 from proxy.session import SessionIdentity
 from proxy.state import StateDir
+from proxy.windows.notes import rollover
 
 
 def _state_with_an_agent(root: Path) -> tuple[StateDir, str]:

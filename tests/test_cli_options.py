@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.cli import build_parser
+from proxy.app.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ def test_the_innermost_value_wins():
 
 
 def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, **env}, timeout=120)
 
 

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout)
 
 
@@ -31,7 +31,7 @@ class Up:
     def __init__(self, *args: str, log: Path):
         self.log_path = log
         self._fh = log.open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "up", *args], cwd=REPO,
+        self.proc = subprocess.Popen([sys.executable, "-m", "proxy.app.cli", "up", *args], cwd=REPO,
                                      stdout=self._fh, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI
 
-from proxy import cli
+from proxy.app import cli
 from tests.support.proxyproc import REPO
 
 WINDOW = 20_000  # tokens; threshold 0.8: the session below is compacted once (a second window)

@@ -1,7 +1,7 @@
 """The answer describes the client's request, not ctproxy's (issue 44): the `tools`, `tool_choice`, `include` and
 `instructions` of every Response object the client gets (a JSON body, each lifecycle event of a stream, each frame
 of the WebSocket, a bridged turn's merged answer) are the client's own, while the upstream saw what ctproxy added.
-The pure parts (proxy/clientecho.py) are checked on split chunks; the transports through `ctproxy up`."""
+The pure parts (proxy/host/clientecho.py) are checked on split chunks; the transports through `ctproxy up`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.clientecho import EchoStream, client_echo, recorded, restore, restore_sse
+from proxy.host.clientecho import EchoStream, client_echo, recorded, restore, restore_sse
 from tests.emulator import Emulator, FunctionCall, Text
 from tests.openapi_schema import spec_available
 
@@ -192,8 +192,8 @@ async def test_a_bridged_turn_shows_the_clients_tools_and_tool_choice(emu, proxy
 def test_the_echo_tap_reads_what_it_passes_on_and_decodes_a_compressed_stream():
     import zlib
 
-    from proxy.clientecho import EchoTap
-    from proxy.sse import ResponseTap, decompressor
+    from proxy.host.clientecho import EchoTap
+    from proxy.items.sse import ResponseTap, decompressor
 
     echo = client_echo(recorded({"input": "hi"}), {"input": "hi", "tools": [{"type": "web_search"}]})
     whole = b"".join(_stream([{"type": "web_search"}]))

@@ -103,8 +103,8 @@ async def test_closing_a_cell_kills_its_worker_and_a_closed_pool_leaves_no_proce
 def test_status_says_what_the_memory_limit_covers_here(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
+    from proxy.app.status import capability_status
     from proxy.config import Config
-    from proxy.status import capability_status
     from tools_server.codemode.process import covers_array_buffers
 
     config = Config()

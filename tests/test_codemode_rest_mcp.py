@@ -94,7 +94,7 @@ async def test_uses_rules(tool_server: Any, tmp_path: Path) -> None:
 
 
 async def test_read_only_notes_tool_from_a_cell(tool_server: Any, tmp_path: Path) -> None:
-    from proxy.journal.cli_views import new_task
+    from proxy.app.journal_views import new_task
 
     srv = await tool_server(ON, workspace=tmp_path)
     task = new_task(srv.services.state)

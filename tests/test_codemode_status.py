@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from proxy.app.status import capability_status
 from proxy.capabilities import capability
 from proxy.config import Config, ToolDiscoveryConfig
-from proxy.status import capability_status
 
 
 def test_both_are_built_and_off_by_default() -> None:

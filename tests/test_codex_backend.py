@@ -20,7 +20,7 @@ from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import taddons, tflow, tutils
 
 from addons.codex_backend import CodexBackend, backend_call
-from proxy import runtime
+from proxy.app import runtime
 from proxy.db import connect
 from proxy.journal.identity import auto_task_id
 from proxy.journal.query import HistoryReader

@@ -68,7 +68,7 @@ http_headers = {{ "x-ctp-task" = "{task}", "x-ctp-agent" = "/root" }}
 def ctproxy_cli(state_dir: Path, *args: str) -> str:
     """Run a `ctproxy` subcommand on the proxy's state directory; returns its stdout."""
     command, *rest = args
-    done = subprocess.run([sys.executable, "-m", "proxy.cli", command, "--state-dir", str(state_dir), *rest],
+    done = subprocess.run([sys.executable, "-m", "proxy.app.cli", command, "--state-dir", str(state_dir), *rest],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout

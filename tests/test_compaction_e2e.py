@@ -9,9 +9,9 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from proxy.compaction import store
 from proxy.db import connect
-from proxy.transforms.fallback import is_fallback_message
+from proxy.windows.fallback import is_fallback_message
+from proxy.windows.remote import store
 from tests.emulator import Emulator, HttpError
 from tests.openapi_schema import spec_available, validate
 from tests.test_compaction_harness import (

@@ -20,8 +20,8 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from proxy.compaction import store
 from proxy.db import connect
+from proxy.windows.remote import store
 from tests.emulator import Emulator, context_length_exceeded_400
 from tests.test_compaction_harness import (
     API_KEY,

@@ -16,8 +16,8 @@ import aiohttp
 import orjson
 
 import addons
-from proxy.launcher import UpOptions, run_up
-from proxy.sse import SSEDecoder
+from proxy.app.launcher import UpOptions, run_up
+from proxy.items.sse import SSEDecoder
 
 ACCOUNT = "acct_pipeline_e2e"
 JWT_SECRET_PART = "c2lnbmF0dXJlLXNob3VsZC1uZXZlci1iZS1sb2dnZWQ"
@@ -107,8 +107,8 @@ def assistant(text: str) -> dict[str, Any]:
 async def wait_for_checkpoints(db_path: Path, predicate: Any = bool, timeout: float = 30.0) -> list[Any]:
     """Every session's checkpoints (remote/fallback journal windows), oldest first, once
     `predicate(checkpoints)` holds: the journal's writer commits them a moment after they were opened."""
-    from proxy.compaction import store
     from proxy.db import connect
+    from proxy.windows.remote import store
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -126,8 +126,8 @@ async def wait_for_checkpoints(db_path: Path, predicate: Any = bool, timeout: fl
 async def wait_for_events(db_path: Path, predicate: Any, timeout: float = 10.0) -> list[tuple[str, str]]:
     """The (kind, outcome) compaction events once `predicate(events)` holds: the proxy writes them
     in a background thread, after the answer may already have reached the client."""
-    from proxy.compaction import store
     from proxy.db import connect
+    from proxy.windows.remote import store
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -10,17 +10,16 @@ from contextlib import asynccontextmanager
 import orjson
 import pytest
 
-from proxy.compaction import protocol
-from proxy.compaction.decision import (
-    LastRequest,
-    UsageSnapshot,
-    calibration,
-    choose_boundary,
-    estimate,
-    over,
-)
-from proxy.compaction.engine import Plan, compact, http_caller
-from proxy.compaction.fingerprint import (
+from proxy.db import connect
+from proxy.items.canonical import chain_at, session_root
+from proxy.journal import Journal
+from proxy.state import StateDir
+from proxy.upstream import UpstreamTurns
+from proxy.windows.fallback import is_fallback_message
+from proxy.windows.remote import protocol
+from proxy.windows.remote.decision import LastRequest, UsageSnapshot, calibration, choose_boundary, estimate, over
+from proxy.windows.remote.engine import Plan, compact, http_caller
+from proxy.windows.remote.fingerprint import (
     Fingerprint,
     account_hash,
     auth_identity,
@@ -29,9 +28,9 @@ from proxy.compaction.fingerprint import (
     load_key,
     normalise_endpoint,
 )
-from proxy.compaction.journal_link import WindowSession, open_window
-from proxy.compaction.remote import compaction_target, run_compaction
-from proxy.compaction.store import (
+from proxy.windows.remote.journal_link import WindowSession, open_window
+from proxy.windows.remote.remote import compaction_target, run_compaction
+from proxy.windows.remote.store import (
     checkpoints,
     events,
     latest_checkpoint,
@@ -40,12 +39,6 @@ from proxy.compaction.store import (
     record_forwarded,
     session_state,
 )
-from proxy.db import connect
-from proxy.journal import Journal
-from proxy.journal.canonical import chain_at, session_root
-from proxy.state import StateDir
-from proxy.transforms.fallback import is_fallback_message
-from proxy.upstream import UpstreamTurns
 from tests.emulator import Compaction, Emulator, FailedInStream, HttpError, Raw, Response, Text
 from tests.openapi_schema import validate_if_available
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.journal.canonical import chain_at, chain_ids
-from proxy.transforms.compaction import CompactionRecord, ProjectionContext, apply_projection, project
-from proxy.transforms.fallback import (
+from proxy.items.canonical import chain_at, chain_ids
+from proxy.items.inputs import client_compacts
+from proxy.windows.fallback import (
     EXCERPT_LIMIT,
     excerpt,
     fallback_message,
@@ -19,8 +19,8 @@ from proxy.transforms.fallback import (
     marker,
     render_transcript,
 )
-from proxy.transforms.items import client_compacts
-from proxy.transforms.retained import (
+from proxy.windows.remote.bootstraps import CompactionRecord, ProjectionContext, apply_projection, project
+from proxy.windows.remote.retained import (
     RETAINED_MESSAGE_TOKEN_BUDGET,
     is_real_user_message,
     retained_user_messages,
@@ -273,8 +273,8 @@ def test_projection_properties(items, data):
 # ---- fitting a bootstrap into a budget (issue 11) ----------------------------------------------------
 
 def test_fit_input_drops_retained_oldest_first_and_keeps_item_and_tail():
-    from proxy.transforms.compaction import fit_input
-    from proxy.transforms.items import items_bytes
+    from proxy.items.inputs import items_bytes
+    from proxy.windows.remote.bootstraps import fit_input
 
     retained = [user(f"r{i} " + "x" * 1_000) for i in range(5)]
     item = {"type": "compaction", "encrypted_content": "blob"}
@@ -288,8 +288,8 @@ def test_fit_input_drops_retained_oldest_first_and_keeps_item_and_tail():
 
 
 def test_fit_input_shrinks_the_fallback_excerpt_but_keeps_its_marker():
-    from proxy.transforms.compaction import fit_input
-    from proxy.transforms.items import items_bytes
+    from proxy.items.inputs import items_bytes
+    from proxy.windows.remote.bootstraps import fit_input
 
     text = fallback_text("cp_fit", [user("y" * 20_000)])
     fb = fallback_message(text)

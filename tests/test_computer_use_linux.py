@@ -383,8 +383,8 @@ def _environ_of(pid: int) -> bytes:
 
 
 def test_status_names_what_is_missing(monkeypatch: Any) -> None:
+    from proxy.app.status import capability_status
     from proxy.config import Config, set_key
-    from proxy.status import capability_status
 
     cfg = set_key(Config(), "computer_use.enabled", "true")
     monkeypatch.delenv("DISPLAY", raising=False)

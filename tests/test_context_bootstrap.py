@@ -1,4 +1,4 @@
-"""The bootstrap builder (proxy/context/bootstrap.py): guidance, identity, notes index, continuation."""
+"""The bootstrap builder (proxy/windows/notes/bootstrap.py): guidance, identity, notes index, continuation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.context.bootstrap import (
+from proxy.notes import NotesStore
+from proxy.windows.notes.bootstrap import (
     ALL_TOOLS,
     CONTINUATION,
     GUIDANCE_MARKER,
@@ -25,7 +26,6 @@ from proxy.context.bootstrap import (
     notes_index_text,
     read_notes_index,
 )
-from proxy.notes import NotesStore
 
 
 def _text(item: dict) -> str:
@@ -154,7 +154,7 @@ def test_build_bootstrap_order_and_byte_stability():
 
 
 def test_rollover_boundary_keeps_calls_with_outputs_and_the_agent_s_later_messages():
-    from proxy.context.bootstrap import rollover_boundary
+    from proxy.windows.notes.bootstrap import rollover_boundary
 
     call = {"type": "function_call", "call_id": "c", "name": "new_context", "arguments": "{}"}
     out = {"type": "function_call_output", "call_id": "c", "output": "A new context window will start..."}

@@ -142,13 +142,13 @@ async def until(check: Any) -> Any:
     raise AssertionError("not journaled in time")
 
 
-# ---------------------------------------------------------------- the pure parts (proxy/context/midturn.py)
+# ---------------------------------------------------------------- the pure parts (proxy/windows/notes/midturn.py)
 
 
 def test_reanchored_finds_the_boundary_in_another_form_and_nothing_else():
-    from proxy.context import midturn
-    from proxy.journal.canonical import chain_at, session_root
-    from proxy.transforms.window import WindowProjection, apply_window
+    from proxy.items.canonical import chain_at, session_root
+    from proxy.windows.apply import WindowProjection, apply_window
+    from proxy.windows.notes import midturn
 
     root = session_root("s1")
     shown = [{"type": "mcp_call", "id": "mcp_ctpf_c1", "name": "new_context", "arguments": "{}",
@@ -170,9 +170,9 @@ def test_reanchored_finds_the_boundary_in_another_form_and_nothing_else():
 def test_an_agent_that_drops_the_mcp_call_finds_the_boundary_by_an_older_anchor_or_its_own_items():
     """Codex resends no `mcp_call`: the boundary is after the newest shown item it kept, else right after
     the agent's own request items when the resend starts with exactly those."""
-    from proxy.context import midturn
-    from proxy.journal.canonical import chain_at, session_root
-    from proxy.transforms.window import WindowProjection, apply_window
+    from proxy.items.canonical import chain_at, session_root
+    from proxy.windows.apply import WindowProjection, apply_window
+    from proxy.windows.notes import midturn
 
     root = session_root("s1")
     agent = [{"role": "user", "content": "go"}]
@@ -199,7 +199,7 @@ def test_an_agent_that_drops_the_mcp_call_finds_the_boundary_by_an_older_anchor_
 
 
 def test_in_new_window_keeps_everything_but_the_input_and_the_chain():
-    from proxy.context import midturn
+    from proxy.windows.notes import midturn
 
     payload = {"model": "m", "tools": [{"type": "function", "name": "t"}], "store": False, "x_unknown": 1,
                "previous_response_id": "resp_old", "input": [{"role": "user", "content": "old"}]}

@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.context.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
-from proxy.transforms.fallback import is_fallback_message
+from proxy.windows.fallback import is_fallback_message
+from proxy.windows.notes.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
 from tests.emulator import FunctionCall, Text
 from tests.test_context_reminder import BIG
 from tests.test_context_rollover import start, text_of

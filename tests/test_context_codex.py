@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from proxy.context.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
+from proxy.windows.notes.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
 from tests.emulator import CustomToolCall, Emulator, FunctionCall, Text
 from tests.openapi_schema import spec_available
 from tests.support.codex import codex_env, isolated_dirs, run_codex
@@ -53,7 +53,7 @@ exporter = "none"
 
 def cli(state_dir: Path, *args: str) -> str:
     command, *rest = args
-    done = subprocess.run([sys.executable, "-m", "proxy.cli", command, "--state-dir", str(state_dir), *rest],
+    done = subprocess.run([sys.executable, "-m", "proxy.app.cli", command, "--state-dir", str(state_dir), *rest],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout

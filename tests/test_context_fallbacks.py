@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from proxy.app.status import capability_status
 from proxy.config import Config
-from proxy.context.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
-from proxy.status import capability_status
-from proxy.transforms.fallback import is_fallback_message
+from proxy.windows.fallback import is_fallback_message
+from proxy.windows.notes.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
 from tests.emulator import Emulator, FunctionCall, HttpError, Text, context_length_exceeded_400
 from tests.openapi_schema import spec_available
 from tests.test_context_reminder import BIG
@@ -280,9 +280,9 @@ def agent_events(agent: Any) -> list[dict[str, Any]]:
 
 
 def test_remote_eligibility_is_compactions_one_rule():
-    from proxy.compaction.eligibility import remote_call
     from proxy.config import RemoteCompactionConfig
     from proxy.routes import Route
+    from proxy.windows.remote.eligibility import remote_call
 
     key = b"k" * 32
     on = RemoteCompactionConfig(enabled=True)

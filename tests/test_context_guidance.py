@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.context.bootstrap import GUIDANCE_MARKER, developer_message, guidance_text
+from proxy.windows.notes.bootstrap import GUIDANCE_MARKER, developer_message, guidance_text
 from tests.emulator import FunctionCall, Text
 from tests.test_context_rollover import start, text_of
 

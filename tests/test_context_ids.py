@@ -1,4 +1,4 @@
-"""The `[id: …]` projection (proxy/transforms/ids.py); defect 8 of issue 13: the markers
+"""The `[id: …]` projection (proxy/items/ids.py); defect 8 of issue 13: the markers
 history_read_item's description refers to now exist on the forwarded copy."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import Config
-from proxy.transforms.ids import marker, project_ids, project_item, project_payload
+from proxy.items.ids import marker, project_ids, project_item, project_payload
 
 IMG = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "auto"}
 

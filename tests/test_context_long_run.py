@@ -132,9 +132,9 @@ async def test_an_overflow_behind_the_bridge_is_compacted_remotely(emulator, pro
 
 def _fit_input_reference(bootstrap: list[object], tail: list[object], budget: int) -> list[object] | None:
     """fit_input as it was: the whole input serialized again for every message dropped."""
-    from proxy.transforms.compaction import _anchor
-    from proxy.transforms.fallback import fallback_message, is_fallback_message, shrink_fallback_text
-    from proxy.transforms.items import items_bytes, text_parts
+    from proxy.items.inputs import items_bytes, text_parts
+    from proxy.windows.fallback import fallback_message, is_fallback_message, shrink_fallback_text
+    from proxy.windows.remote.bootstraps import _anchor
 
     boot, rest = list(bootstrap), list(tail)
     while items_bytes([*boot, *rest]) > budget:
@@ -159,9 +159,9 @@ def test_fit_input_counts_bytes_as_one_serialization_would(seed: int) -> None:
     py-spy 73% of the proxy's time). Each item is now serialized once; the result must be the same."""
     import random
 
-    from proxy.transforms.compaction import fit_input
-    from proxy.transforms.fallback import fallback_message, fallback_text
-    from proxy.transforms.items import items_bytes
+    from proxy.items.inputs import items_bytes
+    from proxy.windows.fallback import fallback_message, fallback_text
+    from proxy.windows.remote.bootstraps import fit_input
 
     rnd = random.Random(seed)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.context.reminder import REMINDER_MARKER
+from proxy.windows.notes.reminder import REMINDER_MARKER
 from tests.emulator import FunctionCall, Text
 from tests.test_context_rollover import start, text_of
 

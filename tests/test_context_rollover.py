@@ -18,7 +18,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.context.bootstrap import GUIDANCE_MARKER, INCREMENTAL_NOTES_LINE
+from proxy.windows.notes.bootstrap import GUIDANCE_MARKER, INCREMENTAL_NOTES_LINE
 from tests.emulator import FunctionCall, Response, Text
 
 pytestmark = pytest.mark.timeout(120)
@@ -108,7 +108,7 @@ class Agent:
 
 async def start(emulator: Any, proxy_factory: Any, extra: list[str] | None = None) -> Agent:
     proxy = await proxy_factory(upstream=emulator.url, extra_args=extra or [])
-    task = subprocess.run([sys.executable, "-m", "proxy.cli", "task", "new", "--state-dir", str(proxy.state_dir)],
+    task = subprocess.run([sys.executable, "-m", "proxy.app.cli", "task", "new", "--state-dir", str(proxy.state_dir)],
                           capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout.strip()
     return Agent(proxy, task)
 

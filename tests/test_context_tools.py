@@ -11,14 +11,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy import usage as usage_store
-from proxy.cli import main as cli_main
+from proxy.app.cli import main as cli_main
 from proxy.config import Config
-from proxy.context import rollover
 from proxy.db import connect
 from proxy.dbworker import DBWorker
 from proxy.journal import Journal
 from proxy.session import SessionIdentity
 from proxy.state import StateDir
+from proxy.windows.notes import rollover
 from tools_server.context import NEW_CONTEXT_OUTPUT, add_context_routes, create_family
 from tools_server.registry import CallContext, Services
 
@@ -218,8 +218,8 @@ async def test_manual_checkpoint_cli_and_rest(world: World, capsys):
 
 
 def test_status_says_exactly_what_is_active():
+    from proxy.app.status import capability_status
     from proxy.capabilities import capability
-    from proxy.status import capability_status
 
     st = capability_status(Config(), "context")
     assert st.state == "active" and "new_context" in st.reason and "rolls over at the session's next" in st.reason

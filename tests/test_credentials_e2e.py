@@ -10,7 +10,7 @@ import base64
 import aiohttp
 import pytest
 
-from proxy.journal.cli_views import new_task
+from proxy.app.journal_views import new_task
 from proxy.state import StateDir
 from tests.emulator import Emulator
 from tests.emulator.images import png_bytes

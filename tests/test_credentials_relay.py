@@ -10,8 +10,8 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from addons.codex_backend import CodexBackend
 from addons.guard import Guard
-from proxy import runtime
-from proxy.flowstate import state_of
+from proxy.app import runtime
+from proxy.host.flowstate import state_of
 from proxy.routes import Route
 from proxy.upstream.relay import base_url_of, offer_of
 from tests.emulator import Emulator

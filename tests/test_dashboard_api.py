@@ -96,9 +96,9 @@ async def test_an_open_dashboard_does_not_hold_the_server_stop(tool_server: Any)
 
 def test_plot_reads_the_journals_windows_as_they_are(tmp_path: Path) -> None:
     """A window of a strategy nobody has written yet still becomes a marker; the context lines follow config."""
+    from proxy.app.sessionview import session_plot
     from proxy.config import Config
     from proxy.db import connect
-    from proxy.sessionview import session_plot
 
     conn = connect(tmp_path / "ctproxy.db")
     for i, (strategy, at) in enumerate([("start", 1.0), ("notes", 5.0), ("some_future_strategy", 9.0)]):
@@ -128,7 +128,7 @@ async def test_ctproxy_dashboard_prints_a_fresh_link(proxy_factory, tmp_path: Pa
     from tests.support.proxyproc import REPO
 
     proxy = await proxy_factory(upstream="http://127.0.0.1:9")
-    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.cli", "dashboard", "--state-dir",
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.app.cli", "dashboard", "--state-dir",
                                                    str(proxy.state_dir)], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     link = out.stdout.strip()
@@ -136,6 +136,6 @@ async def test_ctproxy_dashboard_prints_a_fresh_link(proxy_factory, tmp_path: Pa
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http, http.get(link) as r:
         assert r.status == 200 and str(r.url) == proxy.tools_url + "/ui/"
     await proxy.astop()
-    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.cli", "dashboard", "--state-dir",
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.app.cli", "dashboard", "--state-dir",
                                                    str(proxy.state_dir)], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 1 and "ctproxy up" in out.stderr

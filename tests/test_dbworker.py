@@ -7,9 +7,9 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from proxy.app.runtime import Services
 from proxy.db import connect
 from proxy.dbworker import DBWorker, close_shared, shared
-from proxy.runtime import Services
 
 
 def _table(path: Path) -> None:

@@ -14,8 +14,8 @@ import pytest
 from openai import AsyncOpenAI
 
 from proxy import debuglog
-from proxy.compaction import store
 from proxy.db import connect
+from proxy.windows.remote import store
 from tests.emulator import Emulator, FailedInStream, HttpError, Text, context_length_exceeded_400
 from tests.test_compaction_harness import (
     ACCOUNT,

@@ -46,7 +46,7 @@ async def test_record_then_replay_offline_and_server_replay(emulator, proxy_fact
     assert b"sk-rec" not in path.read_bytes()
 
     # ctproxy replay: per flow, what each addon changed.
-    out = subprocess.run([sys.executable, "-m", "proxy.cli", "replay", str(path), "--upstream", emulator.url,
+    out = subprocess.run([sys.executable, "-m", "proxy.app.cli", "replay", str(path), "--upstream", emulator.url,
                           "--trust-upstream"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "=== flow 1: POST" in out.stdout and "=== flow 2: POST" in out.stdout
@@ -81,7 +81,7 @@ async def test_record_then_replay_offline_and_server_replay(emulator, proxy_fact
 
 def test_committed_flow_replays_through_the_chain():
     assert COMMITTED.exists(), "tests/flows/basic.mitm is missing (regenerate: python -m tests.flows.record)"
-    out = subprocess.run([sys.executable, "-m", "proxy.cli", "replay", str(COMMITTED)],
+    out = subprocess.run([sys.executable, "-m", "proxy.app.cli", "replay", str(COMMITTED)],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("=== flow") == len(_flows(COMMITTED)) >= 2

@@ -42,13 +42,13 @@ def test_every_ctproxy_exception_is_a_ctproxy_error() -> None:
 
 
 def test_the_upstream_failures_are_upstream_errors() -> None:
-    from proxy.compaction.protocol import CompactionFailure
     from proxy.toolclient import ToolServerUnreachable
     from proxy.upstream.transport import UpstreamBroken, UpstreamUnavailable
+    from proxy.windows.remote.protocol import CompactionFailure
 
     for cls in (UpstreamUnavailable, UpstreamBroken, ToolServerUnreachable, CompactionFailure):
         assert issubclass(cls, UpstreamError) and issubclass(cls, CtproxyError)
-    from proxy.journal.addresses import AddressError
+    from proxy.items.addresses import AddressError
     from tools_server.registry import ToolError
 
     assert issubclass(AddressError, ValueError) and not issubclass(AddressError, UpstreamError)

@@ -162,7 +162,7 @@ async def test_find_tools_agrees_with_status_on_computer_use(tool_server: Any, t
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Seed 004 defect 10: while `ctproxy status` says computer_use is unavailable (here: no X display),
     find_tools never calls its tools eligible nor loads them, and says why."""
-    from proxy.status import computer_use_status
+    from proxy.app.status import computer_use_status
 
     monkeypatch.delenv("DISPLAY", raising=False)
     srv = await tool_server({"tool_discovery.enabled": True, "tool_discovery.deferred": CU_GROUP,

@@ -14,7 +14,7 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from addons import chain
 from addons.chain_addon import ChainAddon
-from proxy.sse import encode_event
+from proxy.items.sse import encode_event
 
 
 def _flow(n: int, stream: bool) -> http.HTTPFlow:

@@ -11,8 +11,9 @@ from mitmproxy.proxy.mode_specs import ProxyMode
 from mitmproxy.test import taddons, tflow, tutils
 
 from addons.guard import Guard
-from proxy import routes, runtime
-from proxy.flowstate import state_of
+from proxy import routes
+from proxy.app import runtime
+from proxy.host.flowstate import state_of
 from proxy.routes import Route, credential_kind, credential_mismatch, may_receive_credentials
 
 JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ1c2VyIn0.c2lnbmF0dXJl"

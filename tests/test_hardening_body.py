@@ -21,9 +21,9 @@ import zstandard
 from mitmproxy.test import taddons, tflow, tutils
 
 import addons
-from proxy import flowbody
-from proxy.flowbody import BodyTooLarge, decode_bounded
-from proxy.flowstate import state_of
+from proxy.host import flowbody
+from proxy.host.flowbody import BodyTooLarge, decode_bounded
+from proxy.host.flowstate import state_of
 
 MIB = 1024 * 1024
 LIMIT = MIB  # configured in the end-to-end tests
@@ -108,7 +108,7 @@ async def _run_request_hooks(flow, tmp_path: Path, config: dict) -> None:
                 done = getattr(addon, "done", None)
                 if done is not None and (res := done()) is not None and hasattr(res, "__await__"):
                     await res
-            from proxy import runtime
+            from proxy.app import runtime
 
             runtime.uninstall()
 

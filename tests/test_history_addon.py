@@ -12,8 +12,8 @@ from mitmproxy.test import taddons, tflow, tutils
 from addons.history import History, mark_of
 from addons.session import Session
 from addons.tap import Tap
-from proxy.flowstate import state_of
-from proxy.sse import encode_event
+from proxy.host.flowstate import state_of
+from proxy.items.sse import encode_event
 
 
 def make_flow(body: dict, headers: tuple = ()) -> http.HTTPFlow:
@@ -228,7 +228,7 @@ async def test_upstream_error_is_kept_with_the_response(rt):
 async def test_a_held_answer_is_journaled_once_it_is_settled_and_as_it_ends(rt):
     """While a stage holds the answer (FlowState.settling), the readers wait; `settled()` gives them
     the final answer (a replaced one, as after overflow recovery), not the first."""
-    from proxy.flowstate import Settling
+    from proxy.host.flowstate import Settling
 
     chain = [Session(), Tap(), History()]
     with taddons.context(*chain):
@@ -375,7 +375,7 @@ async def test_a_session_its_request_opens_has_no_pending_rollover_to_look_up(rt
     session (and its task) that this very request opened (`RequestMark.minted`) cannot have one: no agent knew its
     task to mark it. So its request reads nothing for it; the first conversation's next turn still asks."""
     from addons.context import Context
-    from proxy.context.rollover import RolloverStore
+    from proxy.windows.notes.rollover import RolloverStore
 
     asked: list[tuple[str, str]] = []
     real = RolloverStore._maybe_pending

@@ -16,11 +16,11 @@ from mitmproxy.utils import typecheck
 
 from addons import chain
 from addons.chain_addon import ChainAddon
-from proxy import mitm_typecheck
-from proxy.context import bootstrap as boot
-from proxy.context import reminder
-from proxy.flowstate import state_of
-from proxy.transforms.items import _input_facts_walk, client_compacts, input_facts
+from proxy.host import mitm_typecheck
+from proxy.host.flowstate import state_of
+from proxy.items.inputs import _input_facts_walk, client_compacts, input_facts
+from proxy.windows.notes import bootstrap as boot
+from proxy.windows.notes import reminder
 from tests.test_flow_lifetime import _exchange, _flow
 
 # ------------------------------------------------------------------------------ mitmproxy's type check
@@ -199,7 +199,7 @@ async def test_a_big_parse_holds_the_collector_until_its_flow_is_released(rt):
     import orjson
 
     from proxy import gcpause
-    from proxy.flowbody import responses_body
+    from proxy.host.flowbody import responses_body
 
     assert gc.isenabled()
     small = gcpause.hold_for(_Owner(), gcpause.BIG_BODY - 1)
@@ -270,7 +270,7 @@ async def test_a_pending_database_write_does_not_keep_the_agents_input_alive(rt,
     import sys
 
     from proxy.dbworker import DBWorker
-    from proxy.flowbody import responses_body
+    from proxy.host.flowbody import responses_body
 
     monkeypatch.setattr(DBWorker, "_schedule_flush", lambda self: None)  # the batch stays pending
     monkeypatch.setattr(DBWorker, "_take_pending", lambda self: [])  # (a read on the worker does not take it)
@@ -304,7 +304,7 @@ async def test_a_big_resend_is_journaled_on_the_clients_own_bytes_as_on_the_item
     themselves, not the bytes' text."""
     import orjson
 
-    from proxy.flowbody import responses_body
+    from proxy.host.flowbody import responses_body
 
     items = [{"type": "message", "role": "user" if i % 2 == 0 else "assistant",
               "content": [{"type": "input_text" if i % 2 == 0 else "output_text", "text": f"m{i} " + "y" * 300}]}

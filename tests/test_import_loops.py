@@ -1,5 +1,5 @@
 """Issue 29: no import loop among proxy/ and addons/ modules (DESIGN's rooms; ADR 0011). The loop that
-started at proxy/runtime.py → proxy/bridge/server.py (→ flowstate → compaction → runtime) is gone, and
+started at proxy/app/runtime.py → proxy/bridge/server.py (→ flowstate → compaction → runtime) is gone, and
 none may come back. grimp is the graph import-linter builds (its TYPE_CHECKING imports count too)."""
 
 from __future__ import annotations

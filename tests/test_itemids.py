@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.journal.canonical import chain_digest, chain_id, session_root
+from proxy.items.canonical import chain_digest, chain_id, session_root
 from proxy.journal.itemids import ItemIds
 
 _hex_ids = st.text("0123456789abcdef", min_size=16, max_size=16).map(lambda h: "it_" + h)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.items.canonical import canonical_hash, chain_ids, fingerprint
 from proxy.journal.branch import Branch, ColumnView, Entry, InputView, align
-from proxy.journal.canonical import canonical_hash, chain_ids, fingerprint
 
 ITEMS = [{"type": "message", "role": "user", "content": f"q{i}"} for i in range(5)] + [
     {"type": "reasoning", "summary": []}, {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.journal.addresses import AddressError, auto_address, resolve_address, validate_address
+from proxy.items.addresses import AddressError, auto_address, resolve_address, validate_address
+from proxy.items.canonical import canonical_hash, chain_id, item_type
+from proxy.items.classify import is_control, is_hidden_tool, normalize_tool, role_of, tool_of
+from proxy.items.render import render_item
 from proxy.journal.branch import Entry, align, align_stateful
-from proxy.journal.canonical import canonical_hash, chain_id, item_type
-from proxy.journal.classify import is_control, is_hidden_tool, normalize_tool, role_of, tool_of
 from proxy.journal.excerpt import find_matches, page, preview, regions
-from proxy.journal.render import render_item
 
 USER = {"role": "user", "content": "hello"}
 OUT_MSG = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
@@ -253,7 +253,7 @@ def test_alignment_invariants(branch_items, tail, cut, drop_reasoning):
 
 def test_a_failed_bridged_call_keeps_its_error_text():
     """Seed 000 defect 11: the bridge stores an mcp_call's error as the API's object; its text is kept."""
-    from proxy.bridge.items import mcp_error
+    from proxy.items.bridged import mcp_error
 
     item = {"type": "mcp_call", "id": "mcp_1", "server_label": "ctproxy", "name": "notes_read_file",
             "arguments": '{"path":"missing.md"}', "output": None,

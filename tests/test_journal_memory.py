@@ -93,7 +93,7 @@ def test_a_small_or_busy_session_stays_cached(tmp_path: Path):
 def test_a_big_request_in_flight_costs_about_what_its_items_do(tmp_path: Path):
     """The journal holds each new item's JSON until the writer commits it. orjson's own bytes keep its writer's
     buffer (4 KiB for an item of 40 bytes), so 12,000 held items took 48 MB in flight; right-sized
-    (proxy/jsonbytes.py) the whole turn's work peaks at a few hundred bytes an item."""
+    (proxy/items/jsonbytes.py) the whole turn's work peaks at a few hundred bytes an item."""
     j = Journal(StateDir.open(tmp_path / "state"), big_entries=5_000, release_after=3600)
     tracemalloc.start()
     try:

@@ -253,8 +253,8 @@ def test_writer_flush_and_stats(journal: Journal):
 
 
 def test_cli_views(tmp_path: Path, capsys):
-    from proxy.cli import main
-    from proxy.journal.cli_views import new_task, tasks_report
+    from proxy.app.cli import main
+    from proxy.app.journal_views import new_task, tasks_report
 
     state = StateDir.open(tmp_path / "state")
     assert tasks_report(state).startswith("no tasks yet")

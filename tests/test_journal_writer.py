@@ -13,9 +13,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from proxy.items.canonical import canonical_hash, chain_id, session_root
 from proxy.journal import Journal
 from proxy.journal import sqlite_backend as backend_mod
-from proxy.journal.canonical import canonical_hash, chain_id, session_root
 from proxy.journal.ops import EnsureTask, PutEvent
 from proxy.journal.writer import JournalWriter
 from proxy.session import SessionIdentity

@@ -1,4 +1,4 @@
-"""orjson's output, right-sized where it is kept (proxy/jsonbytes.py)."""
+"""orjson's output, right-sized where it is kept (proxy/items/jsonbytes.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import tracemalloc
 
 import orjson
 
-from proxy.jsonbytes import dumps_kept, kept
+from proxy.items.jsonbytes import dumps_kept, kept
 
 
 def _allocated(make) -> int:

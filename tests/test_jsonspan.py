@@ -1,4 +1,4 @@
-"""Finding the bytes of one member's value in a JSON object (proxy/transforms/jsonspan.py): where it answers, the
+"""Finding the bytes of one member's value in a JSON object (proxy/items/jsonspan.py): where it answers, the
 answer is exactly that value's text; it answers for the bodies clients send, traps and all."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.transforms.jsonspan import MAX_CANDIDATES, member_span
+from proxy.items.jsonspan import MAX_CANDIDATES, member_span
 
 _TRAP_TEXT = ['"input":', '{"input": [1]}', '\\"input\\": [', '"tools":[]}', "},{", "]", "\u00e9\u2028"]
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),

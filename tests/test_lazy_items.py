@@ -1,4 +1,4 @@
-"""A big body's input list read lazily (proxy/transforms/lazyitems.py, proxy/flowbody.py): the same values as the
+"""A big body's input list read lazily (proxy/items/lazyitems.py, proxy/host/flowbody.py): the same values as the
 whole parse, items built once and only when read, and the proxy's default chain forwarding and journaling a big
 request exactly as it does with the items built, without building them."""
 
@@ -17,14 +17,14 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from addons import chain
 from addons.chain_addon import ChainAddon
-from proxy import flowbody
 from proxy import usage as usage_store
-from proxy.context import bootstrap as boot
-from proxy.context import reminder
-from proxy.flowbody import commit_body, responses_body
-from proxy.flowstate import state_of
-from proxy.transforms.items import client_compacts, input_facts, input_items, items_bytes
-from proxy.transforms.lazyitems import LazyItems, as_list, is_item_list, plain_payload
+from proxy.host import flowbody
+from proxy.host.flowbody import commit_body, responses_body
+from proxy.host.flowstate import state_of
+from proxy.items.inputs import client_compacts, input_facts, input_items, items_bytes
+from proxy.items.lazyitems import LazyItems, as_list, is_item_list, plain_payload
+from proxy.windows.notes import bootstrap as boot
+from proxy.windows.notes import reminder
 
 
 def _lazy(items: list[object]) -> LazyItems:
@@ -103,7 +103,7 @@ def test_the_facts_read_from_the_views_are_those_of_the_built_items(items):
 
 
 def test_a_resent_list_reads_only_its_new_items_with_the_same_summary(monkeypatch):
-    from proxy.transforms import lazyitems
+    from proxy.items import lazyitems
 
     seen = lazyitems._SeenLists()
     monkeypatch.setattr(lazyitems, "_SEEN", seen)
@@ -125,7 +125,7 @@ def test_a_resent_list_reads_only_its_new_items_with_the_same_summary(monkeypatc
 
 
 def test_a_list_that_only_begins_like_one_read_before_is_read_whole(monkeypatch):
-    from proxy.transforms import lazyitems
+    from proxy.items import lazyitems
 
     seen = lazyitems._SeenLists()
     monkeypatch.setattr(lazyitems, "_SEEN", seen)
@@ -143,7 +143,7 @@ def test_a_list_that_only_begins_like_one_read_before_is_read_whole(monkeypatch)
 
 
 def test_what_the_read_lists_keep_alive_is_bounded(monkeypatch):
-    from proxy.transforms import lazyitems
+    from proxy.items import lazyitems
 
     seen = lazyitems._SeenLists()
     monkeypatch.setattr(lazyitems, "_SEEN", seen)
@@ -161,7 +161,7 @@ async def test_the_read_lists_let_their_bodies_go_once_idle(monkeypatch):
     one that is asked for stays."""
     import asyncio
 
-    from proxy.transforms import lazyitems
+    from proxy.items import lazyitems
 
     seen = lazyitems._SeenLists()
     monkeypatch.setattr(lazyitems, "_SEEN", seen)
@@ -357,7 +357,7 @@ def test_a_scan_builds_each_item_for_its_reader_and_keeps_none():
 
 
 def test_the_type_summary_reads_a_long_list_in_chunks_with_the_same_facts():
-    from proxy.transforms import lazyitems
+    from proxy.items import lazyitems
 
     n = 3 * lazyitems._SUMMARY_CHUNK + 17
     items: list[object] = [{"type": "message", "role": "user", "content": "u"} for _ in range(n)]

@@ -114,9 +114,9 @@ async def test_a_big_bodys_parser_is_released_once_its_flow_is_done():
     import orjson
     from mitmproxy.test import tflow, tutils
 
-    from proxy import flowstate
-    from proxy.flowbody import responses_body
-    from proxy.transforms.lazyitems import LazyItems
+    from proxy.host import flowstate
+    from proxy.host.flowbody import responses_body
+    from proxy.items.lazyitems import LazyItems
 
     raw = orjson.dumps({"model": "gpt-5", "input": [
         {"type": "message", "role": "user" if i % 2 == 0 else "assistant", "content": f"item {i}"}

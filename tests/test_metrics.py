@@ -11,8 +11,8 @@ import pytest
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.app.telemetry import RequestFeed, TelemetryServer
 from proxy.metrics import Observed, ProxyMetrics
-from proxy.telemetry import RequestFeed, TelemetryServer
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mitmproxy import options
 
-from proxy.mitm_master import KEPT, build_master
+from proxy.app.mitm_master import KEPT, build_master
 
 
 async def test_only_the_kept_mitmproxy_addons_are_loaded() -> None:

@@ -13,8 +13,8 @@ import aiohttp
 import openai
 import pytest
 
-from proxy.context.bootstrap import is_guidance, is_identity
 from proxy.state import StateDir
+from proxy.windows.notes.bootstrap import is_guidance, is_identity
 from tests.emulator import Emulator, Text
 from tests.openapi_schema import spec_available, validate
 from tests.test_cli_codex_config import cli

@@ -64,7 +64,7 @@ async def test_remote_compaction_v2_on_both_official_routes_with_the_sessions_cr
     through the compaction trigger on `chatgpt.com/backend-api/codex/responses` with the sign-in (official only:
     a gateway never gets a sign-in). Later turns replay the exact item; a model switch gets the readable
     fallback instead."""
-    from proxy.transforms.fallback import is_fallback_message
+    from proxy.windows.fallback import is_fallback_message
     from tests.test_compaction_e2e import turn_text
     from tests.test_compaction_harness import ACCOUNT, assistant, codex_token, codex_turn, completed_output_text
     from tests.test_compaction_harness import user as msg
@@ -127,7 +127,7 @@ async def _tool(http, proxy, tool: str, args: dict, task: str) -> dict:
 async def test_images_and_the_sidecar_use_the_sessions_credential_on_the_official_hosts(official, tmp_path):  # noqa: F811
     """The tool server's own calls (proxy/upstream/trust.py in its process): an image and a sidecar search with
     the API key go to api.openai.com, an image with the sign-in to chatgpt.com's Codex route."""
-    from proxy.journal.cli_views import new_task
+    from proxy.app.journal_views import new_task
     from proxy.state import StateDir
     from tests.emulator.search import hosted_search
 

@@ -16,7 +16,7 @@ from tests.support.proxyproc import REPO
 
 
 def _up(tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "up", "--state-dir", str(tmp_path / "s"),
+    return subprocess.run([sys.executable, "-m", "proxy.app.cli", "up", "--state-dir", str(tmp_path / "s"),
                            "--listen", "127.0.0.1:0", "--tools-listen", "127.0.0.1:0", "--no-tools", *args],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
 
@@ -56,6 +56,6 @@ def test_trust_adds_the_file_to_the_system_store(tmp_path):
 
 async def test_status_names_the_file(official):  # noqa: F811
     proxy = await official.proxy()
-    out = subprocess.run(official.command([sys.executable, "-m", "proxy.cli", "status", "--state-dir",
+    out = subprocess.run(official.command([sys.executable, "-m", "proxy.app.cli", "status", "--state-dir",
                                            str(proxy.state_dir)]), capture_output=True, text=True, timeout=120)
     assert f"upstream CA: {official.ca_pem}" in out.stdout, out.stdout + out.stderr

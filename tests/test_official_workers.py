@@ -14,7 +14,7 @@ import aiohttp
 import psutil
 import pytest
 
-from proxy.workers import supported
+from proxy.app.workers import supported
 from tests.support.official import loopback_connector, official  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.skipif(supported() is not None, reason=str(supported())), pytest.mark.timeout(240)]

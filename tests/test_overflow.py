@@ -11,12 +11,12 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from proxy.compaction.overflow import CODE, is_overflow, response_error_code, sse_failure_before_output
+from proxy.app.journal_views import tasks_report
 from proxy.db import connect
-from proxy.journal.cli_views import tasks_report
-from proxy.sse import encode_event
+from proxy.items.sse import encode_event
 from proxy.state import StateDir
-from proxy.transforms.fallback import is_fallback_message
+from proxy.windows.fallback import is_fallback_message
+from proxy.windows.remote.overflow import CODE, is_overflow, response_error_code, sse_failure_before_output
 from tests.emulator import Emulator, ErrorEvent, FailedInStream, Text, context_length_exceeded_400
 from tests.test_compaction_harness import (
     API_KEY,
@@ -241,8 +241,8 @@ async def test_all_switches_off_pass_the_overflow_through_unchanged(tmp_path, mo
     """Issue 29 (7), audit seed004-pipeline 1: with remote_compaction, context, history and web search off in
     the config (recover_overflow left at its default), a context_length_exceeded reaches the agent unchanged:
     no compaction, no retry, and status says recovery is off."""
+    from proxy.app.status import capability_status
     from proxy.config import Config
-    from proxy.status import capability_status
 
     off = {"web_search": {"enabled": False}, "remote_compaction": {"enabled": False},
            "context": {"enabled": False}, "history": {"enabled": False}, "notes": {"enabled": False},

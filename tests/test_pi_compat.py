@@ -22,7 +22,7 @@ TIMEOUT = 180.0
 
 
 def cli(state: Path, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "proxy.cli", *args, "--state-dir", str(state)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "proxy.app.cli", *args, "--state-dir", str(state)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bench.bench_cache import BRIDGE, MODEL, TOOLS, Model, Session, config, is_checkpoint_turn, new_task
-from proxy.context import checkpoint_turn as ckturn
+from proxy.windows.notes import checkpoint_turn as ckturn
 from tests.emulator import Emulator
 from tests.support.prefix import prefix_breaks
 
@@ -137,7 +137,7 @@ async def test_the_session_cache_is_shown_and_new_windows_are_prewarmed(proxy_fa
         assert warm.json["tools"] == first.json["tools"] and warm.json["prompt_cache_key"] == first.json[
             "prompt_cache_key"]
         assert first.extra["cache"].cached_tokens >= warm.extra["cache"].input_tokens - 256  # served warm
-    out = subprocess.run([sys.executable, "-m", "proxy.cli", "show", "--state-dir", str(proxy.state_dir), "--json",
+    out = subprocess.run([sys.executable, "-m", "proxy.app.cli", "show", "--state-dir", str(proxy.state_dir), "--json",
                           _sessions(proxy.state_dir)[0]],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     cache = json.loads(out)[0]["prompt_cache"]

@@ -9,7 +9,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.bridge.items import output_item
+from proxy.items.bridged import output_item
 from tests.emulator import Emulator, Item, Raw, Response, Text
 from tests.openapi_schema import spec_available
 

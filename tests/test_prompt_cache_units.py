@@ -7,10 +7,9 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from proxy import cache_stats
-from proxy.context import cache_key, reminder
-from proxy.context.last_tools import LastTools
-from proxy.windows import prewarm
+from proxy.windows import cache_stats, prewarm
+from proxy.windows.notes import cache_key, reminder
+from proxy.windows.notes.last_tools import LastTools
 
 
 def user(text: str) -> dict[str, Any]:

@@ -12,8 +12,8 @@ import pytest
 from openai import AsyncOpenAI
 
 from addons.requestlog import format_line, stages_of
-from proxy.flowstate import FlowState
-from proxy.telemetry import RequestFeed, RequestRecord
+from proxy.app.telemetry import RequestFeed, RequestRecord
+from proxy.host.flowstate import FlowState
 
 API_KEY = "sk-live-SECRET-request-log-key"
 PROMPT = "PROMPT-TEXT-that-must-never-be-logged"
@@ -167,8 +167,8 @@ async def test_a_bridged_request_is_logged_under_the_agents_path_never_the_jobs_
 def test_stages_name_the_bootstrap_that_went_out_not_the_windows_strategy():
     """Seed 004 pipeline defect 5: after a remote checkpoint, a request whose fingerprint does not match goes
     out with the readable fallback; its line says so (it said `window:remote`)."""
-    from proxy.compaction.store import Checkpoint
     from proxy.windows.decision import WindowDecision
+    from proxy.windows.remote.store import Checkpoint
 
     cp = Checkpoint(id="cp_1", session_key="s", created_at=0.0, strategy="remote", reason="threshold", boundary=2,
                     boundary_hash="h", marker="[m]", fallback_text="f", compaction_item=b"{}", retained=(),

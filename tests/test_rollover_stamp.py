@@ -1,5 +1,6 @@
 """The pending-rollover check of every request answers "nothing pending" from a stamp file while no mark was made
-since it last asked the database (proxy/context/rollover.py): a mark from any process is seen at the next check."""
+since it last asked the database (proxy/windows/notes/rollover.py): a mark from any process is seen at the next
+check."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import sqlite3
 
 import pytest
 
-from proxy.context import rollover
 from proxy.db import connect
 from proxy.dbworker import DBWorker
+from proxy.windows.notes import rollover
 
 
 class _Counting:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from proxy.sandbox import sandbox_problem, seccomp_fd, socket_dirs
+from proxy.sandbox.bwrap import sandbox_problem, seccomp_fd, socket_dirs
 from tests.support.optional import skip_reason
 
 pytestmark = pytest.mark.timeout(180)
@@ -223,7 +223,7 @@ def test_as_a_normal_user_the_same_launch_confines(bwrap: None, outside_tmp: Pat
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or setpriv is None:
         pytest.skip("switching to nobody needs root and setpriv (util-linux)")
-    from proxy.sandbox import Limits
+    from proxy.sandbox.bwrap import Limits
     from tools_server.shell.capture import CaptureStore
     from tools_server.shell.manager import Confinement, ShellManager
 
@@ -288,7 +288,7 @@ async def test_background_children_keep_the_job_running_and_their_output(
 def test_the_cgroups_of_a_dead_tool_server_are_removed(tmp_path: Path) -> None:
     """seed004 N12: a tool server killed before its close left its jobs' empty pids cgroups for good; the
     next one removes those of servers that are gone, and never a live server's."""
-    from proxy.sandbox import pids_cgroup
+    from proxy.sandbox.bwrap import pids_cgroup
     from tools_server.shell.manager import sweep_dead_cgroups
 
     root = pids_cgroup()
@@ -311,7 +311,7 @@ def test_the_cgroups_of_a_dead_tool_server_are_removed(tmp_path: Path) -> None:
 def test_socket_dirs_and_their_place_in_the_argv(tmp_path: Path) -> None:
     """The hidden directories (pure): found from the environment, nested ones dropped; one that holds the
     workspace is covered before the workspace is bound into it, the others after (also one inside it)."""
-    from proxy.sandbox import bwrap_argv
+    from proxy.sandbox.bwrap import bwrap_argv
 
     home, run_user = tmp_path / "home", tmp_path / "run" / "user" / "0"
     (home / ".cache" / "at-spi").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""One send per connection and loop turn (proxy/sendbatch.py): the first two writes of a turn go at once, the rest
+"""One send per connection and loop turn (proxy/host/sendbatch.py): the first two writes of a turn go at once, the rest
 leave together at its end or on drain/close/half-close, in order, and mitmproxy's connection writers batch."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from proxy import sendbatch
+from proxy.host import sendbatch
 
 
 class FakeTransport(asyncio.Transport):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import copy
 
-from proxy.context import bootstrap as boot
-from proxy.context import reminder
+from proxy.windows.notes import bootstrap as boot
+from proxy.windows.notes import reminder
 from proxy.windows.opening import reachable_context_tools
 
 CTX = list(boot.ALL_TOOLS)

@@ -15,17 +15,9 @@ from typing import Any
 import psutil
 import pytest
 
+from proxy.app.status import capability_status
 from proxy.config import Config
-from proxy.sandbox import (
-    Limits,
-    bwrap_argv,
-    command_argv,
-    describe,
-    pids_cgroup,
-    protected_part,
-    sandbox_problem,
-)
-from proxy.status import capability_status
+from proxy.sandbox.bwrap import Limits, bwrap_argv, command_argv, describe, pids_cgroup, protected_part, sandbox_problem
 from tests.support.optional import skip_reason
 
 pytestmark = pytest.mark.timeout(180)
@@ -342,7 +334,7 @@ async def test_apply_patch_refuses_git_in_a_sandboxed_mode(tool_server: Any, tmp
 
 # -- macOS: the Seatbelt profile and the decision, as pure functions ------------------------------------------
 def test_seatbelt_profile_and_the_platform_decision(tmp_path: Path) -> None:
-    from proxy.seatbelt import backend_for, seatbelt_argv, seatbelt_problem, seatbelt_profile
+    from proxy.sandbox.seatbelt import backend_for, seatbelt_argv, seatbelt_problem, seatbelt_profile
 
     assert backend_for("linux") == "bubblewrap" and backend_for("darwin") == "seatbelt" and backend_for("win32") is None
     ww = seatbelt_profile("workspace-write", False, protected=2)
@@ -368,8 +360,8 @@ def test_on_macos_the_sandboxed_modes_need_sandbox_exec_and_a_probe_that_ran(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The decision, with the platform and the probe faked (there is no Mac here): never `active` on what
     was not checked."""
-    import proxy.sandbox as sandbox
-    import proxy.seatbelt as seatbelt
+    import proxy.sandbox.bwrap as sandbox
+    import proxy.sandbox.seatbelt as seatbelt
 
     sandbox.seatbelt_check.cache_clear()
     missing = "Seatbelt's /usr/bin/sandbox-exec is not an executable here"
@@ -427,7 +419,7 @@ async def test_the_manager_on_macos_wraps_with_seatbelt_or_refuses(tmp_path: Pat
     check passed; a refusal (nothing run) when it did not."""
     import sys
 
-    import proxy.sandbox as sandbox
+    import proxy.sandbox.bwrap as sandbox
     from tools_server.shell.capture import CaptureStore
     from tools_server.shell.errors import ShellError
     from tools_server.shell.manager import Confinement, ShellManager
@@ -453,7 +445,7 @@ async def test_the_manager_on_macos_wraps_with_seatbelt_or_refuses(tmp_path: Pat
 
 
 async def test_the_seccomp_filter_refuses_what_it_lists(bwrap: None, tool_server: Any, tmp_path: Path) -> None:
-    from proxy.sandbox import seccomp_program
+    from proxy.sandbox.bwrap import seccomp_program
 
     if seccomp_program() is None:
         pytest.skip("ctproxy has a seccomp program for x86_64 only")

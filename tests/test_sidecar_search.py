@@ -11,8 +11,8 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.app.status import capability_status
 from proxy.config import Config, ConfigError, WebSearchConfig, load_config, set_key, with_overrides
-from proxy.status import capability_status
 from proxy.transforms.web_search import (
     SOURCES_INCLUDE,
     WebSearchSettings,

@@ -13,7 +13,7 @@ from mitmproxy.test import tflow, tutils
 
 from addons._flow import header_map, header_pairs
 from proxy import usage
-from proxy.transforms.lazyitems import LazyItems, positions_of
+from proxy.items.lazyitems import LazyItems, positions_of
 
 
 def _flow(headers: list[tuple[bytes, bytes]]):
@@ -37,7 +37,7 @@ def test_header_map_follows_every_change_of_the_headers():
 
 def test_a_shared_header_map_is_never_changed_by_the_session_lookup():
     from addons._flow import session_of
-    from proxy.flowstate import state_of
+    from proxy.host.flowstate import state_of
 
     body = orjson.dumps({"model": "m", "input": [{"role": "user", "content": "hi"}]})
     flow = tflow.tflow(req=tutils.treq(method=b"POST", path=b"/v1/responses", content=body,
@@ -90,9 +90,9 @@ def test_model_window_memo_follows_a_new_table():
 
 
 def test_the_rollover_check_answers_without_the_worker_and_take_still_consumes(tmp_path):
-    from proxy.context import rollover
     from proxy.db import connect
     from proxy.dbworker import DBWorker
+    from proxy.windows.notes import rollover
 
     path = tmp_path / "ctproxy.db"
     other = connect(path)  # another process's connection (the tool server's)
@@ -114,7 +114,7 @@ def test_the_rollover_check_answers_without_the_worker_and_take_still_consumes(t
 def test_header_values_read_in_one_pass_as_headers_get_reads_them() -> None:
     from mitmproxy import http
 
-    from proxy import rawheaders
+    from proxy.host import rawheaders
 
     for fields in ([(b"Content-Type", b"application/json"), (b"content-encoding", b"gzip")],
                    [(b"CONTENT-TYPE", b"a"), (b"Content-Type", b"b"), (b"X-Other", b"y")], [],

@@ -11,7 +11,7 @@ import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sse import ResponseTap, SSEDecoder, StreamTap, encode_event
+from proxy.items.sse import ResponseTap, SSEDecoder, StreamTap, encode_event
 
 STREAM = (
     b"event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from addons.context import Context
 from addons.guard import Guard
-from proxy import runtime
+from proxy.app import runtime
 from proxy.journal import close_all
 
 

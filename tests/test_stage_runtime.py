@@ -12,7 +12,8 @@ from mitmproxy.test import taddons
 import addons
 from addons.tap import Tap
 from addons.web_search import WebSearch
-from proxy import flowbody, httpstream, runtime
+from proxy.app import runtime
+from proxy.host import flowbody, httpstream
 
 ADDONS = Path(addons.__file__).parent
 

@@ -215,7 +215,7 @@ async def test_history_alone_refuses_an_unknown_task_and_journals_a_turn(emulato
     await _turns(sdk(md.url), "remember me")
     _clean_log(md)  # stopping flushes the journal
     state = next(tmp_path.glob("state-history-*"))
-    report = subprocess.run([sys.executable, "-m", "proxy.cli", "tasks", "--state-dir", str(state)], cwd=REPO,
+    report = subprocess.run([sys.executable, "-m", "proxy.app.cli", "tasks", "--state-dir", str(state)], cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert report.returncode == 0, report.stderr
     # Each of the two turns journaled its input item and the model's output item.

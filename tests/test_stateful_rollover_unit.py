@@ -1,6 +1,6 @@
-"""proxy/context/stateful.py: a rollover that drops previous_response_id keeps each output with its call."""
+"""proxy/windows/notes/stateful.py: a rollover that drops previous_response_id keeps each output with its call."""
 
-from proxy.context.stateful import missing_calls, stateful_input
+from proxy.windows.notes.stateful import missing_calls, stateful_input
 
 CALL = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "shell", "arguments": "{}"}
 OUT = {"type": "function_call_output", "call_id": "c1", "output": "ok"}

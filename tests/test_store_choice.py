@@ -56,7 +56,7 @@ def test_config_show_get_and_set_never_print_the_password(tmp_path):
     repo = Path(__file__).resolve().parents[1]
 
     def ctproxy(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "proxy.cli", "--state-dir", str(tmp_path / "state"), *args],
+        done = subprocess.run([sys.executable, "-m", "proxy.app.cli", "--state-dir", str(tmp_path / "state"), *args],
                               capture_output=True, text=True, cwd=repo, timeout=120)
         assert done.returncode == 0, done.stderr
         return done.stdout
@@ -78,7 +78,7 @@ def test_task_new_on_a_store_that_cannot_be_reached_says_what_to_do(tmp_path):
     with socket.socket() as s:  # a port nothing listens on: bound, never listening
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "proxy.cli", "task", "new", "--state-dir", str(tmp_path),
+        done = subprocess.run([sys.executable, "-m", "proxy.app.cli", "task", "new", "--state-dir", str(tmp_path),
                                "--store", f"postgresql://u:pa55word@127.0.0.1:{port}/db"],
                               capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
     assert done.returncode == 1 and done.stdout == ""

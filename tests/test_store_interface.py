@@ -243,7 +243,7 @@ def test_the_view_reads_what_the_journal_of_another_instance_wrote(open_store):
     journaled and recorded through A is listed through B's view, by position and by column name."""
     import time
 
-    from proxy import sessionview
+    from proxy.app import sessionview
     from proxy.config import Config
     from proxy.journal.ops import EnsureTask
 
@@ -413,8 +413,8 @@ async def test_the_proxys_rollover_store_takes_through_postgresql_what_another_i
     `new_context` marked through instance A is taken by instance B's proxy at the agent's next request, once."""
     if (why := unavailable()) is not None:
         pytest.skip(why)
-    from proxy.context.rollover import RolloverStore
     from proxy.store.pg import PostgresStore
+    from proxy.windows.notes.rollover import RolloverStore
 
     url = pg.fresh_database(f"proxy{next(_COUNT)}")
     a, b = PostgresStore.open(url, max_size=2), PostgresStore.open(url, max_size=2)

@@ -299,7 +299,7 @@ def test_a_big_input_is_written_from_its_buffers_with_the_same_ids_and_json(inst
     import orjson
 
     import proxy.journal.journal as journal_mod
-    from proxy.journal.canonical import chain_ids, session_root
+    from proxy.items.canonical import chain_ids, session_root
 
     inp = [_msg("user" if i % 2 == 0 else "assistant", f"item {i} é") for i in range(1200)]
     inp[7] = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}

@@ -48,8 +48,8 @@ def _embedded_state(root: Path) -> StateDir:
         assert j.flush()
     finally:
         j.close()
-    from proxy.context import rollover
     from proxy.db import connect
+    from proxy.windows.notes import rollover
 
     conn = connect(state.db_path)
     rollover.ensure(conn)
@@ -82,7 +82,7 @@ def _rows(conn, table: str, cols: list[str]) -> list[tuple]:
 
 
 def _migrate(state: StateDir, url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "store", "migrate", "--to", url, "--state-dir",
+    return subprocess.run([sys.executable, "-m", "proxy.app.cli", "store", "migrate", "--to", url, "--state-dir",
                            str(state.root)], capture_output=True, text=True, cwd=REPO, timeout=180)
 
 

@@ -40,7 +40,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.context.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
+from proxy.windows.notes.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
 from tests.emulator import FunctionCall, Response, Text
 from tests.support.postgres import PrivateServer, private_server
 from tests.support.proxyproc import REPO, ProxyProcess
@@ -64,7 +64,7 @@ def db_url(pg: PrivateServer) -> str:
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     import os
 
-    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
                           timeout=120, env={**os.environ, **(env or {})})
 
 
@@ -128,7 +128,7 @@ async def joined(a: ProxyProcess, b: ProxyProcess, emulator: Any, task: str) -> 
 
 
 def workers_unsupported() -> str | None:
-    from proxy.workers import supported
+    from proxy.app.workers import supported
 
     return supported()
 
@@ -410,7 +410,7 @@ async def test_status_names_the_store_without_its_password(emulator, proxy_facto
 
 async def test_bs_dashboard_api_shows_what_was_journaled_through_a(emulator, proxy_factory, tmp_path: Path,
                                                                   db_url: str):
-    from proxy.journal.cli_views import tasks_report
+    from proxy.app.journal_views import tasks_report
     from proxy.state import StateDir
     from proxy.store.pg import PostgresStore
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.compaction.protocol import CompactionFailure
-from proxy.compaction.remote import compaction_target, run_compaction
 from proxy.upstream import MemoryTransport, UpstreamTurns, UpstreamUnavailable, continue_turn
+from proxy.windows.remote.protocol import CompactionFailure
+from proxy.windows.remote.remote import compaction_target, run_compaction
 
 HEADERS = {"Authorization": "Bearer sk-x", "chatgpt-account-id": "acct", "Cookie": "c=1", "Host": "x",
            "Content-Length": "9", "x-other": "kept"}

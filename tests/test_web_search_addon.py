@@ -14,9 +14,10 @@ import pytest
 from mitmproxy.test import taddons, tflow, tutils
 
 from addons.web_search import WebSearch
-from proxy import runtime, usage
+from proxy import usage
+from proxy.app import runtime
 from proxy.db import connect
-from proxy.flowstate import state_of
+from proxy.host.flowstate import state_of
 from proxy.routes import Route
 from proxy.session import resolve_session
 from proxy.transforms.web_search import SOURCES_INCLUDE
@@ -216,7 +217,7 @@ async def test_mitmdump_loads_it_alone(tmp_path):
 
 
 def test_replay_of_recorded_flow_shows_injection(capsys, tmp_path):
-    from proxy import cli
+    from proxy.app import cli
 
     flows = REPO / "tests" / "flows" / "web_search_sdk.mitm"
     (tmp_path / "state").mkdir()

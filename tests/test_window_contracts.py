@@ -13,14 +13,14 @@ import aiohttp
 import pytest
 
 from proxy.config import load_config
-from proxy.context.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
 from proxy.usage import model_window
+from proxy.windows.notes.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ}, timeout=120)
 
 
@@ -142,7 +142,7 @@ async def test_a_steer_after_a_rollover_is_in_the_new_window(emulator, proxy_fac
 async def test_the_first_window_names_the_agent_and_w1(emulator, proxy_factory):
     """Audit seed000 7: the first forwarded request of a session that can call the history tools names its
     agent address and "w1" (what history_read_item takes), once, after the guidance; the next keeps it."""
-    from proxy.context.bootstrap import GUIDANCE_MARKER
+    from proxy.windows.notes.bootstrap import GUIDANCE_MARKER
     from tests.emulator import Text
     from tests.test_context_rollover import start, text_of
 

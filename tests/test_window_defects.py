@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from proxy.context.bootstrap import (
+from proxy.notes import NotesStore
+from proxy.notes import paths as note_paths
+from proxy.windows.notes.bootstrap import (
     CONTINUATION,
     INLINE_NOTE_MAX_CHARS,
     WindowStart,
@@ -16,9 +18,7 @@ from proxy.context.bootstrap import (
     read_notes_index,
     window_notes,
 )
-from proxy.context.checkpoint_turn import own_path
-from proxy.notes import NotesStore
-from proxy.notes import paths as note_paths
+from proxy.windows.notes.checkpoint_turn import own_path
 
 
 def _text(item: dict) -> str:

@@ -20,7 +20,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.transforms.fallback import is_fallback_message
+from proxy.windows.fallback import is_fallback_message
 from tests.emulator import Emulator, FunctionCall, Text
 from tests.openapi_schema import spec_available
 from tests.test_context_fallbacks import ValidAgent, is_turn, turns, until

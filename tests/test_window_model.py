@@ -11,25 +11,18 @@ from pathlib import Path
 import orjson
 import pytest
 
-from proxy.compaction import store
-from proxy.compaction.journal_link import journal_boundary
-from proxy.compaction.store import Checkpoint
 from proxy.db import connect
+from proxy.items.canonical import canonical_hash, chain_at, chain_ids, item_type, legacy_chain_hash, session_root
 from proxy.journal import Journal, migrate
-from proxy.journal.canonical import (
-    canonical_hash,
-    chain_at,
-    chain_ids,
-    item_type,
-    legacy_chain_hash,
-    session_root,
-)
 from proxy.journal.identity import auto_task_id
 from proxy.session import resolve_session
 from proxy.state import StateDir
-from proxy.transforms.compaction import CompactionRecord, ProjectionContext, apply_projection
-from proxy.transforms.fallback import fallback_message, fallback_text, is_fallback_message, marker
-from proxy.transforms.window import WindowProjection, apply_window, boundary_matches
+from proxy.windows.apply import WindowProjection, apply_window, boundary_matches
+from proxy.windows.fallback import fallback_message, fallback_text, is_fallback_message, marker
+from proxy.windows.remote import store
+from proxy.windows.remote.bootstraps import CompactionRecord, ProjectionContext, apply_projection
+from proxy.windows.remote.journal_link import journal_boundary
+from proxy.windows.remote.store import Checkpoint
 from tests.emulator import Emulator
 from tests.test_standalone_addons import mitmdump, sdk  # noqa: F401  (fixtures)
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from proxy.app.telemetry import sum_metrics
+from proxy.app.workers import supported
 from proxy.config import Config, ProxyConfig
-from proxy.telemetry import sum_metrics
-from proxy.workers import supported
 from tests.emulator import FunctionCall, Text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(supported() is not None, reason=str(supported())
 
 
 def _status(state: Path) -> dict:
-    out = subprocess.run([sys.executable, "-m", "proxy.cli", "status", "--json", "--state-dir", str(state)],
+    out = subprocess.run([sys.executable, "-m", "proxy.app.cli", "status", "--json", "--state-dir", str(state)],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     return json.loads(out.stdout)
 
@@ -82,7 +82,7 @@ async def test_two_workers_serve_one_address_and_journal_one_session(emulator, p
     pids = {w["pid"] for w in workers}
     assert len(pids) == 2 and proxy.proc.pid not in pids and run["pid"] == proxy.proc.pid
     assert all(Path(f"/proc/{pid}").exists() for pid in pids)
-    text = subprocess.run([sys.executable, "-m", "proxy.cli", "status", "--state-dir", str(proxy.state_dir)],
+    text = subprocess.run([sys.executable, "-m", "proxy.app.cli", "status", "--state-dir", str(proxy.state_dir)],
                           capture_output=True, text=True, cwd=REPO, timeout=120).stdout
     assert "workers:   2" in text and all(f"pid {pid}" in text for pid in pids)
 
@@ -210,7 +210,7 @@ async def test_new_context_and_credentials_reach_whichever_worker_serves(emulato
     """A note written and `new_context` marked through the one tool server roll over the agent's next request,
     whichever worker it lands on (each request on a new connection); an agent's credentials handed over by a
     worker serve the tool server's image call."""
-    from proxy.journal.cli_views import new_task
+    from proxy.app.journal_views import new_task
     from proxy.state import StateDir
     from tests.emulator.images import png_bytes
     from tests.test_context_rollover import assert_bootstrap, old_items_absent, start
@@ -254,7 +254,7 @@ async def test_new_context_and_credentials_reach_whichever_worker_serves(emulato
 
 def test_the_compaction_memo_remembers_nothing_in_a_worker():
     """Another worker may write the session's compaction state: a worker reads it from the database each time."""
-    from proxy.compaction.store import SessionMemo, SessionRecord
+    from proxy.windows.remote.store import SessionMemo, SessionRecord
 
     record = SessionRecord.__new__(SessionRecord)
     alone, worker = SessionMemo(shared=False), SessionMemo(shared=True)

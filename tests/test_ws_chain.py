@@ -83,7 +83,7 @@ def _tasks(proxy) -> str:
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "proxy.cli", "tasks", "--state-dir", str(proxy.state_dir), "--json"],
+    res = subprocess.run([sys.executable, "-m", "proxy.app.cli", "tasks", "--state-dir", str(proxy.state_dir), "--json"],
                          capture_output=True, text=True, timeout=60)
     return res.stdout + res.stderr
 

@@ -48,7 +48,7 @@ async def codex_exec(tmp: Path, base_url: str, prompt: str) -> tuple[int, str, s
 
 
 def tasks_json(state_dir: Path) -> list[dict]:
-    done = subprocess.run([sys.executable, "-m", "proxy.cli", "tasks", "--state-dir", str(state_dir), "--json"],
+    done = subprocess.run([sys.executable, "-m", "proxy.app.cli", "tasks", "--state-dir", str(state_dir), "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return orjson.loads(done.stdout)

@@ -117,7 +117,7 @@ async def test_status_says_the_running_proxy_handles_the_websocket_with_its_limi
     import sys
 
     def status(*extra: str) -> str:
-        res = subprocess.run([sys.executable, "-m", "proxy.cli", "status", "--state-dir", str(tmp_path / "state"),
+        res = subprocess.run([sys.executable, "-m", "proxy.app.cli", "status", "--state-dir", str(tmp_path / "state"),
                               *extra], capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
         return res.stdout
@@ -130,7 +130,7 @@ async def test_status_says_the_running_proxy_handles_the_websocket_with_its_limi
     assert "max message 3 MiB" in line and "raw relay off" in line, line
     assert js["proxy"]["websocket"] == {"adapter": True, "max_message_bytes": 3 << 20, "raw_relay": False}
     async with Emulator() as emu, running_proxy(tmp_path / "b", emu.url):
-        res = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.cli", "status", "--state-dir",
+        res = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "proxy.app.cli", "status", "--state-dir",
                                                        str(tmp_path / "b" / "state")], capture_output=True, text=True,
                                       timeout=120)
     [line] = [ln for ln in res.stdout.splitlines() if ln.startswith("websocket:")]

@@ -112,7 +112,7 @@ async def test_guidance_and_id_markers_on_websocket_creates_keep_the_prefix_byte
     same window forwarded with a byte-identical prefix (the upstream's prompt cache)."""
     import re
 
-    from proxy.context.bootstrap import GUIDANCE_MARKER
+    from proxy.windows.notes.bootstrap import GUIDANCE_MARKER
     from tests.test_context_rollover import TOOLS, start, text_of
 
     async with Emulator() as emu, aiohttp.ClientSession() as http:  # (TOOLS: the agent's own, loosely typed)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from proxy.config import config_path_from_env, load_config, with_overrides, with_run_flags
-from proxy.sandbox import MODES as SANDBOX_MODES
+from proxy.sandbox.bwrap import MODES as SANDBOX_MODES
 from proxy.state import StateDir
 from tools_server.server import serve
 

@@ -100,7 +100,7 @@ def create_app(services: Services, *, token: str, listen_host: str = "127.0.0.1"
                port: int | None = None, proxy_telemetry: str | None = None) -> web.Application:
     """With `port=None` (a test server on a random port) call `bind_port` once the port is known;
     until then any loopback Host is accepted. `proxy_telemetry`: the proxy's loopback telemetry URL
-    (proxy/telemetry.py), for `/metrics` and the dashboard's live requests."""
+    (proxy/app/telemetry.py), for `/metrics` and the dashboard's live requests."""
     from tools_server.ui import UISessions, mount_ui, ui_gate
 
     port_box: list[int | None] = [port]

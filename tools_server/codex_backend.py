@@ -34,7 +34,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from proxy.journal.addresses import ROOT, AddressError, resolve_address
+from proxy.items.addresses import ROOT, AddressError, resolve_address
 from proxy.journal.identity import JoinError, resolve_identity
 from proxy.session import AGENT_HEADER, TASK_HEADER, resolve_session
 from tools_server.registry import Services, ToolError, ToolResult, describe_validation

@@ -7,7 +7,7 @@ number: `unknown` until an answer with usage was seen. No task, an unknown task 
 agent is an error, never another task's numbers.
 
 `new_context` (Codex's schema: no parameters) leaves a pending rollover for the agent
-(`proxy/context/rollover.py`); the projection stage consumes it at the agent's next forwarded sampling
+(`proxy/windows/notes/rollover.py`); the projection stage consumes it at the agent's next forwarded sampling
 request, whatever else that batch did. Idempotent.
 
 `add_context_routes` adds the REST call for a manual checkpoint (`POST /v1/context/checkpoint`), the
@@ -25,12 +25,12 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from proxy import usage as usage_store
-from proxy.compaction import store as compaction_store
-from proxy.context import rollover
-from proxy.context.checkpoint import CheckpointTargetError, mark_checkpoint
 from proxy.journal.query import HistoryReader
 from proxy.store.interface import Store
 from proxy.windows import budget
+from proxy.windows.notes import rollover
+from proxy.windows.notes.checkpoint import CheckpointTargetError, mark_checkpoint
+from proxy.windows.remote import store as compaction_store
 from tools_server.history.shared import Readers, caller_of
 from tools_server.registry import CallContext, Services, Tool, ToolResult
 

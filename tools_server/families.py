@@ -27,8 +27,8 @@ def build_families(services: Services) -> list[ToolFamily]:
 
 
 def build_registry(services: Services) -> Registry:
+    from proxy.app.status import capability_status
     from proxy.config import CAPABILITIES
-    from proxy.status import capability_status
 
     unavailable = {}
     for name in CAPABILITIES:

@@ -2,7 +2,7 @@
 
 Where the numbers live (issue 17; docs/dashboard.md): the proxy and the tool server are two processes. The
 tool server counts its tool calls here (`ToolMetrics`); the proxy keeps its request metrics in its own
-registry (`proxy/metrics.py`) and serves them on a loopback telemetry port (`proxy/telemetry.py`) that
+registry (`proxy/metrics.py`) and serves them on a loopback telemetry port (`proxy/app/telemetry.py`) that
 `ctproxy up` hands the tool server as `--proxy-telemetry URL`. A scrape of the tool server's `/metrics`
 (same loopback + bearer-token rules as every other route) pulls the proxy's text and appends it to its
 own: one scrape target for both processes. `ctproxy_proxy_telemetry_up` says whether that pull worked.
@@ -88,7 +88,7 @@ class ToolMetrics:
 
 
 class ProxyTelemetry:
-    """The tool server's client of the proxy's loopback telemetry (proxy/telemetry.py)."""
+    """The tool server's client of the proxy's loopback telemetry (proxy/app/telemetry.py)."""
 
     def __init__(self, url: str | None, token: str):
         self.url = url.rstrip("/") if url else None

@@ -87,7 +87,7 @@ class Services:
     session_credentials: SessionCredentials = field(default_factory=SessionCredentials, repr=False)
     upstream_turns: UpstreamTurns = field(default_factory=UpstreamTurns, repr=False)
     # The upstream the proxy in front sends model requests to (`ctproxy up` passes it): judges which
-    # capabilities can work here (proxy.status), as `ctproxy status` does. Official unless told otherwise.
+    # capabilities can work here (proxy.app.status), as `ctproxy status` does. Official unless told otherwise.
     upstream_official: bool = True
     upstream_trusted: bool = False
     # The state store (proxy/store/interface.py) the notes and context tools call: None means the embedded store

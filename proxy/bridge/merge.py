@@ -33,9 +33,9 @@ from typing import Any
 
 import orjson
 
-from proxy.bridge.items import CALL_TYPES, mcp_arguments, mcp_id, mcp_item
 from proxy.bridge.rawsse import decode_block
-from proxy.sse import SSEEvent
+from proxy.items.bridged import CALL_TYPES, mcp_arguments, mcp_id, mcp_item
+from proxy.items.sse import SSEEvent
 
 START_EVENTS = frozenset({"response.created", "response.in_progress", "response.queued"})
 HELD_TERMINALS = frozenset({"response.completed", "response.incomplete"})

@@ -3,13 +3,13 @@
 The bridge's merger passes most events of a round to the agent unchanged (text deltas and the like: the
 bulk of a stream); splitting on the blank line and keeping each event's own bytes lets it do so without
 decoding or re-framing them. Only `\\n`-framed streams are split here (what the Responses API sends): once
-a `\\r` shows up, the rest of the stream goes through the full decoder (`proxy.sse.SSEDecoder`) and comes
+a `\\r` shows up, the rest of the stream goes through the full decoder (`proxy.items.sse.SSEDecoder`) and comes
 out as decoded events instead.
 """
 
 from __future__ import annotations
 
-from proxy.sse import SSEDecoder, SSEEvent
+from proxy.items.sse import SSEDecoder, SSEEvent
 
 
 class EventSplitter:

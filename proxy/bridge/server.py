@@ -33,14 +33,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy import loopback
-from proxy.bridge.items import BridgeMemory
 from proxy.bridge.merge import TURN_USAGE_HEADER, usage_header
 from proxy.bridge.specs import DISPLACED
 from proxy.bridge.turn import BridgedTurn, BridgeJob, TurnStats
 from proxy.files import atomic_write_text
-from proxy.flowbody import decode_bounded, max_body_bytes
-from proxy.loopback import JOB_TTL, Loopback, job_path, new_job
+from proxy.host import loopback
+from proxy.host.flowbody import decode_bounded, max_body_bytes
+from proxy.host.loopback import JOB_TTL, Loopback, job_path, new_job
+from proxy.items.bridged import BridgeMemory
 from proxy.toolclient import BridgeTool, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 

@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from proxy.items.inputs import leading_additional_tools
 from proxy.toolclient import BridgeTool
-from proxy.transforms.items import leading_additional_tools
 
 Form = Literal["function", "custom"]
 CUSTOM_PATCH_MODELS = ("gpt-5*", "codex-*")

@@ -1,7 +1,7 @@
 """What `ctproxy status` says about the bridge: for every family with tools, bridged or not and why (pure).
 
 Judged from the config the running proxy runs (run.json's snapshot, `--bridge` included) and the
-capability statuses (`proxy.status.capability_status`): a family is bridged when it is in
+capability statuses (`proxy.app.status.capability_status`): a family is bridged when it is in
 `bridge.families`, its capability is active and ctproxy runs its tool server. Which tools a request
 really gets also depends on the agent: its own tool of the same name always wins (said on the line).
 """

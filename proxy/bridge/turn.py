@@ -24,18 +24,6 @@ from typing import Any
 
 import orjson
 
-from proxy.bridge.items import (
-    CALL_TYPES,
-    BridgeMemory,
-    ExecutedCall,
-    anchors_of,
-    call_text,
-    mcp_item,
-    output_item,
-    parse_mcp_id,
-    repair_request,
-    upstream_call,
-)
 from proxy.bridge.merge import (
     AGENT_ACTION_TYPES,
     MergedStream,
@@ -47,11 +35,23 @@ from proxy.bridge.merge import (
 )
 from proxy.bridge.rawsse import EventSplitter
 from proxy.bridge.specs import Offer, replace_specs, select
-from proxy.compaction.overflow import CODE, response_error_code
+from proxy.items.bridged import (
+    CALL_TYPES,
+    BridgeMemory,
+    ExecutedCall,
+    anchors_of,
+    call_text,
+    mcp_item,
+    output_item,
+    parse_mcp_id,
+    repair_request,
+    upstream_call,
+)
 from proxy.metrics import proxy_metrics
 from proxy.toolclient import BridgeTool, CallerUpstream, CallOutcome, ToolCall, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable, continue_turn
 from proxy.windows.budget import ContextUsage
+from proxy.windows.remote.overflow import CODE, response_error_code
 
 log = logging.getLogger("ctproxy.bridge")
 

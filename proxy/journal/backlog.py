@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from proxy.items.jsonbytes import dumps_kept
 from proxy.journal.itemids import ItemIds
-from proxy.jsonbytes import dumps_kept
 
 if TYPE_CHECKING:
     from proxy.journal.branch import Branch

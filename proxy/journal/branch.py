@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from proxy.journal.canonical import (
+from proxy.items.canonical import (
     COMPACTION_TYPES,
     SKIPPABLE_TYPES,
     canonical_digest,
@@ -36,8 +36,8 @@ from proxy.journal.canonical import (
     item_type,
     type_name,
 )
+from proxy.items.jsonbytes import dumps_kept
 from proxy.journal.itemids import ItemIds
-from proxy.jsonbytes import dumps_kept
 
 
 @dataclass(slots=True)
@@ -185,7 +185,7 @@ class InputView:
     def raw(self, k: int) -> bytes:
         v = self._raw[k]
         if v is None:
-            v = self._raw[k] = dumps_kept(self.items[k])  # held until written (proxy/jsonbytes.py)
+            v = self._raw[k] = dumps_kept(self.items[k])  # held until written (proxy/items/jsonbytes.py)
         return v
 
     def fp(self, k: int) -> int:

@@ -15,8 +15,8 @@ from functools import lru_cache
 from typing import Any
 
 from proxy.errors import CtproxyError
-from proxy.journal.addresses import ROOT, AddressError, auto_address, resolve_address
-from proxy.journal.canonical import sha256
+from proxy.items.addresses import ROOT, AddressError, auto_address, resolve_address
+from proxy.items.canonical import sha256
 from proxy.session import SessionIdentity, resolve_session
 
 

@@ -1,6 +1,6 @@
 """Item ids in a column (pure): 8 bytes a position, not a string object each.
 
-Every id the journal hands out is `it_` and 16 hex digits (proxy/journal/canonical.chain_id), a 68-byte string
+Every id the journal hands out is `it_` and 16 hex digits (proxy/items/canonical.chain_id), a 68-byte string
 object of pymalloc's. A cached 100,000-item session held 100,000 of them, alive together from its big request
 until the session was let go, and a big request's branch, its kept input (`Resend`), its mark and its ops shared
 them: pymalloc's 1 MiB arenas go back to the OS only once every block in them is free, and the few long-lived

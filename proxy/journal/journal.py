@@ -28,8 +28,19 @@ import fastsimdjson
 import orjson
 
 from proxy import memory, workerid
+from proxy.items.answers import ANSWERED_CALL_TYPES
+from proxy.items.canonical import (
+    canonical_hash,
+    chain_digest,
+    chain_id,
+    fingerprint,
+    input_items,
+    item_type,
+    session_root,
+)
+from proxy.items.jsonbytes import dumps_kept
+from proxy.items.lazyitems import LazyItems, as_list, plain
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
-from proxy.journal.answers import ANSWERED_CALL_TYPES
 from proxy.journal.backlog import Pending, PendingRequest, PendingResponse, Prepared, RequestMark
 from proxy.journal.branch import (
     Alignment,
@@ -42,15 +53,6 @@ from proxy.journal.branch import (
     align_resend,
     align_stateful,
     resend_rest,
-)
-from proxy.journal.canonical import (
-    canonical_hash,
-    chain_digest,
-    chain_id,
-    fingerprint,
-    input_items,
-    item_type,
-    session_root,
 )
 from proxy.journal.identity import auto_task_id, new_task_id, resolve_identity
 from proxy.journal.itemids import ItemIds
@@ -73,10 +75,8 @@ from proxy.journal.sqlite_backend import SqliteJournal
 from proxy.journal.sqlite_backend import connect_retrying as connect_retrying  # (re-exported)
 from proxy.journal.sqlite_backend import window_from_row as window_from_row  # (re-exported)
 from proxy.journal.writer import JournalBackendLike, JournalWriter
-from proxy.jsonbytes import dumps_kept
 from proxy.session import SessionIdentity, record_fingerprint_claim
 from proxy.state import StateDir
-from proxy.transforms.lazyitems import LazyItems, as_list, plain
 
 log = logging.getLogger("ctproxy.journal")
 
@@ -1047,7 +1047,7 @@ class Journal:
         after = w.bootstrap.get(FILED_AFTER_KEY) if isinstance(w.bootstrap, dict) and w.ordinal > 1 else None
         filed_in = window_id(w.ordinal - 1) if isinstance(after, str) else w.window_id
         for item in items:
-            raw = dumps_kept(item)  # held until written (proxy/jsonbytes.py)
+            raw = dumps_kept(item)  # held until written (proxy/items/jsonbytes.py)
             canon = canonical_hash(item)
             item_id = chain_id(parent, canon)
             # The fingerprint of the form received: a client resending it unchanged needs no hashing.

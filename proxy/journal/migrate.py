@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 
-from proxy.journal.addresses import ROOT
-from proxy.journal.canonical import LEGACY_PREFIX, legacy_chain_hash
+from proxy.items.addresses import ROOT
+from proxy.items.canonical import LEGACY_PREFIX, legacy_chain_hash
 from proxy.journal.identity import auto_task_id
 from proxy.journal.model import window_id
 

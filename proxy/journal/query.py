@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
+from proxy.items.classify import OWN_NAMESPACES, normalize_tool
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
-from proxy.journal.classify import OWN_NAMESPACES, normalize_tool
 from proxy.journal.excerpt import find_matches
 
 # Items walk in journal order over the (session_key, seq) index; the branch check is a key lookup.
@@ -265,7 +265,7 @@ class HistoryReader:
 
 # The tool bridge's executed calls: `mcp_call` items with server label `ctproxy`, which the journal files under
 # that namespace, or under the recovery tools' concept pair (history, notes; `functions` for the context tools:
-# proxy/journal/classify.normalize_tool). Another MCP server's calls carry their own label.
+# proxy/items/classify.normalize_tool). Another MCP server's calls carry their own label.
 BRIDGE_NAMESPACES = ("ctproxy", "history", "notes", "functions")
 
 

@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS journal_windows (
     bootstrap TEXT NOT NULL,         -- JSON: what replaces the items before the boundary (per strategy)
     created_at REAL NOT NULL,
     boundary_pos INTEGER,            -- agent items the bootstrap replaces (NULL: a journal-only window)
-    boundary_hash TEXT,              -- one-chain id of item boundary_pos-1 (proxy/journal/canonical.py)
+    boundary_hash TEXT,              -- one-chain id of item boundary_pos-1 (proxy/items/canonical.py)
     reason TEXT,                     -- why the window was opened (a category, never content)
     opaque BLOB,                     -- the remote strategy's compaction item, byte for byte as received
     PRIMARY KEY (task_id, address, window_id)

@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import orjson
 
-from proxy.journal import classify
-from proxy.journal.canonical import item_type
+from proxy.items import classify
+from proxy.items.canonical import item_type
+from proxy.items.render import render_item
 from proxy.journal.ops import (
     EnsureAgent,
     EnsureSession,
@@ -29,7 +30,6 @@ from proxy.journal.ops import (
     PutWindow,
     SetBranch,
 )
-from proxy.journal.render import render_item
 
 
 def _dumps(value: object) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.errors import CtproxyError
-from proxy.journal.addresses import AddressError, validate_address
+from proxy.items.addresses import AddressError, validate_address
 
 _TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
 MAX_COMPONENT_BYTES = 255

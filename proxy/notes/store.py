@@ -31,7 +31,7 @@ from filelock import FileLock, Timeout
 
 from proxy.errors import CtproxyError
 from proxy.files import atomic_write_bytes
-from proxy.journal.addresses import address_hash
+from proxy.items.addresses import address_hash
 from proxy.notes.paths import MAX_DEPTH, check_rel, check_task_id, is_valid_rel, quoted
 
 NOTE_MAX_BYTES = 1_000_000

@@ -2,8 +2,8 @@
 (WAL mode) and its note files, exactly as ctproxy has always kept them.
 
 Notes are `proxy.notes.store.NotesStore` (real files under a cross-process file lock); pending rollovers are the
-`context_rollovers` table through `proxy.context.rollover`'s functions, usage the `usage` / `usage_estimates`
-tables through `proxy.usage`'s and compaction's records its tables through `proxy.compaction.store`'s, on one
+`context_rollovers` table through `proxy.windows.notes.rollover`'s functions, usage the `usage` / `usage_estimates`
+tables through `proxy.usage`'s and compaction's records its tables through `proxy.windows.remote.store`'s, on one
 connection per thread (SQLite connections are cheap, and a thread that holds its own never waits for another's
 statement). A mark also moves the rollover stamp file, so a proxy process that trusts its "nothing pending" sees
 it at once.
@@ -16,15 +16,15 @@ import threading
 from pathlib import Path
 
 from proxy import usage as usage_sql
-from proxy.compaction import store as compaction_sql
-from proxy.context import rollover
-from proxy.context.pending import KINDS, Kind, Pending
 from proxy.db import connect
 from proxy.journal.sqlite_backend import SqliteJournal
 from proxy.notes.store import NotesStore
 from proxy.state import StateDir
 from proxy.store.interface import StoreKind
 from proxy.usage import Usage
+from proxy.windows.notes import rollover
+from proxy.windows.notes.pending import KINDS, Kind, Pending
+from proxy.windows.remote import store as compaction_sql
 
 
 class _Connections:

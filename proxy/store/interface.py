@@ -21,14 +21,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from proxy.compaction.store import Event as CompactionEvent
-from proxy.compaction.store import SessionRecord
-from proxy.context.pending import KINDS, Kind, Pending
 from proxy.journal.model import Window
 from proxy.journal.ops import Op, PutWindow
 from proxy.journal.query import HistoryReader
 from proxy.notes.store import NoteInfo, WriteResult
 from proxy.usage import Usage
+from proxy.windows.notes.pending import KINDS, Kind, Pending
+from proxy.windows.remote.store import Event as CompactionEvent
+from proxy.windows.remote.store import SessionRecord
 
 StoreKind = Literal["embedded", "postgresql"]
 
@@ -178,7 +178,7 @@ class JournalBackend(Protocol):
 
 @runtime_checkable
 class CompactionBackend(Protocol):
-    """Compaction's own records (proxy/compaction/store.py): per session what the last request forwarded, a
+    """Compaction's own records (proxy/windows/remote/store.py): per session what the last request forwarded, a
     pending forced compaction, a failed remote attempt and the agent items at the last compaction; the
     compaction / recovery / projection events; the effective window an upstream showed per model and endpoint.
 
@@ -214,8 +214,8 @@ class CompactionBackend(Protocol):
 
 @runtime_checkable
 class ViewConnection(Protocol):
-    """A read-only connection for the views people read (proxy/sessionview.py: `ctproxy tasks`, `ctproxy show`,
-    the dashboard's API; proxy/journal/cli_views.py's report), sqlite3-shaped: `execute(sql, params)` with `?`
+    """A read-only connection for the views people read (proxy/app/sessionview.py: `ctproxy tasks`, `ctproxy show`,
+    the dashboard's API; proxy/app/journal_views.py's report), sqlite3-shaped: `execute(sql, params)` with `?`
     placeholders in the SQL both stores speak, rows by position and by column name; `close` gives it back.
     A PostgreSQL view says so in `dialect = "postgresql"` (sqlite3 has none: SQLite)."""
 

@@ -17,7 +17,7 @@ words.
 Usage: `usage` and `usage_estimates` (migration 2), proxy/usage.py's statements.
 
 Compaction's records: `compaction_sessions`, `compaction_progress`, `compaction_events` (ids from migration 3's
-sequence) and `compaction_windows`, proxy/compaction/store.py's statements (migration 4 indexes the events).
+sequence) and `compaction_windows`, proxy/windows/remote/store.py's statements (migration 4 indexes the events).
 
 Rollovers: `context_rollovers`, with the same statements as SQLite's (`ON CONFLICT … DO UPDATE … RETURNING`,
 `DELETE … RETURNING`): taking a mark is one statement, so of two instances at most one gets it.
@@ -30,10 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from proxy.compaction.decision import LastRequest
-from proxy.compaction.store import Event, SessionRecord
-from proxy.context.pending import KINDS, Kind, Pending
-from proxy.journal.addresses import address_hash
+from proxy.items.addresses import address_hash
 from proxy.notes.paths import check_rel, check_task_id, is_valid_rel, quoted
 from proxy.notes.store import LOCK_TIMEOUT, NOTE_MAX_BYTES, NoteError, NoteInfo, WriteResult, encode_note
 from proxy.store import pgconn, postgres
@@ -43,6 +40,9 @@ from proxy.store.pgconn import connection as _connection
 from proxy.store.pgview import PgViewConnection
 from proxy.store.postgres import StoreError
 from proxy.usage import Usage
+from proxy.windows.notes.pending import KINDS, Kind, Pending
+from proxy.windows.remote.decision import LastRequest
+from proxy.windows.remote.store import Event, SessionRecord
 
 _NOW = "extract(epoch from clock_timestamp())"
 _MIGRATE_LOCK = 0x63747078  # "ctpx": held while the schema is brought up to date
@@ -258,7 +258,7 @@ class PgUsage:
 
 
 class PgCompaction:
-    """Compaction's records, with proxy/compaction/store.py's statements (`at` / `updated_at` the caller's clock,
+    """Compaction's records, with proxy/windows/remote/store.py's statements (`at` / `updated_at` the caller's clock,
     as there: the events of one session order by their id, from one sequence)."""
 
     kind: StoreKind = "postgresql"

@@ -28,8 +28,9 @@ from typing import Any
 
 import orjson
 
-from proxy.journal import classify
-from proxy.journal.canonical import item_type
+from proxy.items import classify
+from proxy.items.canonical import item_type
+from proxy.items.render import render_item
 from proxy.journal.model import Window, window_id
 from proxy.journal.ops import (
     EnsureAgent,
@@ -46,7 +47,6 @@ from proxy.journal.ops import (
     SetBranch,
 )
 from proxy.journal.query import _ITEM_COLS, _ON_BRANCH, HistoryReader, ItemRow, WindowInfo, _row
-from proxy.journal.render import render_item
 from proxy.journal.sqlite_backend import window_from_row
 from proxy.journal.store import BatchContext
 from proxy.store.interface import StoreKind

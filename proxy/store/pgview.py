@@ -1,5 +1,5 @@
 """A read-only, sqlite3-shaped connection over the PostgreSQL store, for the views people read
-(proxy/sessionview.py: `ctproxy tasks`, `ctproxy show`): its queries are written in the SQL both databases speak,
+(proxy/app/sessionview.py: `ctproxy tasks`, `ctproxy show`): its queries are written in the SQL both databases speak,
 with `?` placeholders, and read rows by position and by name as `sqlite3.Row` allows. One pooled connection,
 held for the view's life (`close` gives it back)."""
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.config import WebSearchConfig
+from proxy.items.inputs import leading_additional_tools
 from proxy.routes import GATEWAY_KEY_ENV
-from proxy.transforms.items import leading_additional_tools
 
 SOURCES_INCLUDE = "web_search_call.action.sources"
 # web_search, web_search_preview and their dated variants (web_search_2025_08_26, …).

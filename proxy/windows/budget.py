@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy import dbworker, usage
-from proxy.transforms.items import approx_tokens_for_bytes, input_items, items_bytes
+from proxy.items.inputs import approx_tokens_for_bytes, input_items, items_bytes
 
 log = logging.getLogger("ctproxy.context")
 

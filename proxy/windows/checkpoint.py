@@ -2,7 +2,8 @@
 
 One turn upstream (the current window + the instruction, only the own-notes write offered and required), exactly
 one own-notes write executed on the tool server (a failed one, or one outside the agent's own notes, corrected
-once). The pure parts (the turn's body, reading the write call, the correction) are `proxy/context/checkpoint_turn`.
+once). The pure parts (the turn's body, reading the write call, the correction) are
+`proxy/windows/notes/checkpoint_turn`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from typing import Any
 
 import orjson
 
-from proxy.compaction.journal_link import WindowSession
-from proxy.context import checkpoint_turn as ckturn
-from proxy.flowbody import decode_bounded
+from proxy.host.flowbody import decode_bounded
 from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamUnavailable
+from proxy.windows.notes import checkpoint_turn as ckturn
+from proxy.windows.remote.journal_link import WindowSession
 from proxy.windows.service import WindowDeps
 
 log = logging.getLogger("ctproxy.context")
@@ -102,7 +103,7 @@ def journal_turn(journal: Any, ws: WindowSession, items: list[Any] | None,
     """The writes the checkpoint turn executed, journaled in the window they close, after the agent's items:
     returns the request's journal mark taken again with them (so its answer follows them on the branch), or
     None. The agent never resends them; the journal skips them then (`mcp_call` is a hosted tool's trace,
-    proxy/journal/canonical.SKIPPABLE_TYPES)."""
+    proxy/items/canonical.SKIPPABLE_TYPES)."""
     if not executed or ws.mark is None or journal is not ws.journal or not items:
         return None  # history is off (or nothing ran): no items are journaled
     try:

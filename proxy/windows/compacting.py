@@ -8,18 +8,19 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from proxy import dbworker, debuglog, runtime
-from proxy.compaction import journal_link, store
-from proxy.compaction.bookkeeping import records_on, shared_records, write_op
-from proxy.compaction.decision import choose_boundary
-from proxy.compaction.eligibility import remote_blocked
-from proxy.compaction.fingerprint import compatible
-from proxy.compaction.flowinfo import FlowInfo
-from proxy.compaction.store import Checkpoint
+from proxy import dbworker, debuglog
+from proxy.app import runtime
+from proxy.items.lazyitems import as_list
 from proxy.metrics import proxy_metrics
-from proxy.transforms.compaction import ProjectionContext, apply_projection
-from proxy.transforms.lazyitems import as_list
 from proxy.windows import opening, service
+from proxy.windows.remote import journal_link, store
+from proxy.windows.remote.bookkeeping import records_on, shared_records, write_op
+from proxy.windows.remote.bootstraps import ProjectionContext, apply_projection
+from proxy.windows.remote.decision import choose_boundary
+from proxy.windows.remote.eligibility import remote_blocked
+from proxy.windows.remote.fingerprint import compatible
+from proxy.windows.remote.flowinfo import FlowInfo
+from proxy.windows.remote.store import Checkpoint
 
 
 def db_of(rt: runtime.Runtime) -> dbworker.DBWorker:
@@ -109,7 +110,7 @@ def learn(rt: runtime.Runtime, info: FlowInfo, tokens: int) -> None:
     debuglog.event("overflow_recovery", phase="window", outcome="learned", window=cache[(model, endpoint)][0])
 
 def blocked(info: FlowInfo, rt: runtime.Runtime) -> str | None:
-    # the one rule (proxy/compaction/eligibility.py), shared with the context stage's hard trigger
+    # the one rule (proxy/windows/remote/eligibility.py), shared with the context stage's hard trigger
     return remote_blocked(rt.config.remote_compaction, info.route.eligible, info.fingerprint)
 
 async def compact(rt: runtime.Runtime, info: FlowInfo, request_payload: dict[str, Any], reason: str) -> Checkpoint:

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.compaction.decision import Estimate
-from proxy.compaction.store import Checkpoint
+from proxy.windows.remote.decision import Estimate
+from proxy.windows.remote.store import Checkpoint
 
 
 @dataclass(frozen=True, kw_only=True)

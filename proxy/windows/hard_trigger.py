@@ -17,23 +17,24 @@ from typing import Any
 
 from mitmproxy import http
 
-from proxy import routes, runtime
+from proxy import routes
 from proxy import usage as usage_store
-from proxy.compaction import journal_link
-from proxy.compaction.decision import TAIL_FRACTION
-from proxy.compaction.eligibility import remote_call
-from proxy.compaction.fingerprint import load_key
-from proxy.context import bootstrap as boot
-from proxy.context import reminder
-from proxy.context.decorate import decorate
+from proxy.app import runtime
+from proxy.items.inputs import approx_tokens_for_bytes, input_items, items_bytes
 from proxy.journal import Window
 from proxy.metrics import proxy_metrics
-from proxy.transforms.compaction import ProjectionContext, apply_projection
-from proxy.transforms.items import approx_tokens_for_bytes, input_items, items_bytes
-from proxy.transforms.window import apply_window
 from proxy.windows import budget, opening, service
+from proxy.windows.apply import apply_window
 from proxy.windows.decision import WindowDecision
+from proxy.windows.notes import bootstrap as boot
+from proxy.windows.notes import reminder
+from proxy.windows.notes.decorate import decorate
 from proxy.windows.projection import CONTEXT_REASON, stored_projection
+from proxy.windows.remote import journal_link
+from proxy.windows.remote.bootstraps import ProjectionContext, apply_projection
+from proxy.windows.remote.decision import TAIL_FRACTION
+from proxy.windows.remote.eligibility import remote_call
+from proxy.windows.remote.fingerprint import load_key
 
 log = logging.getLogger("ctproxy.context")
 
@@ -99,7 +100,7 @@ async def compact_at_rollover(rt: runtime.Runtime, ws: journal_link.WindowSessio
                               allowed: bool, request: http.Request, headers: Mapping[str, str],
                               session_key: str | None, gateway_key: str | None = None) -> Compacted:
     """Compact the session's window at the rollover boundary and forward this request in the new one: remote
-    compaction v2 where eligible (compaction's one rule, proxy/compaction/eligibility.py) and `remote`, else
+    compaction v2 where eligible (compaction's one rule, proxy/windows/remote/eligibility.py) and `remote`, else
     the readable fallback (no upstream call). At most one compaction per agent request: none when compaction
     already compacted this one."""
     items = input_items(payload)

@@ -8,7 +8,7 @@ import asyncio
 import logging
 from typing import Any
 
-from proxy.compaction import journal_link
+from proxy.windows.remote import journal_link
 
 log = logging.getLogger("ctproxy.context")
 

@@ -13,19 +13,19 @@ from typing import Any
 import orjson
 
 from proxy import debuglog
-from proxy.compaction import journal_link
-from proxy.compaction.store import CONVERSATION_KEY, LEAD_KEY
-from proxy.context import bootstrap as boot
-from proxy.context import midturn, stateful
+from proxy.items.canonical import chain_at, session_root
+from proxy.items.inputs import input_items
+from proxy.items.lazyitems import as_list
 from proxy.journal import Window
-from proxy.journal.canonical import chain_at, session_root
 from proxy.journal.model import FILED_AFTER_KEY
 from proxy.metrics import proxy_metrics
 from proxy.store.interface import Store
-from proxy.transforms.items import input_items
-from proxy.transforms.lazyitems import as_list
-from proxy.transforms.window import conversation_hash, instruction_run
 from proxy.windows import journal_reads, opening
+from proxy.windows.apply import conversation_hash, instruction_run
+from proxy.windows.notes import bootstrap as boot
+from proxy.windows.notes import midturn, stateful
+from proxy.windows.remote import journal_link
+from proxy.windows.remote.store import CONVERSATION_KEY, LEAD_KEY
 
 log = logging.getLogger("ctproxy.context")
 

@@ -1,5 +1,5 @@
 """What every new window starts with, whatever path opened it (issue 29 (4)): the one bootstrap builder
-(`proxy.context.bootstrap.window_notes` / `build_bootstrap`) fed the same way for new_context, the hard
+(`proxy.windows.notes.bootstrap.window_notes` / `build_bootstrap`) fed the same way for new_context, the hard
 trigger, a manual checkpoint, overflow recovery and a failed checkpoint turn.
 
 `window_notes_for` returns the builder the journal calls when it opens the window (`Journal.start_window`
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from proxy.context import bootstrap as boot
 from proxy.journal import Window
 from proxy.store.interface import Store
 from proxy.store.postgres import StoreError
+from proxy.windows.notes import bootstrap as boot
 from proxy.windows.session_tools import declared_in_tools, session_tools
 
 FAMILY_TOOLS = {"history": boot.HISTORY_TOOLS, "notes": boot.NOTES_TOOLS, "context": boot.CONTEXT_TOOLS}

@@ -4,7 +4,7 @@ goes up once with `prompt_cache_options.prewarm: true`, with the tools and cache
 so that the window's first request reads it from the cache instead of writing it.
 
 Only on models that take `prompt_cache_options` (GPT-5.6 and later, GPT-6), only while `prompt_cache.prewarm` is on.
-What it cost (its input tokens) is counted per window in `prompt_cache` (proxy/cache_stats.py) and /metrics. A
+What it cost (its input tokens) is counted per window in `prompt_cache` (proxy/windows/cache_stats.py) and /metrics. A
 failed pre-warm is only a cold cache: never a failed request."""
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy import cache_stats
-from proxy.compaction.journal_link import WindowSession
-from proxy.windows import checkpoint
+from proxy.windows import cache_stats, checkpoint
+from proxy.windows.remote.journal_link import WindowSession
 from proxy.windows.service import WindowDeps
 
 log = logging.getLogger("ctproxy.context")
@@ -45,7 +44,7 @@ def leading(items: Sequence[Any]) -> list[Any]:
 
 def body(first: Mapping[str, Any], head: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The pre-warm request for a window whose first request is `first` (`head`: the tools and cache key the
-    session's last request went up with, proxy/context/last_tools.py); None when there is nothing to warm."""
+    session's last request went up with, proxy/windows/notes/last_tools.py); None when there is nothing to warm."""
     inp = first.get("input")
     items = leading(inp) if isinstance(inp, list) else []
     if not items:

@@ -11,16 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from proxy import debuglog, runtime
-from proxy.compaction import journal_link
-from proxy.compaction.store import CONVERSATION_KEY, LEAD_KEY, Checkpoint
-from proxy.context import midturn
+from proxy import debuglog
+from proxy.app import runtime
+from proxy.items.canonical import session_root
+from proxy.items.inputs import input_items
 from proxy.journal import COMPACTION_STRATEGIES, Window
-from proxy.journal.canonical import session_root
-from proxy.transforms.compaction import ProjectionContext, apply_projection, fit_projection
-from proxy.transforms.items import input_items
-from proxy.transforms.window import WindowProjection, apply_window
+from proxy.windows.apply import WindowProjection, apply_window
 from proxy.windows.decision import WindowDecision
+from proxy.windows.notes import midturn
+from proxy.windows.remote import journal_link
+from proxy.windows.remote.bootstraps import ProjectionContext, apply_projection, fit_projection
+from proxy.windows.remote.store import CONVERSATION_KEY, LEAD_KEY, Checkpoint
 
 CONTEXT_REASON = "context_"  # the reason of a compaction window the context stage opened (context_threshold, …)
 

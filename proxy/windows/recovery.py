@@ -11,14 +11,15 @@ from typing import Any
 import orjson
 from mitmproxy import http
 
-from proxy import debuglog, runtime
-from proxy.compaction.flowinfo import FlowInfo
-from proxy.compaction.overflow import CODE, response_error_code
-from proxy.flowstate import state_of
-from proxy.sse import ResponseTap, StreamTap
-from proxy.transforms.items import input_items
+from proxy import debuglog
+from proxy.app import runtime
+from proxy.host.flowstate import state_of
+from proxy.items.inputs import input_items
+from proxy.items.sse import ResponseTap, StreamTap
 from proxy.upstream import UpstreamBroken, UpstreamUnavailable
 from proxy.windows import compacting, service, sizing
+from proxy.windows.remote.flowinfo import FlowInfo
+from proxy.windows.remote.overflow import CODE, response_error_code
 from proxy.windows.service import WindowDeps
 
 

@@ -16,15 +16,16 @@ from typing import Any
 
 from mitmproxy import http
 
-from proxy import routes, runtime
-from proxy.compaction import journal_link
-from proxy.context.decorate import stateful_or_client
-from proxy.flowbody import ResponsesBody
-from proxy.flowstate import FlowState
+from proxy import routes
+from proxy.app import runtime
+from proxy.host.flowbody import ResponsesBody
+from proxy.host.flowstate import FlowState
+from proxy.items.inputs import InputFacts
+from proxy.items.lazyitems import is_item_list, plain_payload
 from proxy.session import SessionIdentity
-from proxy.transforms.items import InputFacts
-from proxy.transforms.lazyitems import is_item_list, plain_payload
 from proxy.windows import service
+from proxy.windows.notes.decorate import stateful_or_client
+from proxy.windows.remote import journal_link
 
 
 @dataclass(frozen=True)

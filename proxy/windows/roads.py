@@ -16,19 +16,20 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from proxy import dbworker, debuglog, runtime
-from proxy.compaction import journal_link
-from proxy.context import checkpoint_turn as ckturn
-from proxy.context.decorate import decorate
-from proxy.context.rollover import RolloverStore
-from proxy.flowstate import usage_memo
+from proxy import dbworker, debuglog
+from proxy.app import runtime
+from proxy.host.flowstate import usage_memo
+from proxy.items.inputs import input_items
 from proxy.journal import Window
 from proxy.toolclient import ToolClient
-from proxy.transforms.items import input_items
 from proxy.windows import budget, checkpoint, hard_trigger, notes_window, opening, prewarm, projection
 from proxy.windows import rollover_choice as choice
 from proxy.windows.decision import WindowDecision
+from proxy.windows.notes import checkpoint_turn as ckturn
+from proxy.windows.notes.decorate import decorate
+from proxy.windows.notes.rollover import RolloverStore
 from proxy.windows.projection import project_decision
+from proxy.windows.remote import journal_link
 from proxy.windows.request import WindowRequest
 
 log = logging.getLogger("ctproxy.context")

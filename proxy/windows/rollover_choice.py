@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from proxy.context.rollover import Kind
+from proxy.windows.notes.rollover import Kind
 
 # What the context stage always consumes at a request: `new_context`. A manual checkpoint is consumed only
 # where something can serve it (`pending_kinds`); else it waits.

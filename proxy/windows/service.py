@@ -9,7 +9,7 @@
   all compact here: the engine (remote compaction v2 where allowed, else the readable fallback), the
   journal's new window, compaction's records.
 
-Kept out of the strategy rooms, so `proxy/compaction/` and `proxy/context/` never import the runtime (that
+Kept out of the strategy rooms, so `proxy/windows/remote/` and `proxy/windows/notes/` never import the runtime (that
 import closed a loop: runtime → bridge → flowstate → compaction → runtime)."""
 
 from __future__ import annotations
@@ -19,17 +19,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy import dbworker, routes, runtime
-from proxy.compaction import journal_link
-from proxy.compaction.bookkeeping import record_compaction, shared_records
-from proxy.compaction.engine import Plan, compact, http_caller, retained_budget
-from proxy.compaction.fingerprint import Fingerprint
-from proxy.compaction.remote import Target
-from proxy.compaction.store import Checkpoint, SessionMemo
+from proxy import dbworker, routes
+from proxy.app import runtime
 from proxy.journal import Journal, Window, journal_for
 from proxy.store.interface import CompactionBackend
 from proxy.toolclient import ToolClient
 from proxy.upstream import UpstreamTurns
+from proxy.windows.remote import journal_link
+from proxy.windows.remote.bookkeeping import record_compaction, shared_records
+from proxy.windows.remote.engine import Plan, compact, http_caller, retained_budget
+from proxy.windows.remote.fingerprint import Fingerprint
+from proxy.windows.remote.remote import Target
+from proxy.windows.remote.store import Checkpoint, SessionMemo
 
 log = logging.getLogger("ctproxy.windows")
 

@@ -12,7 +12,7 @@
 - the bridge's own families (ctproxy offers those itself, under their own names).
 
 The result maps each of ctproxy's names (`history_read_item`) to the spelling the model knows it by; only the
-context tools (`proxy.context.bootstrap.ALL_TOOLS`) are reported.
+context tools (`proxy.windows.notes.bootstrap.ALL_TOOLS`) are reported.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from proxy.context.bootstrap import ALL_TOOLS
-from proxy.transforms.items import leading_additional_tools
+from proxy.items.inputs import leading_additional_tools
+from proxy.windows.notes.bootstrap import ALL_TOOLS
 
 _OWN = frozenset(ALL_TOOLS)
 OWN_NAMESPACES = frozenset({"mcp__ctproxy", "ctproxy"})  # Codex's MCP namespace for ctproxy; the bridge's label

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy import usage
-from proxy.compaction import store
-from proxy.compaction.decision import TAIL_FRACTION, Estimate, LastRequest, UsageSnapshot, estimate, over
-from proxy.compaction.flowinfo import FlowInfo
-from proxy.transforms.compaction import fit_projection
-from proxy.transforms.items import approx_tokens_for_bytes, items_bytes
+from proxy.items.inputs import approx_tokens_for_bytes, items_bytes
 from proxy.windows.decision import WindowDecision
+from proxy.windows.remote import store
+from proxy.windows.remote.bootstraps import fit_projection
+from proxy.windows.remote.decision import TAIL_FRACTION, Estimate, LastRequest, UsageSnapshot, estimate, over
+from proxy.windows.remote.flowinfo import FlowInfo
 
 # An overflow retry sends at most this share of the body that failed: the upstream's real window is
 # somewhere below the failed size, and one retry should not have to guess twice.

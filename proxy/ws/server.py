@@ -41,8 +41,8 @@ import aiohttp
 import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from proxy import loopback
-from proxy.loopback import JOB_TTL, Loopback, job_path, new_job
+from proxy.host import loopback
+from proxy.host.loopback import JOB_TTL, Loopback, job_path, new_job
 from proxy.upstream import UpstreamBroken, UpstreamTurns, UpstreamUnavailable
 from proxy.upstream.ws import (
     HANDSHAKE,

@@ -43,7 +43,7 @@ class ProxyProcess:
         return f"http://127.0.0.1:{self.tools_port}"
 
     def args(self) -> list[str]:
-        args = [sys.executable, "-m", "proxy.cli", "up", "--state-dir", str(self.state_dir),
+        args = [sys.executable, "-m", "proxy.app.cli", "up", "--state-dir", str(self.state_dir),
                 "--listen", "127.0.0.1:0", "--tools-listen", "127.0.0.1:0",
                 "--mode", self.mode]
         if self.upstream:

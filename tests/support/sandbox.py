@@ -5,7 +5,7 @@ meet `unavailable` on such a machine, which is the product's right answer but no
 
 from __future__ import annotations
 
-from proxy.sandbox import sandbox_problem
+from proxy.sandbox.bwrap import sandbox_problem
 
 MISSING = sandbox_problem("workspace-write")  # why the default mode cannot run here, or None
 FALLBACK = "danger-full-access"

@@ -117,7 +117,7 @@ class ComputerUseFamily:
         desktop = self.private_desktop()
         if desktop is None or self._published:
             return
-        from proxy.status import DESKTOP_FILE, write_desktop_file
+        from proxy.app.status import DESKTOP_FILE, write_desktop_file
 
         write_desktop_file(self.services.state, {"pid": os.getpid(), "display": desktop["DISPLAY"]})
         self._published = self.services.state.root / DESKTOP_FILE

@@ -115,7 +115,7 @@ class DiscoveryFamily:
         if not ok:
             return why
         if tool.capability == "computer_use":
-            from proxy.status import computer_use_status
+            from proxy.app.status import computer_use_status
 
             state, reason = computer_use_status(config)
             if state == "unavailable":

@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 
+from proxy.items.render import render_item
 from proxy.journal.excerpt import page, regions
 from proxy.journal.query import HistoryReader, ItemFilter, ItemRow
-from proxy.journal.render import render_item
 from proxy.notes.paths import quoted
 from tools_server.history import schemas
 from tools_server.history.args import ListItemsArgs, ListWindowsArgs, ReadItemArgs, SearchContentsArgs

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
-from proxy.journal.addresses import ROOT, AddressError, resolve_address
+from proxy.items.addresses import ROOT, AddressError, resolve_address
 from proxy.journal.query import HistoryReader
 from proxy.notes.paths import quoted
 from tools_server.registry import CallContext, Services, ToolError, clip

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from proxy.sandbox import READ_ONLY, UNSANDBOXED, protected_part
+from proxy.sandbox.bwrap import READ_ONLY, UNSANDBOXED, protected_part
 from tools_server.patch.commit import LOCAL_FS, CommitReport, LocalFs
 from tools_server.patch.engine import apply_patch
 from tools_server.patch.model import Patch, PatchError, UpdateFile

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy.sse import SSEDecoder
+from proxy.items.sse import SSEDecoder
 from proxy.transforms.web_search import SIDECAR_TOOL, SOURCES_INCLUDE, WebSearchSettings
 from proxy.upstream.transport import Answer
 from tools_server import credentials

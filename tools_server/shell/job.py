@@ -102,7 +102,7 @@ class Job:
 
     # -- start ---------------------------------------------------------------------------------
     async def spawn(self, argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> None:
-        """Start `argv` (the shell, wrapped by the sandbox and the limits: proxy/sandbox.command_argv)."""
+        """Start `argv` (the shell, wrapped by the sandbox and the limits: proxy/sandbox/bwrap.command_argv)."""
         loop = asyncio.get_running_loop()
         transport, _ = await loop.subprocess_exec(
             lambda: _Protocol(self), *argv,

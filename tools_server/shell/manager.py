@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.sandbox import (
+from proxy.sandbox.bwrap import (
     UNSANDBOXED,
     Limits,
     backend_for,

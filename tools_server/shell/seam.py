@@ -22,7 +22,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from proxy.hooks import SeamConfigError, load_hooks  # noqa: F401 (the seam's loader, shared with status)
+from proxy.sandbox.policy import SeamConfigError, load_hooks  # noqa: F401 (the seam's loader, shared with status)
 from tools_server.shell.errors import ShellError
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

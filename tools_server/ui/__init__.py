@@ -26,8 +26,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy import cache_stats, sessionview
-from proxy.status import all_statuses, read_run_file
+from proxy.app import sessionview
+from proxy.app.status import all_statuses, read_run_file
+from proxy.windows import cache_stats
 from tools_server.metrics_endpoint import METRICS_KEY, TELEMETRY_KEY, ToolCallRecord
 from tools_server.registry import Registry, Services
 from tools_server.security import host_allowed
