@@ -134,14 +134,31 @@ class _RequestStats:
         for labels, n in sorted(nbytes.items()):
             fam.add_metric(list(labels), n)
         yield fam
-        from proxy.store.pgconn import round_trips  # (no database driver imported: the counts are plain ints)
-
         fam = CounterMetricFamily("ctproxy_store_round_trips", "Round trips to a PostgreSQL store, by the thread "
                                   "that waited (journal: the journal's writer, off the request path; request: "
                                   "every other)", labels=["path"])
-        for path, n in sorted(round_trips().items()):
+        for path, n in sorted(store_round_trips().items()):
             fam.add_metric([path], n)
         yield fam
+
+
+# Round trips to a PostgreSQL store, counted by the store's pooled connections (proxy/store/pgconn.py) by the
+# thread that waited, and read by /metrics: kept here, on the bottom floor, so reading them imports no store.
+_store_counts = {"request": 0, "journal": 0}
+_store_count_lock = threading.Lock()
+JOURNAL_THREAD = "ctproxy-journal"  # proxy/journal/writer.py's thread name
+
+
+def count_store_round_trip() -> None:
+    path = "journal" if threading.current_thread().name.startswith(JOURNAL_THREAD) else "request"
+    with _store_count_lock:
+        _store_counts[path] += 1
+
+
+def store_round_trips() -> dict[str, int]:
+    """The round trips this process made to a PostgreSQL store so far, by path (`request`, `journal`)."""
+    with _store_count_lock:
+        return dict(_store_counts)
 
 
 class ProxyMetrics:

@@ -3,36 +3,20 @@ of the round trips this process made to the store.
 
 Every pooled connection is a `CountingConnection` in autocommit mode: a statement alone is one round trip (no
 `BEGIN` before it, no `COMMIT` after it); what must be atomic says so with `conn.transaction()`. The count
-(`round_trips()`) is kept by the thread that waited: the journal's writer thread (`journal`: off the request path)
-and every other thread (`request`: the proxy's database thread, the event loop, the tool server's executors). It is
-`ctproxy_store_round_trips_total` in /metrics; tests/test_store_round_trips.py reads it per request."""
+(`proxy.metrics.store_round_trips()`) is kept by the thread that waited: the journal's writer thread (`journal`:
+off the request path) and every other thread (`request`: the proxy's database thread, the event loop, the tool
+server's executors). It is `ctproxy_store_round_trips_total` in /metrics; tests/test_store_two_instances.py reads it
+per request."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from proxy.metrics import count_store_round_trip as count_round_trip
 from proxy.store import postgres
 from proxy.store.postgres import StoreError
-
-_counts = {"request": 0, "journal": 0}
-_count_lock = threading.Lock()
-JOURNAL_THREAD = "ctproxy-journal"  # proxy/journal/writer.py's thread name
-
-
-def count_round_trip() -> None:
-    path = "journal" if threading.current_thread().name.startswith(JOURNAL_THREAD) else "request"
-    with _count_lock:
-        _counts[path] += 1
-
-
-def round_trips() -> dict[str, int]:
-    """The round trips this process made to a PostgreSQL store so far, by path (`request`, `journal`)."""
-    with _count_lock:
-        return dict(_counts)
-
 
 _classes: tuple[Any, Any] | None = None
 
