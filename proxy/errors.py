@@ -33,6 +33,10 @@ class UpstreamError(CtproxyError):
     reached (`ToolServerUnreachable`), or a compaction call failed (`CompactionFailure`)."""
 
 
+class StoreError(CtproxyError, RuntimeError):
+    """A shared state store (PostgreSQL, proxy/store/) could not be reached or refused what was asked of it."""
+
+
 class ProxyError(NamedTuple):
     status: int
     type: str

@@ -7,6 +7,7 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from filelock import FileLock, Timeout
 
@@ -14,6 +15,7 @@ from proxy.errors import CtproxyError
 from proxy.files import atomic_write_text
 
 UP_LOCK = "up.lock"
+StoreKind = Literal["embedded", "postgresql"]  # which store holds the state (proxy/store/)
 
 
 class StateDirBusy(CtproxyError, RuntimeError):

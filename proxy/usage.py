@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from proxy.db import register_schema
 
@@ -219,3 +219,24 @@ def make_usage(session_key: str, task: str | None, agent: str | None, model: str
                response_id: str | None) -> Usage:
     return Usage(session_key, task, agent, model, int(used.get("input_tokens") or 0),
                  int(used.get("output_tokens") or 0), used.get("total_tokens"), response_id, time.time())
+
+
+@runtime_checkable
+class UsageBackend(Protocol):
+    """Token usage per session (proxy/usage.py): the last answer's usage, and before any, an estimate of the request.
+
+    Contract: `record` keeps the newest answer by `at` (when it was seen: a late write never replaces a newer one);
+    `record_estimate` replaces the session's estimate; `for_agent` / `estimate_for_agent` answer the agent's newest
+    session of the task, never another task's."""
+
+    def record(self, session_key: str, task: str | None, agent: str | None, model: str | None, usage: dict,
+               response_id: str | None, at: float | None = None) -> None: ...
+
+    def record_estimate(self, session_key: str, task: str | None, agent: str | None, model: str | None,
+                        input_tokens: int, at: float | None = None) -> None: ...
+
+    def for_session(self, session_key: str) -> Usage | None: ...
+
+    def for_agent(self, task: str, agent: str) -> Usage | None: ...
+
+    def estimate_for_agent(self, task: str, agent: str) -> Usage | None: ...

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.errors import CtproxyError
+from proxy.errors import StoreError
 from proxy.state import StateDir
 
 SCHEMA_NAME = "store"
@@ -125,10 +125,6 @@ TABLES: tuple[str, ...] = (
     "compaction_events", "compaction_progress", "compaction_windows", "context_rollovers",
 )
 NOTES_TABLE = "notes_files"
-
-
-class StoreError(CtproxyError, RuntimeError):
-    pass
 
 
 def _psycopg() -> Any:

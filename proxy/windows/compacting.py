@@ -9,10 +9,10 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from proxy import dbworker, debuglog
-from proxy.app import runtime
 from proxy.items.lazyitems import as_list
 from proxy.metrics import proxy_metrics
 from proxy.windows import opening, service
+from proxy.windows.host import WindowHost
 from proxy.windows.remote import journal_link, store
 from proxy.windows.remote.bookkeeping import records_on, shared_records, write_op
 from proxy.windows.remote.bootstraps import ProjectionContext, apply_projection
@@ -23,11 +23,11 @@ from proxy.windows.remote.flowinfo import FlowInfo
 from proxy.windows.remote.store import Checkpoint
 
 
-def db_of(rt: runtime.Runtime) -> dbworker.DBWorker:
+def db_of(rt: WindowHost) -> dbworker.DBWorker:
     return dbworker.shared(rt.services, rt.state.db_path)
 
 
-def write(rt: runtime.Runtime, fn: Callable[[Any], Any], latest: Hashable | None = None) -> None:
+def write(rt: WindowHost, fn: Callable[[Any], Any], latest: Hashable | None = None) -> None:
     """A write of compaction's records (`fn` is given the `CompactionBackend`) on the database thread: in its
     batched transaction on the embedded store, through the store's backend on another (`--store`); coalesced
     with earlier writes under the same `latest` key."""
@@ -39,13 +39,13 @@ def write(rt: runtime.Runtime, fn: Callable[[Any], Any], latest: Hashable | None
         db.submit(op)
 
 
-async def read(rt: runtime.Runtime, db: dbworker.DBWorker, fn: Callable[[Any], Any]) -> Any:
+async def read(rt: WindowHost, db: dbworker.DBWorker, fn: Callable[[Any], Any]) -> Any:
     """A read of compaction's records on the database thread (after the writes pending there)."""
     shared = shared_records(rt.state_store())
     return await db.run(lambda conn: fn(records_on(shared, conn)))
 
 
-def project(rt: runtime.Runtime, payload: dict[str, Any], cp: Checkpoint | None, info: FlowInfo, enabled: bool,
+def project(rt: WindowHost, payload: dict[str, Any], cp: Checkpoint | None, info: FlowInfo, enabled: bool,
             report_divergence: bool = True) -> dict[str, Any]:
     """The checkpoint in effect projected onto `payload` (its opaque item replayed where the fingerprints
     match); `info` records the outcome. A diverged history is sent as it is, and reported."""
@@ -78,7 +78,7 @@ def project(rt: runtime.Runtime, payload: dict[str, Any], cp: Checkpoint | None,
 LEARNED_WINDOW_FRESH_S = 2.0
 
 
-async def learned_window(rt: runtime.Runtime, db: dbworker.DBWorker, model: str, endpoint: str) -> int | None:
+async def learned_window(rt: WindowHost, db: dbworker.DBWorker, model: str, endpoint: str) -> int | None:
     """The smallest window an upstream showed for (model, endpoint), this process's or the store's (any instance's:
     read again after LEARNED_WINDOW_FRESH_S)."""
     cache = rt.services.compaction_windows
@@ -94,7 +94,7 @@ async def learned_window(rt: runtime.Runtime, db: dbworker.DBWorker, model: str,
     return value
 
 
-def learn(rt: runtime.Runtime, info: FlowInfo, tokens: int) -> None:
+def learn(rt: WindowHost, info: FlowInfo, tokens: int) -> None:
     """The upstream answered context_length_exceeded at `tokens` (estimated): remember it per model
     and endpoint, in this process and in the compaction store."""
     model = info.fingerprint.model if info.fingerprint else str(info.payload.get("model") or "")
@@ -109,11 +109,11 @@ def learn(rt: runtime.Runtime, info: FlowInfo, tokens: int) -> None:
     write(rt, lambda rec: rec.learn_window(model, endpoint, tokens))
     debuglog.event("overflow_recovery", phase="window", outcome="learned", window=cache[(model, endpoint)][0])
 
-def blocked(info: FlowInfo, rt: runtime.Runtime) -> str | None:
+def blocked(info: FlowInfo, rt: WindowHost) -> str | None:
     # the one rule (proxy/windows/remote/eligibility.py), shared with the context stage's hard trigger
     return remote_blocked(rt.config.remote_compaction, info.route.eligible, info.fingerprint)
 
-async def compact(rt: runtime.Runtime, info: FlowInfo, request_payload: dict[str, Any], reason: str) -> Checkpoint:
+async def compact(rt: WindowHost, info: FlowInfo, request_payload: dict[str, Any], reason: str) -> Checkpoint:
     """Compaction's threshold or overflow recovery: the order for the one compaction path (service.py)."""
     prev = info.checkpoint
     info.client_items = as_list(info.client_items)  # (recovery may come here with a big input not built)
@@ -137,7 +137,7 @@ async def compact(rt: runtime.Runtime, info: FlowInfo, request_payload: dict[str
     info.compacted, info.compacted_items = True, len(info.client_items)
     return cp
 
-def event(rt: runtime.Runtime, info: FlowInfo, kind: str, outcome: str, reason: str | None,
+def event(rt: WindowHost, info: FlowInfo, kind: str, outcome: str, reason: str | None,
            cp_id: str | None) -> None:
     key = info.session_key
     write(rt, lambda rec: rec.record_event(key, kind, outcome, reason, cp_id))
@@ -148,7 +148,7 @@ def event(rt: runtime.Runtime, info: FlowInfo, kind: str, outcome: str, reason: 
 
 
 
-def record_forwarded(rt: runtime.Runtime, info: FlowInfo, sess: store.SessionRecord | None, n_items: int, sent: int,
+def record_forwarded(rt: WindowHost, info: FlowInfo, sess: store.SessionRecord | None, n_items: int, sent: int,
                      compacted: bool) -> None:
     """What went up for the session (coalesced: its newest row is all that counts; the write closes over the count,
     never over the items, which would live until its batch), and compaction's memo of it."""

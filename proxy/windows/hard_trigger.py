@@ -19,13 +19,13 @@ from mitmproxy import http
 
 from proxy import routes
 from proxy import usage as usage_store
-from proxy.app import runtime
 from proxy.items.inputs import approx_tokens_for_bytes, input_items, items_bytes
 from proxy.journal import Window
 from proxy.metrics import proxy_metrics
 from proxy.windows import budget, opening, service
 from proxy.windows.apply import apply_window
 from proxy.windows.decision import WindowDecision
+from proxy.windows.host import WindowHost
 from proxy.windows.notes import bootstrap as boot
 from proxy.windows.notes import reminder
 from proxy.windows.notes.decorate import decorate
@@ -77,7 +77,7 @@ def hard_due(used: tuple[int, int] | None, current: Window | None, items: list[A
     return approx_tokens_for_bytes(items_bytes(items[current.boundary_pos:])) >= TAIL_FRACTION * used[1]
 
 
-def _seen(rt: runtime.Runtime, ws: journal_link.WindowSession, items: list[Any], n: int) -> list[Any] | None:
+def _seen(rt: WindowHost, ws: journal_link.WindowSession, items: list[Any], n: int) -> list[Any] | None:
     """What the model sees of `items[:n]` in a notes window (its bootstrap, then the agent's items after its
     boundary); None when the current window is not a notes window that applies."""
     w = ws.journal.window_of(ws.key)
@@ -95,7 +95,7 @@ class Compacted:
     forwarded: dict[str, Any] | None = None  # the request to send in the new window
 
 
-async def compact_at_rollover(rt: runtime.Runtime, ws: journal_link.WindowSession, payload: dict[str, Any],
+async def compact_at_rollover(rt: WindowHost, ws: journal_link.WindowSession, payload: dict[str, Any],
                               decided: WindowDecision | None, kind: str, remote: bool, route: routes.Route,
                               allowed: bool, request: http.Request, headers: Mapping[str, str],
                               session_key: str | None, gateway_key: str | None = None) -> Compacted:

@@ -19,11 +19,11 @@ from proxy.items.lazyitems import as_list
 from proxy.journal import Window
 from proxy.journal.model import FILED_AFTER_KEY
 from proxy.metrics import proxy_metrics
-from proxy.store.interface import Store
 from proxy.windows import journal_reads, opening
 from proxy.windows.apply import conversation_hash, instruction_run
 from proxy.windows.notes import bootstrap as boot
 from proxy.windows.notes import midturn, stateful
+from proxy.windows.ports import WindowStore
 from proxy.windows.remote import journal_link
 from proxy.windows.remote.store import CONVERSATION_KEY, LEAD_KEY
 
@@ -38,7 +38,7 @@ def mark_ids(mark: Any, items: Sequence[Any], n: int) -> tuple[str | None, list[
     return (mark.input_ids[n - 1] or None) if n else None, [i for i in mark.input_ids[n:len(items)] if i]
 
 
-def open_notes_window(store: Store, ws: journal_link.WindowSession, items: list[Any], n: int, kind: str,
+def open_notes_window(store: WindowStore, ws: journal_link.WindowSession, items: list[Any], n: int, kind: str,
                       tools: tuple[str, ...], boundary_item: str | None, anchor: Mapping[str, Any] | None = None,
                       follows: Sequence[str] | None = (), stateful: bool = False, at: tuple[int, str] | None = None,
                       leading: list[Any] | None = None) -> Window:
@@ -75,7 +75,7 @@ def open_notes_window(store: Store, ws: journal_link.WindowSession, items: list[
     return w
 
 
-def roll_over(store: Store, ws: journal_link.WindowSession, mark: Any, payload: dict[str, Any] | None,
+def roll_over(store: WindowStore, ws: journal_link.WindowSession, mark: Any, payload: dict[str, Any] | None,
               families: Iterable[str], kind: str) -> Window | None:
     """Open the session's notes window at the rollover boundary: calls and their outputs before it, the
     agent's trailing user messages after it. `mark`: the request's journal mark (the checkpoint turn re-took
@@ -91,7 +91,7 @@ def roll_over(store: Store, ws: journal_link.WindowSession, mark: Any, payload: 
                              boundary_item, follows=follows)
 
 
-async def stateful_rollover(store: Store, ws: journal_link.WindowSession, mark: Any, payload: dict[str, Any],
+async def stateful_rollover(store: WindowStore, ws: journal_link.WindowSession, mark: Any, payload: dict[str, Any],
                             families: Iterable[str], kind: str) -> dict[str, Any] | None:
     """A pending rollover for a client that chains by `previous_response_id`: the request to send, without the
     id, as the new window's bootstrap plus the agent's new messages (its outputs for the previous answer's calls
@@ -117,7 +117,7 @@ async def stateful_rollover(store: Store, ws: journal_link.WindowSession, mark: 
     return out
 
 
-async def open_midturn(store: Store, ws: journal_link.WindowSession, agent_items: list[Any], is_stateful: bool,
+async def open_midturn(store: WindowStore, ws: journal_link.WindowSession, agent_items: list[Any], is_stateful: bool,
                        shown: Sequence[Mapping[str, Any]], payload: dict[str, Any], families: Iterable[str],
                        kind: str) -> dict[str, Any]:
     """A pending `new_context` consumed in a bridged turn: the notes window opens after the agent's items and

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from proxy.errors import StoreError
 from proxy.journal import Window
-from proxy.store.interface import Store
-from proxy.store.postgres import StoreError
 from proxy.windows.notes import bootstrap as boot
+from proxy.windows.ports import WindowStore
 from proxy.windows.session_tools import declared_in_tools, session_tools
 
 FAMILY_TOOLS = {"history": boot.HISTORY_TOOLS, "notes": boot.NOTES_TOOLS, "context": boot.CONTEXT_TOOLS}
@@ -55,7 +55,7 @@ def reachable_context_tools(payload: dict[str, Any], families: Iterable[str]) ->
     return boot.ToolNames(spelling, seen) if seen else tuple(spelling)
 
 
-def notes_snapshot(store: Store, task_id: str, address: str,
+def notes_snapshot(store: WindowStore, task_id: str, address: str,
                    tools: tuple[str, ...] = boot.ALL_TOOLS) -> boot.NotesSnapshot:
     """The agent's own notes at a reset, from the state store; an unusable task id or directory gives "index
     unavailable". An agent that cannot read its notes (`tools`) gets the newest note's text in its bootstrap."""
@@ -65,7 +65,7 @@ def notes_snapshot(store: Store, task_id: str, address: str,
         return boot.NotesSnapshot(address, None)
 
 
-def window_notes_for(store: Store, task_id: str, address: str, tools: tuple[str, ...],
+def window_notes_for(store: WindowStore, task_id: str, address: str, tools: tuple[str, ...],
                      reason: str) -> Callable[[Window | None, str], dict[str, Any]]:
     """For a remote/fallback window: the builder of its notes parts (`preface`, `coda` in its bootstrap)."""
     notes = notes_snapshot(store, task_id, address, tools)

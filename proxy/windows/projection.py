@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy import debuglog
-from proxy.app import runtime
 from proxy.items.canonical import session_root
 from proxy.items.inputs import input_items
 from proxy.journal import COMPACTION_STRATEGIES, Window
 from proxy.windows.apply import WindowProjection, apply_window
 from proxy.windows.decision import WindowDecision
+from proxy.windows.host import WindowHost
 from proxy.windows.notes import midturn
 from proxy.windows.remote import journal_link
 from proxy.windows.remote.bootstraps import ProjectionContext, apply_projection, fit_projection
@@ -26,7 +26,7 @@ from proxy.windows.remote.store import CONVERSATION_KEY, LEAD_KEY, Checkpoint
 CONTEXT_REASON = "context_"  # the reason of a compaction window the context stage opened (context_threshold, …)
 
 
-def _checkpoint_projection(w: Window, rt: runtime.Runtime) -> WindowProjection | None:
+def _checkpoint_projection(w: Window, rt: WindowHost) -> WindowProjection | None:
     """remote / fallback, alone: the readable bootstrap, while compaction or overflow recovery is on."""
     cfg = rt.config.remote_compaction
     cp = Checkpoint.from_window(w)
@@ -37,7 +37,7 @@ def _checkpoint_projection(w: Window, rt: runtime.Runtime) -> WindowProjection |
     return cp.record().projection(replay_opaque=False)
 
 
-def stored_projection(w: Window, rt: runtime.Runtime) -> WindowProjection | None:
+def stored_projection(w: Window, rt: WindowHost) -> WindowProjection | None:
     """A window whose bootstrap is stored whole (`bootstrap["items"]`, built when the window was opened)."""
     items = w.bootstrap.get("items")
     if w.boundary_pos is None or not w.boundary_hash or not isinstance(items, list):
@@ -48,7 +48,7 @@ def stored_projection(w: Window, rt: runtime.Runtime) -> WindowProjection | None
                             conversation_hash=str(w.bootstrap.get(CONVERSATION_KEY) or ""))
 
 
-PROJECTIONS: dict[str, Callable[[Window, runtime.Runtime], WindowProjection | None]] = {
+PROJECTIONS: dict[str, Callable[[Window, WindowHost], WindowProjection | None]] = {
     "remote": _checkpoint_projection,
     "fallback": _checkpoint_projection,
     "notes": stored_projection,  # issue 13: the bootstrap built once at the rollover, replayed byte for byte
@@ -66,7 +66,7 @@ def project_decision(payload: dict[str, Any], info: WindowDecision) -> dict[str,
     return out
 
 
-def current(rt: runtime.Runtime, payload: dict[str, Any], ws: journal_link.WindowSession | None, decided: bool,
+def current(rt: WindowHost, payload: dict[str, Any], ws: journal_link.WindowSession | None, decided: bool,
             window: Window | None, session: Callable[[], journal_link.WindowSession | None],
             built: Callable[[dict[str, Any]], dict[str, Any]],
             report: Callable[[journal_link.WindowSession, Window], None]) -> dict[str, Any]:

@@ -12,12 +12,12 @@ import orjson
 from mitmproxy import http
 
 from proxy import debuglog
-from proxy.app import runtime
 from proxy.host.flowstate import state_of
 from proxy.items.inputs import input_items
 from proxy.items.sse import ResponseTap, StreamTap
 from proxy.upstream import UpstreamBroken, UpstreamUnavailable
 from proxy.windows import compacting, service, sizing
+from proxy.windows.host import WindowHost
 from proxy.windows.remote.flowinfo import FlowInfo
 from proxy.windows.remote.overflow import CODE, response_error_code
 from proxy.windows.service import WindowDeps
@@ -61,7 +61,7 @@ def retap(flow: http.HTTPFlow, resp: http.Response) -> None:
             tap.on_json_response(parsed)
 
 
-async def _plan(rt: runtime.Runtime, flow: http.HTTPFlow, info: FlowInfo, forwarded: dict[str, Any],
+async def _plan(rt: WindowHost, flow: http.HTTPFlow, info: FlowInfo, forwarded: dict[str, Any],
                 failed: dict[str, Any], failed_bytes: int, added: Sequence[Any] = ()
                 ) -> tuple[Any, dict[str, Any], int] | None:
     """(checkpoint, retry payload, its bytes) for a request that overflowed: `forwarded` is the agent's request
@@ -98,14 +98,14 @@ async def _plan(rt: runtime.Runtime, flow: http.HTTPFlow, info: FlowInfo, forwar
     return cp, retry_payload, sizing.payload_bytes(retry_payload, retry_payload["input"])
 
 
-def _forwarded_record(rt: runtime.Runtime, info: FlowInfo, cp_id: str, retry_bytes: int) -> None:
+def _forwarded_record(rt: WindowHost, info: FlowInfo, cp_id: str, retry_bytes: int) -> None:
     """What the upstream really answered is the retry: the next estimate calibrates against it."""
     key, n = info.session_key, len(info.client_items)
     service.session_memo(rt).forget(key)
     compacting.write(rt, lambda rec: rec.record_forwarded(key, cp_id, n, retry_bytes), latest=("forwarded", key))
 
 
-async def recover(rt: runtime.Runtime, flow: http.HTTPFlow, info: FlowInfo) -> bool:
+async def recover(rt: WindowHost, flow: http.HTTPFlow, info: FlowInfo) -> bool:
     """Compact (at most once per agent request, and only with new agent items since the last
     compaction) and retry once with a body strictly smaller than the one that failed: at most
     sizing.RETRY_FRACTION of it, the bootstrap giving way until it fits. The failed size is also an upper
@@ -142,7 +142,7 @@ async def recover(rt: runtime.Runtime, flow: http.HTTPFlow, info: FlowInfo) -> b
     return True
 
 
-def midturn_recovery(rt: runtime.Runtime, flow: http.HTTPFlow
+def midturn_recovery(rt: WindowHost, flow: http.HTTPFlow
                      ) -> Callable[[dict[str, Any], dict[str, Any]], Awaitable[dict[str, Any] | None]] | None:
     """The bridge's hook for a later round of a bridged turn that overflowed after calls ran (BridgeJob.overflow):
     the round again, the agent's history compacted and the turn's executed calls with their outputs carried
@@ -172,14 +172,14 @@ def midturn_recovery(rt: runtime.Runtime, flow: http.HTTPFlow
     return hook
 
 
-def ran_bridged_calls(rt: runtime.Runtime, flow: http.HTTPFlow) -> bool:
+def ran_bridged_calls(rt: WindowHost, flow: http.HTTPFlow) -> bool:
     """Whether this flow is a bridged request whose turn already ran calls: it is never sent again (the
     bridge would run the whole turn again, side effects included; seed §5.3, §8)."""
     bridge = rt.services.bridge
     return bridge is not None and bridge.ran_calls(flow.request.path)
 
 
-def missed(rt: runtime.Runtime, info: FlowInfo, reason: str = "streamed") -> None:
+def missed(rt: WindowHost, info: FlowInfo, reason: str = "streamed") -> None:
     """An overflow that streamed (output may have reached the agent), or a bridged turn's whose calls ran: too
     late to recover; the session's next request compacts instead."""
     key = info.session_key

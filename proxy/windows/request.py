@@ -17,13 +17,13 @@ from typing import Any
 from mitmproxy import http
 
 from proxy import routes
-from proxy.app import runtime
 from proxy.host.flowbody import ResponsesBody
 from proxy.host.flowstate import FlowState
 from proxy.items.inputs import InputFacts
 from proxy.items.lazyitems import is_item_list, plain_payload
 from proxy.session import SessionIdentity
 from proxy.windows import service
+from proxy.windows.host import WindowHost
 from proxy.windows.notes.decorate import stateful_or_client
 from proxy.windows.remote import journal_link
 
@@ -32,7 +32,7 @@ from proxy.windows.remote import journal_link
 class WindowRequest:
     """One request as the window service reads it. Never stored on the flow's state (it reaches the request)."""
 
-    rt: runtime.Runtime = field(repr=False)
+    rt: WindowHost = field(repr=False)
     request: http.Request = field(repr=False)  # the destination and headers a compaction call reuses
     body: ResponsesBody = field(repr=False)
     state: FlowState = field(repr=False)

@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from proxy import dbworker, debuglog
-from proxy.app import runtime
 from proxy.host.flowstate import usage_memo
 from proxy.items.inputs import input_items
 from proxy.journal import Window
@@ -25,6 +24,7 @@ from proxy.toolclient import ToolClient
 from proxy.windows import budget, checkpoint, hard_trigger, notes_window, opening, prewarm, projection
 from proxy.windows import rollover_choice as choice
 from proxy.windows.decision import WindowDecision
+from proxy.windows.host import WindowHost
 from proxy.windows.notes import checkpoint_turn as ckturn
 from proxy.windows.notes.decorate import decorate
 from proxy.windows.notes.rollover import RolloverStore
@@ -42,7 +42,7 @@ class ContextRoads:
     """The context stage's per-process state (the rollover store, the tool client, the write tool's spec, the
     divergences said) and its roads. `tools_url()`: the tool server's URL, read when a client is first needed."""
 
-    def __init__(self, rt: runtime.Runtime, tools_url: Callable[[], str]) -> None:
+    def __init__(self, rt: WindowHost, tools_url: Callable[[], str]) -> None:
         self.rt = rt
         self._tools_url = tools_url
         self._rollovers: RolloverStore | None = None

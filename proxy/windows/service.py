@@ -9,8 +9,8 @@
   all compact here: the engine (remote compaction v2 where allowed, else the readable fallback), the
   journal's new window, compaction's records.
 
-Kept out of the strategy rooms, so `proxy/windows/remote/` and `proxy/windows/notes/` never import the runtime (that
-import closed a loop: runtime → bridge → flowstate → compaction → runtime)."""
+Kept out of the strategy rooms (`proxy/windows/remote/`, `proxy/windows/notes/`), which take only `WindowDeps`; the
+process itself reaches the service as a `WindowHost` (proxy/windows/host.py), never as an import of the runtime."""
 
 from __future__ import annotations
 
@@ -20,22 +20,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy import dbworker, routes
-from proxy.app import runtime
 from proxy.journal import Journal, Window, journal_for
-from proxy.store.interface import CompactionBackend
 from proxy.toolclient import ToolClient
 from proxy.upstream import UpstreamTurns
+from proxy.windows.host import WindowHost
 from proxy.windows.remote import journal_link
 from proxy.windows.remote.bookkeeping import record_compaction, shared_records
 from proxy.windows.remote.engine import Plan, compact, http_caller, retained_budget
 from proxy.windows.remote.fingerprint import Fingerprint
+from proxy.windows.remote.port import CompactionBackend
 from proxy.windows.remote.remote import Target
 from proxy.windows.remote.store import Checkpoint, SessionMemo
 
 log = logging.getLogger("ctproxy.windows")
 
 
-def journal_of(rt: runtime.Runtime, from_history: Journal | None) -> Journal:
+def journal_of(rt: WindowHost, from_history: Journal | None) -> Journal:
     """The journal a request's windows live in: the history stage's, or, when history is not in the chain,
     the one kept here (it then holds the session and its windows, without items)."""
     if isinstance(from_history, Journal):
@@ -46,14 +46,14 @@ def journal_of(rt: runtime.Runtime, from_history: Journal | None) -> Journal:
     return j
 
 
-def upstream_turns(rt: runtime.Runtime) -> UpstreamTurns:
+def upstream_turns(rt: WindowHost) -> UpstreamTurns:
     """The process's upstream-turn service: every call the window service makes upstream goes through it."""
     if rt.services.upstream is None:
         rt.services.upstream = UpstreamTurns()
     return rt.services.upstream
 
 
-def session_memo(rt: runtime.Runtime) -> SessionMemo:
+def session_memo(rt: WindowHost) -> SessionMemo:
     memo = rt.services.compaction_memo
     if memo is None:
         # Another instance on a shared store writes the same sessions: the memo then trusts nothing (ADR 0013).
@@ -77,7 +77,7 @@ class WindowDeps:
     records: CompactionBackend | None = field(default=None, repr=False)  # the store's (None: embedded, on `db`)
 
 
-def deps_of(rt: runtime.Runtime, route: routes.Route, credentials_allowed: bool, journal: Journal | None,
+def deps_of(rt: WindowHost, route: routes.Route, credentials_allowed: bool, journal: Journal | None,
             tools: ToolClient | None = None) -> WindowDeps:
     return WindowDeps(upstream_turns(rt), route, credentials_allowed, journal_of(rt, journal),
                       dbworker.shared(rt.services, rt.state.db_path), tools, session_memo(rt),

@@ -16,8 +16,8 @@ from proxy.journal.excerpt import page
 from proxy.journal.query import HistoryReader
 from proxy.notes import NoteError, NoteInfo, NotePathError, NoteRef, parse
 from proxy.notes.lines import LineRangeError, select_lines, split_lines
+from proxy.notes.port import NotesBackend
 from proxy.notes.store import iso
-from proxy.store.interface import NotesBackend
 from tools_server.history import schemas
 from tools_server.history.shared import Readers, caller_of, capped_lines, clamp, max_output
 from tools_server.notes.args import NotesAppendArgs, NotesListArgs, NotesReadArgs, NotesSearchArgs, NotesWriteArgs

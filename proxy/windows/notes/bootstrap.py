@@ -32,7 +32,7 @@ from proxy.items.lazyitems import is_item_list
 from proxy.notes.store import iso
 
 if TYPE_CHECKING:
-    from proxy.store.interface import NotesBackend
+    from proxy.notes.port import NotesBackend
 
 GUIDANCE_MARKER = "<ctproxy_context_guidance>"
 GUIDANCE_END = "</ctproxy_context_guidance>"

@@ -15,7 +15,8 @@ from proxy.items.addresses import AddressError, resolve_address
 from proxy.windows.notes.pending import Pending
 
 if TYPE_CHECKING:
-    from proxy.store.interface import JournalBackend, Store
+    from proxy.journal.port import JournalBackend
+    from proxy.windows.ports import WindowStore
 
 
 class CheckpointTargetError(CtproxyError, ValueError):
@@ -59,7 +60,7 @@ def refusal(config: Any) -> CheckpointTargetError | None:
     return None
 
 
-def mark_checkpoint(store: Store, session: str | None, task: str | None, agent: str | None,
+def mark_checkpoint(store: WindowStore, session: str | None, task: str | None, agent: str | None,
                     origin: str, config: Any = None) -> Pending:
     """Mark the agent so its next request runs the checkpoint turn and rolls over (seed 000: `/compact`), in
     `store` (the process's: the target from its journal, the mark through its rollovers). With `config` (the

@@ -37,7 +37,7 @@ from proxy.dbworker import DBWorker
 from proxy.windows.notes.pending import KINDS, Kind, Pending
 
 if TYPE_CHECKING:
-    from proxy.store.interface import RolloverBackend
+    from proxy.windows.notes.port import RolloverBackend
 
 
 SCHEMA = """

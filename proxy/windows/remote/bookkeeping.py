@@ -22,12 +22,13 @@ from proxy.windows.remote.journal_link import WindowSession
 from proxy.windows.remote.store import Checkpoint, SessionMemo, SqliteCompaction
 
 if TYPE_CHECKING:
-    from proxy.store.interface import CompactionBackend, Store
+    from proxy.windows.ports import WindowStore
+    from proxy.windows.remote.port import CompactionBackend
 
 log = logging.getLogger("ctproxy.compaction")
 
 
-def shared_records(store: Store | None) -> CompactionBackend | None:
+def shared_records(store: WindowStore | None) -> CompactionBackend | None:
     """The store's compaction records when the process serves from a store other than the embedded one, else
     None (the embedded store's are the same statements, run on the database thread's connection)."""
     return store.compaction() if store is not None and store.kind != "embedded" else None
