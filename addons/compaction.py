@@ -33,11 +33,12 @@ from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, usage
 from proxy.app import runtime
 from proxy.host.flowbody import responses_body
-from proxy.host.flowstate import Settling, state_of, usage_memo
+from proxy.host.flowstate import Settling, state_of
 from proxy.items.inputs import client_compacts, input_items
 from proxy.items.sse import ResponseTap
 from proxy.session import minted_for
 from proxy.windows import budget, compacting, recovery, service, sizing
+from proxy.windows.budget import usage_memo
 from proxy.windows.remote import journal_link, store
 from proxy.windows.remote.bookkeeping import records_on, shared_records
 from proxy.windows.remote.decision import HOLD_FRACTION, Estimate, over

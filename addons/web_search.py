@@ -23,7 +23,7 @@ from proxy import dbworker, debuglog, usage
 from proxy.app import runtime
 from proxy.errors import ProxyError
 from proxy.host.flowbody import commit_if_alone, responses_body
-from proxy.host.flowstate import state_of, usage_memo
+from proxy.host.flowstate import state_of
 from proxy.session import minted_for
 from proxy.transforms.web_search import (
     SWITCH_HEADER,
@@ -32,6 +32,7 @@ from proxy.transforms.web_search import (
     decide_native,
     inject_web_search,
 )
+from proxy.windows.budget import usage_memo
 
 
 def client_switch(flow: http.HTTPFlow) -> str | None:

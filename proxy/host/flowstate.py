@@ -121,13 +121,6 @@ def release(flow: Any) -> None:
         st.release()
 
 
-def usage_memo(st: FlowState) -> dict[str, Any]:
-    """This request's memo of the stored usage (`proxy.usage.UsageCache.get`): one read per request."""
-    if st.stored_usage is None:
-        st.stored_usage = {}
-    return st.stored_usage
-
-
 def state_of(flow: Any) -> FlowState:
     try:
         return flow.__dict__[_ATTR]

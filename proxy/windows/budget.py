@@ -143,3 +143,11 @@ class ContextUsage:
     turn: dict[str, Any] | None = None
     rounds: int = 0
     record: Callable[[dict[str, Any], str | None, str | None], Awaitable[None]] | None = None
+
+
+def usage_memo(st: Any) -> dict[str, Any]:
+    """This request's memo of the stored usage (`proxy.usage.UsageCache.get`), on the flow's state
+    (`FlowState.stored_usage`): one read per request."""
+    if st.stored_usage is None:
+        st.stored_usage = {}
+    return st.stored_usage

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from proxy.host.flowbody import decode_bounded
+from proxy.items.bounded import decode_bounded
 from proxy.toolclient import ToolCall, ToolClient, ToolServerUnreachable
 from proxy.upstream import UpstreamBroken, UpstreamUnavailable
 from proxy.windows.notes import checkpoint_turn as ckturn

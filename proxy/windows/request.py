@@ -12,20 +12,52 @@ import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mitmproxy import http
 
 from proxy import routes
-from proxy.host.flowbody import ResponsesBody
-from proxy.host.flowstate import FlowState
 from proxy.items.inputs import InputFacts
 from proxy.items.lazyitems import is_item_list, plain_payload
 from proxy.session import SessionIdentity
 from proxy.windows import service
 from proxy.windows.host import WindowHost
+
+if TYPE_CHECKING:
+    from proxy.journal import Journal, RequestMark
+    from proxy.windows.decision import WindowDecision
 from proxy.windows.notes.decorate import stateful_or_client
 from proxy.windows.remote import journal_link
+
+
+class RequestBody(Protocol):
+    """The request's body as the window feature reads and rewrites it (the host's `ResponsesBody`,
+    proxy/host/flowbody.py): parsed once for the whole chain, rewritten by `replace`."""
+
+    view: dict[str, Any]  # as the stages left it; a big body's `input` may not be built yet
+    source_bytes: int  # the client's body as parsed: its size
+
+    @property
+    def value(self) -> dict[str, Any]: ...
+
+    def replace(self, new: dict[str, Any]) -> None: ...
+
+    def facts(self, items: Any) -> InputFacts: ...
+
+
+class RequestState(Protocol):
+    """The chain's per-request fields the window feature reads (the journal, the session's mark, the identity
+    headers) and writes (its decision, a mid-turn rollover, a checkpoint's mark): the host's `FlowState`."""
+
+    journal: Journal | None
+    identity_headers: dict[str, str]
+    window: WindowDecision | None
+    stored_usage: dict[str, Any] | None
+    context_rollover: Any
+    checkpoint_mark: RequestMark | None
+
+    @property
+    def request_mark(self) -> RequestMark | None: ...
 
 
 @dataclass(frozen=True)
@@ -34,8 +66,8 @@ class WindowRequest:
 
     rt: WindowHost = field(repr=False)
     request: http.Request = field(repr=False)  # the destination and headers a compaction call reuses
-    body: ResponsesBody = field(repr=False)
-    state: FlowState = field(repr=False)
+    body: RequestBody = field(repr=False)
+    state: RequestState = field(repr=False)
     ident: SessionIdentity | None
     route: routes.Route
     reverse: bool  # the proxy runs as a reverse proxy for this flow (the credential rule reads it)

@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from proxy import dbworker, debuglog
-from proxy.host.flowstate import usage_memo
 from proxy.items.inputs import input_items
 from proxy.journal import Window
 from proxy.toolclient import ToolClient
@@ -304,7 +303,7 @@ class ContextRoads:
         """A session's first request: its budget is an estimate of this request (proxy/windows/budget.py)."""
         rt = self.rt
         key = r.session_key
-        if key is None or rt.services.usage.get(key, usage_memo(r.state)) is not None:
+        if key is None or rt.services.usage.get(key, budget.usage_memo(r.state)) is not None:
             return
         source = r.body.source_bytes if out is r.body.view else None
         budget.first_estimate(rt.services, rt.state.db_path, key, ws.task_id, ws.address, r.state.window, out, source)
@@ -313,7 +312,7 @@ class ContextRoads:
                      decided: WindowDecision | None = None) -> tuple[int, int] | None:
         rt = self.rt
         key = r.session_key
-        u = rt.services.usage.get(key, usage_memo(r.state)) if key is not None else None
+        u = rt.services.usage.get(key, budget.usage_memo(r.state)) if key is not None else None
         if u is None:
             return None
         model = payload.get("model") if isinstance(payload.get("model"), str) else u.model
