@@ -147,7 +147,7 @@ class Bridge(Stage):
                         families=tuple(cfg.families), apply_patch_form=cfg.apply_patch_form,
                         context_usage=ContextUsage(record=_usage_recorder(rt, session, task, agent)),
                         withheld=withheld, rollover=st.context_rollover,
-                        overflow=recovery.midturn_recovery(rt, flow))
+                        overflow=recovery.midturn_recovery(rt, state_of(flow), flow.request.host))
         st.context_usage = job.context_usage  # the tap records the last round's usage for the context budget
         port = await svc.start()
         key, path = svc.register(job, req.path)

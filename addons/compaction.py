@@ -33,7 +33,7 @@ from addons._stage import Stage
 from proxy import dbworker, debuglog, routes, usage
 from proxy.app import runtime
 from proxy.host.flowbody import responses_body
-from proxy.host.flowstate import Settling, state_of
+from proxy.host.flowstate import Settling, retap, state_of
 from proxy.items.inputs import client_compacts, input_items
 from proxy.items.sse import ResponseTap
 from proxy.session import minted_for
@@ -228,10 +228,14 @@ class Compaction(Stage):
                                        resp.get_content(strict=False) or b"")
         recovered = False
         if code == CODE and rt.config.recovers_overflow() and info.route.eligible:
-            if recovery.ran_bridged_calls(rt, flow):  # sent again, its calls would run twice: never
+            if recovery.ran_bridged_calls(rt, flow.request.path):  # sent again, its calls would run twice: never
                 recovery.missed(rt, info, "bridged_calls_ran")
             else:
-                recovered = await recovery.recover(rt, flow, info)
+                new = await recovery.recover(rt, flow.request, state_of(flow), info)
+                if new is not None:  # the retry's answer is the agent's
+                    flow.response = new
+                    retap(flow, new)
+                    recovered = True
         elif code is None and streamed:
             tap = state_of(flow).tap
             if isinstance(tap, ResponseTap) and tap.error_code == CODE:

@@ -127,3 +127,30 @@ def state_of(flow: Any) -> FlowState:
     except KeyError:
         st = flow.__dict__[_ATTR] = FlowState()
         return st
+
+
+def retap(flow: Any, resp: Any) -> None:
+    """Refill the flow's tap from `resp` (an overflow recovery's retry, which replaced the answer), keeping the tap
+    object (and its listeners)."""
+    import orjson
+
+    from proxy.items.sse import ResponseTap, StreamTap
+
+    tap = state_of(flow).tap
+    if not isinstance(tap, ResponseTap):
+        return
+    fresh = ResponseTap(listeners=tap.listeners)
+    for name in ("response_id", "model", "status", "items", "usage", "error", "completed", "incomplete",
+                 "events", "last_sequence", "first_output_seen"):
+        setattr(tap, name, getattr(fresh, name))
+    if resp.headers.get("content-type", "").lower().startswith("text/event-stream"):
+        feeder = StreamTap(tap, resp.headers.get("content-encoding", ""))
+        feeder(resp.raw_content or b"")
+        feeder(b"")
+    else:
+        try:
+            parsed = orjson.loads(resp.get_content(strict=False) or b"")
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(parsed, dict):
+            tap.on_json_response(parsed)

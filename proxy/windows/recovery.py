@@ -1,6 +1,8 @@
 """Overflow recovery, run by the window service (moved out of addons/compaction.py, issue 29): `recover`
 compacts (at most once per agent request) and sends the one retry, held whole (the agent has seen nothing
-yet), and the flow's tap is refilled from its answer."""
+yet). It reads the request and its per-request state (`RequestState`: the window decision it derives, compaction's
+record) as plain values, never mitmproxy's flow: the stage that owns the flow (addons/compaction.py) puts the
+retry's answer on it and refills the flow's tap from it (`proxy/host/flowstate.retap`)."""
 
 from __future__ import annotations
 
@@ -12,14 +14,13 @@ import orjson
 from mitmproxy import http
 
 from proxy import debuglog
-from proxy.host.flowstate import state_of
 from proxy.items.inputs import input_items
-from proxy.items.sse import ResponseTap, StreamTap
 from proxy.upstream import UpstreamBroken, UpstreamUnavailable
 from proxy.windows import compacting, service, sizing
 from proxy.windows.host import WindowHost
 from proxy.windows.remote.flowinfo import FlowInfo
 from proxy.windows.remote.overflow import CODE, response_error_code
+from proxy.windows.request import RequestState
 from proxy.windows.service import WindowDeps
 
 
@@ -39,29 +40,7 @@ async def send_retry(deps: WindowDeps, request: http.Request, payload: dict[str,
     return resp
 
 
-def retap(flow: http.HTTPFlow, resp: http.Response) -> None:
-    """Refill the flow's tap from the retry, keeping the tap object (and its listeners)."""
-    tap = state_of(flow).tap
-    if not isinstance(tap, ResponseTap):
-        return
-    fresh = ResponseTap(listeners=tap.listeners)
-    for name in ("response_id", "model", "status", "items", "usage", "error", "completed", "incomplete",
-                 "events", "last_sequence", "first_output_seen"):
-        setattr(tap, name, getattr(fresh, name))
-    if resp.headers.get("content-type", "").lower().startswith("text/event-stream"):
-        feeder = StreamTap(tap, resp.headers.get("content-encoding", ""))
-        feeder(resp.raw_content or b"")
-        feeder(b"")
-    else:
-        try:
-            parsed = orjson.loads(resp.get_content(strict=False) or b"")
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(parsed, dict):
-            tap.on_json_response(parsed)
-
-
-async def _plan(rt: WindowHost, flow: http.HTTPFlow, info: FlowInfo, forwarded: dict[str, Any],
+async def _plan(rt: WindowHost, st: RequestState, info: FlowInfo, forwarded: dict[str, Any],
                 failed: dict[str, Any], failed_bytes: int, added: Sequence[Any] = ()
                 ) -> tuple[Any, dict[str, Any], int] | None:
     """(checkpoint, retry payload, its bytes) for a request that overflowed: `forwarded` is the agent's request
@@ -69,7 +48,7 @@ async def _plan(rt: WindowHost, flow: http.HTTPFlow, info: FlowInfo, forwarded: 
     of a bridged turn), `added` what that round added after the agent's items (executed calls and their
     outputs, carried whole). None: nothing smaller to send."""
     compacting.learn(rt, info, sizing.tokens(failed_bytes, info.estimate.ratio))
-    decided = state_of(flow).window
+    decided = st.window
     if decided is not None:  # the request's current decision: a later stage (context) may have compacted
         info.checkpoint, info.replay_opaque = decided.checkpoint, decided.replay_opaque
         info.outcome = decided.outcome
@@ -87,7 +66,7 @@ async def _plan(rt: WindowHost, flow: http.HTTPFlow, info: FlowInfo, forwarded: 
     retry_payload = dict(failed)
     retry_payload["input"] = [*cp.record().bootstrap(replay), *info.client_items[cp.boundary:], *added]
     info.checkpoint, info.replay_opaque = cp, replay
-    state_of(flow).window = sizing.decided(info, True)  # derived: the retry goes out with this checkpoint
+    st.window = sizing.decided(info, True)  # derived: the retry goes out with this checkpoint
     budget = failed_bytes * sizing.RETRY_FRACTION
     if sizing.payload_bytes(retry_payload, retry_payload["input"]) > budget:
         fitted = sizing.fit(retry_payload, info, sizing.tokens(int(budget), info.estimate.ratio), added)
@@ -105,25 +84,26 @@ def _forwarded_record(rt: WindowHost, info: FlowInfo, cp_id: str, retry_bytes: i
     compacting.write(rt, lambda rec: rec.record_forwarded(key, cp_id, n, retry_bytes), latest=("forwarded", key))
 
 
-async def recover(rt: WindowHost, flow: http.HTTPFlow, info: FlowInfo) -> bool:
+async def recover(rt: WindowHost, request: http.Request, st: RequestState, info: FlowInfo) -> http.Response | None:
     """Compact (at most once per agent request, and only with new agent items since the last
     compaction) and retry once with a body strictly smaller than the one that failed: at most
     sizing.RETRY_FRACTION of it, the bootstrap giving way until it fits. The failed size is also an upper
-    bound of the upstream's real window: it is learned and remembered."""
+    bound of the upstream's real window: it is learned and remembered. The retry's answer, or None: the agent
+    gets the original upstream error unchanged."""
     started = time.perf_counter()
     try:
-        forwarded = orjson.loads(flow.request.get_content(strict=False) or b"")
+        forwarded = orjson.loads(request.get_content(strict=False) or b"")
     except orjson.JSONDecodeError:
-        return False
+        return None
     if not isinstance(forwarded, dict):
-        return False
+        return None
     failed_bytes = sizing.payload_bytes(forwarded, input_items(forwarded) or [])
-    planned = await _plan(rt, flow, info, forwarded, forwarded, failed_bytes)
+    planned = await _plan(rt, st, info, forwarded, forwarded, failed_bytes)
     if planned is None:
-        return False
+        return None
     cp, retry_payload, retry_bytes = planned
-    deps = service.deps_of(rt, info.route, info.credentials_allowed, state_of(flow).journal)
-    new = await send_retry(deps, flow.request, retry_payload)
+    deps = service.deps_of(rt, info.route, info.credentials_allowed, st.journal)
+    new = await send_retry(deps, request, retry_payload)
     code = None if new is None else response_error_code(
         new.status_code, new.headers.get("content-type", ""), new.get_content(strict=False) or b"")
     ok = new is not None and code is None
@@ -131,18 +111,16 @@ async def recover(rt: WindowHost, flow: http.HTTPFlow, info: FlowInfo) -> bool:
         compacting.learn(rt, info, sizing.tokens(retry_bytes, info.estimate.ratio))
     outcome = "recovered" if ok else "retry_failed"
     compacting.event(rt, info, "recovery", outcome, cp.strategy, cp.id)
-    debuglog.event("overflow_recovery", outcome=outcome, strategy=cp.strategy, host=flow.request.host,
+    debuglog.event("overflow_recovery", outcome=outcome, strategy=cp.strategy, host=request.host,
                    status=new.status_code if new is not None else None, bytes=retry_bytes,
                    ms=(time.perf_counter() - started) * 1000)
     if not ok or new is None:
-        return False  # the agent gets the original upstream error unchanged
+        return None  # the agent gets the original upstream error unchanged
     _forwarded_record(rt, info, cp.id, retry_bytes)
-    flow.response = new
-    retap(flow, new)
-    return True
+    return new
 
 
-def midturn_recovery(rt: WindowHost, flow: http.HTTPFlow
+def midturn_recovery(rt: WindowHost, st: RequestState, host: str
                      ) -> Callable[[dict[str, Any], dict[str, Any]], Awaitable[dict[str, Any] | None]] | None:
     """The bridge's hook for a later round of a bridged turn that overflowed after calls ran (BridgeJob.overflow):
     the round again, the agent's history compacted and the turn's executed calls with their outputs carried
@@ -152,19 +130,19 @@ def midturn_recovery(rt: WindowHost, flow: http.HTTPFlow
         return None
 
     async def hook(first: dict[str, Any], failed: dict[str, Any]) -> dict[str, Any] | None:
-        info = state_of(flow).compaction
+        info = st.compaction
         if not isinstance(info, FlowInfo) or not info.route.eligible or failed.get("previous_response_id"):
             return None
         first_items, failed_items = input_items(first) or [], input_items(failed) or []
         if failed_items[:len(first_items)] != first_items:
             return None  # not a continuation of the agent's request (a mid-turn rollover moved it)
-        planned = await _plan(rt, flow, info, first, failed, sizing.payload_bytes(failed, failed_items),
+        planned = await _plan(rt, st, info, first, failed, sizing.payload_bytes(failed, failed_items),
                               failed_items[len(first_items):])
         if planned is None:
             return None
         cp, retry_payload, retry_bytes = planned
         compacting.event(rt, info, "recovery", "midturn", cp.strategy, cp.id)
-        debuglog.event("overflow_recovery", outcome="midturn", strategy=cp.strategy, host=flow.request.host,
+        debuglog.event("overflow_recovery", outcome="midturn", strategy=cp.strategy, host=host,
                        bytes=retry_bytes)
         _forwarded_record(rt, info, cp.id, retry_bytes)
         return retry_payload
@@ -172,11 +150,11 @@ def midturn_recovery(rt: WindowHost, flow: http.HTTPFlow
     return hook
 
 
-def ran_bridged_calls(rt: WindowHost, flow: http.HTTPFlow) -> bool:
-    """Whether this flow is a bridged request whose turn already ran calls: it is never sent again (the
+def ran_bridged_calls(rt: WindowHost, path: str) -> bool:
+    """Whether the request at `path` is a bridged request whose turn already ran calls: it is never sent again (the
     bridge would run the whole turn again, side effects included; seed §5.3, §8)."""
     bridge = rt.services.bridge
-    return bridge is not None and bridge.ran_calls(flow.request.path)
+    return bridge is not None and bridge.ran_calls(path)
 
 
 def missed(rt: WindowHost, info: FlowInfo, reason: str = "streamed") -> None:

@@ -55,6 +55,7 @@ class RequestState(Protocol):
     stored_usage: dict[str, Any] | None
     context_rollover: Any
     checkpoint_mark: RequestMark | None
+    compaction: Any  # compaction's own record of the request (a FlowInfo), for overflow recovery
 
     @property
     def request_mark(self) -> RequestMark | None: ...
