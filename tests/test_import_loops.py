@@ -23,3 +23,34 @@ def test_no_module_of_the_tool_server_imports_itself_back():
                    for imp in graph.find_modules_directly_imported_by(m)
                    if graph.find_shortest_chain(importer=imp, imported=m))
     assert not loops, f"import loops: {loops[:3]}"
+
+
+def test_no_loop_of_rooms_inside_proxy():
+    """Issue 42 (ADR 0014): a room is a package directly under proxy/ or a flat module there. No two rooms import
+    each other, however long the way round (the `layers` contract says which way each may; this says no way
+    round exists at all)."""
+    graph = grimp.build_graph("proxy")
+
+    def room(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+
+    edges: dict[str, set[str]] = {}
+    for m in graph.modules:
+        for imp in graph.find_modules_directly_imported_by(m):
+            if room(m) != room(imp) and imp.startswith("proxy."):
+                edges.setdefault(room(m), set()).add(room(imp))
+    rooms = sorted(set(edges) | {r for v in edges.values() for r in v})
+    loops = [(a, b) for a in rooms for b in edges.get(a, ()) if _reaches(edges, b, a)]
+    assert not loops, f"rooms of proxy/ that import each other round a loop: {loops[:5]}"
+
+
+def _reaches(edges: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in edges.get(todo.pop(), ()):
+            if nxt == goal:
+                return True
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return False
