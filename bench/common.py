@@ -174,7 +174,10 @@ class Processes:
         if profile_dir := os.environ.get(PROFILE_ENV):
             Path(profile_dir).mkdir(parents=True, exist_ok=True)
             prefix += ["-m", "cProfile", "-o", str(Path(profile_dir) / f"ctproxy-{port}.prof")]
-        cmd = [*prefix, "-m", "proxy.app.cli", *args]
+        # A checkout from before the floor plan (ADR 0014) has its command line at proxy/cli.py.
+        root = tree if tree is not None else Path(__file__).resolve().parents[1]
+        module = "proxy.app.cli" if (root / "proxy" / "app" / "cli.py").is_file() else "proxy.cli"
+        cmd = [*prefix, "-m", module, *args]
         return self._spawn("ctproxy", port, cmd, lambda s: "ctproxy ready" in s.log(), tree, start_timeout)
 
 
