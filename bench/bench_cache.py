@@ -12,7 +12,8 @@ The scripted model fills the window once (the hard trigger: the checkpoint turn,
 (remote compaction) along the way. Printed per way: requests, input tokens, cached share, billed input (uncached +
 10% of cached, the published discount), its ratio to direct, and the prefix breaks inside a window.
 
-The same driver (`Session`) runs the roads of tests/test_prefix_rule.py: HTTP or WebSocket, stateless or chained by
+The same driver (`Session`) runs the roads of tests/proxy/windows/test_prefix_rule.py: HTTP or WebSocket, stateless or
+chained by
 `previous_response_id`, with or without the bridge.
 """
 

@@ -28,7 +28,7 @@ proxy's CPU per request. Then the same two bodies through `addons.chain()` in pr
 the agent's latency minus the two upstream round trips (the turn's and the forwarded request's, as the
 emulator measured them), next to the plain request's overhead.
 
-`tests/test_context_long_run.py` runs a short `long` with the same assertions.
+`tests/proxy/windows/test_context_long_run.py` runs a short `long` with the same assertions.
 """
 
 from __future__ import annotations

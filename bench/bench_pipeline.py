@@ -57,7 +57,7 @@ async def serve_chain(port: int, upstream: str, state: str, which: str) -> None:
     """Child mode: the launcher with the full chain, or without this issue's addons (`base`)."""
     import addons
     from proxy.app.launcher import UpOptions, run_up
-    from tests.test_compaction_harness import pipeline_chain
+    from tests.proxy.windows.test_compaction_harness import pipeline_chain
 
     full = pipeline_chain
     addons.chain = full if which == "full" else (

@@ -7,7 +7,7 @@ resolves a bare variable name), and ctproxy's task and agent headers. Pi sends i
 `prompt_cache_key`, which keeps each Pi session a session of its own inside that task.
 
 Pi 1.6's compat flags for an OpenAI Responses provider say which request shapes the endpoint takes. ctproxy
-passes each of these through to the upstream unchanged (tests/test_pi_compat.py), so the entry claims exactly
+passes each of these through to the upstream unchanged (tests/e2e/test_pi_compat.py), so the entry claims exactly
 what OpenAI's own model does in Pi's catalog, no more:
 - `supportsAdditionalTools` (message-anchored `additional_tools` input items): GPT-5.6 and GPT-6.x models, not
   their `-cyber` variants; ctproxy also reads the tools declared there (proxy/windows/session_tools.py);

@@ -18,7 +18,7 @@ class JournalBackend(Protocol):
     transaction per batch by the writer thread; its reads are the journal's (a session, its branch and windows,
     raw and call items, the session of a response id, events) and the history tools' (`history()`).
 
-    Contract (both implementations, tests/test_store_journal.py):
+    Contract (both implementations, tests/proxy/store/test_store_journal.py):
     - `apply` is one transaction; every insert is idempotent (an item id is content-addressed), so a batch
       applied twice, or the same items written by two instances, leave one copy; with a `stamp` (the writer's
       id) each session the batch changed is stamped (ADR 0012), and a branch append merges with what another

@@ -14,7 +14,7 @@ class NotesBackend(Protocol):
     """The notes of one task. `address` is the owning agent (`/root`, `/root/<name>`); `rel` its path inside the
     agent's notes, checked by `proxy.notes.paths.check_rel` before anything is read or written.
 
-    Contract (both implementations, tests/test_store_interface.py):
+    Contract (both implementations, tests/proxy/store/test_store_interface.py):
     - `read` of a missing note raises NoteError saying so; a read after a successful write sees it;
     - `write` replaces, `append` adds to the end (creating the note); a result over `max_bytes` UTF-8 bytes is
       refused whole with NoteError and the note is as it was; concurrent appends from any process or machine

@@ -3,7 +3,8 @@
 proxy/sandbox/bwrap.py wraps every command with `seatbelt_argv` when `sys.platform` is darwin, after one probe of
 this machine (`seatbelt_probe`: sandbox-exec is there *and* a command ran under this profile). ctproxy's
 tests run on Linux: they check the profile text and the decisions with the platform and the probe faked
-(tests/test_shell_sandbox.py); what Seatbelt then enforces on a Mac is not tested here. The same rules as
+(tests/tools_server/shell/test_shell_sandbox.py); what Seatbelt then enforces on a Mac is not tested here. The same
+rules as
 bubblewrap's (proxy/sandbox/bwrap.py), within what Seatbelt can do:
 - reads are allowed everywhere except ctproxy's state directory;
 - writes are denied except the workspace (workspace-write; its `.git`, `.agents`, `.codex` excluded), a private

@@ -5,7 +5,8 @@ Every pooled connection is a `CountingConnection` in autocommit mode: a statemen
 `BEGIN` before it, no `COMMIT` after it); what must be atomic says so with `conn.transaction()`. The count
 (`proxy.metrics.store_round_trips()`) is kept by the thread that waited: the journal's writer thread (`journal`:
 off the request path) and every other thread (`request`: the proxy's database thread, the event loop, the tool
-server's executors). It is `ctproxy_store_round_trips_total` in /metrics; tests/test_store_two_instances.py reads it
+server's executors). It is `ctproxy_store_round_trips_total` in /metrics; tests/proxy/store/test_store_two_instances.py
+reads it
 per request."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Per (session, window), in the state database table `prompt_cache` and the proces
 - requests, input tokens, cached tokens (the cached share is cached / input);
 - misses: an answer inside a window whose cached tokens fell short of the previous answer's whole prompt by more
   than two 128-token steps (the prefix broke, or the cache expired): ctproxy's own requests extend the window's
-  prefix byte for byte (tests/test_prefix_rule.py), so in a window ctproxy manages this should stay 0;
+  prefix byte for byte (tests/proxy/windows/test_prefix_rule.py), so in a window ctproxy manages this should stay 0;
 - reasoning items the upstream dropped, by reason (`prefix_mismatch`: an earlier input was edited);
 - pre-warm requests (proxy/windows/prewarm.py) and the input tokens they cost.
 The tokens a rollover or compaction saved (`saved`, shown by `ctproxy show`) are estimated from the drop in input

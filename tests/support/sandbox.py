@@ -1,6 +1,7 @@
 """Where bubblewrap cannot run (the set-up could not install it, or namespaces are refused), the suite's shell
 tests that are not about the sandbox run unsandboxed, as `ctproxy up --sandbox danger-full-access` would; the
-sandbox's own tests skip with the reason (tests/test_shell_sandbox.py). Without this, every shell test would
+sandbox's own tests skip with the reason (tests/tools_server/shell/test_shell_sandbox.py). Without this, every shell
+test would
 meet `unavailable` on such a machine, which is the product's right answer but not what those tests check."""
 
 from __future__ import annotations

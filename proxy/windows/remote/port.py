@@ -15,7 +15,7 @@ class CompactionBackend(Protocol):
     pending forced compaction, a failed remote attempt and the agent items at the last compaction; the
     compaction / recovery / projection events; the effective window an upstream showed per model and endpoint.
 
-    Contract (both implementations, tests/test_store_interface.py):
+    Contract (both implementations, tests/proxy/store/test_store_interface.py):
     - `record_forwarded` replaces the session's last request and clears a forced compaction;
       `mark_force_compact` and `mark_failed` keep what was forwarded; `session_state` is None for a session
       nothing was recorded for, and carries `compacted_items` once `record_compacted` ran (even alone);
