@@ -11,6 +11,7 @@ import pytest
 from proxy.app import runtime
 from proxy.journal import close_all
 from tests.emulator import Emulator
+from tests.openapi_schema import spec_available
 from tests.support import sandbox as sandbox_support
 from tests.support.proxyproc import ProxyProcess
 from tests.support.toolserver import ToolServerHandle, make_services
@@ -50,10 +51,19 @@ def rt(tmp_path: Path) -> Iterator[runtime.Runtime]:
     runtime.uninstall()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "validate_requests(always=False): the `emulator` answers 400 to a request that "
+                            "violates the official OpenAPI description (where the description is here; always: even "
+                            "where it is not, which then fails the test)")
+
+
 @pytest.fixture
-async def emulator() -> AsyncIterator[Emulator]:
-    """A Responses upstream emulator on loopback (see tests/emulator)."""
-    async with Emulator() as emu:
+async def emulator(request: pytest.FixtureRequest) -> AsyncIterator[Emulator]:
+    """A Responses upstream emulator on loopback (see tests/emulator); with the `validate_requests` mark, it also
+    validates every request against the official OpenAPI description (issue 31). One fixture for every test."""
+    mark = request.node.get_closest_marker("validate_requests")
+    validate = bool(mark and (mark.kwargs.get("always") or spec_available()))
+    async with Emulator(validate_requests=validate) as emu:
         yield emu
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +20,12 @@ from tests.support.codex import codex_env, isolated_dirs, run_codex
 from tests.support.optional import require_module
 from tests.support.pi import KEY, pi_binary, pi_env, run_pi
 
+pytestmark = pytest.mark.validate_requests(always=True)
+
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 180.0
 
 
-@pytest.fixture
-async def emulator() -> AsyncIterator[Emulator]:
-    """The emulator answering 400 to any body that violates the official CreateResponse schema."""
-    async with Emulator(validate_requests=True) as emu:
-        yield emu
 
 
 def cli(state: Path, *args: str) -> str:

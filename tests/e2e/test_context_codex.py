@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from proxy.windows.notes.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
 from tests.emulator import CustomToolCall, Emulator, FunctionCall, Text
 from tests.openapi_schema import spec_available
 from tests.proxy.windows.test_context_rollover import text_of
+from tests.support.cli import ctproxy_out as cli
 from tests.support.codex import codex_env, isolated_dirs, run_codex
 from tests.support.proxyproc import ProxyProcess
 
@@ -51,12 +50,6 @@ exporter = "none"
 """
 
 
-def cli(state_dir: Path, *args: str) -> str:
-    command, *rest = args
-    done = subprocess.run([sys.executable, "-m", "proxy.app.cli", command, "--state-dir", str(state_dir), *rest],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 async def codex_exec(tmp: Path, proxy: ProxyProcess, emulator: Emulator,

@@ -10,17 +10,11 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.emulator import Emulator, FunctionCall, Text
-from tests.openapi_schema import spec_available
+from tests.emulator import FunctionCall, Text
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.validate_requests, pytest.mark.timeout(300)]
 
 
-@pytest.fixture
-async def emulator():
-    """The emulator, validating every request against the official OpenAPI description (issue 31)."""
-    async with Emulator(validate_requests=spec_available()) as emu:
-        yield emu
 agents = pytest.importorskip("agents", reason="the OpenAI Agents SDK (PyPI openai-agents) is an optional client")
 
 INSTRUCTIONS = "You keep the job's notes."

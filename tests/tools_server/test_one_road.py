@@ -70,7 +70,8 @@ def journal_of(srv: ToolServerHandle, name: str) -> list[ToolCallRecord]:
 
 async def test_the_same_call_over_five_roads_takes_one_road(tool_server) -> None:
     srv = await tool_server({"code_mode.enabled": True, "tool_discovery.enabled": True,
-                             "tool_discovery.deferred": [TOOL], "shell.policy": "tests.tools_server.test_one_road:Hooks"})
+                             "tool_discovery.deferred": [TOOL],
+                             "shell.policy": "tests.tools_server.test_one_road:Hooks"})
     world = build_world(srv.services.state, srv.services)
     try:
         task = world.task
@@ -120,7 +121,8 @@ async def test_the_policy_seam_covers_apply_patch_direct_and_nested(tool_server,
     """Seed 004 defect 4: the policy hook is asked for apply_patch, called directly or from a cell, and a
     nested call names its cell; what it refuses changes nothing."""
     srv = await tool_server({"code_mode.enabled": True, "apply_patch.enabled": True, "shell.enabled": True,
-                             "code_mode.approval_mode": "always", "shell.policy": "tests.tools_server.test_one_road:Deny"},
+                             "code_mode.approval_mode": "always",
+                             "shell.policy": "tests.tools_server.test_one_road:Deny"},
                             workspace=tmp_path)
     Deny.calls.clear()
     patch = "*** Begin Patch\n*** Add File: x.txt\n+x\n*** End Patch"

@@ -9,8 +9,6 @@ import asyncio
 import json
 import os
 import stat
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -18,14 +16,12 @@ import aiohttp
 import pytest
 
 from tests.emulator import Emulator, FunctionCall, Text
+from tests.support.cli import ctproxy as cli
 from tests.support.codex import codex_binary
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, **(env or {})}, timeout=120)
 
 
 def _known_tasks(state: Path) -> str:

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.support.cli import ctproxy as cli
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ}, timeout=120)
 
 
 def test_printed_entry_is_a_responses_provider_with_task_and_agent(tmp_path):

@@ -4,9 +4,6 @@ made against a local http:// upstream replay faithfully, and a file that is not 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -15,14 +12,12 @@ import pytest
 from mitmproxy import io
 
 from tests.emulator import Text
+from tests.support.cli import ctproxy as cli
 from tests.support.procs import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ}, timeout=120)
 
 
 def _one_line(text: str) -> str:

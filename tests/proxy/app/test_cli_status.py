@@ -7,18 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
 
+from tests.support.cli import ctproxy as cli
+
 REPO = Path(__file__).resolve().parents[3]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ}, timeout=120)
 
 
 def status(state: Path) -> tuple[dict, dict[str, dict], str]:

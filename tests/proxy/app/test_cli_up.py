@@ -15,14 +15,12 @@ from pathlib import Path
 
 import aiohttp
 
+from tests.support.cli import ctproxy as cli
 from tests.support.procs import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=timeout)
 
 
 class Up:

@@ -10,17 +10,11 @@ from typing import Any
 import openai
 import pytest
 
-from tests.emulator import Emulator, FunctionCall, Reasoning, Response, Text
-from tests.openapi_schema import spec_available
+from tests.emulator import FunctionCall, Reasoning, Response, Text
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.validate_requests, pytest.mark.timeout(120)]
 
 
-@pytest.fixture
-async def emulator():
-    """The emulator, validating every request against the official OpenAPI description (issue 31)."""
-    async with Emulator(validate_requests=spec_available()) as emu:
-        yield emu
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "weather of a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],

@@ -5,14 +5,11 @@ eligible gets the sidecar tool and no hosted tool; backend `sidecar` offers it e
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import openai
 import pytest
 
 from tests.emulator import Text
-from tests.support.proxyproc import REPO
+from tests.support.cli import ctproxy
 
 pytestmark = pytest.mark.timeout(120)
 SIDECAR = "openai_web_search"
@@ -20,8 +17,7 @@ SIDECAR = "openai_web_search"
 
 def configure(state_dir, **values: str) -> None:
     for key, value in values.items():
-        subprocess.run([sys.executable, "-m", "proxy.app.cli", "config", "set", "--state-dir", str(state_dir), key, value],
-                       capture_output=True, text=True, cwd=REPO, timeout=60, check=True)
+        ctproxy("config", "set", "--state-dir", str(state_dir), key, value, timeout=60, check=True)
 
 
 async def tools_of_one_request(emulator, proxy_factory, tmp_path, *, trust: bool, backend: str) -> list[str]:

@@ -5,21 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 
 import openai
 import pytest
 
 from tests.emulator import FunctionCall, Reasoning, Response, Text
-from tests.support.proxyproc import REPO
+from tests.support.cli import ctproxy
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def cli(*args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=60, check=True).stdout
+    return ctproxy(*args, timeout=60, check=True).stdout
 
 
 async def test_tasks_counts_bridged_rounds_and_calls(emulator, proxy_factory):

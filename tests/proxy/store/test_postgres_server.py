@@ -6,16 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
-
-from tests.support.postgres import private_server
-
 _COUNT = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def pg():
-    yield from private_server()
 
 
 def test_the_private_server_is_a_plain_owner_on_loopback(pg):

@@ -19,15 +19,10 @@ from proxy.notes import NoteError, NotePathError
 from proxy.state import StateDir
 from proxy.store.embedded import EmbeddedStore
 from proxy.store.interface import CompactionBackend, NotesBackend, RolloverBackend, Store, UsageBackend
-from tests.support.postgres import private_server, unavailable
+from tests.support.postgres import unavailable
 
 _COUNT = itertools.count()
 Opener = Callable[[], Store]
-
-
-@pytest.fixture(scope="module")
-def pg():
-    yield from private_server()
 
 
 @pytest.fixture(params=["embedded", "postgresql"])

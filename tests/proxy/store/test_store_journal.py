@@ -22,16 +22,11 @@ from proxy.journal.query import ItemFilter
 from proxy.state import StateDir
 from proxy.store.embedded import EmbeddedStore
 from proxy.store.interface import JournalBackend, Store
-from tests.support.postgres import private_server, unavailable
+from tests.support.postgres import unavailable
 
 _COUNT = itertools.count()
 # (a journal on one more instance, its store)
 Opener = Callable[..., tuple[Journal, Store]]
-
-
-@pytest.fixture(scope="module")
-def pg():
-    yield from private_server()
 
 
 @pytest.fixture(params=["embedded", "postgresql"])

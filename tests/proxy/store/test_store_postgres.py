@@ -10,22 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from proxy.journal import Journal
 from proxy.journal.query import ItemFilter
 from proxy.notes.store import NotesStore
 from proxy.state import StateDir
 from proxy.store import postgres as pgstore
-from tests.support.postgres import private_server
 
 REPO = Path(__file__).resolve().parents[3]
 _COUNT = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def pg():
-    yield from private_server()
 
 
 def _embedded_state(root: Path) -> StateDir:

@@ -29,9 +29,6 @@ import itertools
 import json
 import signal
 import sqlite3
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +39,9 @@ import pytest
 
 from proxy.windows.notes.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
 from tests.emulator import FunctionCall, Response, Text
-from tests.support.postgres import PrivateServer, private_server
-from tests.support.proxyproc import REPO, ProxyProcess
+from tests.support.cli import ctproxy as cli
+from tests.support.postgres import PrivateServer
+from tests.support.proxyproc import ProxyProcess
 
 pytestmark = pytest.mark.timeout(240)
 _COUNT = itertools.count()
@@ -51,21 +49,11 @@ NEW_CONTEXT_SPEC = {"type": "function", "name": "new_context", "description": "S
                     "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}
 
 
-@pytest.fixture(scope="module")
-def pg() -> Iterator[PrivateServer]:
-    yield from private_server()
-
-
 @pytest.fixture
 def db_url(pg: PrivateServer) -> str:
     return pg.fresh_database(f"two{next(_COUNT)}")
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    import os
-
-    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=120, env={**os.environ, **(env or {})})
 
 
 def text_of(item: dict[str, Any]) -> str:

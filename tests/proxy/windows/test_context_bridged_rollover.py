@@ -14,18 +14,13 @@ import openai
 import orjson
 import pytest
 
-from tests.emulator import Emulator, FunctionCall, Text
-from tests.openapi_schema import spec_available
+from tests.emulator import FunctionCall, Text
 from tests.proxy.windows.test_context_rollover import assert_bootstrap, start, text_of
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.validate_requests, pytest.mark.timeout(120)]
 NOTE = "checkpoint: the parser is done, the writer is next"
 
 
-@pytest.fixture
-async def emulator():
-    async with Emulator(validate_requests=spec_available()) as emu:
-        yield emu
 
 
 class BridgedAgent:

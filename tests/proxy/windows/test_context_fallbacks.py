@@ -23,13 +23,12 @@ from proxy.app.status import capability_status
 from proxy.config import Config
 from proxy.windows.fallback import is_fallback_message
 from proxy.windows.notes.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
-from tests.emulator import Emulator, FunctionCall, HttpError, Text, context_length_exceeded_400
-from tests.openapi_schema import spec_available
+from tests.emulator import FunctionCall, HttpError, Text, context_length_exceeded_400
 from tests.proxy.windows.test_context_reminder import BIG
 from tests.proxy.windows.test_context_rollover import TOOLS, Agent, plain, text_of
 from tests.proxy.windows.test_context_rollover import start as start_agent
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.validate_requests, pytest.mark.timeout(120)]
 
 
 # The official description requires `strict` on a function tool (null allowed): the agent's tools with it.
@@ -49,10 +48,6 @@ async def start(emulator: Any, proxy_factory: Any, extra: list[str]) -> ValidAge
     return ValidAgent(agent.proxy, agent.task)
 
 
-@pytest.fixture
-async def emulator():
-    async with Emulator(validate_requests=spec_available()) as emu:
-        yield emu
 
 
 async def configured(emulator: Any, proxy_factory: Any, tmp_path: Any, context: dict[str, Any] | None = None,

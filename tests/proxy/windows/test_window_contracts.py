@@ -4,9 +4,6 @@ seed004-pipeline-defects 1). Each test failed before the change it covers."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -15,13 +12,11 @@ import pytest
 from proxy.config import load_config
 from proxy.usage import model_window
 from proxy.windows.notes.checkpoint_turn import CHOICE as CHECKPOINT_CHOICE
+from tests.support.cli import ctproxy as cli
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.app.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ}, timeout=120)
 
 
 # ---- model windows from the config ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 
 from tests.emulator import Emulator, FunctionCall, Text
 from tests.openapi_schema import spec_available
+from tests.support.cli import ctproxy
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -80,11 +81,8 @@ async def test_two_creates_chained_on_one_connection_run_through_the_chain(proxy
 
 
 def _tasks(proxy) -> str:
-    import subprocess
-    import sys
 
-    res = subprocess.run([sys.executable, "-m", "proxy.app.cli", "tasks", "--state-dir", str(proxy.state_dir), "--json"],
-                         capture_output=True, text=True, timeout=60)
+    res = ctproxy("tasks", "--state-dir", str(proxy.state_dir), "--json", timeout=60)
     return res.stdout + res.stderr
 
 
