@@ -30,7 +30,7 @@ class UpOptions:
     quiet: bool = False  # no request log line (issue 17)
     metrics: bool = True  # Prometheus metrics and the dashboard's request feed (proxy/app/telemetry.py)
     upstream_ca: str | None = None  # --upstream-ca FILE: upstream.ca_file for this run (absolute path)
-    workers: int | str | None = None  # --workers N|auto: proxy.app.workers for this run (None: as configured)
+    workers: int | str | None = None  # --workers N|auto: config proxy.workers for this run (None: as configured)
     # --store URL|embedded (None: CTPROXY_STORE, else store.url, else embedded). Never handed to a child on its
     # command line: the launcher gives children the resolved choice as CTPROXY_STORE (proxy/store/choice.py).
     store: str | None = None

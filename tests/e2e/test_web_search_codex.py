@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.app.cli import CODEX_NAME, codex_entries, render_codex_tables
+from proxy.app.codexconfig import CODEX_NAME, codex_entries, render_codex_tables
 from tests.emulator import Emulator, Text
 from tests.openapi_schema import spec_available
 from tests.proxy.app.test_cli_codex_config import TEST_SETTINGS, cli

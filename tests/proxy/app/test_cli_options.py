@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.app.cli import build_parser
+from proxy.app.cli_parser import build_parser
 
 REPO = Path(__file__).resolve().parents[3]
 
