@@ -10,7 +10,7 @@ text (segments: no match spans two parts); shorter queries scan the agent's item
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,15 +18,16 @@ import orjson
 
 from proxy.items.classify import OWN_NAMESPACES, normalize_tool
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
+from proxy.journal.dialect import SQLITE, Dialect
 from proxy.journal.excerpt import find_matches
 
 # Items walk in journal order over the (session_key, seq) index; the branch check is a key lookup.
-_ON_BRANCH = ("EXISTS (SELECT 1 FROM journal_branch b WHERE b.session_key = i.session_key"
+ON_BRANCH = ("EXISTS (SELECT 1 FROM journal_branch b WHERE b.session_key = i.session_key"
               " AND b.item_id = i.item_id)")
 _INDEXED = "(SELECT indexed_seq FROM journal_fts_state WHERE id = 0)"
-_ITEM_COLS = ("i.seq, i.item_id, i.window_id, i.role, i.type, i.tool_namespace, i.tool_name, i.call_id,"
+ITEM_COLS = ("i.seq, i.item_id, i.window_id, i.role, i.type, i.tool_namespace, i.tool_name, i.call_id,"
               " i.upstream_id, i.control, i.hidden, i.chars, i.images, i.created_at")
-_FTS_COLS = _ITEM_COLS.replace("i.seq,", "f.rowid AS seq,", 1)
+_FTS_COLS = ITEM_COLS.replace("i.seq,", "f.rowid AS seq,", 1)
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ class ItemRow:
         return f"{self.tool_namespace}.{self.tool_name}" if self.tool_namespace else self.tool_name
 
 
-def _row(r: sqlite3.Row, text: str = "", segments: Any = None) -> ItemRow:
+def item_row(r: Any, text: str = "", segments: Any = None) -> ItemRow:
     segs = tuple(tuple(s) for s in orjson.loads(segments)) if segments else ()
     return ItemRow(r["seq"], r["item_id"], r["window_id"], r["role"], r["type"], r["tool_namespace"],
                    r["tool_name"], r["call_id"], r["upstream_id"], bool(r["control"]), bool(r["hidden"]),
@@ -136,56 +137,59 @@ class SearchHit:
 
 
 class HistoryReader:
-    def __init__(self, conn: sqlite3.Connection):
+    """The history tools' reads, written once in `?` placeholders over a store's dialect (SQLite's here, on one
+    connection; PostgreSQL's in proxy/store/pg_journal.py, which brings its own search). Rows are read by column
+    name."""
+
+    def __init__(self, conn: sqlite3.Connection, dialect: Dialect = SQLITE):
         self.conn = conn
+        self.dialect = dialect
+
+    def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return self.conn.execute(self.dialect.sql(sql), params).fetchall()
 
     def agents(self, task_id: str) -> list[str]:
-        return [r[0] for r in self.conn.execute(
-            "SELECT address FROM journal_agents WHERE task_id=? ORDER BY address", (task_id,))]
+        return [r["address"] for r in self._all("SELECT address FROM journal_agents WHERE task_id=? ORDER BY address",
+                                                (task_id,))]
 
     def agent_exists(self, task_id: str, address: str) -> bool:
-        return self.conn.execute("SELECT 1 FROM journal_agents WHERE task_id=? AND address=?",
-                                 (task_id, address)).fetchone() is not None
+        return bool(self._all("SELECT 1 AS x FROM journal_agents WHERE task_id=? AND address=?", (task_id, address)))
 
     def task_exists(self, task_id: str) -> bool:
-        return self.conn.execute("SELECT 1 FROM journal_tasks WHERE task_id=?", (task_id,)).fetchone() is not None
+        return bool(self._all("SELECT 1 AS x FROM journal_tasks WHERE task_id=?", (task_id,)))
 
     def sessions(self, task_id: str, address: str) -> list[str]:
-        return [r[0] for r in self.conn.execute(
+        return [r["session_key"] for r in self._all(
             "SELECT session_key FROM journal_sessions WHERE task_id=? AND address=? ORDER BY created_at",
             (task_id, address))]
 
     def current_window(self, task_id: str, address: str) -> str | None:
         """The agent's newest window id, if the journal has one."""
-        row = self.conn.execute("SELECT window_id FROM journal_windows WHERE task_id=? AND address=?"
-                                " ORDER BY created_at DESC, ordinal DESC LIMIT 1", (task_id, address)).fetchone()
-        return row[0] if row else None
+        rows = self._all("SELECT window_id FROM journal_windows WHERE task_id=? AND address=?"
+                         " ORDER BY created_at DESC, ordinal DESC LIMIT 1", (task_id, address))
+        return rows[0]["window_id"] if rows else None
 
     def recent_calls(self, keys: list[str], types: tuple[str, ...], limit: int) -> list[tuple[str, bytes]]:
         """(call id, raw JSON) of the newest `limit` items of these sessions of these types with a call id."""
-        rows = self.conn.execute(
-            f"SELECT i.call_id, x.raw FROM journal_items i JOIN journal_raw x ON x.seq = i.seq"
-            f" WHERE i.session_key IN ({self._in(keys)}) AND i.type IN ({self._in(list(types))})"
-            f" AND i.call_id IS NOT NULL ORDER BY i.seq DESC LIMIT {int(limit)}", [*keys, *types]).fetchall()
-        return [(r[0], bytes(r[1])) for r in rows]
-
-    @staticmethod
-    def _in(keys: list[str]) -> str:
-        return ",".join("?" * len(keys))
+        in_keys, key_params = self.dialect.any_of("i.session_key", keys)
+        in_types, type_params = self.dialect.any_of("i.type", types)
+        return [(r["call_id"], bytes(r["raw"])) for r in self._all(
+            "SELECT i.call_id, x.raw FROM journal_items i JOIN journal_raw x ON x.seq = i.seq"
+            f" WHERE {in_keys} AND {in_types} AND i.call_id IS NOT NULL ORDER BY i.seq DESC LIMIT ?",
+            [*key_params, *type_params, int(limit)])]
 
     def list_windows(self, task_id: str, address: str, limit: int, recent_first: bool) -> tuple[list[WindowInfo], int]:
         keys = self.sessions(task_id, address)
         if not keys:
             return [], 0
-        counts: dict[str, tuple[int, int]] = {}
-        for r in self.conn.execute(
-            "SELECT window_id, sum(visible), sum(hidden) FROM journal_window_counts"
-            f" WHERE session_key IN ({self._in(keys)}) GROUP BY window_id", keys):
-            counts[r[0]] = (int(r[1] or 0), int(r[2] or 0))
-        rows = self.conn.execute(
+        in_keys, key_params = self.dialect.any_of("session_key", keys)
+        counts = {r["window_id"]: (int(r["v"] or 0), int(r["h"] or 0)) for r in self._all(
+            "SELECT window_id, sum(visible) AS v, sum(hidden) AS h FROM journal_window_counts"
+            f" WHERE {in_keys} GROUP BY window_id", key_params)}
+        rows = self._all(
             "SELECT w.*, (SELECT max(ordinal) FROM journal_windows x WHERE x.session_key = w.session_key) AS latest"
-            f" FROM journal_windows w WHERE w.task_id=? AND w.address=? ORDER BY w.ordinal"
-            f" {'DESC' if recent_first else 'ASC'}", (task_id, address)).fetchall()
+            " FROM journal_windows w WHERE w.task_id=? AND w.address=? ORDER BY w.ordinal"
+            f" {'DESC' if recent_first else 'ASC'}", (task_id, address))
         out = [WindowInfo(r["window_id"], r["ordinal"], r["strategy"], *counts.get(r["window_id"], (0, 0)),
                           r["ordinal"] == r["latest"], r["created_at"]) for r in rows]
         return out[:limit], len(out)
@@ -197,12 +201,13 @@ class HistoryReader:
         if not keys:
             return [], False
         where, params = flt.normalized().sql()
-        rows = self.conn.execute(
-            f"SELECT {_ITEM_COLS}, substr(i.text, 1, ?) AS preview FROM journal_items i"
-            f" WHERE i.session_key IN ({self._in(keys)}) AND {_ON_BRANCH} AND {where}"
+        in_keys, key_params = self.dialect.any_of("i.session_key", keys)
+        rows = self._all(
+            f"SELECT {ITEM_COLS}, substr(i.text, 1, ?) AS preview FROM journal_items i"
+            f" WHERE {in_keys} AND {ON_BRANCH} AND {where}"
             f" ORDER BY i.seq {'DESC' if recent_first else 'ASC'} LIMIT ?",
-            [preview_chars + 1, *keys, *params, limit + 1]).fetchall()
-        return [_row(r, r["preview"]) for r in rows[:limit]], len(rows) > limit
+            [preview_chars + 1, *key_params, *params, limit + 1])
+        return [item_row(r, r["preview"]) for r in rows[:limit]], len(rows) > limit
 
     def get_item(self, task_id: str, address: str, item_id: str) -> tuple[ItemRow, bytes, bool] | None:
         """The item (full text), its raw JSON, and whether it is on the current branch; only items of
@@ -210,14 +215,19 @@ class HistoryReader:
         keys = self.sessions(task_id, address)
         if not keys:
             return None
-        r = self.conn.execute(
-            f"SELECT {_ITEM_COLS}, i.text, i.segments, (SELECT raw FROM journal_raw x WHERE x.seq = i.seq) AS raw,"
-            f" {_ON_BRANCH} AS on_branch FROM journal_items i"
-            f" WHERE i.item_id = ? AND i.session_key IN ({self._in(keys)})",
-            [item_id, *keys]).fetchone()
-        if r is None:
+        in_keys, key_params = self.dialect.any_of("i.session_key", keys)
+        rows = self._all(
+            f"SELECT {ITEM_COLS}, i.text, i.segments, (SELECT raw FROM journal_raw x WHERE x.seq = i.seq) AS raw,"
+            f" {ON_BRANCH} AS on_branch FROM journal_items i WHERE i.item_id = ? AND {in_keys}",
+            [item_id, *key_params])
+        if not rows:
             return None
-        return _row(r, r["text"], r["segments"]), bytes(r["raw"]), bool(r["on_branch"])
+        r = rows[0]
+        return item_row(r, r["text"], r["segments"]), bytes(r["raw"]), bool(r["on_branch"])
+
+    @staticmethod
+    def _in(keys: list[str]) -> str:
+        return ",".join("?" * len(keys))
 
     def _candidates(self, keys: list[str], query: str, where: str, params: list[Any],
                     recent_first: bool) -> Iterator[sqlite3.Row]:
@@ -232,14 +242,14 @@ class HistoryReader:
                    " CROSS JOIN journal_branch b ON b.session_key = i.session_key AND b.item_id = i.item_id"
                    f" WHERE journal_fts MATCH ? AND i.session_key IN ({self._in(keys)}) AND {where}"
                    f" AND f.rowid <= {_INDEXED}"
-                   f" UNION ALL SELECT {_ITEM_COLS}, i.text, i.segments FROM journal_items i"
+                   f" UNION ALL SELECT {ITEM_COLS}, i.text, i.segments FROM journal_items i"
                    f" WHERE i.seq > {_INDEXED} AND i.session_key IN ({self._in(keys)}) AND instr(i.text, ?) > 0"
-                   f" AND {_ON_BRANCH} AND {where}"
+                   f" AND {ON_BRANCH} AND {where}"
                    f" ORDER BY 1 {order}")
             yield from self.conn.execute(sql, [phrase, *keys, *params, *keys, query, *params])
         else:
-            sql = (f"SELECT {_ITEM_COLS}, i.text, i.segments FROM journal_items i"
-                   f" WHERE i.session_key IN ({self._in(keys)}) AND instr(i.text, ?) > 0 AND {_ON_BRANCH}"
+            sql = (f"SELECT {ITEM_COLS}, i.text, i.segments FROM journal_items i"
+                   f" WHERE i.session_key IN ({self._in(keys)}) AND instr(i.text, ?) > 0 AND {ON_BRANCH}"
                    f" AND {where} ORDER BY i.seq {order}")
             yield from self.conn.execute(sql, [*keys, query, *params])
 
@@ -253,7 +263,7 @@ class HistoryReader:
         where, params = flt.normalized().sql()
         hits: list[SearchHit] = []
         for r in self._candidates(keys, query, where, params, recent_first):
-            row = _row(r, r["text"], r["segments"])
+            row = item_row(r, r["text"], r["segments"])
             matches = find_matches(row.text, row.segments, query)
             if not matches:
                 continue

@@ -1,5 +1,6 @@
 """The journal on the embedded store (SQLite in WAL mode, the state directory's database): the `JournalBackend`
-of proxy/store/interface.py, exactly the statements the journal has always run.
+(port.py) of sqljournal.py's one writer and reads in SQLite's words (dialect.SQLITE); what is here is where its
+connections come from, and the full-text index (FTS5) only SQLite keeps.
 
 Three connections, as before the interface: the reads (`Journal`'s, under its lock), the session stamps (read on
 the request path, so that check never waits behind a reader) and the writer thread's (`apply`, `index_text`), each
@@ -11,22 +12,20 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import orjson
 
 from proxy.db import connect
 from proxy.journal import migrate
 from proxy.journal import schema as _schema  # noqa: F401  (registers the tables)
-from proxy.journal.model import Window, window_id
-from proxy.journal.ops import Op, PutWindow
+from proxy.journal.dialect import SQLITE
+from proxy.journal.ops import Op
 from proxy.journal.query import HistoryReader
-from proxy.journal.store import BatchContext, apply_batch, apply_op, index_text
-
-# (item id, canonical hash, type) of each position of a session's branch
-BranchRow = tuple[str, str, str]
+from proxy.journal.sqljournal import BranchRow as BranchRow  # (re-exported)
+from proxy.journal.sqljournal import SqlJournal
+from proxy.journal.sqljournal import window_from_row as window_from_row  # (re-exported)
+from proxy.journal.store import apply_ops
 
 
 def connect_retrying(path: Path, attempts: int = 40) -> sqlite3.Connection:
@@ -41,40 +40,46 @@ def connect_retrying(path: Path, attempts: int = 40) -> sqlite3.Connection:
     raise AssertionError("unreachable")
 
 
-def _claim(conn: sqlite3.Connection, op: PutWindow, stamp: str | None,
-           renamed: Callable[[PutWindow], PutWindow] | None = None) -> PutWindow:
-    while True:
-        bootstrap = orjson.dumps(op.bootstrap).decode()
-        cur = conn.execute(
-            "INSERT OR IGNORE INTO journal_windows(task_id, address, window_id, ordinal, session_key,"
-            " boundary_item_id, strategy, bootstrap, created_at, boundary_pos, boundary_hash, reason, opaque)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (op.task_id, op.address, op.window_id, op.ordinal, op.session_key, op.boundary_item_id, op.strategy,
-             bootstrap, op.created_at, op.boundary_pos, op.boundary_hash, op.reason, op.opaque))
-        if cur.rowcount == 1:
-            break
-        op = op._replace(ordinal=op.ordinal + 1, window_id=window_id(op.ordinal + 1))
-        if renamed is not None:
-            op = renamed(op)  # a bootstrap that names its window's id names the id it gets
-    if stamp is not None:
-        conn.execute("INSERT INTO journal_session_stamps(session_key, writer, n) VALUES (?,?,1)"
-                     " ON CONFLICT(session_key) DO UPDATE SET writer=excluded.writer, n=n+1", (op.session_key, stamp))
-    return op
+@contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A write transaction (`BEGIN IMMEDIATE`: it holds the database's write lock from its first statement)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
-def window_from_row(row: Any) -> Window:
-    opaque = row["opaque"]
-    return Window(row["window_id"], row["ordinal"], row["session_key"], row["task_id"], row["address"],
-                  row["boundary_item_id"], row["strategy"], orjson.loads(row["bootstrap"]), row["created_at"],
-                  row["boundary_pos"], row["boundary_hash"], row["reason"],
-                  bytes(opaque) if opaque is not None else None)
+def apply_batch(conn: sqlite3.Connection, ops: Iterable[Op], between: Callable[[], None] | None = None,
+                stamp: str | None = None) -> int:
+    """Apply ops in one transaction (store.apply_ops in SQLite's words). Returns how many items were inserted.
+    `between` runs after each op. `stamp`: the writer's id when other processes write the same sessions."""
+    with immediate(conn):
+        return apply_ops(conn, SQLITE, ops, stamp, between)
 
 
-class SqliteJournal:
+def index_text(conn: sqlite3.Connection) -> int:
+    """Add every item journaled since the last call (by any process) to the full-text index, in one
+    transaction and one statement. Measured, indexing each turn's items in its own commit was about a
+    third of the writer's SQLite time; a few hundred at once cost a fraction of that per item."""
+    with immediate(conn):
+        (done,) = conn.execute("SELECT indexed_seq FROM journal_fts_state WHERE id = 0").fetchone()
+        n = conn.execute("INSERT INTO journal_fts(rowid, text) SELECT seq, text FROM journal_items WHERE seq > ?"
+                         " ORDER BY seq", (done,)).rowcount
+        if n:
+            conn.execute("UPDATE journal_fts_state SET indexed_seq = (SELECT max(seq) FROM journal_items)"
+                         " WHERE id = 0")
+    return n
+
+
+class SqliteJournal(SqlJournal):
     """The embedded journal backend. `shared` is False: other processes on the same state directory are
     `ctproxy up --workers N` (proxy/workerid.py decides); windows are opened in the writer's batches."""
 
     kind = "embedded"
+    dialect = SQLITE
     shared = False
     # Windows and new sessions go in the writer's batches (INSERT OR IGNORE), as they always did: the request path
     # never waits for SQLite. `claim_window` / `create_session` open them at once (what PostgreSQL does always).
@@ -140,7 +145,8 @@ class SqliteJournal:
         return self._write_conn
 
     def apply(self, ops: Sequence[Op], stamp: str | None = None) -> int:
-        """The ops in one transaction (the session stamps of ADR 0012 with them); items inserted."""
+        """The ops in one transaction on the writer thread's connection (the session stamps of ADR 0012 with
+        them); items inserted."""
         conn = self._writer()
         return apply_batch(conn, ops) if stamp is None else apply_batch(conn, ops, stamp=stamp)
 
@@ -160,140 +166,24 @@ class SqliteJournal:
             self._write_conn.close()
             self._write_conn = None
 
-    def claim_window(self, op: PutWindow, stamp: str | None = None,
-                     renamed: Callable[[PutWindow], PutWindow] | None = None) -> PutWindow:
-        """Open the window now, in a transaction of its own: INSERT OR IGNORE on its key, and when another
-        writer holds that ordinal, the next one (made again by `renamed`, when given). The window as opened."""
-        conn = self._writer_for_claims()
+    @contextmanager
+    def _claiming(self, locked: set[str]) -> Iterator[sqlite3.Connection]:
+        # claims run on the read connection under `_lock`, like every statement on it
+        with self._lock, immediate(self._read) as conn:
+            yield conn
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                op = _claim(conn, op, stamp, renamed)
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-        return op
+            yield self._read
 
-    def create_session(self, ops: Sequence[Op], window: PutWindow, stamp: str | None = None) -> PutWindow | None:
-        """Register a session (its task and agent ops, then its EnsureSession last) with its first window, in
-        one transaction; None when the session existed already (another writer registered it: load it)."""
-        conn = self._writer_for_claims()
-        with self._lock:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                *ensure, session = ops
-                for op in ensure:
-                    apply_op(conn, BatchContext(), op)
-                cur = conn.execute(
-                    "INSERT OR IGNORE INTO journal_sessions(session_key, task_id, address, source, created_at)"
-                    " VALUES (?,?,?,?,?)", (session.session_key, session.task_id, session.address, session.source,
-                                            session.created_at))
-                claimed = _claim(conn, window, stamp) if cur.rowcount == 1 else None
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-        return claimed
-
-    def _writer_for_claims(self) -> sqlite3.Connection:
-        return self._read  # claims run under `_lock`, like every statement on the read connection
-
-    # ---- reads -----------------------------------------------------------------------------------------
-    def create_task(self, task_id: str, origin: str, at: float) -> None:
-        with self._lock:
-            self._read.execute("INSERT INTO journal_tasks(task_id, origin, created_at) VALUES (?,?,?)",
-                               (task_id, origin, at))
-
-    def task_exists(self, task_id: str) -> bool:
-        with self._lock:
-            return self._read.execute("SELECT 1 FROM journal_tasks WHERE task_id=?", (task_id,)).fetchone() is not None
-
-    def agent_exists(self, task_id: str, address: str) -> bool:
-        with self._lock:
-            return self._read.execute("SELECT 1 FROM journal_agents WHERE task_id=? AND address=?",
-                                      (task_id, address)).fetchone() is not None
-
-    def stamp(self, session_key: str) -> tuple[str, int] | None:
+    @contextmanager
+    def _stamps(self) -> Iterator[sqlite3.Connection]:
+        # its own connection: the request path's check never waits behind a reader
         with self._stamps_lock:
             if self._stamps_conn is None:
                 self._stamps_conn = connect_retrying(self.db_path)
-            row = self._stamps_conn.execute("SELECT writer, n FROM journal_session_stamps WHERE session_key=?",
-                                            (session_key,)).fetchone()
-        return (row[0], int(row[1])) if row is not None else None
-
-    def session(self, session_key: str) -> tuple[str, str, str | None] | None:
-        """(task id, address, source) of a session."""
-        with self._lock:
-            row = self._read.execute("SELECT task_id, address, source FROM journal_sessions WHERE session_key=?",
-                                     (session_key,)).fetchone()
-        return (row[0], row[1], row[2]) if row is not None else None
-
-    def branch(self, session_key: str) -> list[BranchRow]:
-        with self._lock:
-            return [(r[0], r[1], r[2]) for r in self._read.execute(
-                "SELECT i.item_id, i.canon_hash, i.type FROM journal_branch b JOIN journal_items i"
-                " ON i.item_id = b.item_id WHERE b.session_key=? ORDER BY b.pos", (session_key,))]
-
-    def latest_window(self, session_key: str) -> Window | None:
-        with self._lock:
-            row = self._read.execute("SELECT * FROM journal_windows WHERE session_key=? ORDER BY ordinal DESC"
-                                     " LIMIT 1", (session_key,)).fetchone()
-        return window_from_row(row) if row is not None else None
-
-    def windows(self, session_key: str) -> list[Window]:
-        with self._lock:
-            rows = self._read.execute("SELECT * FROM journal_windows WHERE session_key=? ORDER BY ordinal",
-                                      (session_key,)).fetchall()
-        return [window_from_row(r) for r in rows]
-
-    def max_ordinal(self, task_id: str, address: str) -> int:
-        with self._lock:
-            row = self._read.execute("SELECT max(ordinal) FROM journal_windows WHERE task_id=? AND address=?",
-                                     (task_id, address)).fetchone()
-        return int(row[0] or 0)
-
-    def raw_items(self, item_ids: Sequence[str]) -> list[tuple[str, bytes]]:
-        marks = ",".join("?" * len(item_ids))
-        with self._lock:
-            return [(r[0], r[1]) for r in self._read.execute(
-                "SELECT i.item_id, r.raw FROM journal_items i JOIN journal_raw r ON r.seq = i.seq"
-                f" WHERE i.item_id IN ({marks})", list(item_ids))]
-
-    def call_items(self, session_key: str, call_ids: Sequence[str], types: Sequence[str]) -> list[tuple[str, bytes]]:
-        """(call id, raw) of the session's items of these types with these call ids, in journal order."""
-        marks, tmarks = ",".join("?" * len(call_ids)), ",".join("?" * len(types))
-        with self._lock:
-            return [(r[0], r[1]) for r in self._read.execute(
-                "SELECT i.call_id, r.raw FROM journal_items i JOIN journal_raw r ON r.seq = i.seq"
-                f" WHERE i.session_key=? AND i.call_id IN ({marks}) AND i.type IN ({tmarks}) ORDER BY i.seq",
-                (session_key, *call_ids, *types))]
-
-    def session_for_response(self, response_id: str) -> str | None:
-        with self._lock:
-            row = self._read.execute("SELECT session_key FROM journal_aliases WHERE response_id=?",
-                                     (response_id,)).fetchone()
-        return row[0] if row is not None else None
-
-    def sessions_for_responses(self, response_ids: Sequence[str]) -> dict[str, str]:
-        marks = ",".join("?" * len(response_ids))
-        with self._lock:
-            rows = self._read.execute(f"SELECT response_id, session_key FROM journal_aliases WHERE response_id IN"
-                                      f" ({marks})", list(response_ids)).fetchall() if response_ids else []
-        return {r[0]: r[1] for r in rows}
-
-    def response_tail(self, response_id: str) -> str | None:
-        with self._lock:
-            row = self._read.execute("SELECT tail_item_id FROM journal_responses WHERE response_id=?",
-                                     (response_id,)).fetchone()
-        return row[0] if row is not None else None
-
-    def events(self, session_key: str) -> list[tuple[str, str, float]]:
-        """(kind, detail JSON, created_at) of the session's events, oldest first."""
-        with self._lock:
-            return [(r[0], r[1], r[2]) for r in self._read.execute(
-                "SELECT kind, detail, created_at FROM journal_events WHERE session_key=? ORDER BY id",
-                (session_key,))]
+            yield self._stamps_conn
 
     def history(self) -> HistoryReader:
         """The history tools' reader: one connection per calling thread."""

@@ -12,7 +12,7 @@ import pytest
 
 from proxy.journal import Journal
 from proxy.journal.ops import EnsureSession, SetBranch
-from proxy.journal.store import apply_batch
+from proxy.journal.sqlite_backend import apply_batch
 from proxy.state import StateDir
 
 

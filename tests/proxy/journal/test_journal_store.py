@@ -427,7 +427,7 @@ def _search(j: Journal, s, query: str, recent_first: bool = False, limit: int = 
 
 
 def test_search_reads_the_index_and_the_items_not_indexed_yet_alike(tmp_path: Path):
-    from proxy.journal.store import index_text
+    from proxy.journal.sqlite_backend import index_text
     from proxy.journal.writer import JournalWriter
 
     state = StateDir.open(tmp_path / "state")

@@ -190,7 +190,7 @@ async def test_a_blocked_loop_does_not_hold_the_journal_back(tmp_path: Path):
 
 
 def test_two_processes_index_each_item_once(tmp_path: Path):
-    from proxy.journal.store import index_text
+    from proxy.journal.sqlite_backend import index_text
 
     state = StateDir.open(tmp_path / "state")
     journals = [Journal(state, JournalWriter(state.db_path, index_items=3, index_delay=3600)) for _ in range(2)]
