@@ -192,7 +192,8 @@ def _merge_append(conn: Any, d: Dialect, op: SetBranch) -> SetBranch | None:
 def stamp_sessions(conn: Any, d: Dialect, keys: Iterable[str], stamp: str) -> None:
     """Shared sessions: each session a batch changed gets the writer's stamp (a writer that cached the
     session reloads it when the stamp is another's, Journal.refresh)."""
-    conn.executemany(d.sql(_STAMP), [(key, stamp) for key in sorted(keys)])
+    for key in sorted(keys):  # (a handful: the sessions of one batch)
+        conn.execute(d.sql(_STAMP), (key, stamp))
 
 
 def _groups(conn: Any, ctx: BatchContext, ids: Sequence[str], cached: bool) -> list[tuple[str, bool, int]]:
