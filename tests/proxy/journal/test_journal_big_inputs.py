@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import proxy.journal.branch as branch_mod
+import proxy.journal.ingest as ingest_mod
 import proxy.journal.journal as journal_mod
 from proxy.journal import Journal
 from proxy.state import StateDir
@@ -33,7 +34,7 @@ def _turns(j: Journal) -> list[list[str]]:
 
 @pytest.fixture
 def small_prepare(monkeypatch):
-    monkeypatch.setattr(journal_mod, "PREPARE_MIN_BYTES", 1024)
+    monkeypatch.setattr(ingest_mod, "PREPARE_MIN_BYTES", 1024)
 
 
 def test_hashing_a_big_input_happens_outside_the_journal_lock(tmp_path, small_prepare, monkeypatch):
@@ -62,13 +63,13 @@ def test_hashing_a_big_input_happens_outside_the_journal_lock(tmp_path, small_pr
 
 
 def test_prepared_and_unprepared_alignment_give_the_same_ids(tmp_path, monkeypatch):
-    monkeypatch.setattr(journal_mod, "PREPARE_MIN_BYTES", 1 << 40)  # never prepared
+    monkeypatch.setattr(ingest_mod, "PREPARE_MIN_BYTES", 1 << 40)  # never prepared
     j1 = Journal(StateDir.open(tmp_path / "a"))
     try:
         plain = _turns(j1)
     finally:
         j1.close()
-    monkeypatch.setattr(journal_mod, "PREPARE_MIN_BYTES", 1024)  # every big turn prepared
+    monkeypatch.setattr(ingest_mod, "PREPARE_MIN_BYTES", 1024)  # every big turn prepared
     j2 = Journal(StateDir.open(tmp_path / "b"))
     prepared_calls = []
     real = j2._prepare_next

@@ -293,20 +293,20 @@ def test_a_big_input_is_written_from_its_buffers_with_the_same_ids_and_json(inst
     the ids of the one hash chain, the branch and the stored JSON the per-item path gives, on both stores."""
     import orjson
 
-    import proxy.journal.journal as journal_mod
+    import proxy.journal.ingest as ingest_mod
     from proxy.items.canonical import chain_ids, session_root
 
     inp = [_msg("user" if i % 2 == 0 else "assistant", f"item {i} é") for i in range(1200)]
     inp[7] = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
     body = orjson.dumps(inp)
     written: list[int] = []
-    real = journal_mod._put_items
-    monkeypatch.setattr(journal_mod, "_put_items", lambda *a: written.append(1) or real(*a))
-    monkeypatch.setattr(journal_mod, "PUT_ITEMS_CHUNK", 500)  # three ops, the last one short
+    real = ingest_mod._put_items
+    monkeypatch.setattr(ingest_mod, "_put_items", lambda *a: written.append(1) or real(*a))
+    monkeypatch.setattr(ingest_mod, "PUT_ITEMS_CHUNK", 500)  # three ops, the last one short
     j, store = instance()
     task = j.create_task()
     for key, least in (("f:per-item", 1 << 40), ("f:big", 1024)):
-        monkeypatch.setattr(journal_mod, "PREPARE_MIN_BYTES", least)
+        monkeypatch.setattr(ingest_mod, "PREPARE_MIN_BYTES", least)
         st = j.session(key, task, "/root", "fingerprint")
         mark = j.begin_request(st.key, st.task_id, st.address, "fingerprint", {"input": inp}, body)
         ids = list(mark.input_ids)
