@@ -128,7 +128,7 @@ def reachable(choice: StoreChoice, timeout: float = 3.0) -> tuple[bool, str]:
     try:
         from proxy.store import postgres
 
-        psycopg = postgres._psycopg()
+        psycopg = postgres.driver()
         with psycopg.connect(choice.url, connect_timeout=max(1, int(timeout))) as conn:
             conn.execute("SELECT 1").fetchone()
     except Exception as exc:

@@ -114,7 +114,7 @@ class PgNotes:
     def _commit(self, address: str, rel: str, data: bytes, append: bool) -> WriteResult:
         check_rel(rel)
         agent = address_hash(address)
-        psycopg = postgres._psycopg()
+        psycopg = postgres.driver()
         try:
             with _connection(self.pool) as conn, conn.transaction():
                 conn.execute(f"SET LOCAL lock_timeout = {int(self.lock_timeout * 1000)}")
@@ -377,7 +377,7 @@ class PostgresStore:
         """`timeout`: how long a call waits for a connection before it is a StoreError (the database unreachable)."""
         if not url.startswith(("postgresql://", "postgres://")):
             raise StoreError(f"not a PostgreSQL URL: {url.split('@')[-1]!r} (postgresql://USER@HOST:PORT/DB)")
-        postgres._psycopg()
+        postgres.driver()
         try:
             from psycopg_pool import ConnectionPool
         except ImportError:

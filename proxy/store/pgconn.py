@@ -28,7 +28,7 @@ def counting_classes() -> tuple[Any, Any]:
     global _classes
     if _classes is not None:
         return _classes
-    psycopg = postgres._psycopg()
+    psycopg = postgres.driver()
 
     class CountingCursor(psycopg.Cursor):  # type: ignore[misc, name-defined]
         def execute(self, *args: Any, **kwargs: Any) -> Any:
@@ -69,7 +69,7 @@ def configure(conn: Any) -> None:
 def connection(pool: Any) -> Iterator[Any]:
     """A pooled connection; a database that cannot be reached (gone, restarted, no connection free in time) is a
     `StoreError` saying so. A lock wait that ran out (`LockNotAvailable`) is left to the caller, which words it."""
-    psycopg = postgres._psycopg()
+    psycopg = postgres.driver()
     from psycopg_pool import PoolTimeout
 
     try:

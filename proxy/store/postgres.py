@@ -127,7 +127,8 @@ TABLES: tuple[str, ...] = (
 NOTES_TABLE = "notes_files"
 
 
-def _psycopg() -> Any:
+def driver() -> Any:
+    """psycopg, or a StoreError saying how to install it (the PostgreSQL store is an extra)."""
     try:
         import psycopg
     except ImportError:
@@ -136,7 +137,7 @@ def _psycopg() -> Any:
 
 
 def connect(url: str) -> Any:
-    psycopg = _psycopg()
+    psycopg = driver()
     if not url.startswith(("postgresql://", "postgres://")):
         raise StoreError(f"not a PostgreSQL URL: {url.split('@')[-1]!r} (postgresql://USER@HOST:PORT/DB)")
     try:
