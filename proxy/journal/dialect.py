@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 
-def insert_sql(table: str, columns: Sequence[str], values: str | None = None) -> str:
+@lru_cache(maxsize=256)  # (the journal's statements: a few dozen, built once rather than per row)
+def insert_sql(table: str, columns: tuple[str, ...], values: str | None = None) -> str:
     """`INSERT INTO table(columns) VALUES (?, …)`, in `?` placeholders (or `values`, the list written out)."""
     return f"INSERT INTO {table}({', '.join(columns)}) VALUES ({values or ','.join('?' * len(columns))})"
+
+
+@lru_cache(maxsize=256)
+def _sqlite_insert(conflict: str, table: str, columns: tuple[str, ...], values: str | None = None) -> str:
+    return f"INSERT {conflict}" + insert_sql(table, columns, values)[len("INSERT"):]
 
 
 class Dialect:
@@ -42,19 +49,19 @@ class Dialect:
         """`column` is one of `values`: the condition (in `?` placeholders) and its parameters."""
         return f"{column} IN ({','.join('?' * len(values))})", list(values)
 
-    def insert_ignore(self, table: str, columns: Sequence[str], values: str | None = None) -> str:
+    def insert_ignore(self, table: str, columns: tuple[str, ...], values: str | None = None) -> str:
         """An insert that leaves a row already there (on any key) as it is."""
-        return "INSERT OR IGNORE" + insert_sql(table, columns, values)[len("INSERT"):]
+        return _sqlite_insert("OR IGNORE", table, columns, values)
 
-    def insert_replace(self, table: str, columns: Sequence[str], key: str) -> str:
+    def insert_replace(self, table: str, columns: tuple[str, ...], key: str) -> str:
         """An insert that replaces the row of the same `key` with this one."""
-        return "INSERT OR REPLACE" + insert_sql(table, columns)[len("INSERT"):]
+        return _sqlite_insert("OR REPLACE", table, columns)
 
     def clock(self) -> tuple[str, tuple[Any, ...]]:
         """The time a row is stamped with: (the SQL expression, its parameters)."""
         return "?", (time.time(),)
 
-    def insert_item(self, conn: Any, columns: Sequence[str], values: Sequence[Any], raw: bytes) -> bool:
+    def insert_item(self, conn: Any, columns: tuple[str, ...], values: Sequence[Any], raw: bytes) -> bool:
         """Insert an item (`columns` of journal_items, whose item_id may be there already) and, when it was new, its
         raw JSON under the item's `seq`. Whether it was new."""
         cur = conn.execute(self.insert_ignore("journal_items", columns), values)

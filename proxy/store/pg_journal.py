@@ -64,22 +64,21 @@ class PgDialect(Dialect):
     def any_of(self, column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
         return f"{column} = ANY(?)", [list(values)]
 
-    def insert_ignore(self, table: str, columns: Sequence[str], values: str | None = None) -> str:
+    def insert_ignore(self, table: str, columns: tuple[str, ...], values: str | None = None) -> str:
         return insert_sql(table, columns, values) + " ON CONFLICT DO NOTHING"
 
-    def insert_replace(self, table: str, columns: Sequence[str], key: str) -> str:
+    def insert_replace(self, table: str, columns: tuple[str, ...], key: str) -> str:
         return (insert_sql(table, columns) + f" ON CONFLICT ({key}) DO UPDATE SET "
                 + ", ".join(f"{c} = excluded.{c}" for c in columns if c != key))
 
     def clock(self) -> tuple[str, tuple[Any, ...]]:
         return _NOW, ()  # the database server's clock, one for every instance
 
-    def insert_item(self, conn: Any, columns: Sequence[str], values: Sequence[Any], raw: bytes) -> bool:
+    def insert_item(self, conn: Any, columns: tuple[str, ...], values: Sequence[Any], raw: bytes) -> bool:
         # The item and its raw JSON in one statement (one round trip): the raw row only when the item was new.
-        key = tuple(columns)
-        sql = self._item_sql.get(key)
+        sql = self._item_sql.get(columns)
         if sql is None:
-            sql = self._item_sql[key] = self.sql(
+            sql = self._item_sql[columns] = self.sql(
                 f"WITH ins AS ({insert_sql('journal_items', columns)} ON CONFLICT (item_id) DO NOTHING RETURNING seq)"
                 " INSERT INTO journal_raw(seq, raw) SELECT seq, ? FROM ins RETURNING seq")
         return conn.execute(sql, (*values, raw)).fetchone() is not None
