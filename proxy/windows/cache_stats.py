@@ -156,6 +156,10 @@ COLUMNS = ("window_id, requests, input_tokens, cached_tokens, misses, reasoning_
 
 def read(conn: Any, session_key: str) -> list[WindowCache]:
     """The session's windows in the order they were first answered ([] where the table is not: another store)."""
+    if getattr(conn, "dialect", None) == "postgresql":
+        # The figures live in the state directory's database only; a failed statement here would abort the
+        # view's PostgreSQL transaction for every read after it.
+        return []
     try:
         rows = conn.execute(f"SELECT {COLUMNS} FROM prompt_cache WHERE session_key = ? ORDER BY rowid",
                             (session_key,)).fetchall()

@@ -168,11 +168,14 @@ async def decide(rt: WindowHost, req: DecisionRequest) -> Decided | None:
         projected = compacting.project(rt, payload, cp, info, cfg.enabled)
         sent = sizing.payload_bytes(projected, input_items(projected) or [])
         info.estimate = sizing.estimate_of(sent, info, None, None)
-    # A checkpoint in effect is replayed as it was stored, never refitted to this request (issue 47: the bootstrap
-    # is built once, sized when the window opened; a refit edited the window's prefix every turn).
+    # A checkpoint in effect is replayed as it was stored, never refitted to a later request (issue 47: a refit
+    # edited the window's prefix every turn). The request that opens the window is where its prefix changes
+    # anyway: a compaction that still leaves it above the threshold (an upstream's compaction keeps what it keeps)
+    # lets its bootstrap give way there, so the request fits instead of overflowing.
+    sent, fit_budget = _fit(info, projected, sent, cfg.threshold) if want else (sent, None)
     info.hold = recover and req.route.eligible and over(info.estimate.tokens, info.window, HOLD_FRACTION)
     compacting.record_forwarded(rt, info, sess, len(items), sent, compacted=want)
-    decided = sizing.decided(info, info.checkpoint is not None, None)
+    decided = sizing.decided(info, info.checkpoint is not None, fit_budget)
     debuglog.event("remote_compaction", outcome=info.outcome, estimate=info.estimate.tokens, window=info.window,
                    checkpoint=info.checkpoint.id if info.checkpoint else None, items=len(items), stream=info.hold)
     return Decided(decided, info)
@@ -198,3 +201,18 @@ async def _record(rt: WindowHost, req: DecisionRequest, key: str, payload: dict[
         info.make_target = functools.partial(compaction_target, route.kind, req.scheme, req.host, req.port,
                                              req.path, req.headers, info.credentials_allowed, req.gateway_key())
     return info
+
+
+def _fit(info: FlowInfo, projected: dict[str, Any], sent: int, threshold: float) -> tuple[int, int | None]:
+    """Still above the threshold right after a compaction: the bootstrap gives way (retained messages, then the
+    fallback's excerpt). The bytes sent, and the fit's budget (None: no fit)."""
+    by_bytes = sizing.tokens(sent, info.estimate.ratio)  # the usage estimate may reflect a fitted retry
+    if info.checkpoint is None or not over(max(info.estimate.tokens, by_bytes), info.window, threshold):
+        return sent, None
+    fitted = sizing.fit(projected, info, threshold * (info.window or 0))
+    if fitted is None:
+        return sent, None
+    projected, fit_budget = fitted
+    sent = sizing.payload_bytes(projected, input_items(projected) or [])
+    info.estimate = sizing.estimate_of(sent, info, None, None)
+    return sent, fit_budget
