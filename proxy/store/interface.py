@@ -28,10 +28,11 @@ from proxy.notes.port import NotesBackend
 from proxy.state import StoreKind
 from proxy.usage import UsageBackend
 from proxy.windows.notes.port import RolloverBackend
+from proxy.windows.ports import WindowStore
 from proxy.windows.remote.port import CompactionBackend
 
 __all__ = ["CompactionBackend", "JournalBackend", "NotesBackend", "RolloverBackend", "Store", "StoreKind",
-           "UsageBackend", "ViewConnection"]
+           "UsageBackend", "ViewConnection", "WindowStore"]
 
 
 @runtime_checkable
@@ -47,28 +48,9 @@ class ViewConnection(Protocol):
 
 
 @runtime_checkable
-class Store(Protocol):
-    """One state store: the parts above, opened once per process and closed at its end."""
-
-    kind: StoreKind
-
-    def notes(self, task_id: str) -> NotesBackend:
-        """The notes of `task_id` (NotePathError for an invalid task id)."""
-        ...
-
-    @property
-    def rollovers(self) -> RolloverBackend: ...
-
-    @property
-    def usage(self) -> UsageBackend: ...
-
-    def journal(self) -> JournalBackend:
-        """The journal's backend (one per store: the process's journal and history readers share it)."""
-        ...
-
-    def compaction(self) -> CompactionBackend:
-        """Compaction's records (one per store)."""
-        ...
+class Store(WindowStore, Protocol):
+    """One state store: the parts the window feature reads (`WindowStore`: notes, rollovers, usage, the journal,
+    compaction's records), and the views people read; opened once per process and closed at its end."""
 
     def view(self) -> ViewConnection:
         """A read-only connection on the journal and compaction's records for the views people read (the dashboard
