@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from mitmproxy import http
 
+from addons._stage import Stage
 from proxy.app import runtime
 from proxy.host.flowbody import ResponsesBody, commit_body, refuse_if_over_limit
 from proxy.host.flowstate import state_of
@@ -17,21 +18,20 @@ from proxy.session import SessionIdentity
 from proxy.windows.notes import cache_key
 
 
-def at_forward(flow: http.HTTPFlow) -> None:
+def at_forward(flow: http.HTTPFlow, rt: runtime.Runtime) -> None:
     st = state_of(flow)
     body, ident = st.body, st.session
     if not isinstance(body, ResponsesBody) or not isinstance(ident, SessionIdentity) or st.to_tool_server:
         return
-    rt = runtime.current()
     if rt.config.prompt_cache.derive_key and body.changed:  # an unchanged body goes up as the client's own bytes
         body.replace(cache_key.with_key(body.view, ident.session_key))
     rt.services.last_tools.remember(ident.session_key, body.view)
 
 
-class BodyWriter:
+class BodyWriter(Stage):
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is None:
-            at_forward(flow)
+            at_forward(flow, self.rt)
         if not refuse_if_over_limit(flow):
             commit_body(flow)
 

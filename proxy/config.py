@@ -27,10 +27,10 @@ class WebSearchConfig(_Section):
     """One capability, two paths (seed 004 §5.1): `native` injects the hosted tool into the agent's request;
     `sidecar` exposes the `openai_web_search` tool, run by its own executor model. `auto` decides before the
     request: native on an eligible route, else the sidecar when an executor is configured; never a fallback
-    after an error, and at most one path per turn. Off on a fresh configuration, as every capability (seed
-    004 §9: a fresh configuration offers what the user turned on; hosted search is billed per search)."""
+    after an error, and at most one path per turn. On by default (`auto`): docs/pipeline.md makes the case and says
+    what it costs (seed 004 pipeline defect 3 stays open)."""
 
-    enabled: bool = False
+    enabled: bool = True
     backend: Literal["off", "auto", "native", "sidecar"] = "auto"
     mode: Literal["live", "cached"] = "live"
     context_size: Literal["low", "medium", "high"] | None = None
@@ -173,7 +173,7 @@ class SidecarSearchConfig(_Section):
     def enabled(self, value: bool) -> None:
         if self._web is None:
             return
-        if value:  # turning the sidecar on turns web search on (off on a fresh configuration)
+        if value:  # turning the sidecar on turns web search on (it may have been turned off)
             self._web.backend, self._web.enabled = "sidecar", True
         elif self._web.backend in ("sidecar", "auto"):
             self._web.backend = "native" if self._web.backend == "auto" else "off"

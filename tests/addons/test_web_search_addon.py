@@ -91,22 +91,6 @@ async def test_trusted_route_from_routing_is_eligible(rt):
     assert sent(flow)["tools"] == [{"type": "web_search"}]
 
 
-@pytest.mark.parametrize(("host", "trusted"), [("api.openai.com", False), ("127.0.0.1", True)])
-async def test_a_fresh_configuration_injects_nothing(tmp_path, host, trusted):
-    """Seed 004 pipeline defect 3: a fresh configuration offers what the user turned on (seed §9), on an
-    official route and toward a trusted gateway alike (one that rejects unknown tool types failed every
-    request by default)."""
-    runtime.install(runtime.build(state_dir=str(tmp_path / "fresh")))
-    try:
-        flow = make_flow(host, "/v1/responses", "https" if not trusted else "http", 443 if not trusted else 8080)
-        state_of(flow).route = Route(kind="api", official=not trusted, trusted=trusted)
-        before = flow.request.raw_content
-        await run(WebSearch(), flow)
-        assert flow.request.raw_content == before and state_of(flow).web_search != "native"
-    finally:
-        runtime.uninstall()
-
-
 @pytest.mark.parametrize(("key", "value"), [("web_search.backend", "off"), ("web_search.backend", "sidecar"),
                                             ("web_search.enabled", False)])
 async def test_config_turns_it_off(rt, key, value):

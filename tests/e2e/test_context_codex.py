@@ -229,7 +229,7 @@ async def test_codex_config_session_gets_guidance_identity_markers_reminder_and_
             assert len(reminders) == 1 and "mcp__ctproxy.notes_write_file" in reminders[0], reminders
             assert second.input_items[-1].get("role") == "developer"  # the reminder goes last
 
-            assert turn.json["tool_choice"] == {"type": "function", "name": "notes_write_file"}
+            assert turn.json["tool_choice"] == CHECKPOINT_CHOICE
             assert turn.json["stream"] is False
             notes = list((proxy.state_dir / "notes").rglob("checkpoint.md"))
             assert [p.read_text() for p in notes] == ["counting files; ls ran\n"]
