@@ -168,11 +168,13 @@ async def decide(rt: WindowHost, req: DecisionRequest) -> Decided | None:
         projected = compacting.project(rt, payload, cp, info, cfg.enabled)
         sent = sizing.payload_bytes(projected, input_items(projected) or [])
         info.estimate = sizing.estimate_of(sent, info, None, None)
-    # A checkpoint in effect is replayed as it was stored, never refitted to a later request (issue 47: a refit
-    # edited the window's prefix every turn). The request that opens the window is where its prefix changes
-    # anyway: a compaction that still leaves it above the threshold (an upstream's compaction keeps what it keeps)
-    # lets its bootstrap give way there, so the request fits instead of overflowing.
-    sent, fit_budget = _fit(info, projected, sent, cfg.threshold) if want else (sent, None)
+    # A checkpoint in effect is replayed as it was stored (issue 47: a refit to the threshold edited the window's
+    # prefix every turn). Its bootstrap gives way only where the prefix changes anyway: on the request whose
+    # compaction opens the window (an upstream's compaction keeps what it keeps), or on one that would not fit
+    # the window at all (HOLD_FRACTION of it: an overflow, its 400 and a retry, would change it too).
+    must_fit = want or over(max(info.estimate.tokens, sizing.tokens(sent, info.estimate.ratio)), info.window,
+                            HOLD_FRACTION)
+    sent, fit_budget = _fit(info, projected, sent, cfg.threshold) if must_fit else (sent, None)
     info.hold = recover and req.route.eligible and over(info.estimate.tokens, info.window, HOLD_FRACTION)
     compacting.record_forwarded(rt, info, sess, len(items), sent, compacted=want)
     decided = sizing.decided(info, info.checkpoint is not None, fit_budget)
