@@ -9,6 +9,7 @@ thread's transaction) and `_claiming` (a transaction of its own, for `claim_wind
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -41,23 +42,24 @@ def window_from_row(row: Any) -> Window:
     return window_from_values([row[name] for name in _WINDOW_FIELDS])
 
 
-class SqlJournal:
+class SqlJournal(ABC):
     """The journal on a SQL database: everything but its connections (see the module's docstring)."""
 
     dialect: Dialect
 
     # ---- the store's connections ------------------------------------------------------------------------
-    def _reading(self) -> AbstractContextManager[Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def _reading(self) -> AbstractContextManager[Any]: ...
 
     def _stamps(self) -> AbstractContextManager[Any]:
         return self._reading()
 
     def _writing(self, locked: set[str]) -> AbstractContextManager[Any]:
-        raise NotImplementedError
+        # A store whose writer thread holds its own connection (SQLite) overrides `apply` instead.
+        raise TypeError(f"{type(self).__name__} applies ops through its own apply(), not a writing transaction")
 
-    def _claiming(self, locked: set[str]) -> AbstractContextManager[Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def _claiming(self, locked: set[str]) -> AbstractContextManager[Any]: ...
 
     def _one(self, sql: str, params: Sequence[Any]) -> Any:
         with self._reading() as conn:
