@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 def rt(tmp_path):
     def make(**overrides):
         built = runtime.build(state_dir=str(tmp_path / "state"))
-        overrides = {"web_search.enabled": True, **overrides}  # off on a fresh configuration (seed 004 §9)
+        overrides = {"web_search.enabled": True, **overrides}  # turned on explicitly, whatever the default
         for key, value in overrides.items():
             section, _, name = key.partition(".")
             setattr(getattr(built.config, section), name, value)
@@ -174,7 +174,7 @@ async def test_mitmdump_loads_it_alone(tmp_path):
     mitmdump = shutil.which("mitmdump", path=str(Path(sys.executable).parent))
     assert mitmdump, "mitmdump is installed with mitmproxy"
     (tmp_path / "state").mkdir()
-    (tmp_path / "state" / "config.json").write_text('{"web_search": {"enabled": true}}')  # off when fresh
+    (tmp_path / "state" / "config.json").write_text('{"web_search": {"enabled": true}}')  # on explicitly, whatever the default
     async with Emulator() as emu:
         env = {**os.environ, "CTPROXY_HOME": str(tmp_path / "state"), "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(
@@ -205,7 +205,7 @@ def test_replay_of_recorded_flow_shows_injection(capsys, tmp_path):
 
     flows = REPO / "tests" / "flows" / "web_search_sdk.mitm"
     (tmp_path / "state").mkdir()
-    (tmp_path / "state" / "config.json").write_text('{"web_search": {"enabled": true}}')  # off when fresh
+    (tmp_path / "state" / "config.json").write_text('{"web_search": {"enabled": true}}')  # on explicitly, whatever the default
     code = cli.main(["replay", str(flows), "--state-dir", str(tmp_path / "state")])
     out = capsys.readouterr().out
     assert code == 0

@@ -50,7 +50,7 @@ def test_parse_upstream():
 
 def test_config_defaults_and_unknown_keys(tmp_path):
     cfg = Config()
-    # every capability off on a fresh configuration, web search too (seed 004 §9, pipeline defect 3)
+    # every capability off on a fresh configuration but web search (on, `auto`: docs/pipeline.md)
     assert cfg.web_search.enabled and cfg.web_search.backend == "auto"
     assert not cfg.remote_compaction.enabled and cfg.remote_compaction.threshold == 0.8
     path = tmp_path / "config.json"

@@ -160,7 +160,7 @@ class Rig:
         # discovery on, nothing held back: every tool is callable by the fuzzer (not_loaded is its own test)
         config = set_key(config, "tool_discovery.deferred", "[]")
         config = set_key(config, "web_search.sidecar_model", '"gpt-5-mini"')  # the sidecar needs an executor
-        config = set_key(config, "web_search.enabled", "true")  # off on a fresh configuration
+        config = set_key(config, "web_search.enabled", "true")  # turned on explicitly, whatever the default
         self.workspace = tmp / "ws"
         self.workspace.mkdir()
         (self.workspace / "alpha.txt").write_text("alpha\n")

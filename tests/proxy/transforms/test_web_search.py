@@ -25,7 +25,7 @@ LIVE = WebSearchSettings()
 FUNCTION_TOOL = {"type": "function", "name": "get_weather", "description": "w", "strict": True,
                  "parameters": {"type": "object", "properties": {}, "required": [], "additionalProperties": False}}
 
-# The capability turned on (off on a fresh configuration, seed 004 §9): what these tests are about.
+# The capability turned on explicitly, whatever the default: what these tests are about.
 ON = functools.partial(WebSearchConfig, enabled=True)
 
 

@@ -31,7 +31,7 @@ API_KEY = "sk-test-sidecar-0123456789abcdef"
 JWT = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzaWRlY2FyIn0.c2lnbmF0dXJlLXNpZGVjYXI"
 TASK = "task_search"
 QUERY = "what is new in asyncio, secret-query-91c2"
-# The capability turned on (off on a fresh configuration, seed 004 §9).
+# The capability turned on explicitly, whatever the default.
 ON = functools.partial(WebSearchConfig, enabled=True)
 SIDECAR = {"web_search.enabled": True, "web_search.sidecar_model": "gpt-5.4-mini", "web_search.backend": "sidecar"}
 
