@@ -174,7 +174,7 @@ async def test_mitmdump_loads_it_alone(tmp_path):
     mitmdump = shutil.which("mitmdump", path=str(Path(sys.executable).parent))
     assert mitmdump, "mitmdump is installed with mitmproxy"
     (tmp_path / "state").mkdir()
-    (tmp_path / "state" / "config.json").write_text('{"web_search": {"enabled": true}}')  # on explicitly, whatever the default
+    (tmp_path / "state" / "config.json").write_text('{"web_search": {"enabled": true}}')
     async with Emulator() as emu:
         env = {**os.environ, "CTPROXY_HOME": str(tmp_path / "state"), "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen(
@@ -205,7 +205,7 @@ def test_replay_of_recorded_flow_shows_injection(capsys, tmp_path):
 
     flows = REPO / "tests" / "flows" / "web_search_sdk.mitm"
     (tmp_path / "state").mkdir()
-    (tmp_path / "state" / "config.json").write_text('{"web_search": {"enabled": true}}')  # on explicitly, whatever the default
+    (tmp_path / "state" / "config.json").write_text('{"web_search": {"enabled": true}}')
     code = cli.main(["replay", str(flows), "--state-dir", str(tmp_path / "state")])
     out = capsys.readouterr().out
     assert code == 0

@@ -35,7 +35,7 @@ def hosted(rec) -> int:
 
 
 async def test_the_client_switch_the_tool_choice_and_a_web_search_function(emu, proxy_factory):
-    proxy = await proxy_factory(upstream=emu.url, extra_args=["--enable", "web_search"])  # on explicitly, whatever the default
+    proxy = await proxy_factory(upstream=emu.url, extra_args=["--enable", "web_search"])
     c = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-test-search", max_retries=0)
     await c.responses.create(model="gpt-5", input="hi")
     await c.responses.create(model="gpt-5", input="hi", extra_headers={"x-ctp-web-search": "off"})

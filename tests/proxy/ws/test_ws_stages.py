@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 
 async def test_web_search_runs_on_a_websocket_create_and_the_switch_rides_on_the_upgrade(proxy_factory) -> None:
     async with Emulator(validate_requests=spec_available()) as emu, aiohttp.ClientSession() as http:
-        proxy = await proxy_factory(upstream=emu.url, extra_args=["--enable", "web_search"])  # on explicitly, whatever the default
+        proxy = await proxy_factory(upstream=emu.url, extra_args=["--enable", "web_search"])
         emu.set_default(Text("ok"))
         async with http.ws_connect(proxy.url + "/v1/responses", headers=BETA) as ws:
             got = events(await turn(ws, {"model": "gpt-5", "store": False, "input": user("search the web")}))
