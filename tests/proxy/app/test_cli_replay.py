@@ -11,7 +11,7 @@ import openai
 import pytest
 from mitmproxy import io
 
-from tests.emulator import Text
+from tests.e2e.test_e2e_record_replay import _record  # one recording, for both files
 from tests.support.cli import ctproxy as cli
 from tests.support.procs import processes_mentioning
 
@@ -26,16 +26,6 @@ def _one_line(text: str) -> str:
     return lines[0]
 
 
-async def _record(emulator, proxy_factory, path: Path) -> None:
-    emulator.script(Text("recorded answer one", deltas=3), Text("recorded streamed answer", deltas=5))
-    proxy = await proxy_factory(upstream=emulator.url, extra_args=["--record", str(path)])
-    client = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key="sk-rec", max_retries=0)
-    await client.responses.create(model="gpt-5", input="first question")
-    stream = await client.responses.create(model="gpt-5", input="second question", stream=True)
-    async for _ in stream:
-        pass
-    await client.close()
-    await proxy.astop()
 
 
 @pytest.fixture
